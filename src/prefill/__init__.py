@@ -1,0 +1,1 @@
+"""prefill: see, measure and predict the first phase of LLM inference."""
