@@ -1,0 +1,268 @@
+"""ModelSpec: the shapes of a decoder-only transformer, from a Hugging Face config.json, a GGUF file's
+metadata or a built-in preset, and the parameter count N those shapes imply. No torch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefill.errors import BadInput, ModelFileError
+
+# Architectures with four norms per block (before and after both attention and MLP) instead of two.
+_FOUR_NORM_ARCHS = {"gemma2", "gemma3", "gemma3_text"}
+# Families whose config.json omits tie_word_embeddings because they always tie.
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes of a decoder-only transformer with grouped-query attention and a gated MLP.
+
+    L layers; d_model hidden width; H_q query heads and H_kv key/value heads of width d_head; d_ff MLP width;
+    vocab_size tokens; context_length the longest trained context (tokens); tied_embeddings when the
+    unembedding reuses the embedding matrix; rope_theta the rotary base; norm_eps the RMSNorm epsilon;
+    qkv_bias when the Q/K/V projections have biases (Qwen2); qk_norm when Q and K are RMS-normalised per head
+    (Qwen3).
+    """
+
+    name: str
+    arch: str
+    L: int
+    d_model: int
+    H_q: int
+    H_kv: int
+    d_head: int
+    d_ff: int
+    vocab_size: int
+    context_length: int
+    tied_embeddings: bool
+    rope_theta: float
+    norm_eps: float
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: dict | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        for key in ("L", "d_model", "H_q", "H_kv", "d_head", "d_ff", "vocab_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInput(f"model {self.name!r}: {key} must be a positive integer, got {value!r}")
+        if self.H_q % self.H_kv:
+            raise BadInput(f"model {self.name!r}: H_q={self.H_q} is not a multiple of H_kv={self.H_kv}")
+
+    @property
+    def params_per_layer(self) -> int:
+        """Parameters of one block: Q/K/V/O projections (+ biases), gated MLP, norms."""
+        q, kv = self.H_q * self.d_head, self.H_kv * self.d_head
+        attention = self.d_model * (q + 2 * kv) + q * self.d_model
+        if self.qkv_bias:
+            attention += q + 2 * kv
+        if self.qk_norm:
+            attention += 2 * self.d_head
+        mlp = 3 * self.d_model * self.d_ff  # gate, up, down
+        norms = (4 if self.arch in _FOUR_NORM_ARCHS else 2) * self.d_model
+        return attention + mlp + norms
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the embedding and, when untied, the unembedding."""
+        return self.vocab_size * self.d_model * (1 if self.tied_embeddings else 2)
+
+    @property
+    def N_non_embedding(self) -> int:
+        """Parameters outside the (un)embedding: all blocks and the final norm."""
+        return self.L * self.params_per_layer + self.d_model
+
+    @property
+    def N(self) -> int:
+        """Total parameters, a tied unembedding counted once."""
+        return self.N_non_embedding + self.embedding_params
+
+    # ---- constructors --------------------------------------------------------------------------------
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any] | str | Path, name: str | None = None) -> ModelSpec:
+        """A spec from a Hugging Face config (a dict, a config.json path, or a model folder holding one).
+
+        Reads head_dim when present instead of assuming d_model / H_q. Missing keys raise BadInput.
+        """
+        if not isinstance(config, dict):
+            path = Path(config)
+            if path.is_dir():
+                path = path / "config.json"
+            try:
+                config = json.loads(path.read_text())
+            except FileNotFoundError:
+                raise ModelFileError(
+                    f"no config.json at {path}; pass a model folder or its config.json"
+                ) from None
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ModelFileError(
+                    f"cannot read {path} as JSON ({e}); is it a Hugging Face config.json?"
+                ) from None
+            name = name or path.parent.name
+        if not isinstance(config, dict):
+            raise BadInput("a Hugging Face config must be a JSON object")
+        c = {**config, **config.get("text_config", {})}  # multimodal wrappers keep the decoder in text_config
+
+        def need(key: str) -> Any:
+            if c.get(key) is None:
+                raise BadInput(f"config.json has no {key!r}; is this a decoder-only Llama-family config?")
+            return c[key]
+
+        arch = str(need("model_type"))
+        H_q = int(need("num_attention_heads"))
+        d_model = int(need("hidden_size"))
+        rope = c.get("rope_parameters") or {}  # transformers 5 moves rope_theta there
+        rope_scaling = c.get("rope_scaling") or (
+            rope if rope.get("rope_type", "default") != "default" else None
+        )
+        return cls(
+            name=name or str(c.get("_name_or_path") or arch),
+            arch=arch,
+            L=int(need("num_hidden_layers")),
+            d_model=d_model,
+            H_q=H_q,
+            H_kv=int(
+                c.get("num_key_value_heads") or H_q
+            ),  # absent in pre-GQA configs: one KV head per Q head
+            d_head=int(c.get("head_dim") or d_model // H_q),
+            d_ff=int(need("intermediate_size")),
+            vocab_size=int(need("vocab_size")),
+            context_length=int(need("max_position_embeddings")),
+            tied_embeddings=bool(c.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT)),
+            rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            norm_eps=float(c.get("rms_norm_eps") or 1e-6),
+            qkv_bias=arch == "qwen2",
+            qk_norm=arch.startswith("qwen3"),
+            rope_scaling=rope_scaling,
+        )
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> ModelSpec:
+        """A spec from a GGUF file's metadata and tensor names (no tensor data is read)."""
+        from gguf import GGUFReader  # imported here: only this constructor needs it
+
+        path = Path(path)
+        if not path.is_file():
+            raise ModelFileError(f"no GGUF file at {path}")
+        try:
+            reader = GGUFReader(str(path))
+        except Exception as e:  # the reader fails in many ways on a damaged file; all mean the same to a user
+            raise ModelFileError(
+                f"cannot read {path} as GGUF ({type(e).__name__}: {e}); the file is truncated or not GGUF"
+            ) from None
+
+        def value(key: str, default: Any = None) -> Any:
+            f = reader.fields.get(key)
+            if f is None:
+                if default is None:
+                    raise ModelFileError(f"{path.name}: GGUF metadata has no {key!r}")
+                return default
+            return f.contents()
+
+        arch = value("general.architecture")
+        d_model = int(value(f"{arch}.embedding_length"))
+        H_q = int(value(f"{arch}.attention.head_count"))
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = value(f"{arch}.vocab_size", len(tokens.data) if tokens is not None else None)
+        tensors = {t.name for t in reader.tensors}
+        return cls(
+            name=str(value("general.name", path.stem)),
+            arch=arch,
+            L=int(value(f"{arch}.block_count")),
+            d_model=d_model,
+            H_q=H_q,
+            H_kv=int(value(f"{arch}.attention.head_count_kv", H_q)),
+            d_head=int(value(f"{arch}.attention.key_length", d_model // H_q)),
+            d_ff=int(value(f"{arch}.feed_forward_length")),
+            vocab_size=int(vocab),
+            context_length=int(value(f"{arch}.context_length")),
+            tied_embeddings="output.weight" not in tensors,
+            rope_theta=float(value(f"{arch}.rope.freq_base", 10000.0)),
+            norm_eps=float(value(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+            qkv_bias="blk.0.attn_q.bias" in tensors,
+            qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        )
+
+    @classmethod
+    def from_preset(cls, name: str) -> ModelSpec:
+        """A built-in spec by name (see PRESETS); BadInput listing the names if unknown."""
+        key = name.lower()
+        if key not in PRESETS:
+            raise BadInput(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
+        return PRESETS[key]
+
+
+def load_spec(model: str | Path) -> ModelSpec:
+    """A spec from a preset name, a .gguf file, a config.json, or a model folder holding a config.json."""
+    if str(model).lower() in PRESETS:
+        return PRESETS[str(model).lower()]
+    path = Path(model)
+    if path.suffix == ".gguf":
+        return ModelSpec.from_gguf(path)
+    if path.exists():
+        return ModelSpec.from_hf_config(path)
+    raise BadInput(f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf / config.json path")
+
+
+def _preset(
+    hf_id: str, arch: str, L: int, d_model: int, H_q: int, H_kv: int, d_ff: int, vocab: int, **kw: Any
+):
+    return ModelSpec(
+        name=hf_id,
+        arch=arch,
+        L=L,
+        d_model=d_model,
+        H_q=H_q,
+        H_kv=H_kv,
+        d_head=kw.pop("d_head", d_model // H_q),
+        d_ff=d_ff,
+        vocab_size=vocab,
+        **kw,
+    )
+
+
+# Copied from each model's published config.json on the Hugging Face Hub (name = repository id).
+PRESETS: dict[str, ModelSpec] = {
+    "llama-2-7b": _preset(
+        "meta-llama/Llama-2-7b-hf", "llama", 32, 4096, 32, 32, 11008, 32000,
+        context_length=4096, tied_embeddings=False, rope_theta=10000.0, norm_eps=1e-5,
+    ),
+    "llama-3-8b": _preset(
+        "meta-llama/Meta-Llama-3-8B", "llama", 32, 4096, 32, 8, 14336, 128256,
+        context_length=8192, tied_embeddings=False, rope_theta=500000.0, norm_eps=1e-5,
+    ),
+    "llama-3.1-8b": _preset(
+        "meta-llama/Llama-3.1-8B", "llama", 32, 4096, 32, 8, 14336, 128256,
+        context_length=131072, tied_embeddings=False, rope_theta=500000.0, norm_eps=1e-5,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+    ),
+    "llama-3-70b": _preset(
+        "meta-llama/Meta-Llama-3-70B", "llama", 80, 8192, 64, 8, 28672, 128256,
+        context_length=8192, tied_embeddings=False, rope_theta=500000.0, norm_eps=1e-5,
+    ),
+    "mistral-7b": _preset(
+        "mistralai/Mistral-7B-v0.1", "mistral", 32, 4096, 32, 8, 14336, 32000,
+        context_length=32768, tied_embeddings=False, rope_theta=10000.0, norm_eps=1e-5,
+    ),
+    "qwen2.5-7b": _preset(
+        "Qwen/Qwen2.5-7B", "qwen2", 28, 3584, 28, 4, 18944, 152064,
+        context_length=131072, tied_embeddings=False, rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True,
+    ),
+    "qwen3-8b": _preset(
+        "Qwen/Qwen3-8B", "qwen3", 36, 4096, 32, 8, 12288, 151936, d_head=128,
+        context_length=40960, tied_embeddings=False, rope_theta=1000000.0, norm_eps=1e-6, qk_norm=True,
+    ),
+    "gemma-2-9b": _preset(
+        "google/gemma-2-9b", "gemma2", 42, 3584, 16, 8, 14336, 256000, d_head=256,
+        context_length=8192, tied_embeddings=True, rope_theta=10000.0, norm_eps=1e-6,
+    ),
+    "smollm2-135m": _preset(
+        "HuggingFaceTB/SmolLM2-135M", "llama", 30, 576, 9, 3, 1536, 49152,
+        context_length=8192, tied_embeddings=True, rope_theta=100000.0, norm_eps=1e-5,
+    ),
+}  # fmt: skip
