@@ -1,0 +1,97 @@
+"""GGUF weights: read with the `gguf` package, dequantized, renamed to Hugging Face names.
+
+llama.cpp's converter stores Q and K rows of Llama-architecture models in the interleaved-pair rotary order
+(it permutes each head's rows so that pairs (0,1), (2,3), ... rotate together). We undo that permutation so
+one rotary implementation (the half-split one of the reference) serves every file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from prefill.errors import ModelFileError
+from prefill.specs import ModelSpec
+
+# Architectures whose GGUF Q/K rows are permuted for interleaved rotary (llama.cpp's LLM_ARCH_LLAMA family).
+PERMUTED_QK_ARCHS = ("llama", "mistral")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None for tensors the model does not use (rope_freqs)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary permutation of Q or K rows [n_heads * d_head, ...] (weights or biases)."""
+    d_head = w.shape[0] // n_heads
+    return w.reshape(n_heads, d_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def open_reader(path: str):
+    """A GGUFReader, or a ModelFileError that names the file when it is missing, truncated or not GGUF."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except FileNotFoundError:
+        raise ModelFileError(f"model file not found: {path}") from None
+    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on damaged files
+        raise ModelFileError(f"cannot read {path} as GGUF (truncated or not a GGUF file): {e}") from None
+
+
+def load_gguf_state_dict(
+    reader, spec: ModelSpec, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None
+) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor of an open GGUF file to `dtype`, named as in a Hugging Face checkpoint."""
+    from gguf.quants import dequantize
+
+    tensors = reader.tensors
+    sd: dict[str, torch.Tensor] = {}
+    for i, t in enumerate(tensors):
+        name = hf_name(t.name)
+        if name is not None:
+            try:
+                w = np.array(
+                    dequantize(t.data, t.tensor_type), dtype=np.float32
+                )  # a copy: the file is mapped read-only
+            except Exception as e:
+                raise ModelFileError(f"cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from None
+            # GGUF lists dims innermost first; numpy data is already [out, in].
+            w = w.reshape([int(d) for d in reversed(t.shape.tolist())])
+            if spec.arch in PERMUTED_QK_ARCHS and (".attn_q." in t.name or ".attn_k." in t.name):
+                w = unpermute_qk(w, spec.H_q if ".attn_q." in t.name else spec.H_kv)
+            sd[name] = torch.from_numpy(w).to(dtype)
+        if progress:
+            progress(i + 1, len(tensors))
+    return sd

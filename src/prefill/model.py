@@ -1,0 +1,216 @@
+"""The decoder: RMSNorm, rotary embedding, grouped-query attention, SwiGLU MLP, tied or untied unembedding.
+
+One module covers the Llama 2/3, Mistral, Qwen2/2.5 (QKV bias), Qwen3 (q/k RMSNorm) and SmolLM2 shapes. It knows
+nothing of files: weights arrive as a Hugging Face-named state dict (see `load_hf_state_dict`).
+
+Prefill runs all P prompt tokens in one pass: one GEMM per projection over [B, P, d_model], causal attention
+through scaled_dot_product_attention (no P x P mask when the cache starts empty, K/V never repeated per query
+head), and the unembedding on the last position only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prefill.errors import ModelFileError
+from prefill.kvcache import KVCache
+from prefill.specs import ModelSpec
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2")
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as the reference does, then cast back."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse frequencies [d_head / 2], with Llama-3 style scaling when the config asks for it."""
+    d = spec.d_head
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = spec.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = ((old / wavelen) - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind not in (None, "default"):
+        raise ModelFileError(f"rope scaling type {kind!r} is not supported")
+    return inv.float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: H_q query heads share H_kv key/value heads."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.H_q, self.H_kv, self.d_head = spec.H_q, spec.H_kv, spec.d_head
+        # Q, K and V in one GEMM: [d_model] -> [(H_q + 2 H_kv) d_head]
+        self.wqkv = nn.Linear(spec.d_model, (spec.H_q + 2 * spec.H_kv) * spec.d_head, bias=spec.qkv_bias)
+        self.wo = nn.Linear(spec.H_q * spec.d_head, spec.d_model, bias=False)
+        self.q_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
+        B, P, _ = x.shape
+        qkv = self.wqkv(x)  # [B, P, (H_q + 2 H_kv) d_head]
+        q, k, v = qkv.split(
+            [self.H_q * self.d_head, self.H_kv * self.d_head, self.H_kv * self.d_head], dim=-1
+        )
+        q = q.view(B, P, self.H_q, self.d_head).transpose(1, 2)  # [B, H_q, P, d_head]
+        k = k.view(B, P, self.H_kv, self.d_head).transpose(1, 2)  # [B, H_kv, P, d_head]
+        v = v.view(B, P, self.H_kv, self.d_head).transpose(1, 2)  # [B, H_kv, P, d_head]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_all, v_all = cache.write(layer, start, k, v)  # [B, H_kv, start + P, d_head]
+        if start == 0 and P > 1:
+            # The cache was empty: plain causal attention, which takes the fused flash kernel with no mask.
+            o = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, enable_gqa=True)
+        elif P == 1:
+            # One decode position sees every cached position: no mask at all.
+            o = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)
+        else:
+            # A chunk after `start` cached tokens: query i sees keys 0..start+i (bottom-right causal).
+            rows = torch.arange(start, start + P, device=x.device)[:, None]  # [P, 1]
+            cols = torch.arange(start + P, device=x.device)[None, :]  # [1, start + P]
+            o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=cols <= rows, enable_gqa=True)
+        o = o.transpose(1, 2).reshape(B, P, self.H_q * self.d_head)  # [B, P, H_q d_head]
+        return self.wo(o)  # [B, P, d_model]
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one GEMM."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.d_ff = spec.d_ff
+        self.w_gate_up = nn.Linear(spec.d_model, 2 * spec.d_ff, bias=False)  # [d_model] -> [2 d_ff]
+        self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).split(self.d_ff, dim=-1)  # 2 x [B, P, d_ff]
+        return self.w_down(F.silu(gate) * up)  # [B, P, d_model]
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, start)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """Token ids in, last-position logits out; K and V of every layer land in the cache."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        if spec.arch not in SUPPORTED_ARCHS:
+            raise ModelFileError(
+                f"architecture {spec.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+            )
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.layers = nn.ModuleList(Block(spec) for _ in range(spec.L))
+        self.norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.unembed = None if spec.tied_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)  # [d_head / 2]
+
+    def unembed_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
+
+    def rope(self, start: int, P: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [P, d_head] for positions start..start+P-1, computed in float32 like the reference."""
+        pos = torch.arange(start, start + P, device=self.inv_freq.device, dtype=torch.float32)
+        angles = torch.outer(pos, self.inv_freq)  # [P, d_head / 2]
+        angles = torch.cat((angles, angles), dim=-1)  # [P, d_head]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
+        """Run ids [B, P] at positions cache.length.. and advance the cache.
+
+        Returns float32 logits [B, vocab] of the last position (the first new token's), or [B, P, vocab] when
+        `all_logits` (used only by the proofs).
+        """
+        B, P = ids.shape
+        start = cache.length
+        x = self.embed(ids)  # [B, P, d_model]
+        cos, sin = self.rope(start, P, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, start)
+        cache.length = start + P
+        h = x if all_logits else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
+        logits = F.linear(self.norm(h), self.unembed_weight()).float()  # [B, 1 or P, vocab]
+        return logits if all_logits else logits[:, 0]
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy weights named as in Hugging Face Llama-family checkpoints, fusing QKV and gate/up."""
+        sd = {k.removeprefix("model."): v for k, v in sd.items()}
+
+        def take(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise ModelFileError(f"weight {name!r} is missing from the model file")
+            return sd.pop(name)
+
+        def put(param: torch.Tensor, value: torch.Tensor) -> None:
+            if param.shape != value.shape:
+                raise ModelFileError(f"weight shape {tuple(value.shape)} does not fit {tuple(param.shape)}")
+            param.copy_(value)
+
+        put(self.embed.weight, take("embed_tokens.weight"))
+        for i, blk in enumerate(self.layers):
+            p = f"layers.{i}."
+            put(blk.attn_norm.weight, take(p + "input_layernorm.weight"))
+            put(blk.mlp_norm.weight, take(p + "post_attention_layernorm.weight"))
+            qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            put(blk.attn.wqkv.weight, torch.cat(qkv, dim=0))
+            if self.spec.qkv_bias:
+                put(blk.attn.wqkv.bias, torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+            put(blk.attn.wo.weight, take(p + "self_attn.o_proj.weight"))
+            if self.spec.qk_norm:
+                put(blk.attn.q_norm.weight, take(p + "self_attn.q_norm.weight"))
+                put(blk.attn.k_norm.weight, take(p + "self_attn.k_norm.weight"))
+            gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            put(blk.mlp.w_gate_up.weight, torch.cat(gate_up, dim=0))
+            put(blk.mlp.w_down.weight, take(p + "mlp.down_proj.weight"))
+        put(self.norm.weight, take("norm.weight"))
+        lm_head = sd.pop("lm_head.weight", None)
+        if self.unembed is not None:
+            if lm_head is None:
+                raise ModelFileError("weight 'lm_head.weight' is missing from the model file")
+            put(self.unembed.weight, lm_head)
+        sd = {k: v for k, v in sd.items() if "rotary_emb" not in k}
+        if sd:
+            raise ModelFileError(f"unexpected weights in the model file: {', '.join(sorted(sd)[:5])}")
