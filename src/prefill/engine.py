@@ -104,6 +104,7 @@ class Engine:
         self.device = torch.device(device)
         self.spec: ModelSpec = model.spec
         self._gemm_rate: float | None = None
+        self.last_cache_bytes = 0  # K/V bytes held after the latest generation's prefill (measured)
 
     # ---- construction ------------------------------------------------------------------------------
 
@@ -201,6 +202,17 @@ class Engine:
         """One new position per sequence: token_ids [B] -> logits [B, vocab], reading and extending the cache."""
         return self.model(token_ids.reshape(-1, 1).to(self.device), cache)
 
+    def warmup(self, P: int = 16) -> None:
+        """One short prefill and decode step, so that kernel selection and thread start-up are not timed."""
+        logits, cache = self.prefill(list(range(1, P + 1)), self.new_cache(P + 1))
+        self.decode_step(logits.argmax(-1), cache)
+        self.sync()
+
+    @staticmethod
+    def threads() -> int:
+        """Threads torch uses for the CPU kernels."""
+        return torch.get_num_threads()
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -276,6 +288,7 @@ class Engine:
         logits, cache = self.prefill(gen.prompt_ids[cache.length :], cache, chunk_size)
         self.sync()
         gen.prefill_s = time.perf_counter() - t
+        self.last_cache_bytes = cache.nbytes()
         generator = sampling.generator(self.device)
         t = time.perf_counter()
         token = sample(logits, sampling, generator)  # [1]
