@@ -244,9 +244,12 @@ def prefill_bytes_moved(spec: ModelSpec, P: int, bytes_per_element: int, B: int 
     return spec.N * bytes_per_element + activations + kv_cache_bytes_for(spec, P, bytes_per_element, B)
 
 
-def prefill_intensity(spec: ModelSpec, P: int, bytes_per_element: int, B: int = 1) -> float:
+def prefill_intensity(spec: ModelSpec | None, P: int, bytes_per_element: int, B: int = 1) -> float:
     """Arithmetic intensity of a prefill (FLOPs per byte): exact FLOPs / bytes moved. Grows with P because
-    the weights are read once and reused by all P tokens."""
+    the weights are read once and reused by all B * P tokens. With spec None (only N known) the weights are
+    the only bytes counted: weight_reuse_intensity(B * P, bytes_per_element)."""
+    if spec is None:
+        return weight_reuse_intensity(B * P, bytes_per_element)
     return prefill_flops_exact(spec, P, B=B).total / prefill_bytes_moved(spec, P, bytes_per_element, B)
 
 
@@ -277,9 +280,9 @@ def bound(intensity: float, ridge: float) -> str:
 
 
 def compute_bound_prompt_length(
-    spec: ModelSpec, bytes_per_element: int, ridge: float, B: int = 1, max_P: int = 2**40
+    spec: ModelSpec | None, bytes_per_element: int, ridge: float, B: int = 1, max_P: int = 2**40
 ) -> int | None:
-    """The shortest prompt (tokens) whose prefill intensity reaches `ridge`, or None beyond `max_P`.
+    """The shortest prompt (tokens) whose prefill_intensity(spec, ...) reaches `ridge`, or None beyond `max_P`.
 
     Found by doubling then bisection on prefill_intensity, which rises with P.
     """

@@ -95,13 +95,9 @@ class ModelSpec:
             try:
                 config = json.loads(path.read_text())
             except FileNotFoundError:
-                raise ModelFileError(
-                    f"no config.json at {path}; pass a model folder or its config.json"
-                ) from None
+                raise ModelFileError(f"no config.json at {path}; pass a model folder or its config.json") from None
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ModelFileError(
-                    f"cannot read {path} as JSON ({e}); is it a Hugging Face config.json?"
-                ) from None
+                raise ModelFileError(f"cannot read {path} as JSON ({e}); is it a Hugging Face config.json?") from None
             name = name or path.parent.name
         if not isinstance(config, dict):
             raise BadInput("a Hugging Face config must be a JSON object")
@@ -116,18 +112,14 @@ class ModelSpec:
         H_q = int(need("num_attention_heads"))
         d_model = int(need("hidden_size"))
         rope = c.get("rope_parameters") or {}  # transformers 5 moves rope_theta there
-        rope_scaling = c.get("rope_scaling") or (
-            rope if rope.get("rope_type", "default") != "default" else None
-        )
+        rope_scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         return cls(
             name=name or str(c.get("_name_or_path") or arch),
             arch=arch,
             L=int(need("num_hidden_layers")),
             d_model=d_model,
             H_q=H_q,
-            H_kv=int(
-                c.get("num_key_value_heads") or H_q
-            ),  # absent in pre-GQA configs: one KV head per Q head
+            H_kv=int(c.get("num_key_value_heads") or H_q),  # absent in pre-GQA configs: one KV head per Q head
             d_head=int(c.get("head_dim") or d_model // H_q),
             d_ff=int(need("intermediate_size")),
             vocab_size=int(need("vocab_size")),
@@ -152,7 +144,8 @@ class ModelSpec:
             reader = GGUFReader(str(path))
         except Exception as e:  # the reader fails in many ways on a damaged file; all mean the same to a user
             raise ModelFileError(
-                f"cannot read {path} as GGUF ({type(e).__name__}: {e}); the file is truncated or not GGUF"
+                f"cannot read {path} as GGUF ({type(e).__name__}: {e}); "
+                "the file is truncated or not GGUF: download it again"
             ) from None
 
         def value(key: str, default: Any = None) -> Any:
@@ -208,9 +201,7 @@ def load_spec(model: str | Path) -> ModelSpec:
     raise BadInput(f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor a .gguf / config.json path")
 
 
-def _preset(
-    hf_id: str, arch: str, L: int, d_model: int, H_q: int, H_kv: int, d_ff: int, vocab: int, **kw: Any
-):
+def _preset(hf_id: str, arch: str, L: int, d_model: int, H_q: int, H_kv: int, d_ff: int, vocab: int, **kw: Any):
     return ModelSpec(
         name=hf_id,
         arch=arch,

@@ -1,0 +1,255 @@
+"""The cost model: the lessons' worked numbers exactly, and properties of every formula."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prefill import costs
+from prefill.costs import (
+    Calibration,
+    FlopCount,
+    calibrated_prefill_seconds,
+    decode_rate,
+    kv_cache_bytes,
+    kv_cache_bytes_for,
+    prefill_flops,
+    prefill_flops_exact,
+    prefill_seconds,
+    request_output_rate,
+    request_seconds,
+    ttft_seconds,
+)
+from prefill.errors import BadInput
+from prefill.specs import PRESETS, ModelSpec
+
+LLAMA3_8B = PRESETS["llama-3-8b"]
+SMOLLM2 = PRESETS["smollm2-135m"]
+
+
+# ---- worked numbers from the lessons -----------------------------------------------------------------
+
+
+def test_prefill_flops_7b_1000_tokens():
+    assert prefill_flops(7e9, 1000) == 1.4e13
+
+
+def test_prefill_seconds_300_tflops_half_mfu_is_93_ms():
+    s = prefill_seconds(7e9, 1000, 300e12, 0.5)
+    assert s == pytest.approx(0.09333333, rel=1e-6)
+    assert round(s, 4) == 0.0933 and round(s * 1e3, 1) == 93.3
+
+
+def test_prefill_seconds_interactive_lesson_0_28_s():
+    assert prefill_seconds(7e9, 1000, 1e14, 0.5) == pytest.approx(0.28, rel=1e-12)
+    assert prefill_seconds(7e9, 1000, 5e13) == pytest.approx(0.28, rel=1e-12)
+
+
+@pytest.mark.parametrize("utilization", [0, -0.1, 1.5, math.nan, math.inf])
+def test_prefill_seconds_rejects_bad_utilization(utilization):
+    with pytest.raises(ValueError):
+        prefill_seconds(7e9, 1000, 1e14, utilization)
+
+
+@pytest.mark.parametrize(
+    "N, P, rate", [(0, 10, 1e14), (-1, 10, 1e14), (7e9, -1, 1e14), (7e9, 10, 0), (7e9, 10, -1e14),
+                   (math.nan, 10, 1e14), (7e9, math.inf, 1e14), (7e9, 10, math.nan)],
+)  # fmt: skip
+def test_prefill_seconds_rejects_bad_arguments(N, P, rate):
+    with pytest.raises(ValueError):
+        prefill_seconds(N, P, rate)
+
+
+def test_utilization_one_is_allowed_and_p_zero_costs_nothing():
+    assert prefill_seconds(1e9, 100, 1e12, 1.0) == pytest.approx(0.2)
+    assert prefill_seconds(1e9, 0, 1e12) == 0
+
+
+def test_kv_cache_exercise_2():
+    n = kv_cache_bytes(L=32, H_kv=8, d_head=128, P=2048, bytes_per_element=2)
+    assert n == 268_435_456
+    assert costs.bytes_to_mib(n) == 256.0
+    assert round(costs.bytes_to_mb(n), 1) == 268.4
+    assert costs.format_bytes(n) == "268,435,456 B = 256.0 MiB = 268.4 MB"
+
+
+def test_kv_cache_of_llama3_8b_preset_matches_exercise():
+    assert kv_cache_bytes_for(LLAMA3_8B, 2048, costs.dtype_bytes("bf16")) == 268_435_456
+
+
+def test_kv_cache_scales_with_batch_and_rejects_nonsense():
+    assert kv_cache_bytes(32, 8, 128, 2048, 2, B=4) == 4 * 268_435_456
+    with pytest.raises(ValueError):
+        kv_cache_bytes(32, 0, 128, 2048, 2)
+    with pytest.raises(ValueError):
+        kv_cache_bytes(32, 8, 128, -1, 2)
+
+
+def test_request_timing_worked_example():
+    total = request_seconds(ttft_s=0.20, n_out=5, itl_s=0.05)
+    assert total == pytest.approx(0.40)
+    assert decode_rate(0.05) == pytest.approx(20.0)
+    assert request_output_rate(5, total) == pytest.approx(12.5)
+
+
+def test_ttft_is_network_plus_tokenization_plus_prefill():
+    assert ttft_seconds(0.0933, network_s=0.02, tokenize_s=0.001) == pytest.approx(0.1143)
+    assert ttft_seconds(0.5) == 0.5
+    with pytest.raises(ValueError):
+        ttft_seconds(0.1, network_s=-1)
+    with pytest.raises(ValueError):
+        request_seconds(0.2, 0, 0.05)
+
+
+def test_dtype_bytes_and_aliases():
+    names = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "fp8", "int8")
+    assert [costs.dtype_bytes(d) for d in names] == [4, 4, 2, 2, 2, 2, 1, 1]
+    assert costs.canonical_dtype("torch.bfloat16") == "bfloat16"
+    with pytest.raises(BadInput, match="unknown dtype"):
+        costs.dtype_bytes("fp7")
+
+
+def test_mfu_inverts_prefill_seconds():
+    s = prefill_seconds(7e9, 1000, 300e12, 0.5)
+    assert costs.mfu(prefill_flops(7e9, 1000), s, 300e12) == pytest.approx(0.5)
+
+
+# ---- exact FLOPs -------------------------------------------------------------------------------------
+
+
+def test_exact_flops_of_llama3_8b_1000_tokens():
+    count = prefill_flops_exact(LLAMA3_8B, 1000)
+    assert count.linear == 2 * 6_979_588_096 * 1000
+    # 4 * L * H_q * d_head * P(P+1)/2 = 4 * 32 * 32 * 128 * 500500
+    assert count.attention == 4 * 32 * 32 * 128 * 500_500 == 262_406_144_000
+    assert count.unembed == 2 * 4096 * 128256  # last position only
+    assert count.total == count.linear + count.attention + count.unembed
+
+
+def test_exact_flops_attention_counts_the_triangle_not_the_square():
+    one = prefill_flops_exact(SMOLLM2, 1).attention  # one token attends to itself
+    assert one == 4 * 30 * 9 * 64
+    assert prefill_flops_exact(SMOLLM2, 100).attention == one * 5050  # 100*101/2 pairs, not 100^2
+
+
+def test_exact_flops_with_cached_past_and_batch():
+    # 10 new tokens after 90 cached: 10*90 + 55 pairs
+    assert prefill_flops_exact(SMOLLM2, 10, past=90).attention == 4 * 30 * 9 * 64 * (900 + 55)
+    one, four = prefill_flops_exact(SMOLLM2, 64), prefill_flops_exact(SMOLLM2, 64, B=4)
+    assert four.total == 4 * one.total
+
+
+def test_flop_count_total():
+    assert FlopCount(linear=1.0, attention=2.0, unembed=3.0).total == 6.0
+
+
+spec_strategy = st.builds(
+    lambda L, H_kv, group, d_head, d_ff, vocab, tied: ModelSpec(
+        name="random", arch="llama", L=L, d_model=H_kv * group * d_head, H_q=H_kv * group, H_kv=H_kv,
+        d_head=d_head, d_ff=d_ff, vocab_size=vocab, context_length=4096, tied_embeddings=tied,
+        rope_theta=10000.0, norm_eps=1e-5,
+    ),
+    st.integers(1, 80), st.integers(1, 16), st.integers(1, 8), st.sampled_from([32, 64, 128, 256]),
+    st.integers(1, 50_000), st.integers(1, 300_000), st.booleans(),
+)  # fmt: skip
+
+
+@given(spec=spec_strategy, P=st.integers(0, 100_000), past=st.integers(0, 100_000))
+def test_exact_body_flops_exceed_2_n_non_embedding_p_by_exactly_the_attention(spec, P, past):
+    count = prefill_flops_exact(spec, P, past=past)
+    body = count.linear + count.attention
+    assert body - 2 * spec.N_non_embedding * P == count.attention
+    assert count.attention == 4 * spec.L * spec.H_q * spec.d_head * (P * past + P * (P + 1) // 2)
+
+
+@given(N=st.integers(1, 10**12), P=st.integers(0, 10**6), k=st.integers(1, 1000))
+def test_prefill_flops_linear_in_n_and_p(N, P, k):
+    assert prefill_flops(k * N, P) == k * prefill_flops(N, P)
+    assert prefill_flops(N, k * P) == k * prefill_flops(N, P)
+    assert prefill_flops(N, P + k) == prefill_flops(N, P) + prefill_flops(N, k)
+
+
+@given(
+    N=st.floats(1e6, 1e12),
+    P=st.integers(0, 10**6),
+    rate=st.floats(1e9, 1e16),
+    u=st.floats(0.01, 1.0),
+)
+def test_prefill_seconds_is_flops_over_achieved_rate(N, P, rate, u):
+    assert prefill_seconds(N, P, rate, u) == pytest.approx(prefill_flops(N, P) / (rate * u))
+
+
+# ---- intensity and the roofline ----------------------------------------------------------------------
+
+
+def test_decode_intensity_is_two_over_b():
+    assert costs.decode_intensity(2) == 1.0  # bf16
+    assert costs.decode_intensity(1) == 2.0  # fp8/int8
+    assert costs.decode_intensity(0.5) == 4.0  # 4-bit
+
+
+def test_ridge_point_and_bound():
+    ridge = costs.ridge_point(989.4e12, 3.35e12)
+    assert ridge == pytest.approx(295.34, abs=0.01)
+    assert costs.bound(1.0, ridge) == "memory-bound"
+    assert costs.bound(ridge, ridge) == "compute-bound"
+
+
+def test_prefill_bytes_moved_counts_weights_activations_and_kv():
+    P, b = 1000, 2
+    expected = LLAMA3_8B.N * b + 2 * 32 * P * 4096 * b + kv_cache_bytes_for(LLAMA3_8B, P, b)
+    assert costs.prefill_bytes_moved(LLAMA3_8B, P, b) == expected
+
+
+@given(P=st.integers(1, 200_000))
+def test_prefill_intensity_grows_with_p(P):
+    assert costs.prefill_intensity(LLAMA3_8B, P + 1, 2) > costs.prefill_intensity(LLAMA3_8B, P, 2)
+
+
+def test_prefill_intensity_without_shapes_counts_weights_only():
+    assert costs.prefill_intensity(None, 1000, 2) == 1000.0
+    assert costs.prefill_intensity(None, 1000, 2, B=4) == 4000.0
+
+
+def test_compute_bound_prompt_length_is_the_crossover():
+    ridge = costs.ridge_point(989.4e12, 3.35e12)
+    P = costs.compute_bound_prompt_length(LLAMA3_8B, 2, ridge)
+    assert costs.prefill_intensity(LLAMA3_8B, P, 2) >= ridge > costs.prefill_intensity(LLAMA3_8B, P - 1, 2)
+    assert 250 < P < 400  # at ~2 FLOP per weight byte per token, ridge 295 needs ~300 tokens
+    # weights only: 2 * P / b >= ridge  <=>  P >= ridge
+    assert costs.compute_bound_prompt_length(None, 2, 100.0) == 100
+    assert costs.compute_bound_prompt_length(None, 2, 1e30, max_P=2**20) is None
+
+
+# ---- tensor parallelism ------------------------------------------------------------------------------
+
+
+def test_tensor_parallel_split_of_flops_and_kv():
+    assert costs.tp_flops_per_gpu(8e12, 4) == 2e12
+    full = kv_cache_bytes_for(LLAMA3_8B, 2048, 2)
+    assert costs.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=2) == full // 2
+    assert costs.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=8) == full // 8
+    # 16 GPUs but only 8 KV heads: each GPU keeps a whole head
+    assert costs.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=16) == full // 8
+    with pytest.raises(ValueError):
+        costs.tp_flops_per_gpu(1.0, 0)
+
+
+def test_allreduce_bytes_and_seconds():
+    payload = costs.tp_allreduce_payload_bytes(LLAMA3_8B, P=1000, bytes_per_element=2)
+    assert payload == 2 * 32 * 1000 * 4096 * 2  # 2 all-reduces per layer of [B, P, d_model]
+    assert costs.ring_allreduce_bytes_per_gpu(payload, 1) == 0
+    assert costs.ring_allreduce_bytes_per_gpu(payload, 2) == payload
+    assert costs.ring_allreduce_bytes_per_gpu(payload, 4) == 1.5 * payload
+    assert costs.tp_allreduce_seconds(payload, 2, 450e9) == pytest.approx(payload / 450e9)
+
+
+# ---- calibration -------------------------------------------------------------------------------------
+
+
+def test_calibrated_prefill_seconds():
+    cal = Calibration(overhead_s=0.01, linear_flops_per_s=1e11, attention_flops_per_s=5e10, dtype="float32",
+                      threads=2, source="test")  # fmt: skip
+    count = FlopCount(linear=1e11, attention=5e10, unembed=1e10)
+    assert calibrated_prefill_seconds(count, cal) == pytest.approx(0.01 + 1.1 + 1.0)
