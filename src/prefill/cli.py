@@ -339,7 +339,7 @@ def mask(
     from prefill.errors import BadInput
 
     if (text is None) == (tokens is None):
-        raise BadInput('give a prompt ("AI is fast") or --tokens P, not both')
+        raise BadInput('give either a prompt ("AI is fast") or --tokens P')
     # TOKENIZER CALL SITE: whitespace for now; becomes prefill.loading.tokenizer.default_tokenize(text)
     labels = text.split() if text is not None else [""] * tokens
     P = len(labels)

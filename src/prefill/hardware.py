@@ -134,11 +134,12 @@ def measure_gemm_rate(
         return time.perf_counter() - start
 
     try:
-        n, repeats = 256, 5
-        timed(n)  # warm-up: thread pool and kernel selection
-        # grow n until one GEMM takes a fair share of the budget; time grows as n^3
-        while (t := timed(n)) < seconds / repeats / 4 and n < 8192:
-            n = min(8192, int(n * max(1.25, min(2.0, (seconds / repeats / max(t, 1e-6)) ** (1 / 3)))))
+        # start at 1024: smaller GEMMs measure thread start-up more than the multiply units
+        n, repeats = 1024, 5
+        t = timed(n)  # also the warm-up: thread pool and kernel selection
+        while t < seconds / repeats / 2 and n < 8192:  # time grows as n^3: aim one GEMM at seconds / repeats
+            n = min(8192, int(n * min(2.0, max(1.25, (seconds / repeats / max(t, 1e-6)) ** (1 / 3)))))
+            t = timed(n)
         return 2 * n**3 / min(timed(n) for _ in range(repeats))
     finally:
         torch.set_num_threads(old_threads)
