@@ -7,10 +7,12 @@ from prefill.causal import causal_mask, causal_pairs, prefill_matches_sequential
 from prefill.costs import (
     Calibration,
     FlopCount,
+    attended_pairs,
     bound,
     bytes_to_mb,
     bytes_to_mib,
     calibrated_prefill_seconds,
+    canonical_dtype,
     compute_bound_prompt_length,
     compute_seconds,
     decode_intensity,
@@ -35,9 +37,17 @@ from prefill.costs import (
     tp_flops_per_gpu,
     tp_kv_cache_bytes_per_gpu,
     ttft_seconds,
+    weight_reuse_intensity,
 )
 from prefill.errors import BadInput, ModelFileError, PrefillError
-from prefill.hardware import HARDWARE, Hardware, get_hardware, measure_gemm_rate
+from prefill.hardware import (
+    HARDWARE,
+    Hardware,
+    get_hardware,
+    load_calibration,
+    measure_gemm_rate,
+    save_calibration,
+)
 from prefill.specs import PRESETS, ModelSpec, load_spec
 
 __all__ = [
@@ -50,10 +60,12 @@ __all__ = [
     "ModelFileError",
     "ModelSpec",
     "PrefillError",
+    "attended_pairs",
     "bound",
     "bytes_to_mb",
     "bytes_to_mib",
     "calibrated_prefill_seconds",
+    "canonical_dtype",
     "causal_mask",
     "causal_pairs",
     "compute_bound_prompt_length",
@@ -65,6 +77,7 @@ __all__ = [
     "get_hardware",
     "kv_cache_bytes",
     "kv_cache_bytes_for",
+    "load_calibration",
     "load_spec",
     "max_context_tokens",
     "measure_gemm_rate",
@@ -78,10 +91,12 @@ __all__ = [
     "request_output_rate",
     "request_seconds",
     "ridge_point",
+    "save_calibration",
     "ring_allreduce_bytes_per_gpu",
     "tp_allreduce_payload_bytes",
     "tp_allreduce_seconds",
     "tp_flops_per_gpu",
     "tp_kv_cache_bytes_per_gpu",
     "ttft_seconds",
+    "weight_reuse_intensity",
 ]

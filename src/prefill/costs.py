@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prefill.causal import causal_pairs
 from prefill.errors import BadInput
 
 if TYPE_CHECKING:
@@ -134,11 +135,10 @@ class FlopCount:
         return self.linear + self.attention + self.unembed
 
 
-def attended_pairs(P: int, past: int = 0) -> float:
+def attended_pairs(P: int, past: int = 0) -> int:
     """(query, key) pairs a prefill of P new tokens after `past` cached ones attends: P*past + P(P+1)/2."""
-    _non_negative("P", P)
     _non_negative("past", past)
-    return P * past + P * (P + 1) / 2
+    return P * past + causal_pairs(P)
 
 
 def prefill_flops_exact(spec: ModelSpec, P: int, past: int = 0, B: int = 1) -> FlopCount:
@@ -362,8 +362,4 @@ def calibrated_prefill_seconds(count: FlopCount, cal: Calibration) -> float:
     overhead + (linear + unembed) / linear rate + attention / attention rate."""
     _non_negative("overhead_s", cal.overhead_s)
     linear_s = (count.linear + count.unembed) / _positive("linear_flops_per_s", cal.linear_flops_per_s)
-    return (
-        cal.overhead_s
-        + linear_s
-        + count.attention / _positive("attention_flops_per_s", cal.attention_flops_per_s)
-    )
+    return cal.overhead_s + linear_s + count.attention / _positive("attention_flops_per_s", cal.attention_flops_per_s)
