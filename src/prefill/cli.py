@@ -250,14 +250,17 @@ def estimate(
         ("ridge point (peak / bandwidth)", f"{ridge:,.1f} FLOP/B"),
         ("prefill compute-bound from", f"P >= {crossover:,} tokens" if crossover else "never (below max P)"),
     ]
-    captions = (
-        {
-            "Prefill FLOPs": "2*N*P also counts the (un)embedding for every token and no attention; exact counts "
+    captions = {}
+    if count:
+        captions["Prefill FLOPs"] = (
+            "2*N*P also counts the (un)embedding for every token and no attention; exact counts "
             "attention over the causal triangle and logits for the last position only."
-        }
-        if count
-        else None
-    )
+        )
+    if T > 1:
+        captions["Prefill time"] = (
+            f"On {T} GPUs: FLOPs per GPU at peak x MFU, plus the ring all-reduces (2 per layer) at "
+            "the link bandwidth, not overlapped."
+        )
     _print_report(sections, captions)
 
 
