@@ -1,0 +1,147 @@
+"""The engines a user would pick instead, run on the same weights, tokens, dtype and thread count as ours.
+
+- transformers: `AutoModelForCausalLM` from the same GGUF (dequantized to dense weights) or the same HF folder,
+  SDPA attention, the same dtype, `logits_to_keep=1` so it too unembeds only the last position.
+- llama.cpp through `llama-cpp-python` (optional extra `prefill[llamacpp]`): the same GGUF in its own quantized
+  types; `llm.eval(tokens)` after `llm.reset()` is its prefill.
+Each peer exposes `prefill(ids)` for one whole prefill of a [1, P] prompt, and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefill.errors import BadInput, ModelFileError
+
+PEER_NAMES = ("transformers", "llamacpp")
+
+
+@dataclass
+class TransformersPeer:
+    """Hugging Face transformers, SDPA attention, in `dtype`; `prefill(ids)` runs one forward pass."""
+
+    model: Any  # transformers PreTrainedModel
+    dtype: str
+    device: str = "cpu"
+    name: str = "transformers"
+    version: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        import transformers
+
+        self.version = transformers.__version__
+        self.model.eval()
+
+    @classmethod
+    def load(cls, model_path: str | Path, dtype: str, device: str = "cpu") -> TransformersPeer:
+        """Load from a .gguf file (dequantized to dense `dtype` weights) or an HF model folder."""
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = _torch_dtype(dtype)
+        path = Path(model_path)
+        kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": "sdpa"}
+        if path.suffix == ".gguf":
+            kwargs.update(gguf_file=path.name, quantization_config=_dense_gguf_config())
+            path = path.parent
+        elif not (path / "config.json").is_file():
+            raise ModelFileError(f"{model_path}: the transformers peer needs a .gguf file or an HF model folder")
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs).to(device)
+        dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
+        if dtypes != {dtype}:
+            raise ModelFileError(
+                f"transformers loaded {model_path} with weights in {sorted(dtypes)}, not dense {dtype}: "
+                "the comparison would not be like for like"
+            )
+        return cls(model=model, dtype=dtype, device=device)
+
+    def prefill(self, ids: Any) -> Any:
+        """One prefill of `ids` (LongTensor [1, P] on the peer's device); returns last-position logits [1, V]."""
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(ids, logits_to_keep=1, use_cache=True)
+        return out.logits[:, -1]  # [1, vocab]
+
+
+@dataclass
+class LlamaCppPeer:
+    """llama.cpp via llama-cpp-python on a GGUF, in the file's own (quantized) types."""
+
+    llm: Any  # llama_cpp.Llama
+    n_batch: int
+    name: str = "llamacpp"
+    dtype: str = "gguf"
+    version: str = ""
+
+    @classmethod
+    def load(cls, gguf_path: str | Path, n_ctx: int, threads: int, n_batch: int = 512) -> LlamaCppPeer:
+        """Open `gguf_path` with room for `n_ctx` tokens, `threads` threads, micro-batches of `n_batch`."""
+        if not llamacpp_available():
+            raise BadInput("llama-cpp-python is not installed: pip install 'prefill[llamacpp]'")
+        if Path(gguf_path).suffix != ".gguf":
+            raise BadInput(f"the llama.cpp peer needs a .gguf file, got {gguf_path}")
+        import llama_cpp
+
+        batch = min(n_batch, n_ctx)
+        llm = llama_cpp.Llama(
+            model_path=str(gguf_path),
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_batch=batch,
+            n_ubatch=batch,
+            logits_all=False,
+            verbose=False,
+        )
+        return cls(llm=llm, n_batch=batch, version=llama_cpp.__version__)
+
+    def prefill(self, ids: list[int]) -> None:
+        """One prefill of `ids` from an empty KV cache."""
+        self.llm.reset()
+        self.llm.eval(ids)
+
+
+def llamacpp_available() -> bool:
+    """True when `llama_cpp` (llama-cpp-python) can be imported."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    """'transformers,llamacpp' -> ('transformers', 'llamacpp'); '' or 'none' -> ()."""
+    names = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    if names in ((), ("none",)):
+        return ()
+    unknown = [n for n in names if n not in PEER_NAMES]
+    if unknown:
+        raise BadInput(f"unknown peer {', '.join(unknown)}: choose from {', '.join(PEER_NAMES)}")
+    return names
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise BadInput(f"dtype {dtype!r} is not one of {', '.join(table)}")
+    return table[dtype]
+
+
+def _dense_gguf_config() -> Any:
+    # Newer transformers keep GGUF blocks packed when a kernel exists; ask for dense weights explicitly.
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return None
+    return GgufConfig(dequantize=True)
+
+
+def transformers_version() -> str | None:
+    """The installed transformers version, or None."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers.__version__

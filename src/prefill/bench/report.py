@@ -1,0 +1,165 @@
+"""What a benchmark run shows: rich tables, and the JSON file that holds every sample."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from prefill.bench.calibrate import CalibrationReport
+from prefill.bench.runner import OURS, BenchResult
+from prefill.costs import bytes_to_mib
+
+
+def machine_line(result: BenchResult) -> str:
+    """One line: CPU/GPU, threads and versions the figures were measured with."""
+    m = result.machine
+    gemm = ", ".join(f"{dt} {rate / 1e9:.0f} GFLOP/s" for dt, rate in result.gemm_flops_per_s.items())
+    parts = [
+        f"{m['device'] if m['device'] != 'cpu' else m['cpu']} ({m['cores']} cores), {m['threads']} threads",
+        f"torch {m['torch']}",
+        f"transformers {m['transformers']}" if m.get("transformers") else "",
+        f"llama-cpp-python {m['llama_cpp']}" if m.get("llama_cpp") else "",
+        f"GEMM rate measured: {gemm}",
+    ]
+    return "; ".join(p for p in parts if p)
+
+
+def ours_table(result: BenchResult) -> Table:
+    """Our engine at every (dtype, P): times, rates, MFU, memory, and the cost model beside the measurement."""
+    t = Table(title=f"prefill: {result.spec.name}")
+    for col in ("dtype", "P", "cold ms", "median ms", "p90 ms", "tok/s", "GFLOP/s", "MFU", "peak MiB", "+MiB"):
+        t.add_column(col, justify="right")
+    t.add_column("predicted ms (GEMM rate)", justify="right")
+    if result.calibrations:
+        t.add_column("calibrated ms (error)", justify="right")
+    for m in (m for m in result.measurements if m.engine == OURS and m.chunk_size is None):
+        row = [
+            m.dtype,
+            str(m.P),
+            f"{m.cold_s * 1e3:.1f}",
+            f"{m.median_s * 1e3:.1f}",
+            f"{m.p90_s * 1e3:.1f}",
+            f"{m.tokens_per_s:,.0f}",
+            f"{m.flops_per_s / 1e9:.1f}",
+            f"{m.mfu:.0%}" if m.mfu is not None else "-",
+            f"{bytes_to_mib(m.peak_bytes):,.0f}",
+            f"{bytes_to_mib(m.peak_delta_bytes):,.0f}",
+            f"{m.predicted_s * 1e3:.1f}",
+        ]
+        if result.calibrations:
+            err = "" if m.calibrated_s is None else f" ({100 * (m.calibrated_s - m.median_s) / m.median_s:+.1f}%)"
+            row.append("-" if m.calibrated_s is None else f"{m.calibrated_s * 1e3:.1f}{err}")
+        t.add_row(*row)
+    return t
+
+
+def peers_table(result: BenchResult) -> Table:
+    """Tokens/s of every engine at every (dtype, P) and our speed-up over each peer."""
+    peers = sorted({m.engine for m in result.measurements} - {OURS})
+    t = Table(title="side by side: same tokens, same threads (tokens/s of the median run)")
+    t.add_column("dtype", justify="right")
+    t.add_column("P", justify="right")
+    t.add_column("prefill", justify="right")
+    for p in peers:
+        t.add_column(p, justify="right")
+        t.add_column(f"x {p}", justify="right")
+    for m in (m for m in result.measurements if m.engine == OURS and m.chunk_size is None):
+        row = [m.dtype, str(m.P), f"{m.tokens_per_s:,.0f}"]
+        for p in peers:
+            theirs = result.find(p, m.dtype, m.P) or result.find(p, "gguf", m.P)
+            speedup = result.speedup(p, m.dtype, m.P)
+            row += [
+                "-" if theirs is None else f"{theirs.tokens_per_s:,.0f}",
+                "-" if speedup is None else f"{speedup:.2f}x",
+            ]
+        t.add_row(*row)
+    return t
+
+
+def calibration_table(dtype: str, rep: CalibrationReport) -> Table:
+    """Predicted vs measured seconds for every P, with the fitted rates in the title."""
+    c = rep.calibration
+    held = rep.holdout_mape_pct
+    t = Table(
+        title=(
+            f"calibration {dtype}: overhead {c.overhead_s * 1e3:.2f} ms, linear {c.linear_flops_per_s / 1e9:.1f} "
+            f"GFLOP/s, attention {c.attention_flops_per_s / 1e9:.1f} GFLOP/s; fitted on P={list(rep.fitted_on)}; "
+            f"MAPE {rep.mape_pct:.1f}%" + ("" if held is None else f" (held-out points {held:.1f}%)")
+        )
+    )
+    for col in ("P", "measured ms", "predicted ms", "error", "fit point"):
+        t.add_column(col, justify="right")
+    for r in rep.rows:
+        t.add_row(
+            str(r.P),
+            f"{r.measured_s * 1e3:.1f}",
+            f"{r.predicted_s * 1e3:.1f}",
+            f"{r.error_pct:+.1f}%",
+            "yes" if r.fitted else "",
+        )
+    return t
+
+
+def chunk_table(result: BenchResult) -> Table | None:
+    """Time and peak memory against chunk size C (None: no chunk sweep ran)."""
+    rows = [m for m in result.measurements if m.engine == OURS and m.chunk_size is not None]
+    if not rows:
+        return None
+    t = Table(title="chunked prefill: time and memory against chunk size C")
+    for col in ("dtype", "P", "C", "median ms", "tok/s", "peak MiB", "+MiB", "one pass ms", "one pass +MiB"):
+        t.add_column(col, justify="right")
+    for m in rows:
+        whole = result.find(OURS, m.dtype, m.P)
+        t.add_row(
+            m.dtype,
+            str(m.P),
+            str(m.chunk_size),
+            f"{m.median_s * 1e3:.1f}",
+            f"{m.tokens_per_s:,.0f}",
+            f"{bytes_to_mib(m.peak_bytes):,.0f}",
+            f"{bytes_to_mib(m.peak_delta_bytes):,.0f}",
+            "-" if whole is None else f"{whole.median_s * 1e3:.1f}",
+            "-" if whole is None else f"{bytes_to_mib(whole.peak_delta_bytes):,.0f}",
+        )
+    return t
+
+
+def to_json(result: BenchResult) -> dict[str, Any]:
+    """The whole run as plain JSON data: config, machine, GEMM rates, every sample, calibrations."""
+    return {
+        "model": result.model,
+        "spec": dataclasses.asdict(result.spec),
+        "config": dataclasses.asdict(result.config),
+        "machine": result.machine,
+        "gemm_flops_per_s": result.gemm_flops_per_s,
+        "measurements": [dataclasses.asdict(m) for m in result.measurements],
+        "speedups": [
+            {"peer": p, "dtype": m.dtype, "P": m.P, "speedup": result.speedup(p, m.dtype, m.P)}
+            for m in result.measurements
+            if m.engine == OURS and m.chunk_size is None
+            for p in sorted({x.engine for x in result.measurements} - {OURS})
+        ],
+        "calibrations": {
+            dt: {
+                "calibration": dataclasses.asdict(rep.calibration),
+                "fitted_on": list(rep.fitted_on),
+                "mape_pct": rep.mape_pct,
+                "holdout_mape_pct": rep.holdout_mape_pct,
+                "rows": [dataclasses.asdict(r) | {"error_pct": r.error_pct} for r in rep.rows],
+            }
+            for dt, rep in result.calibrations.items()
+        },
+        "notes": result.notes,
+    }
+
+
+def write_json(result: BenchResult, out_dir: Path) -> Path:
+    """Write bench.json into `out_dir`; returns its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "bench.json"
+    path.write_text(json.dumps(to_json(result), indent=2) + "\n")
+    return path

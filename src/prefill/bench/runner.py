@@ -1,0 +1,341 @@
+"""The sweep: every prompt length and dtype, our engine and its peers side by side, in one process and one run.
+
+For each dtype the engines are loaded once; for each P they run the same token ids, one after the other,
+so slow drifts of the machine hit all of them alike. Each point: a cold call, warm-up, `repeats` timed calls,
+then one untimed call for peak memory. The GEMM rate that MFU is measured against is taken in the same run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prefill.bench import calibrate
+from prefill.bench.peers import LlamaCppPeer, TransformersPeer, llamacpp_available, transformers_version
+from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call
+from prefill.costs import FlopCount, canonical_dtype, compute_seconds, mfu, prefill_flops_exact
+from prefill.errors import BadInput
+from prefill.specs import ModelSpec
+
+DEFAULT_PROMPT_LENGTHS = (32, 128, 512, 1024, 2048, 4096)
+DEFAULT_DTYPES = ("float32", "bfloat16")
+OURS = "prefill"
+# Any fixed English text will do: attention and GEMM cost do not depend on which tokens they are.
+PROMPT_TEXT = (
+    "Prefill is the first phase of inference: the model reads every prompt token in one parallel pass, "
+    "fills the key-value cache, and produces the logits of the first new token. "
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to sweep. `model` None means the embedded SmolLM2 GGUF."""
+
+    model: str | None = None
+    prompt_lengths: tuple[int, ...] = DEFAULT_PROMPT_LENGTHS
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    repeats: int = 5
+    warmup: int = 1
+    peers: tuple[str, ...] = ("transformers", "llamacpp")
+    threads: int | None = None
+    calibrate: bool = False
+    calibrate_on: tuple[int, ...] | None = None  # default: the second-shortest and the longest P
+    chunk_sizes: tuple[int, ...] = ()
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One engine at one (dtype, P, chunk size): seconds, rates and memory. FLOPs are ours for every engine."""
+
+    engine: str
+    dtype: str
+    P: int
+    chunk_size: int | None
+    cold_s: float
+    median_s: float
+    p90_s: float
+    samples_s: tuple[float, ...]
+    tokens_per_s: float
+    flops: float
+    flops_per_s: float
+    mfu: float | None  # against the GEMM rate measured in this run in `dtype`; None for llama.cpp's own types
+    peak_bytes: int
+    peak_delta_bytes: int
+    memory_kind: str
+    predicted_s: float  # exact FLOPs at the measured GEMM rate (the uncalibrated cost model)
+    calibrated_s: float | None = None
+
+
+@dataclass
+class BenchResult:
+    """Everything one run measured, with the machine it ran on."""
+
+    config: BenchConfig
+    model: str
+    spec: ModelSpec
+    machine: dict[str, Any]
+    gemm_flops_per_s: dict[str, float]
+    measurements: list[Measurement] = field(default_factory=list)
+    calibrations: dict[str, calibrate.CalibrationReport] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def find(self, engine: str, dtype: str, P: int, chunk_size: int | None = None) -> Measurement | None:
+        """The measurement of `engine` at (dtype, P, chunk_size), or None."""
+        for m in self.measurements:
+            if (m.engine, m.dtype, m.P, m.chunk_size) == (engine, dtype, P, chunk_size):
+                return m
+        return None
+
+    def speedup(self, peer: str, dtype: str, P: int) -> float | None:
+        """Our tokens/s over the peer's at the same P (llama.cpp runs its own types: compared to any dtype)."""
+        ours = self.find(OURS, dtype, P)
+        theirs = self.find(peer, dtype, P) or self.find(peer, "gguf", P)
+        if ours is None or theirs is None:
+            return None
+        return ours.tokens_per_s / theirs.tokens_per_s
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    """'32,128,512' -> (32, 128, 512); BadInput on anything but positive integers."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise BadInput(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise BadInput(f"{what} must be positive integers, got {text!r}")
+    return values
+
+
+def parse_dtypes(text: str) -> tuple[str, ...]:
+    """'float32,bf16' -> ('float32', 'bfloat16'), each checked by the cost model's dtype table."""
+    return tuple(canonical_dtype(x.strip()) for x in text.split(",") if x.strip())
+
+
+def steps(config: BenchConfig, n_lengths: int) -> int:
+    """How many points the sweep will time (for the progress bar)."""
+    per_dtype = n_lengths * (1 + ("transformers" in config.peers)) + len(config.chunk_sizes)
+    return per_dtype * len(config.dtypes) + n_lengths * ("llamacpp" in config.peers)
+
+
+def run_bench(config: BenchConfig, on_step: Callable[[str], None] | None = None) -> BenchResult:
+    """Run the sweep; `on_step(description)` is called after each timed point."""
+    import torch
+
+    from prefill.engine import Engine
+    from prefill.hardware import measure_gemm_rate
+    from prefill.loading.resolve import default_model_path
+
+    step = on_step or (lambda _d: None)
+    threads = config.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    model_path = str(default_model_path()) if config.model is None else config.model
+    gemm = {dt: measure_gemm_rate(dt, device=config.device, threads=threads) for dt in config.dtypes}
+    result: BenchResult | None = None
+    for dtype in config.dtypes:
+        engine = Engine.load(model_path, dtype=dtype, device=config.device, threads=threads, progress=False)
+        if result is None:
+            result = _new_result(config, model_path, engine.spec, threads, gemm)
+            lengths = _capped_lengths(config.prompt_lengths, engine.spec, result.notes)
+            prompt = _prompt_ids(engine.tokenizer, max(lengths), engine.spec.vocab_size)
+            llama = _load_llamacpp(config, model_path, max(lengths), threads, result.notes)
+        else:
+            llama = None  # llama.cpp runs the GGUF's own types: once per run is enough
+        peer = _load_transformers(config, model_path, dtype, result.notes)
+        _sweep_dtype(engine, peer, llama, dtype, lengths, prompt, gemm, config, result, step)
+        del engine, peer, llama
+        gc.collect()
+    assert result is not None  # config.dtypes is never empty
+    return result
+
+
+def _sweep_dtype(engine, peer, llama, dtype, lengths, prompt, gemm, config: BenchConfig, result, step) -> None:
+    import torch
+
+    for P in lengths:
+        ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
+        count = prefill_flops_exact(engine.spec, P)
+        runs = [(OURS, dtype, lambda ids=ids: engine.prefill(ids))]
+        if peer is not None:
+            runs.append((peer.name, dtype, lambda ids=ids: peer.prefill(ids)))
+        if llama is not None:
+            runs.append((llama.name, llama.dtype, lambda t=prompt[:P]: llama.prefill(t)))
+        for name, run_dtype, fn in runs:
+            result.measurements.append(_measure(name, run_dtype, P, None, fn, count, gemm, config))
+            step(f"{name} {run_dtype} P={P}")
+    if config.calibrate:
+        try:
+            result.calibrations[dtype] = _calibrate(engine, dtype, lengths, prompt, result, config)
+        except BadInput as e:  # a failed fit must not throw away the sweep that was measured
+            result.notes.append(f"{dtype} calibration failed: {e}")
+    _chunk_sweep(engine, dtype, max(lengths), prompt, gemm, config, result, step)
+
+
+def _measure(
+    name: str,
+    dtype: str,
+    P: int,
+    chunk: int | None,
+    fn: Callable[[], object],
+    count: FlopCount,
+    gemm: dict[str, float],
+    config: BenchConfig,
+) -> Measurement:
+    with _inference():
+        timing: Timing = time_call(fn, repeats=config.repeats, warmup=config.warmup, device=config.device)
+        memory: PeakMemory = measure_peak_memory(fn, device=config.device)
+    rate = gemm.get(dtype)
+    median = timing.median_s
+    return Measurement(
+        engine=name,
+        dtype=dtype,
+        P=P,
+        chunk_size=chunk,
+        cold_s=timing.cold_s,
+        median_s=median,
+        p90_s=timing.p90_s,
+        samples_s=timing.samples_s,
+        tokens_per_s=P / median,
+        flops=count.total,
+        flops_per_s=count.total / median,
+        mfu=mfu(count.total, median, rate) if rate else None,
+        peak_bytes=memory.peak_bytes,
+        peak_delta_bytes=memory.delta_bytes,
+        memory_kind=memory.kind,
+        predicted_s=compute_seconds(count.total, rate or max(gemm.values())),
+    )
+
+
+def _calibrate(engine, dtype, lengths, prompt, result: BenchResult, config: BenchConfig):
+    import torch
+
+    fit_on = config.calibrate_on or _default_fit_lengths(lengths)
+    missing = [P for P in fit_on if P not in lengths]
+    if missing:
+        raise BadInput(f"--calibrate-on lengths {missing} are not in the sweep {list(lengths)}")
+    observations = []
+    for m in (m for m in result.measurements if m.engine == OURS and m.dtype == dtype and m.chunk_size is None):
+        share = None
+        if m.P in fit_on and len(fit_on) < 3:
+            ids = torch.tensor([prompt[: m.P]], device=config.device)  # [1, P]
+            with _inference():
+                share = calibrate.attention_share(lambda ids=ids: engine.prefill(ids), config.device)
+        observations.append(calibrate.Observation(m.P, prefill_flops_exact(engine.spec, m.P), m.median_s, share))
+    cal = calibrate.fit_calibration(
+        [ob for ob in observations if ob.P in fit_on],
+        dtype=dtype,
+        threads=result.machine["threads"],
+        source=f"prefill bench --calibrate on P={','.join(map(str, fit_on))} ({result.spec.name})",
+    )
+    rep = calibrate.report(cal, observations, fit_on)
+    by_p = {row.P: row.predicted_s for row in rep.rows}
+    result.measurements[:] = [
+        _with_calibrated(m, by_p[m.P]) if m.engine == OURS and m.dtype == dtype and m.chunk_size is None else m
+        for m in result.measurements
+    ]
+    return rep
+
+
+def _with_calibrated(m: Measurement, seconds: float) -> Measurement:
+    return replace(m, calibrated_s=seconds)
+
+
+def _default_fit_lengths(lengths: tuple[int, ...]) -> tuple[int, ...]:
+    if len(lengths) < 2:
+        raise BadInput("--calibrate needs at least two prompt lengths in the sweep")
+    return (lengths[1] if len(lengths) > 2 else lengths[0], lengths[-1])
+
+
+def _chunk_sweep(engine, dtype, P, prompt, gemm, config: BenchConfig, result: BenchResult, step) -> None:
+    import torch
+
+    ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
+    count = prefill_flops_exact(engine.spec, P)
+    for C in config.chunk_sizes:
+        result.measurements.append(
+            _measure(OURS, dtype, P, C, lambda C=C: engine.prefill(ids, chunk_size=C), count, gemm, config)
+        )
+        step(f"{OURS} {dtype} P={P} chunk={C}")
+
+
+def _capped_lengths(lengths: tuple[int, ...], spec: ModelSpec, notes: list[str]) -> tuple[int, ...]:
+    kept = tuple(sorted({P for P in lengths if spec.context_length >= P}))
+    if len(kept) < len(set(lengths)):
+        notes.append(f"prompt lengths above the context length {spec.context_length} were dropped")
+    if not kept:
+        raise BadInput(f"every prompt length exceeds the model's context length {spec.context_length}")
+    return kept
+
+
+def _prompt_ids(tokenizer, P: int, vocab_size: int) -> list[int]:
+    # a model folder without tokenizer.json still benchmarks: fixed ids spread over the vocabulary
+    base = tokenizer.encode(PROMPT_TEXT) if tokenizer is not None else [(7919 * i + 11) % vocab_size for i in range(97)]
+    return (base * (P // len(base) + 1))[:P]
+
+
+def _load_transformers(config: BenchConfig, model_path: str, dtype: str, notes: list[str]):
+    if "transformers" not in config.peers:
+        return None
+    try:
+        return TransformersPeer.load(model_path, dtype, config.device)
+    except ImportError as e:
+        notes.append(f"transformers peer skipped: {e}")
+        return None
+
+
+def _load_llamacpp(config: BenchConfig, model_path: str, n_ctx: int, threads: int, notes: list[str]):
+    if "llamacpp" not in config.peers:
+        return None
+    if not llamacpp_available():
+        notes.append("llama.cpp peer skipped: llama-cpp-python is not installed (pip install 'prefill[llamacpp]')")
+        return None
+    if not model_path.endswith(".gguf") or config.device != "cpu":
+        notes.append("llama.cpp peer skipped: it needs a .gguf model on the CPU")
+        return None
+    return LlamaCppPeer.load(model_path, n_ctx=n_ctx, threads=threads)
+
+
+def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
+    import torch
+
+    machine = {
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "device": config.device if config.device == "cpu" else torch.cuda.get_device_name(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers_version(),
+        "llama_cpp": _llamacpp_version(),
+    }
+    return BenchResult(config=config, model=model_path, spec=spec, machine=machine, gemm_flops_per_s=gemm)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _llamacpp_version() -> str | None:
+    if not llamacpp_available():
+        return None
+    import llama_cpp
+
+    return llama_cpp.__version__
+
+
+def _inference():
+    # inference_mode for every engine's calls, so none pays for autograd bookkeeping
+    import torch
+
+    return torch.inference_mode()

@@ -1,0 +1,141 @@
+"""Wall-clock timing and peak memory of one call, the way the benchmark reads them.
+
+Every engine is timed the same way: the whole call, with CUDA synchronized before each clock read, the first
+(cold) call kept apart from the warm repeats, and the median and p90 of the warm repeats reported.
+Peak memory is a separate, untimed call: the process's peak RSS on CPU (Linux `VmHWM`, reset through
+`/proc/self/clear_refs`), `torch.cuda.max_memory_allocated` on CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prefill.errors import BadInput
+
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of one benchmarked call: the first (cold) call and the warm repeats after the warm-up."""
+
+    cold_s: float
+    samples_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        """Median of the warm repeats, seconds."""
+        return statistics.median(self.samples_s)
+
+    @property
+    def p90_s(self) -> float:
+        """90th percentile of the warm repeats (linear interpolation), seconds."""
+        return percentile(self.samples_s, 90.0)
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Memory of one call, bytes: the peak while it ran, and how far that peak rose above the level before it."""
+
+    peak_bytes: int
+    delta_bytes: int
+    kind: str  # "rss" (CPU process resident set) or "cuda_allocated"
+
+
+def percentile(samples: tuple[float, ...] | list[float], q: float) -> float:
+    """The q-th percentile (0..100) of `samples`, linearly interpolated between order statistics."""
+    if not samples:
+        raise BadInput("percentile of no samples: run at least one repeat")
+    if not 0.0 <= q <= 100.0:
+        raise BadInput(f"percentile q must lie in 0..100, got {q}")
+    xs = sorted(samples)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued GPU work so the clock reads the end of the call, not the end of its launch."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_call(fn: Callable[[], object], *, repeats: int, warmup: int = 1, device: str = "cpu") -> Timing:
+    """Time `fn()`: one cold call, `warmup` untimed calls, then `repeats` timed warm calls (seconds each)."""
+    if repeats < 1:
+        raise BadInput(f"--repeats must be at least 1, got {repeats}")
+    if warmup < 0:
+        raise BadInput(f"warm-up count must be >= 0, got {warmup}")
+    cold = _timed(fn, device)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = tuple(_timed(fn, device) for _ in range(repeats))
+    return Timing(cold_s=cold, samples_s=samples)
+
+
+def _timed(fn: Callable[[], object], device: str) -> float:
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def measure_peak_memory(fn: Callable[[], object], device: str = "cpu") -> PeakMemory:
+    """Run `fn()` once, untimed, and return its peak memory (bytes) and its rise above the level before it."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return PeakMemory(peak_bytes=peak, delta_bytes=max(0, peak - before), kind="cuda_allocated")
+    _release_free_heap()
+    before = _status_kib("VmRSS") * 1024
+    _reset_peak_rss()
+    fn()
+    peak = _status_kib("VmHWM") * 1024
+    return PeakMemory(peak_bytes=peak, delta_bytes=max(0, peak - before), kind="rss")
+
+
+def rss_bytes() -> int:
+    """The process's resident set size now, bytes."""
+    return _status_kib("VmRSS") * 1024
+
+
+def _status_kib(field: str) -> int:
+    try:
+        with open(_STATUS) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import psutil  # not Linux /proc: fall back to the current RSS (no peak tracking)
+
+    return psutil.Process().memory_info().rss // 1024
+
+
+def _reset_peak_rss() -> None:
+    # Writing "5" resets VmHWM to the current RSS (Linux >= 4.0); elsewhere the peak is the lifetime peak.
+    with contextlib.suppress(OSError), open(_CLEAR_REFS, "w") as f:
+        f.write("5")
+
+
+def _release_free_heap() -> None:
+    # glibc keeps freed pages of earlier calls; trim them so the "before" level is the live memory.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
