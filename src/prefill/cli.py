@@ -25,7 +25,7 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> None:
     """Print one error line and exit with `code`: never a traceback."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -336,6 +336,7 @@ MASK_GRID_CAP = 32  # positions drawn; the pair count and the last position are 
 def mask(
     text: str | None = typer.Argument(None, help='A prompt, e.g. "AI is fast".'),
     tokens: int | None = typer.Option(None, "--tokens", "-n", help="P, instead of a prompt."),
+    whitespace: bool = typer.Option(False, "--whitespace", help="Split on spaces instead of the model's tokenizer."),
 ) -> None:
     """The causal mask of a prompt: which key positions each query position attends (1) or not (0)."""
     from prefill.causal import causal_mask, causal_pairs
@@ -343,16 +344,24 @@ def mask(
 
     if (text is None) == (tokens is None):
         raise BadInput('give either a prompt ("AI is fast") or --tokens P')
-    # TOKENIZER CALL SITE: whitespace for now; becomes prefill.loading.tokenizer.default_tokenize(text)
-    labels = text.split() if text is not None else [""] * tokens
+    if text is not None and not text.strip():
+        raise BadInput("the prompt is empty; give some text or --tokens P")
+    if text is None:
+        labels = [""] * tokens
+    elif whitespace:
+        labels = text.split()
+    else:
+        from prefill.loading.tokenizer import default_tokenize
+
+        labels = default_tokenize(text)  # the embedded SmolLM2's tokenizer
     P = len(labels)
     if P < 1:
         raise BadInput("the prompt has no tokens; give some text or --tokens >= 1")
     shown = min(P, MASK_GRID_CAP)
     grid = causal_mask(shown)  # [shown, shown]: the top-left corner of the full (P, P) mask
-    heads = [f"{j}" + (f" {labels[j][:8]}" if labels[j] else "") for j in range(shown)]
+    heads = [f"{j}" + (f" {labels[j].strip()[:8]}" if labels[j].strip() else "") for j in range(shown)]
     widths = [len(h) + 2 for h in heads]
-    rows = [f"{i} {labels[i][:8]}".rstrip() for i in range(shown)]
+    rows = [f"{i} {labels[i].strip()[:8]}".rstrip() for i in range(shown)]
     pad = max(len("query \\ key"), *map(len, rows)) + 1
     console.print("causal mask: rows = query position, columns = key position (1 = attends)", highlight=False)
     console.print("query \\ key".ljust(pad) + "".join(h.center(w) for h, w in zip(heads, widths, strict=True)),
@@ -626,7 +635,7 @@ def main() -> None:
     try:
         app()
     except (PrefillError, ValueError, FileNotFoundError) as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("interrupted")

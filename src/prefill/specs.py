@@ -189,6 +189,21 @@ class ModelSpec:
         return PRESETS[key]
 
 
+def open_gguf(path: str | Path):
+    """A gguf.GGUFReader over `path`, or a ModelFileError saying the file is missing, truncated or not GGUF."""
+    from gguf import GGUFReader  # imported here: only GGUF files need it
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"no GGUF file at {path}")
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the reader fails in many ways on a damaged file; all mean the same to a user
+        raise ModelFileError(
+            f"cannot read {path} as GGUF ({type(e).__name__}: {e}); the file is truncated or not GGUF"
+        ) from None
+
+
 def load_spec(model: str | Path) -> ModelSpec:
     """A spec from a preset name, a .gguf file, a config.json, or a model folder holding a config.json."""
     if str(model).lower() in PRESETS:

@@ -58,18 +58,6 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, d_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def open_reader(path: str):
-    """A GGUFReader, or a ModelFileError that names the file when it is missing, truncated or not GGUF."""
-    import gguf
-
-    try:
-        return gguf.GGUFReader(path)
-    except FileNotFoundError:
-        raise ModelFileError(f"model file not found: {path}") from None
-    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on damaged files
-        raise ModelFileError(f"cannot read {path} as GGUF (truncated or not a GGUF file): {e}") from None
-
-
 def load_gguf_state_dict(
     reader, spec: ModelSpec, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None
 ) -> dict[str, torch.Tensor]:

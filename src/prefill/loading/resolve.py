@@ -61,10 +61,11 @@ def load_model_files(
         return LoadedModel(spec, sd, tokenizer_from_folder(path, eos_ids_from_config(path)), str(path))
     if path.suffix != ".gguf":
         raise ModelFileError(f"{path} is neither a .gguf file nor a model folder")
-    from prefill.loading.gguf import load_gguf_state_dict, open_reader
+    from prefill.loading.gguf import load_gguf_state_dict
     from prefill.loading.tokenizer import tokenizer_from_gguf
+    from prefill.specs import open_gguf
 
-    spec = ModelSpec.from_gguf(path)
-    reader = open_reader(str(path))
+    reader = open_gguf(path)
+    spec = ModelSpec.from_gguf(path, reader)
     sd = load_gguf_state_dict(reader, spec, dtype, progress)
     return LoadedModel(spec, sd, tokenizer_from_gguf(reader), str(path))

@@ -177,3 +177,11 @@ def tokenizer_from_folder(folder: Path, eos_ids_from_config: set[int]) -> Tokeni
         eos_token=eos_token,
         eos_ids=eos_ids,
     )
+
+
+def default_tokenize(text: str) -> list[str]:
+    """The prompt split as the embedded model (SmolLM2) tokenizes it: one printable piece per token."""
+    from prefill.loading.resolve import default_model_path
+    from prefill.specs import open_gguf
+
+    return tokenizer_from_gguf(open_gguf(default_model_path())).pieces(text)
