@@ -17,7 +17,7 @@ from prefill.errors import BadInput
 from prefill.kvcache import KVCache
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
-from prefill.model import Transformer, rope_inv_freq
+from prefill.model import Transformer, check_supported, rope_inv_freq
 from prefill.sampling import SamplingParams, sample
 from prefill.specs import ModelSpec
 
@@ -125,7 +125,7 @@ class Engine:
         dt = torch_dtype(dtype)
         callback = _progress_bar("loading weights") if progress is True else (progress or None)
         try:
-            files = load_model_files(model, dt, callback)
+            files = load_model_files(model, dt, callback, check=check_supported)
         finally:
             if progress is True:
                 callback(-1, -1)

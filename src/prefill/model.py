@@ -23,6 +23,12 @@ from prefill.specs import ModelSpec
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2")
 
 
+def check_supported(spec: ModelSpec) -> None:
+    """Refuse, with a clear error, an architecture this decoder does not implement."""
+    if spec.arch not in SUPPORTED_ARCHS:
+        raise ModelFileError(f"architecture {spec.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32 as the reference does, then cast back."""
 
@@ -136,10 +142,7 @@ class Transformer(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        if spec.arch not in SUPPORTED_ARCHS:
-            raise ModelFileError(
-                f"architecture {spec.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
-            )
+        check_supported(spec)
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
         self.layers = nn.ModuleList(Block(spec) for _ in range(spec.L))

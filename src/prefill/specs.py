@@ -133,20 +133,14 @@ class ModelSpec:
         )
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> ModelSpec:
-        """A spec from a GGUF file's metadata and tensor names (no tensor data is read)."""
-        from gguf import GGUFReader  # imported here: only this constructor needs it
+    def from_gguf(cls, path: str | Path, reader=None) -> ModelSpec:
+        """A spec from a GGUF file's metadata and tensor names (no tensor data is read).
 
+        `reader`: the file already opened by open_gguf (parsing a vocabulary takes seconds; do it once).
+        """
         path = Path(path)
-        if not path.is_file():
-            raise ModelFileError(f"no GGUF file at {path}")
-        try:
-            reader = GGUFReader(str(path))
-        except Exception as e:  # the reader fails in many ways on a damaged file; all mean the same to a user
-            raise ModelFileError(
-                f"cannot read {path} as GGUF ({type(e).__name__}: {e}); "
-                "the file is truncated or not GGUF: download it again"
-            ) from None
+        if reader is None:
+            reader = open_gguf(path)
 
         def value(key: str, default: Any = None) -> Any:
             f = reader.fields.get(key)
@@ -200,7 +194,8 @@ def open_gguf(path: str | Path):
         return GGUFReader(str(path))
     except Exception as e:  # the reader fails in many ways on a damaged file; all mean the same to a user
         raise ModelFileError(
-            f"cannot read {path} as GGUF ({type(e).__name__}: {e}); the file is truncated or not GGUF"
+            f"cannot read {path} as GGUF ({type(e).__name__}: {e}); "
+            "the file is truncated or not GGUF: download it again"
         ) from None
 
 

@@ -44,9 +44,16 @@ def default_model_path() -> Path:
 
 
 def load_model_files(
-    model: str | Path | None, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None
+    model: str | Path | None,
+    dtype: torch.dtype,
+    progress: Callable[[int, int], None] | None = None,
+    check: Callable[[ModelSpec], None] | None = None,
 ) -> LoadedModel:
-    """Read a model: None for the embedded SmolLM2, a .gguf path, or a folder with config.json + safetensors."""
+    """Read a model: None for the embedded SmolLM2, a .gguf path, or a folder with config.json + safetensors.
+
+    `check` sees the spec before any weight is read (to refuse an unsupported architecture early).
+    """
+    check = check or (lambda spec: None)
     path = default_model_path() if model is None else Path(model)
     if not path.exists():
         raise ModelFileError(f"model not found: {path} (give a .gguf file or a Hugging Face model folder)")
@@ -57,6 +64,7 @@ def load_model_files(
         if not (path / "config.json").exists():
             raise ModelFileError(f"{path} has no config.json: a Hugging Face model folder needs one")
         spec = ModelSpec.from_hf_config(path)
+        check(spec)
         sd = load_safetensors_state_dict(path, dtype, progress)
         return LoadedModel(spec, sd, tokenizer_from_folder(path, eos_ids_from_config(path)), str(path))
     if path.suffix != ".gguf":
@@ -67,5 +75,6 @@ def load_model_files(
 
     reader = open_gguf(path)
     spec = ModelSpec.from_gguf(path, reader)
+    check(spec)
     sd = load_gguf_state_dict(reader, spec, dtype, progress)
     return LoadedModel(spec, sd, tokenizer_from_gguf(reader), str(path))
