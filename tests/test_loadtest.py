@@ -143,3 +143,32 @@ def test_client_reports_http_errors():
         records, _, _ = asyncio.run(run_load_test(LoadTestConfig(url, concurrency=2, max_requests=3)))
     assert len(records) == 3 and not any(r.ok for r in records)
     assert all(r.error.startswith("HTTP 429") for r in records)
+
+
+def test_loadtest_command_prints_table_and_writes_files(tmp_path):
+    from typer.testing import CliRunner
+
+    from prefill.cli import app
+
+    with BackgroundServer(scripted_app()) as url:
+        args = ["loadtest", "--url", url, "--requests", "3", "--concurrency", "2", "--prompt-len", "5",
+                "--max-tokens", "4", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
+                "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for word in ("TTFT", "ITL", "TPOT", "E2E", "goodput", "definitions", "3/3 requests ok"):
+        assert word in result.output
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["output_tokens"] == 3 * N_CHUNKS
+    assert (tmp_path / "r.png").exists()
+
+
+def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prefill = Path(sys.executable).parent / "prefill"
+    r = subprocess.run([str(prefill), "loadtest", "--prompt-len", "20:10"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error:") and "Traceback" not in r.stderr

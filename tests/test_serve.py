@@ -69,6 +69,17 @@ def test_models_health_and_greedy_answer(server, client, engine):
     assert 0 < timings["prefill_s"] <= timings["ttft_s"] <= timings["total_s"]
 
 
+def test_stop_string_ends_the_answer_the_same_way_streamed(server, client):
+    _, model = server
+    kw = dict(model=model, messages=QUESTION, max_tokens=12, temperature=0, stop=[" Paris", "zzz"])
+    full = client.chat.completions.create(**kw)
+    assert full.choices[0].message.content == "The capital of France is"
+    assert full.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "The capital of France is"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_stream_equals_non_stream_for_the_same_seed(server, client):
     _, model = server
     kw = dict(model=model, max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)

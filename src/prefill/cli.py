@@ -457,6 +457,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
     port: int = typer.Option(8000, help="TCP port"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    device: str = typer.Option("cpu", help="cpu or cuda"),
     prefix_cache_mb: float = typer.Option(256.0, help="prefix cache bound in MiB (0 disables it)"),
     max_queue: int = typer.Option(64, help="requests that may wait; more get HTTP 429"),
     max_running: int = typer.Option(32, help="requests prefilled or decoded at once (B = 1 each)"),
@@ -468,7 +469,7 @@ def serve(
     from prefill.serve.app import ServeConfig, create_app, model_id_of
     from prefill.serve.server import run_server
 
-    engine = Engine.load(model, dtype=dtype, threads=threads)
+    engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
     cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, max_queue, max_running, chunk_size)
     console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
     run_server(create_app(engine, cfg), host, port)
@@ -485,6 +486,7 @@ def loadtest(
     requests: int = typer.Option(100, help="stop after this many requests"),
     prompt_len: str = typer.Option("128", help="prompt tokens: 128, 64:512 (uniform) or @file (one per line)"),
     prompts_file: str = typer.Option(None, help="real prompts, one per line (overrides --prompt-len)"),
+    system_prompt_file: str = typer.Option(None, help="a system prompt shared by every request (prefix caching)"),
     max_tokens: int = typer.Option(64, help="output tokens asked per request"),
     temperature: float = typer.Option(0.0, help="sampling temperature"),
     slo_ttft_ms: float = typer.Option(None, help="goodput SLO on TTFT, ms"),
@@ -507,9 +509,11 @@ def loadtest(
     prompts = ()
     if prompts_file is not None:
         prompts = tuple(line for line in Path(prompts_file).read_text().splitlines() if line.strip())
-    cfg = LoadTestConfig(url.rstrip("/"), model, chat, concurrency, rate, duration, requests,
-                         PromptLengths.parse(prompt_len), prompts, max_tokens, temperature, seed,
-                         include_usage=not no_usage)  # fmt: skip
+    system = Path(system_prompt_file).read_text() if system_prompt_file else None
+    cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, concurrency=concurrency, rate=rate,
+                         duration_s=duration, max_requests=requests, prompt_lengths=PromptLengths.parse(prompt_len),
+                         prompts=prompts, system_prompt=system, max_tokens=max_tokens, temperature=temperature,
+                         seed=seed, include_usage=not no_usage)  # fmt: skip
     mode = f"Poisson {rate} req/s (cap {concurrency})" if rate else f"concurrency {concurrency}"
     lengths = "from file" if prompts else cfg.prompt_lengths.describe()
     console.print(f"load test of {cfg.url}: {mode}, prompts {lengths} tokens, max_tokens {max_tokens}", highlight=False)
