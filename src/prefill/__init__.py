@@ -50,7 +50,29 @@ from prefill.hardware import (
 )
 from prefill.specs import PRESETS, ModelSpec, load_spec
 
+_LAZY = {  # torch-backed names, imported on first use so the calculator starts fast
+    "Engine": "prefill.engine",
+    "Generation": "prefill.engine",
+    "KVCache": "prefill.kvcache",
+    "SamplingParams": "prefill.sampling",
+    "Transformer": "prefill.model",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'prefill' has no attribute {name!r}")
+
+
 __all__ = [
+    "Engine",
+    "Generation",
+    "KVCache",
+    "SamplingParams",
+    "Transformer",
     "HARDWARE",
     "PRESETS",
     "BadInput",

@@ -30,7 +30,7 @@ def check_supported(spec: ModelSpec) -> None:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in float32 as the reference does, then cast back."""
+    """x / rms(x) * weight."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -38,9 +38,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # One fused kernel (it accumulates in float32 for bfloat16 inputs too).
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -81,17 +80,15 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
         B, P, _ = x.shape
-        qkv = self.wqkv(x)  # [B, P, (H_q + 2 H_kv) d_head]
-        q, k, v = qkv.split(
-            [self.H_q * self.d_head, self.H_kv * self.d_head, self.H_kv * self.d_head], dim=-1
-        )
-        q = q.view(B, P, self.H_q, self.d_head).transpose(1, 2)  # [B, H_q, P, d_head]
-        k = k.view(B, P, self.H_kv, self.d_head).transpose(1, 2)  # [B, H_kv, P, d_head]
-        v = v.view(B, P, self.H_kv, self.d_head).transpose(1, 2)  # [B, H_kv, P, d_head]
+        H_q, H_kv, d = self.H_q, self.H_kv, self.d_head
+        qkv = self.wqkv(x).view(B, P, H_q + 2 * H_kv, d)  # [B, P, H_q + 2 H_kv, d_head]
+        qk, v = qkv[:, :, : H_q + H_kv], qkv[:, :, H_q + H_kv :]  # [B, P, H_q + H_kv, d_head], [B, P, H_kv, d_head]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            qk = torch.cat([self.q_norm(qk[:, :, :H_q]), self.k_norm(qk[:, :, H_q:])], dim=2)
+        qk = qk * cos + rotate_half(qk) * sin  # rotary on Q and K heads at once; cos, sin [P, 1, d_head]
+        q = qk[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
+        k = qk[:, :, H_q:].transpose(1, 2)  # [B, H_kv, P, d_head]
+        v = v.transpose(1, 2)  # [B, H_kv, P, d_head]
         k_all, v_all = cache.write(layer, start, k, v)  # [B, H_kv, start + P, d_head]
         if start == 0 and P > 1:
             # The cache was empty: plain causal attention, which takes the fused flash kernel with no mask.
@@ -104,7 +101,7 @@ class Attention(nn.Module):
             rows = torch.arange(start, start + P, device=x.device)[:, None]  # [P, 1]
             cols = torch.arange(start + P, device=x.device)[None, :]  # [1, start + P]
             o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=cols <= rows, enable_gqa=True)
-        o = o.transpose(1, 2).reshape(B, P, self.H_q * self.d_head)  # [B, P, H_q d_head]
+        o = o.transpose(1, 2).reshape(B, P, H_q * d)  # [B, P, H_q d_head]
         return self.wo(o)  # [B, P, d_model]
 
 
@@ -154,10 +151,10 @@ class Transformer(nn.Module):
         return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
 
     def rope(self, start: int, P: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [P, d_head] for positions start..start+P-1, computed in float32 like the reference."""
+        """cos, sin [P, 1, d_head] for positions start..start+P-1, computed in float32 like the reference."""
         pos = torch.arange(start, start + P, device=self.inv_freq.device, dtype=torch.float32)
         angles = torch.outer(pos, self.inv_freq)  # [P, d_head / 2]
-        angles = torch.cat((angles, angles), dim=-1)  # [P, d_head]
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [P, 1, d_head]: broadcast over heads
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
