@@ -432,16 +432,17 @@ def bench(
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("measuring GEMM rates, loading", total=steps(config, len(config.prompt_lengths)))
         result = run_bench(config, on_step=lambda d: bar.update(task, advance=1, description=d))
-    console.print(report.machine_line(result), highlight=False)
-    console.print(report.ours_table(result))
-    console.print(report.peers_table(result))
+    wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
+    wide.print(report.machine_line(result), highlight=False)
+    wide.print(report.ours_table(result))
+    wide.print(report.peers_table(result))
     for dt, rep in result.calibrations.items():
-        console.print(report.calibration_table(dt, rep))
+        wide.print(report.calibration_table(dt, rep))
     chunks = report.chunk_table(result)
     if chunks is not None:
-        console.print(chunks)
+        wide.print(chunks)
     for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
+        wide.print(f"note: {note}", highlight=False)
     out_dir = Path(out)
     written = [report.write_json(result, out_dir), plot.plot_times(result, out_dir), plot.plot_chunks(result, out_dir)]
     if result.calibrations:

@@ -9,7 +9,9 @@ Each peer exposes `prefill(ids)` for one whole prefill of a [1, P] prompt, and n
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,10 @@ class TransformersPeer:
     def load(cls, model_path: str | Path, dtype: str, device: str = "cpu") -> TransformersPeer:
         """Load from a .gguf file (dequantized to dense `dtype` weights) or an HF model folder."""
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()  # its load-time advice and progress bars would bury our tables
+        hf_logging.disable_progress_bar()
         torch_dtype = _torch_dtype(dtype)
         path = Path(model_path)
         kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": "sdpa"}
@@ -48,7 +53,8 @@ class TransformersPeer:
             path = path.parent
         elif not (path / "config.json").is_file():
             raise ModelFileError(f"{model_path}: the transformers peer needs a .gguf file or an HF model folder")
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs).to(device)
+        with contextlib.redirect_stderr(io.StringIO()):  # the GGUF dequantizer draws a raw tqdm bar
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs).to(device)
         dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
         if dtypes != {dtype}:
             raise ModelFileError(

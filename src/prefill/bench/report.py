@@ -14,6 +14,11 @@ from prefill.bench.runner import OURS, BenchResult
 from prefill.costs import bytes_to_mib
 
 
+def short(dtype: str) -> str:
+    """'float32' -> 'fp32', 'bfloat16' -> 'bf16' (table cells)."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+
+
 def machine_line(result: BenchResult) -> str:
     """One line: CPU/GPU, threads and versions the figures were measured with."""
     m = result.machine
@@ -33,12 +38,16 @@ def ours_table(result: BenchResult) -> Table:
     t = Table(title=f"prefill: {result.spec.name}")
     for col in ("dtype", "P", "cold ms", "median ms", "p90 ms", "tok/s", "GFLOP/s", "MFU", "peak MiB", "+MiB"):
         t.add_column(col, justify="right")
-    t.add_column("predicted ms (GEMM rate)", justify="right")
+    t.add_column("pred. ms", justify="right")  # exact FLOPs at the GEMM rate measured in the run
     if result.calibrations:
-        t.add_column("calibrated ms (error)", justify="right")
+        t.add_column("calibrated ms", justify="right")
+    t.caption = (
+        "cold: first call; median, p90: warm repeats; MFU against the GEMM rate measured in the run; "
+        "+MiB: peak memory rise during one call; pred.: exact FLOPs at that GEMM rate"
+    )
     for m in (m for m in result.measurements if m.engine == OURS and m.chunk_size is None):
         row = [
-            m.dtype,
+            short(m.dtype),
             str(m.P),
             f"{m.cold_s * 1e3:.1f}",
             f"{m.median_s * 1e3:.1f}",
@@ -60,15 +69,18 @@ def ours_table(result: BenchResult) -> Table:
 def peers_table(result: BenchResult) -> Table:
     """Tokens/s of every engine at every (dtype, P) and our speed-up over each peer."""
     peers = sorted({m.engine for m in result.measurements} - {OURS})
-    t = Table(title="side by side: same tokens, same threads (tokens/s of the median run)")
+    t = Table(
+        title="side by side: the same tokens and threads, tokens/s of the median run",
+        caption="speed-up = our tokens/s over the peer's; llama.cpp runs the GGUF's own quantized types",
+    )
     t.add_column("dtype", justify="right")
     t.add_column("P", justify="right")
-    t.add_column("prefill", justify="right")
+    t.add_column("prefill tok/s", justify="right")
     for p in peers:
-        t.add_column(p, justify="right")
-        t.add_column(f"x {p}", justify="right")
+        t.add_column(f"{p} tok/s", justify="right")
+        t.add_column("speed-up", justify="right")
     for m in (m for m in result.measurements if m.engine == OURS and m.chunk_size is None):
-        row = [m.dtype, str(m.P), f"{m.tokens_per_s:,.0f}"]
+        row = [short(m.dtype), str(m.P), f"{m.tokens_per_s:,.0f}"]
         for p in peers:
             theirs = result.find(p, m.dtype, m.P) or result.find(p, "gguf", m.P)
             speedup = result.speedup(p, m.dtype, m.P)
@@ -85,11 +97,12 @@ def calibration_table(dtype: str, rep: CalibrationReport) -> Table:
     c = rep.calibration
     held = rep.holdout_mape_pct
     t = Table(
-        title=(
-            f"calibration {dtype}: overhead {c.overhead_s * 1e3:.2f} ms, linear {c.linear_flops_per_s / 1e9:.1f} "
-            f"GFLOP/s, attention {c.attention_flops_per_s / 1e9:.1f} GFLOP/s; fitted on P={list(rep.fitted_on)}; "
-            f"MAPE {rep.mape_pct:.1f}%" + ("" if held is None else f" (held-out points {held:.1f}%)")
-        )
+        title=f"calibration {dtype}: fitted on P = {', '.join(map(str, rep.fitted_on))}",
+        caption=(
+            f"overhead {c.overhead_s * 1e3:.2f} ms, linear {c.linear_flops_per_s / 1e9:.1f} GFLOP/s, attention "
+            f"{c.attention_flops_per_s / 1e9:.1f} GFLOP/s; MAPE {rep.mape_pct:.1f}% over all points"
+            + ("" if held is None else f", {held:.1f}% over the held-out ones")
+        ),
     )
     for col in ("P", "measured ms", "predicted ms", "error", "fit point"):
         t.add_column(col, justify="right")
@@ -115,7 +128,7 @@ def chunk_table(result: BenchResult) -> Table | None:
     for m in rows:
         whole = result.find(OURS, m.dtype, m.P)
         t.add_row(
-            m.dtype,
+            short(m.dtype),
             str(m.P),
             str(m.chunk_size),
             f"{m.median_s * 1e3:.1f}",

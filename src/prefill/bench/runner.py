@@ -150,7 +150,20 @@ def run_bench(config: BenchConfig, on_step: Callable[[str], None] | None = None)
         del engine, peer, llama
         gc.collect()
     assert result is not None  # config.dtypes is never empty
+    _note_contention(result)
     return result
+
+
+def _note_contention(result: BenchResult) -> None:
+    # Other processes on the same cores make every engine's threads wait on each other: say so beside the table.
+    load = os.getloadavg()[1] if hasattr(os, "getloadavg") else 0.0  # 5-minute average
+    result.machine["load_average_5min"] = load
+    cores = result.machine["cores"] or 1
+    if load > cores + 0.5:
+        result.notes.append(
+            f"the 5-minute load average was {load:.1f} on {cores} cores: other processes competed for the CPU "
+            "during this run, so its times are not reliable; rerun on an idle machine"
+        )
 
 
 def _sweep_dtype(engine, peer, llama, dtype, lengths, prompt, gemm, config: BenchConfig, result, step) -> None:
