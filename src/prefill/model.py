@@ -4,8 +4,8 @@ One module covers the Llama 2/3, Mistral, Qwen2/2.5 (QKV bias), Qwen3 (q/k RMSNo
 nothing of files: weights arrive as a Hugging Face-named state dict (see `load_hf_state_dict`).
 
 Prefill runs all P prompt tokens in one pass: one GEMM per projection over [B, P, d_model], causal attention
-through scaled_dot_product_attention (no P x P mask when the cache starts empty, K/V never repeated per query
-head), and the unembedding on the last position only.
+(prefill.attention: no P x P mask, K/V never repeated per query head), and the unembedding on the last
+position only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prefill.attention import causal_attention
 from prefill.errors import ModelFileError
 from prefill.kvcache import KVCache
 from prefill.specs import ModelSpec
@@ -90,17 +91,11 @@ class Attention(nn.Module):
         k = qk[:, :, H_q:].transpose(1, 2)  # [B, H_kv, P, d_head]
         v = v.transpose(1, 2)  # [B, H_kv, P, d_head]
         k_all, v_all = cache.write(layer, start, k, v)  # [B, H_kv, start + P, d_head]
-        if start == 0 and P > 1:
-            # The cache was empty: plain causal attention, which takes the fused flash kernel with no mask.
-            o = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, enable_gqa=True)
-        elif P == 1:
+        if P == 1:
             # One decode position sees every cached position: no mask at all.
-            o = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)
+            o = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)  # [B, H_q, 1, d_head]
         else:
-            # A chunk after `start` cached tokens: query i sees keys 0..start+i (bottom-right causal).
-            rows = torch.arange(start, start + P, device=x.device)[:, None]  # [P, 1]
-            cols = torch.arange(start + P, device=x.device)[None, :]  # [1, start + P]
-            o = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=cols <= rows, enable_gqa=True)
+            o = causal_attention(q, k_all, v_all, start)  # [B, H_q, P, d_head]
         o = o.transpose(1, 2).reshape(B, P, H_q * d)  # [B, P, H_q d_head]
         return self.wo(o)  # [B, P, d_model]
 
