@@ -5,7 +5,7 @@ import pytest
 
 from prefill.bench.peers import parse_peers
 from prefill.bench.runner import BenchConfig, parse_dtypes, parse_ints, steps
-from prefill.bench.timing import Timing, measure_peak_memory, percentile, time_call
+from prefill.bench.timing import Timing, measure_peak_memory, percentile, time_call, time_interleaved
 from prefill.errors import BadInput
 
 
@@ -56,3 +56,11 @@ def test_steps_counts_every_timed_point():
     cfg = BenchConfig(dtypes=("float32", "bfloat16"), peers=("transformers", "llamacpp"), chunk_sizes=(256, 512))
     # per dtype: 3 lengths x (ours + transformers) + 2 chunk sizes; llama.cpp once per length
     assert steps(cfg, 3) == 2 * (3 * 2 + 2) + 3
+
+
+def test_time_interleaved_alternates_engines():
+    order = []
+    t = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=3, warmup=1)
+    # cold a, cold b, warm-up a, warm-up b, then a b a b a b
+    assert "".join(order) == "abab" + "ab" * 3
+    assert len(t["a"].samples_s) == len(t["b"].samples_s) == 3

@@ -2,27 +2,20 @@
 
 The model (prefill.costs.calibrated_prefill_seconds) has three unknowns:
 
-    t(P) = overhead_s + (linear + unembed) / R_lin + attention / R_attn
+    t = overhead_s + (linear + unembed) / R_lin + attention / R_attn
 
-Two prompt lengths give two totals, one equation short. The third comes from inside the same calls: a
-profiled run of each calibration prompt measures the share of its time spent in the attention kernel
-(`scaled_dot_product_attention`), so each length contributes two equations,
-
-    t_i        = overhead_s + lin_i / R_lin + attn_i / R_attn
-    s_i * t_i  =                              attn_i / R_attn       (s_i: measured attention share)
-
-four equations for three unknowns, solved by least squares with each row scaled by 1/t_i so that a short
-and a long prompt weigh the same in relative terms. With three or more lengths the shares are optional.
+Two prompt lengths give two plain prefills, one equation short. The third comes from the same prompts,
+through the engine's own KV cache: at each calibration length P we also time the second half of the prompt
+prefilled after the first half is cached. That call does half the linear FLOPs but three quarters of the
+attention FLOPs (P/2 * P/2 cached pairs + the causal triangle of P/2), so it separates the two rates without
+a third prompt length and without looking inside the engine. Every row of the least-squares fit is scaled by
+1/t, so a short and a long prompt weigh the same in relative terms.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,28 +23,26 @@ import numpy as np
 from prefill.costs import Calibration, FlopCount, calibrated_prefill_seconds
 from prefill.errors import BadInput
 
-# Profiler op names of the attention kernel; matched as substrings, counted at their outermost occurrence.
-ATTENTION_OPS = ("scaled_dot_product_attention", "flash_attention")
-
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured prompt length: its exact FLOPs, median seconds, and (optionally) its attention share."""
+    """One timed prefill: P new tokens after `past` cached ones, its exact FLOPs and median seconds."""
 
     P: int
     count: FlopCount
     seconds: float
-    attention_share: float | None = None  # fraction 0..1 of the call's time inside attention
+    past: int = 0
 
 
 @dataclass(frozen=True)
 class PredictionRow:
-    """Predicted beside measured seconds for one prompt length; error in percent of the measurement."""
+    """Predicted beside measured seconds for one prefill; error in percent of the measurement."""
 
     P: int
     measured_s: float
     predicted_s: float
-    fitted: bool  # True when this length was used for the fit
+    fitted: bool  # True when this measurement was used for the fit
+    past: int = 0
 
     @property
     def error_pct(self) -> float:
@@ -61,25 +52,30 @@ class PredictionRow:
 
 @dataclass(frozen=True)
 class CalibrationReport:
-    """A fitted calibration and how well it predicts every measured point."""
+    """A fitted calibration and how well it predicts every measured prefill."""
 
     calibration: Calibration
     rows: tuple[PredictionRow, ...]
 
     @property
+    def sweep(self) -> tuple[PredictionRow, ...]:
+        """Rows of whole-prompt prefills (no cached prefix): the benchmark's sweep."""
+        return tuple(r for r in self.rows if r.past == 0)
+
+    @property
     def fitted_on(self) -> tuple[int, ...]:
-        """Prompt lengths used for the fit."""
-        return tuple(r.P for r in self.rows if r.fitted)
+        """Prompt lengths the fit used."""
+        return tuple(r.P for r in self.sweep if r.fitted)
 
     @property
     def mape_pct(self) -> float:
-        """Mean absolute percentage error over every point, percent."""
-        return mape_pct(self.rows)
+        """Mean absolute percentage error over the whole sweep, percent."""
+        return mape_pct(self.sweep)
 
     @property
     def holdout_mape_pct(self) -> float | None:
-        """Mean absolute percentage error over the points not used for the fit, percent (None if none)."""
-        held = [r for r in self.rows if not r.fitted]
+        """Mean absolute percentage error over the sweep's points not used for the fit (None if none)."""
+        held = [r for r in self.sweep if not r.fitted]
         return mape_pct(held) if held else None
 
 
@@ -93,24 +89,26 @@ def mape_pct(rows: Sequence[PredictionRow]) -> float:
 def fit_calibration(
     observations: Sequence[Observation], *, dtype: str, threads: int, source: str = "prefill bench --calibrate"
 ) -> Calibration:
-    """Least-squares fit of overhead (s), linear FLOP/s and attention FLOP/s to `observations`."""
-    _check_determined(observations)
-    rows: list[list[float]] = []
-    targets: list[float] = []
+    """Least-squares fit of overhead (s), linear FLOP/s and attention FLOP/s to `observations`.
+
+    Needs observations whose (linear, attention) mixes differ in three independent ways, e.g. two prompt
+    lengths plus one cached-prefix prefill, or three prompt lengths; BadInput otherwise.
+    """
     for ob in observations:
-        if ob.seconds <= 0:
+        if not ob.seconds > 0:
             raise BadInput(f"measured time at P={ob.P} is {ob.seconds} s: it must be positive")
-        w = 1.0 / ob.seconds
-        rows.append([w, (ob.count.linear + ob.count.unembed) * w, ob.count.attention * w])
-        targets.append(1.0)
-        if ob.attention_share is not None:
-            rows.append([0.0, 0.0, ob.count.attention * w])
-            targets.append(ob.attention_share)
-    overhead, inv_lin, inv_attn = _solve_nonnegative_overhead(np.array(rows), np.array(targets))
+    a = np.array([[1.0, ob.count.linear + ob.count.unembed, ob.count.attention] for ob in observations])
+    a /= np.array([[ob.seconds] for ob in observations])  # relative error: each row divided by its time
+    if len(observations) < 3 or np.linalg.matrix_rank(a / np.abs(a).max(axis=0)) < 3:
+        raise BadInput(
+            "calibration needs three independent measurements (two prompt lengths and a cached-prefix "
+            f"prefill, or three lengths); got {len(observations)}"
+        )
+    overhead, inv_lin, inv_attn = _solve_nonnegative_overhead(a, np.ones(len(observations)))
     if inv_lin <= 0 or inv_attn <= 0:
         raise BadInput(
-            "the measurements do not determine positive linear and attention rates: "
-            "calibrate on prompt lengths further apart (e.g. 512 and 4096)"
+            "the measurements do not determine positive linear and attention rates (too noisy?): "
+            "calibrate on prompt lengths further apart (e.g. 128 and 4096) on an idle machine"
         )
     return Calibration(
         overhead_s=overhead,
@@ -122,95 +120,28 @@ def fit_calibration(
     )
 
 
-def report(cal: Calibration, measured: Sequence[Observation], fitted_on: Sequence[int]) -> CalibrationReport:
-    """Predict every measured point with `cal`; mark the ones in `fitted_on`."""
+def report(cal: Calibration, measured: Sequence[Observation], fitted: Sequence[Observation]) -> CalibrationReport:
+    """Predict every measured prefill with `cal`; mark the ones in `fitted`."""
+    used = {(ob.P, ob.past) for ob in fitted}
     rows = tuple(
         PredictionRow(
             P=ob.P,
             measured_s=ob.seconds,
             predicted_s=calibrated_prefill_seconds(ob.count, cal),
-            fitted=ob.P in fitted_on,
+            fitted=(ob.P, ob.past) in used,
+            past=ob.past,
         )
         for ob in measured
     )
     return CalibrationReport(calibration=cal, rows=rows)
 
 
-def attention_share(fn: Callable[[], object], device: str = "cpu", ops: Sequence[str] = ATTENTION_OPS) -> float:
-    """Run `fn()` once under torch.profiler; the fraction of its wall time spent inside attention ops.
-
-    Outermost matching ops are summed, so an SDPA call and the kernel it dispatches to count once.
-    Raises BadInput when no attention op ran (an engine that does not call SDPA cannot be split this way).
-    """
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if device.startswith("cuda"):
-        activities.append(ProfilerActivity.CUDA)
-        torch.cuda.synchronize()
-    prof = profile(activities=activities)
-    with _quiet_stderr():  # the profiler's C++ side prints start/stop lines to fd 2
-        prof.start()
-    try:
-        t0 = time.perf_counter()
-        fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - t0) * 1e6
-    finally:
-        with _quiet_stderr():
-            prof.stop()
-    attn_us = 0.0
-    for ev in prof.events():
-        if _matches(ev.name, ops) and not _has_matching_parent(ev, ops):
-            attn_us += ev.device_time_total if device.startswith("cuda") else ev.cpu_time_total
-    if attn_us <= 0:
-        raise BadInput(f"no attention op ({', '.join(ops)}) ran: cannot split the time by profiling")
-    return min(1.0, attn_us / wall_us)
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _matches(name: str, ops: Sequence[str]) -> bool:
-    return any(op in name for op in ops)
-
-
-def _has_matching_parent(ev: object, ops: Sequence[str]) -> bool:
-    parent = getattr(ev, "cpu_parent", None)
-    while parent is not None:
-        if _matches(parent.name, ops):
-            return True
-        parent = getattr(parent, "cpu_parent", None)
-    return False
-
-
-def _check_determined(observations: Sequence[Observation]) -> None:
-    lengths = {ob.P for ob in observations}
-    with_share = {ob.P for ob in observations if ob.attention_share is not None}
-    if len(lengths) >= 3 or (len(lengths) == 2 and with_share):
-        return
-    raise BadInput(
-        f"calibration needs two prompt lengths with a profiled attention share, or three lengths; "
-        f"got lengths {sorted(lengths)} with shares at {sorted(with_share)}"
-    )
-
-
 def _solve_nonnegative_overhead(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    # A negative overhead is unphysical: if the free fit gives one, refit with overhead pinned to zero.
-    x, *_ = np.linalg.lstsq(a, b, rcond=None)
-    if x[0] < 0:
-        x_rates, *_ = np.linalg.lstsq(a[:, 1:], b, rcond=None)
-        x = np.concatenate([[0.0], x_rates])
+    # Columns differ by ~1e12 in scale: solve on unit-scaled columns, then scale back.
+    scale = np.abs(a).max(axis=0)
+    x, *_ = np.linalg.lstsq(a / scale, b, rcond=None)
+    x = x / scale
+    if x[0] < 0:  # a negative overhead is unphysical: refit with the overhead pinned to zero
+        x_rates, *_ = np.linalg.lstsq(a[:, 1:] / scale[1:], b, rcond=None)
+        x = np.concatenate([[0.0], x_rates / scale[1:]])
     return float(x[0]), float(x[1]), float(x[2])

@@ -108,7 +108,7 @@ def calibration_table(dtype: str, rep: CalibrationReport) -> Table:
         t.add_column(col, justify="right")
     for r in rep.rows:
         t.add_row(
-            str(r.P),
+            str(r.P) if r.past == 0 else f"{r.P} after {r.past} cached",
             f"{r.measured_s * 1e3:.1f}",
             f"{r.predicted_s * 1e3:.1f}",
             f"{r.error_pct:+.1f}%",
@@ -176,3 +176,63 @@ def write_json(result: BenchResult, out_dir: Path) -> Path:
     path = out_dir / "bench.json"
     path.write_text(json.dumps(to_json(result), indent=2) + "\n")
     return path
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """README tables from a bench.json (as loaded): machine line, ours beside each peer, calibration."""
+    ms = data["measurements"]
+    ours = [m for m in ms if m["engine"] == OURS and m["chunk_size"] is None]
+    peers = sorted({m["engine"] for m in ms} - {OURS})
+    speed = {(s["peer"], s["dtype"], s["P"]): s["speedup"] for s in data["speedups"]}
+
+    def tok(engine: str, dtype: str, P: int) -> str:
+        hit = [m for m in ms if m["engine"] == engine and m["P"] == P and m["dtype"] in (dtype, "gguf")]
+        return f"{hit[0]['tokens_per_s']:,.0f}" if hit else "-"
+
+    m0 = data["machine"]
+    gemm = ", ".join(f"{short(dt)} {r / 1e9:.0f} GFLOP/s" for dt, r in data["gemm_flops_per_s"].items())
+    lines = [
+        f"Machine: {m0['cpu']}, {m0['cores']} cores, {m0['threads']} threads; torch {m0['torch']}, "
+        f"transformers {m0['transformers']}, llama-cpp-python {m0['llama_cpp']}; measured GEMM rate: {gemm}; "
+        f"5-minute load average {m0.get('load_average_5min', float('nan')):.1f}.",
+        "",
+        "| dtype | P | prefill ms (median / p90) | prefill tok/s | MFU | "
+        + " | ".join(f"{p} tok/s | speed-up" for p in peers)
+        + " | predicted ms (GEMM rate) | calibrated ms (error) |",
+        "|" + "---|" * (7 + 2 * len(peers)),
+    ]
+    for m in ours:
+        cells = [short(m["dtype"]), str(m["P"]), f"{m['median_s'] * 1e3:.1f} / {m['p90_s'] * 1e3:.1f}",
+                 f"{m['tokens_per_s']:,.0f}", f"{m['mfu']:.0%}"]  # fmt: skip
+        for p in peers:
+            s = speed.get((p, m["dtype"], m["P"]))
+            cells += [tok(p, m["dtype"], m["P"]), "-" if s is None else f"{s:.2f}x"]
+        cal = m["calibrated_s"]
+        err = "" if cal is None else f" ({100 * (cal - m['median_s']) / m['median_s']:+.1f}%)"
+        cells += [f"{m['predicted_s'] * 1e3:.1f}", "-" if cal is None else f"{cal * 1e3:.1f}{err}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for dt, c in data["calibrations"].items():
+        cal = c["calibration"]
+        held = c["holdout_mape_pct"]
+        lines += [
+            "",
+            f"Calibration {short(dt)} (fitted on P = {', '.join(map(str, c['fitted_on']))}): overhead "
+            f"{cal['overhead_s'] * 1e3:.2f} ms, linear {cal['linear_flops_per_s'] / 1e9:.1f} GFLOP/s, attention "
+            f"{cal['attention_flops_per_s'] / 1e9:.1f} GFLOP/s; MAPE {c['mape_pct']:.1f}% over all points"
+            + ("" if held is None else f", {held:.1f}% over the held-out ones")
+            + ".",
+        ]
+    chunks = [m for m in ms if m["chunk_size"] is not None]
+    if chunks:
+        lines += ["", "| dtype | P | chunk C | ms (median) | peak memory rise MiB |", "|---|---|---|---|---|"]
+        for m in chunks:
+            lines.append(f"| {short(m['dtype'])} | {m['P']} | {m['chunk_size']} | {m['median_s'] * 1e3:.1f} | "
+                         f"{bytes_to_mib(m['peak_delta_bytes']):,.0f} |")  # fmt: skip
+    lines += [f"\nNote: {n}" for n in data["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(markdown(json.loads(Path(sys.argv[1]).read_text())))

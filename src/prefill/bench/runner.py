@@ -1,8 +1,9 @@
 """The sweep: every prompt length and dtype, our engine and its peers side by side, in one process and one run.
 
-For each dtype the engines are loaded once; for each P they run the same token ids, one after the other,
-so slow drifts of the machine hit all of them alike. Each point: a cold call, warm-up, `repeats` timed calls,
-then one untimed call for peak memory. The GEMM rate that MFU is measured against is taken in the same run.
+For each dtype the engines are loaded once; for each P they run the same token ids with their repeats
+interleaved (ours, transformers, llama.cpp, ours, ...), so drifts and bursts of load hit all of them alike.
+Each point: a cold call, warm-up, `repeats` timed calls, then one untimed call for peak memory.
+The GEMM rate that MFU is measured against is taken in the same run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from prefill.bench import calibrate
 from prefill.bench.peers import LlamaCppPeer, TransformersPeer, llamacpp_available, transformers_version
-from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call
+from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call, time_interleaved
 from prefill.costs import FlopCount, canonical_dtype, compute_seconds, mfu, prefill_flops_exact
 from prefill.errors import BadInput
 from prefill.specs import ModelSpec
@@ -172,13 +173,17 @@ def _sweep_dtype(engine, peer, llama, dtype, lengths, prompt, gemm, config: Benc
     for P in lengths:
         ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
         count = prefill_flops_exact(engine.spec, P)
-        runs = [(OURS, dtype, lambda ids=ids: engine.prefill(ids))]
+        runs = {(OURS, dtype): lambda ids=ids: engine.prefill(ids)}
         if peer is not None:
-            runs.append((peer.name, dtype, lambda ids=ids: peer.prefill(ids)))
+            runs[(peer.name, dtype)] = lambda ids=ids: peer.prefill(ids)
         if llama is not None:
-            runs.append((llama.name, llama.dtype, lambda t=prompt[:P]: llama.prefill(t)))
-        for name, run_dtype, fn in runs:
-            result.measurements.append(_measure(name, run_dtype, P, None, fn, count, gemm, config))
+            runs[(llama.name, llama.dtype)] = lambda t=prompt[:P]: llama.prefill(t)
+        with _inference():
+            timings = time_interleaved(runs, repeats=config.repeats, warmup=config.warmup, device=config.device)
+        for (name, run_dtype), fn in runs.items():
+            result.measurements.append(
+                _measurement(name, run_dtype, P, None, timings[(name, run_dtype)], fn, count, gemm, config)
+            )
             step(f"{name} {run_dtype} P={P}")
     if config.calibrate:
         try:
@@ -199,8 +204,23 @@ def _measure(
     config: BenchConfig,
 ) -> Measurement:
     with _inference():
-        timing: Timing = time_call(fn, repeats=config.repeats, warmup=config.warmup, device=config.device)
-        memory: PeakMemory = measure_peak_memory(fn, device=config.device)
+        timing = time_call(fn, repeats=config.repeats, warmup=config.warmup, device=config.device)
+    return _measurement(name, dtype, P, chunk, timing, fn, count, gemm, config)
+
+
+def _measurement(
+    name: str,
+    dtype: str,
+    P: int,
+    chunk: int | None,
+    timing: Timing,
+    fn: Callable[[], object],
+    count: FlopCount,
+    gemm: dict[str, float],
+    config: BenchConfig,
+) -> Measurement:
+    with _inference():
+        memory: PeakMemory = measure_peak_memory(fn, device=config.device)  # one more, untimed call
     rate = gemm.get(dtype)
     median = timing.median_s
     return Measurement(
@@ -224,28 +244,42 @@ def _measure(
 
 
 def _calibrate(engine, dtype, lengths, prompt, result: BenchResult, config: BenchConfig):
+    """Fit on the sweep's medians at `calibrate_on` plus, at each, the second half after the first is cached."""
     import torch
 
     fit_on = config.calibrate_on or _default_fit_lengths(lengths)
     missing = [P for P in fit_on if P not in lengths]
     if missing:
         raise BadInput(f"--calibrate-on lengths {missing} are not in the sweep {list(lengths)}")
-    observations = []
-    for m in (m for m in result.measurements if m.engine == OURS and m.dtype == dtype and m.chunk_size is None):
-        share = None
-        if m.P in fit_on and len(fit_on) < 3:
-            ids = torch.tensor([prompt[: m.P]], device=config.device)  # [1, P]
-            with _inference():
-                share = calibrate.attention_share(lambda ids=ids: engine.prefill(ids), config.device)
-        observations.append(calibrate.Observation(m.P, prefill_flops_exact(engine.spec, m.P), m.median_s, share))
+    plain = [
+        calibrate.Observation(m.P, prefill_flops_exact(engine.spec, m.P), m.median_s)
+        for m in result.measurements
+        if m.engine == OURS and m.dtype == dtype and m.chunk_size is None
+    ]
+    halves = []
+    for P in fit_on:
+        half = P // 2
+        ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
+        cache = engine.new_cache(P)
+        engine.prefill(ids[:, :half], cache)  # positions 0..half-1 stay cached across the repeats
+
+        def second_half(cache=cache, half=half, ids=ids):
+            cache.truncate(half)
+            engine.prefill(ids[:, half:], cache)
+
+        with _inference():
+            tm = time_call(second_half, repeats=config.repeats, warmup=config.warmup, device=config.device)
+        count = prefill_flops_exact(engine.spec, P - half, past=half)
+        halves.append(calibrate.Observation(P - half, count, tm.median_s, past=half))
+    fitted = [ob for ob in plain if ob.P in fit_on] + halves
     cal = calibrate.fit_calibration(
-        [ob for ob in observations if ob.P in fit_on],
+        fitted,
         dtype=dtype,
         threads=result.machine["threads"],
         source=f"prefill bench --calibrate on P={','.join(map(str, fit_on))} ({result.spec.name})",
     )
-    rep = calibrate.report(cal, observations, fit_on)
-    by_p = {row.P: row.predicted_s for row in rep.rows}
+    rep = calibrate.report(cal, plain + halves, fitted)
+    by_p = {row.P: row.predicted_s for row in rep.sweep}
     result.measurements[:] = [
         _with_calibrated(m, by_p[m.P]) if m.engine == OURS and m.dtype == dtype and m.chunk_size is None else m
         for m in result.measurements

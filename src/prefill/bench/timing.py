@@ -83,6 +83,27 @@ def time_call(fn: Callable[[], object], *, repeats: int, warmup: int = 1, device
     return Timing(cold_s=cold, samples_s=samples)
 
 
+def time_interleaved(
+    fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1, device: str = "cpu"
+) -> dict[str, Timing]:
+    """Time several engines on one point, their repeats interleaved (a, b, c, a, b, c, ...).
+
+    A burst of other load on the machine then lands on every engine alike instead of on whichever ran
+    during it. Each engine still gets its own cold call first and `warmup` untimed calls.
+    """
+    if repeats < 1:
+        raise BadInput(f"--repeats must be at least 1, got {repeats}")
+    cold = {name: _timed(fn, device) for name, fn in fns.items()}
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            samples[name].append(_timed(fn, device))
+    return {name: Timing(cold_s=cold[name], samples_s=tuple(samples[name])) for name in fns}
+
+
 def _timed(fn: Callable[[], object], device: str) -> float:
     synchronize(device)
     t0 = time.perf_counter()
