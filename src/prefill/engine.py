@@ -202,6 +202,16 @@ class Engine:
         """One new position per sequence: token_ids [B] -> logits [B, vocab], reading and extending the cache."""
         return self.model(token_ids.reshape(-1, 1).to(self.device), cache)
 
+    def compile(self) -> float:
+        """Compile the per-block functions with torch.compile; returns the seconds the compiling took.
+
+        The first prefill and the first decode step each build a graph (any P after that reuses it).
+        """
+        t = time.perf_counter()
+        self.model.compile()
+        self.warmup()
+        return time.perf_counter() - t
+
     def warmup(self, P: int = 16) -> None:
         """One short prefill and decode step, so that kernel selection and thread start-up are not timed."""
         logits, cache = self.prefill(list(range(1, P + 1)), self.new_cache(P + 1))

@@ -67,66 +67,80 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-class Attention(nn.Module):
-    """Grouped-query attention: H_q query heads share H_kv key/value heads."""
+def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q: int, H_kv: int):
+    """RMSNorm, the Q/K/V projection in one GEMM, and rotary on Q and K: the work before attention.
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.H_q, self.H_kv, self.d_head = spec.H_q, spec.H_kv, spec.d_head
-        # Q, K and V in one GEMM: [d_model] -> [(H_q + 2 H_kv) d_head]
-        self.wqkv = nn.Linear(spec.d_model, (spec.H_q + 2 * spec.H_kv) * spec.d_head, bias=spec.qkv_bias)
-        self.wo = nn.Linear(spec.H_q * spec.d_head, spec.d_model, bias=False)
-        self.q_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
-
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
-        B, P, _ = x.shape
-        H_q, H_kv, d = self.H_q, self.H_kv, self.d_head
-        qkv = self.wqkv(x).view(B, P, H_q + 2 * H_kv, d)  # [B, P, H_q + 2 H_kv, d_head]
-        qk, v = qkv[:, :, : H_q + H_kv], qkv[:, :, H_q + H_kv :]  # [B, P, H_q + H_kv, d_head], [B, P, H_kv, d_head]
-        if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, :, :H_q]), self.k_norm(qk[:, :, H_q:])], dim=2)
-        qk = qk * cos + rotate_half(qk) * sin  # rotary on Q and K heads at once; cos, sin [P, 1, d_head]
-        q = qk[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
-        k = qk[:, :, H_q:].transpose(1, 2)  # [B, H_kv, P, d_head]
-        v = v.transpose(1, 2)  # [B, H_kv, P, d_head]
-        k_all, v_all = cache.write(layer, start, k, v)  # [B, H_kv, start + P, d_head]
-        if P == 1:
-            # One decode position sees every cached position: no mask at all.
-            o = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)  # [B, H_q, 1, d_head]
-        else:
-            o = causal_attention(q, k_all, v_all, start)  # [B, H_q, P, d_head]
-        o = o.transpose(1, 2).reshape(B, P, H_q * d)  # [B, P, H_q d_head]
-        return self.wo(o)  # [B, P, d_model]
+    x [B, P, d_model] -> q [B, H_q, P, d_head], k and v [B, H_kv, P, d_head]. A pure function of its tensors, so
+    one compiled graph (Transformer.compile) serves every layer.
+    """
+    B, P, _ = x.shape
+    h = F.rms_norm(x, norm_w.shape, norm_w, eps)  # [B, P, d_model]
+    qkv = F.linear(h, w_qkv, b_qkv)  # [B, P, (H_q + 2 H_kv) d_head]
+    qkv = qkv.view(B, P, H_q + 2 * H_kv, -1)  # [B, P, H_q + 2 H_kv, d_head]
+    qk, v = qkv[:, :, : H_q + H_kv], qkv[:, :, H_q + H_kv :]  # [B, P, H_q + H_kv, d_head], [B, P, H_kv, d_head]
+    if q_norm_w is not None:  # Qwen3: RMSNorm of each head's q and k
+        q, k = qk[:, :, :H_q], qk[:, :, H_q:]
+        qk = torch.cat([F.rms_norm(q, q_norm_w.shape, q_norm_w, eps), F.rms_norm(k, k_norm_w.shape, k_norm_w, eps)], 2)
+    qk = qk * cos + rotate_half(qk) * sin  # rotary on Q and K heads at once; cos, sin [P, 1, d_head]
+    q = qk[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
+    k = qk[:, :, H_q:].transpose(1, 2)  # [B, H_kv, P, d_head]
+    return q, k, v.transpose(1, 2)
 
 
-class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one GEMM."""
+def out_and_mlp(x, o, w_o, norm_w, eps: float, w_gate_up, w_down):
+    """The work after attention: output projection and residual, then RMSNorm, SwiGLU MLP and residual.
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.d_ff = spec.d_ff
-        self.w_gate_up = nn.Linear(spec.d_model, 2 * spec.d_ff, bias=False)  # [d_model] -> [2 d_ff]
-        self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
+    x [B, P, d_model], o [B, H_q, P, d_head] -> [B, P, d_model].
+    """
+    B, H_q, P, d = o.shape
+    x = x + F.linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
+    h = F.rms_norm(x, norm_w.shape, norm_w, eps)
+    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
+    return x + F.linear(F.silu(gate) * up, w_down)  # [B, P, d_model]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).split(self.d_ff, dim=-1)  # 2 x [B, P, d_ff]
-        return self.w_down(F.silu(gate) * up)  # [B, P, d_model]
+
+class Kernels:
+    """The two pure functions a block runs around attention, eager or compiled (shared by all layers)."""
+
+    def __init__(self):
+        self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
+
+
+def attend(q, k, v, cache: KVCache, layer: int, start: int) -> torch.Tensor:
+    """Store K, V [B, H_kv, P, d_head] in the cache, then attend over every position up to the new ones."""
+    k_all, v_all = cache.write(layer, start, k, v)  # [B, H_kv, start + P, d_head]
+    if q.shape[2] == 1:
+        # One decode position sees every cached position: no mask at all.
+        return F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)  # [B, H_q, 1, d_head]
+    return causal_attention(q, k_all, v_all, start)  # [B, H_q, P, d_head]
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+    """Pre-norm residual block with grouped-query attention (H_q query heads share H_kv K/V heads) and SwiGLU."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, kernels: Kernels):
         super().__init__()
+        self.H_q, self.H_kv, self.eps, self.kernels = spec.H_q, spec.H_kv, spec.norm_eps, kernels
+        qkv_out = (spec.H_q + 2 * spec.H_kv) * spec.d_head
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.attn = Attention(spec)
+        self.wqkv = nn.Linear(spec.d_model, qkv_out, bias=spec.qkv_bias)  # Q, K and V in one GEMM
+        self.q_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
+        self.wo = nn.Linear(spec.H_q * spec.d_head, spec.d_model, bias=False)
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
-        self.mlp = MLP(spec)
+        self.w_gate_up = nn.Linear(spec.d_model, 2 * spec.d_ff, bias=False)  # gate and up in one GEMM
+        self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, start)
-        return x + self.mlp(self.mlp_norm(x))
+        qn = None if self.q_norm is None else self.q_norm.weight
+        kn = None if self.k_norm is None else self.k_norm.weight
+        q, k, v = self.kernels.qkv_rotary(
+            x, self.attn_norm.weight, self.eps, self.wqkv.weight, self.wqkv.bias, qn, kn, cos, sin, self.H_q, self.H_kv
+        )
+        o = attend(q, k, v, cache, layer, start)  # [B, H_q, P, d_head]
+        return self.kernels.out_and_mlp(
+            x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight
+        )
 
 
 class Transformer(nn.Module):
@@ -137,10 +151,17 @@ class Transformer(nn.Module):
         check_supported(spec)
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.layers = nn.ModuleList(Block(spec) for _ in range(spec.L))
+        self.kernels = Kernels()
+        self.layers = nn.ModuleList(Block(spec, self.kernels) for _ in range(spec.L))
         self.norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.unembed = None if spec.tied_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)  # [d_head / 2]
+
+    def compile(self) -> None:
+        """Compile the two per-block functions with torch.compile (inductor): it fuses the norms, rotary, SiLU
+        and residual adds into a few vectorized loops. One graph serves all layers and any P."""
+        self.kernels.qkv_rotary = torch.compile(qkv_rotary, dynamic=True)
+        self.kernels.out_and_mlp = torch.compile(out_and_mlp, dynamic=True)
 
     def unembed_weight(self) -> torch.Tensor:
         return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
@@ -190,16 +211,16 @@ class Transformer(nn.Module):
             put(blk.attn_norm.weight, take(p + "input_layernorm.weight"))
             put(blk.mlp_norm.weight, take(p + "post_attention_layernorm.weight"))
             qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-            put(blk.attn.wqkv.weight, torch.cat(qkv, dim=0))
+            put(blk.wqkv.weight, torch.cat(qkv, dim=0))
             if self.spec.qkv_bias:
-                put(blk.attn.wqkv.bias, torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-            put(blk.attn.wo.weight, take(p + "self_attn.o_proj.weight"))
+                put(blk.wqkv.bias, torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+            put(blk.wo.weight, take(p + "self_attn.o_proj.weight"))
             if self.spec.qk_norm:
-                put(blk.attn.q_norm.weight, take(p + "self_attn.q_norm.weight"))
-                put(blk.attn.k_norm.weight, take(p + "self_attn.k_norm.weight"))
+                put(blk.q_norm.weight, take(p + "self_attn.q_norm.weight"))
+                put(blk.k_norm.weight, take(p + "self_attn.k_norm.weight"))
             gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
-            put(blk.mlp.w_gate_up.weight, torch.cat(gate_up, dim=0))
-            put(blk.mlp.w_down.weight, take(p + "mlp.down_proj.weight"))
+            put(blk.w_gate_up.weight, torch.cat(gate_up, dim=0))
+            put(blk.w_down.weight, take(p + "mlp.down_proj.weight"))
         put(self.norm.weight, take("norm.weight"))
         lm_head = sd.pop("lm_head.weight", None)
         if self.unembed is not None:
