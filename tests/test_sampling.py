@@ -12,7 +12,10 @@ def test_greedy_is_argmax():
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy_even_when_hot():
-    for params in (SamplingParams(temperature=5.0, top_k=1, seed=1), SamplingParams(temperature=5.0, top_p=1e-6, seed=1)):
+    for params in (
+        SamplingParams(temperature=5.0, top_k=1, seed=1),
+        SamplingParams(temperature=5.0, top_p=1e-6, seed=1),
+    ):
         draws = {int(sample(LOGITS, params, params.generator("cpu"))) for _ in range(20)}
         assert draws == {1}
 

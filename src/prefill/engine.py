@@ -97,9 +97,7 @@ class _StopText:
 class Engine:
     """A loaded model on a device, ready to prefill and decode."""
 
-    def __init__(
-        self, model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype, device, source=""
-    ):
+    def __init__(self, model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype, device, source=""):
         self.model, self.tokenizer, self.dtype, self.source = model, tokenizer, dtype, source
         self.device = torch.device(device)
         self.spec: ModelSpec = model.spec
@@ -132,9 +130,7 @@ class Engine:
         return cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
 
     @classmethod
-    def from_state_dict(
-        cls, spec, state_dict, tokenizer=None, dtype="float32", device="cpu", source=""
-    ) -> Engine:
+    def from_state_dict(cls, spec, state_dict, tokenizer=None, dtype="float32", device="cpu", source="") -> Engine:
         """An engine over weights already in memory, named as in a Hugging Face checkpoint."""
         dt = torch_dtype(dtype)
         with torch.device("meta"):
@@ -276,9 +272,7 @@ class Engine:
         gen = Generation(prompt_ids=ids, tokenize_s=time.perf_counter() - t0)
         P = len(ids)
         if self.spec.context_length < P:
-            raise BadInput(
-                f"prompt of {P} tokens exceeds the model's context length {self.spec.context_length}"
-            )
+            raise BadInput(f"prompt of {P} tokens exceeds the model's context length {self.spec.context_length}")
         max_new_tokens = min(max_new_tokens, self.spec.context_length - P)
         capacity = P + max_new_tokens
         if cache is None or cache.capacity < capacity:
@@ -350,17 +344,23 @@ class Engine:
             self._gemm_rate = measure_gemm_rate(str(self.dtype).removeprefix("torch."), str(self.device))
         return self._gemm_rate
 
-    def predict_prefill_seconds(self, P: int, past: int = 0) -> tuple[float, str]:
-        """Predicted prefill seconds and how: a saved calibration for this dtype if any, else exact FLOPs at the
-        measured GEMM rate."""
+    def predict_prefill_seconds(self, P: int, past: int = 0, chunk_size: int | None = None) -> tuple[float, str]:
+        """Predicted seconds of a prefill of P tokens after `past` cached ones (in chunks, if given), and how:
+        a saved calibration for this dtype and thread count if any, else exact FLOPs at the measured GEMM rate."""
         from prefill.hardware import load_calibration
 
-        count = costs.prefill_flops_exact(self.spec, P, past)
         dtype = str(self.dtype).removeprefix("torch.")
         cal = load_calibration() if self.device.type == "cpu" else None
-        if cal is not None and cal.dtype == dtype and cal.threads == torch.get_num_threads():
-            return costs.calibrated_prefill_seconds(count, cal), "calibrated"
-        return costs.compute_seconds(count.total, self.gemm_rate()), "exact FLOPs / measured GEMM rate"
+        use_cal = cal is not None and cal.dtype == dtype and cal.threads == torch.get_num_threads()
+        step = chunk_size or P
+        seconds = 0.0
+        for s in range(0, P, step):  # each chunk attends to everything before it
+            count = costs.prefill_flops_exact(self.spec, min(step, P - s), past + s)
+            if use_cal:
+                seconds += costs.calibrated_prefill_seconds(count, cal)
+            else:
+                seconds += costs.compute_seconds(count.total, self.gemm_rate())
+        return seconds, "calibrated" if use_cal else "exact FLOPs / measured GEMM rate"
 
 
 def _progress_bar(label: str) -> Callable[[int, int], None]:

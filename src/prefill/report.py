@@ -59,9 +59,9 @@ def prompt_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Tab
     return t
 
 
-def ttft_table(engine: Engine, gen: Generation) -> Table:
+def ttft_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Table:
     """TTFT = network + tokenization + prefill (+ sampling the first token), measured beside predicted."""
-    predicted_prefill, how = engine.predict_prefill_seconds(gen.P - gen.cached_tokens, gen.cached_tokens)
+    predicted_prefill, how = engine.predict_prefill_seconds(gen.P - gen.cached_tokens, gen.cached_tokens, chunk_size)
     predicted_ttft = costs.ttft_seconds(predicted_prefill, network_s=0.0, tokenize_s=gen.tokenize_s)
     t = _table("time to first token", "part", "measured", "predicted")
     t.add_row("network", "0 (in-process)", "0")
@@ -113,6 +113,6 @@ def show_run(console: Console, engine: Engine, events, chunk_size: int | None = 
         console.print(ev.text, end="", highlight=False, markup=False, soft_wrap=True)
     console.print()
     console.print(prompt_table(engine, gen, chunk_size))
-    console.print(ttft_table(engine, gen))
+    console.print(ttft_table(engine, gen, chunk_size))
     console.print(decode_table(engine, gen))
     return gen

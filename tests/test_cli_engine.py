@@ -1,0 +1,43 @@
+"""End to end, as a user runs it: `prefill demo`, `prefill run`, `prefill verify` through the console script."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PREFILL = Path(sys.executable).parent / "prefill"
+
+
+def cli(*args, timeout=600):
+    env = {**os.environ, "COLUMNS": "160"}  # wide enough that table cells are not wrapped
+    return subprocess.run([str(PREFILL), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_demo_answers_and_shows_every_part():
+    r = cli("demo")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "answer: The capital of France is Paris." in out
+    for part in ("prompt tokens P", "37", "K and V each [B, H_kv, P, d_head] = [1, 3, 37, 64]", "TTFT",
+                 "ITL p50 / p90", "TTFT + (n-1)·ITL", "MFU", "prefill achieved"):  # fmt: skip
+        assert part in out, part
+    # measured KV bytes beside the formula: 2 * 30 * 1 * 3 * 37 * 64 * 4
+    assert out.count("1,704,960 B") == 2 and "equal" in out
+
+
+def test_run_raw_bfloat16_chunked():
+    r = cli("run", "The capital of France is", "--raw", "--dtype", "bfloat16", "-n", "4", "--chunk-size", "2")
+    assert r.returncode == 0, r.stderr
+    assert "chunks of 2" in r.stdout
+    assert "[1, 3, 5, 64]" in r.stdout  # 5 raw prompt tokens, no chat template
+    assert r.stdout.count("115,200 B") == 2  # measured and formula, bf16: 2 * 30 * 1 * 3 * 5 * 64 * 2
+
+
+def test_verify_passes_without_reference():
+    r = cli("verify", "--no-reference")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("PASS") == 5 and "FAIL" not in r.stdout
