@@ -7,7 +7,14 @@ from pathlib import Path
 import numpy as np
 
 from prefill.bench.runner import OURS, BenchResult
-from prefill.costs import bytes_to_mib, calibrated_prefill_seconds, compute_seconds, prefill_flops_exact
+from prefill.costs import (
+    bytes_to_mib,
+    calibrated_prefill_seconds,
+    compute_seconds,
+    dtype_bytes,
+    kv_cache_bytes_for,
+    prefill_flops_exact,
+)
 
 MARKERS = {OURS: "o", "transformers": "s", "llamacpp": "^"}
 
@@ -72,7 +79,8 @@ def plot_times(result: BenchResult, out_dir: Path) -> Path:
 
 
 def plot_chunks(result: BenchResult, out_dir: Path) -> Path | None:
-    """chunks.png: median seconds and peak memory rise against chunk size C (None if no chunk sweep ran)."""
+    """chunks.png: median seconds and peak memory rise against chunk size C, with the KV cache's bytes as the
+    floor the rise cannot go below (None if no chunk sweep ran)."""
     rows = [m for m in result.measurements if m.engine == OURS and m.chunk_size is not None]
     if not rows:
         return None
@@ -84,12 +92,22 @@ def plot_chunks(result: BenchResult, out_dir: Path) -> Path | None:
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
     for dtype in sorted({m.dtype for m in rows}):
         pts = sorted((m for m in rows if m.dtype == dtype), key=lambda m: m.chunk_size)
-        c = [m.chunk_size for m in pts]
-        ax_t.plot(c, [m.median_s for m in pts], "o-", label=f"{dtype}, P={pts[0].P}")
-        ax_m.plot(c, [bytes_to_mib(m.peak_delta_bytes) for m in pts], "o-", label=f"{dtype}, P={pts[0].P}")
+        P = pts[0].P
+        whole = result.find(OURS, dtype, P)
+        c = [m.chunk_size for m in pts] + ([P] if whole else [])  # one pass = one chunk of C = P
+        pts = pts + ([whole] if whole else [])
+        (line,) = ax_t.plot(c, [m.median_s for m in pts], "o-", label=f"{dtype}, P={P} (C = P: one pass)")
+        ax_m.plot(c, [bytes_to_mib(m.peak_delta_bytes) for m in pts], "o-", color=line.get_color(),
+                  label=f"{dtype}, P={P}")  # fmt: skip
+        kv = kv_cache_bytes_for(result.spec, P, dtype_bytes(dtype))
+        ax_m.axhline(bytes_to_mib(kv), linestyle="--", color=line.get_color(), alpha=0.6,
+                     label=f"KV cache of P={P} ({dtype}, cost model)")  # fmt: skip
     ax_t.set(xscale="log", xlabel="chunk size C", ylabel="prefill seconds (median)")
     ax_m.set(xscale="log", xlabel="chunk size C", ylabel=f"peak memory rise, MiB ({rows[0].memory_kind})")
+    ticks = sorted({m.chunk_size for m in rows} | {m.P for m in rows})
     for ax in (ax_t, ax_m):
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

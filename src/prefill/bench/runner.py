@@ -151,8 +151,29 @@ def run_bench(config: BenchConfig, on_step: Callable[[str], None] | None = None)
         del engine, peer, llama
         gc.collect()
     assert result is not None  # config.dtypes is never empty
+    # Other load on the machine can only lower a GEMM measurement: measure again at the end, keep the higher.
+    result.machine["gemm_flops_per_s_start"] = dict(gemm)
+    result.machine["gemm_flops_per_s_end"] = {
+        dt: measure_gemm_rate(dt, device=config.device, threads=threads) for dt in config.dtypes
+    }
+    for dt, rate in result.machine["gemm_flops_per_s_end"].items():
+        gemm[dt] = max(gemm[dt], rate)
+    result.measurements[:] = [_rated(m, gemm) for m in result.measurements]
     _note_contention(result)
     return result
+
+
+def _rated(m: Measurement, gemm: dict[str, float]) -> Measurement:
+    """`m` with MFU and the GEMM-rate prediction against the final GEMM rates."""
+    rate = gemm.get(m.dtype)
+    return replace(
+        m,
+        mfu=mfu(m.flops, m.median_s, rate) if rate else None,
+        predicted_s=compute_seconds(m.flops, rate or max(gemm.values())),
+    )
+
+
+UNSTABLE_P90_OVER_MEDIAN = 1.25  # a point whose p90 exceeds its median by more than this was disturbed
 
 
 def _note_contention(result: BenchResult) -> None:
@@ -164,6 +185,13 @@ def _note_contention(result: BenchResult) -> None:
         result.notes.append(
             f"the 5-minute load average was {load:.1f} on {cores} cores: other processes competed for the CPU "
             "during this run, so its times are not reliable; rerun on an idle machine"
+        )
+    unstable = [m for m in result.measurements if m.p90_s > UNSTABLE_P90_OVER_MEDIAN * m.median_s]
+    if unstable:
+        names = ", ".join(f"{m.engine} {m.dtype} P={m.P}" + (f" C={m.chunk_size}" if m.chunk_size else "")
+                          for m in unstable)  # fmt: skip
+        result.notes.append(
+            f"unsteady points (p90 > {UNSTABLE_P90_OVER_MEDIAN} x median, the machine was busy): {names}"
         )
 
 
