@@ -17,7 +17,7 @@ from prefill.errors import BadInput
 from prefill.kvcache import KVCache
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
-from prefill.model import Transformer, check_supported, rope_inv_freq
+from prefill.model import Transformer, check_supported
 from prefill.sampling import SamplingParams, sample
 from prefill.specs import ModelSpec
 
@@ -135,8 +135,7 @@ class Engine:
         dt = torch_dtype(dtype)
         with torch.device("meta"):
             model = Transformer(spec)
-        model = model.to_empty(device=device).to(dt)
-        model.inv_freq.copy_(rope_inv_freq(spec))  # buffers are not in the state dict
+        model = model.materialize(device, dt)
         model.load_hf_state_dict(state_dict)
         model.eval().requires_grad_(False)
         return cls(model, tokenizer, dt, device, source or spec.name)
@@ -145,15 +144,13 @@ class Engine:
     def random(cls, spec: ModelSpec, dtype="float32", device="cpu", seed: int = 0) -> Engine:
         """An engine with random weights of the given shapes (benchmarks of shapes we cannot download)."""
         torch.manual_seed(seed)
-        dt = torch_dtype(dtype)
-        with torch.device(device):
+        with torch.device("meta"):
             model = Transformer(spec)
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                continue
-            torch.nn.init.normal_(p, std=0.02)
-        model = model.to(dt).eval().requires_grad_(False)
-        return cls(model, None, dt, device, f"random {spec.name}")
+        model = model.materialize(device, torch_dtype(dtype)).eval().requires_grad_(False)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(std=0.02)
+        return cls(model, None, model.embed.weight.dtype, device, f"random {spec.name}")
 
     # ---- the two phases ----------------------------------------------------------------------------
 

@@ -170,6 +170,13 @@ class Transformer(nn.Module):
         self.unembed = None if spec.tied_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)  # [d_head / 2]
 
+    def materialize(self, device, dtype: torch.dtype) -> Transformer:
+        """Allocate the parameters of a model built on the meta device, directly in `dtype` on `device`
+        (uninitialized: load or initialize them next). The rotary frequencies stay float32, as in the reference."""
+        self.to(dtype=dtype).to_empty(device=device)
+        self.inv_freq = rope_inv_freq(self.spec).to(device)
+        return self
+
     def prepack(self) -> bool:
         """Lay the bfloat16 GEMM weights out once in oneDNN's blocked format, so no GEMM reorders its weight on
         each call (CPU only). Returns whether it applied."""
