@@ -404,6 +404,7 @@ def bench(
     ),
     out: str = typer.Option("bench-results", "--out", help="Folder for bench.json and the PNG plots."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    compile: bool = typer.Option(False, "--compile", help="torch.compile our block functions first (Engine.compile)."),
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
     from pathlib import Path
@@ -427,6 +428,7 @@ def bench(
         calibrate_on=parse_ints(calibrate_on, "--calibrate-on") if calibrate_on else None,
         chunk_sizes=parse_ints(chunk_size, "--chunk-size") if chunk_size else (),
         device=device,
+        compile=compile,
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:

@@ -47,6 +47,7 @@ class BenchConfig:
     calibrate_on: tuple[int, ...] | None = None  # default: the second-shortest and the longest P
     chunk_sizes: tuple[int, ...] = ()
     device: str = "cpu"
+    compile: bool = False  # torch.compile our per-block functions (Engine.compile) before measuring
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,8 @@ def run_bench(config: BenchConfig, on_step: Callable[[str], None] | None = None)
     result: BenchResult | None = None
     for dtype in config.dtypes:
         engine = Engine.load(model_path, dtype=dtype, device=config.device, threads=threads, progress=False)
+        if config.compile:
+            compile_s = engine.compile()
         if result is None:
             result = _new_result(config, model_path, engine.spec, threads, gemm)
             lengths = _capped_lengths(config.prompt_lengths, engine.spec, result.notes)
@@ -146,6 +149,8 @@ def run_bench(config: BenchConfig, on_step: Callable[[str], None] | None = None)
             llama = _load_llamacpp(config, model_path, max(lengths), threads, result.notes)
         else:
             llama = None  # llama.cpp runs the GGUF's own types: once per run is enough
+        if config.compile:
+            result.notes.append(f"ours compiled with torch.compile (Engine.compile) in {compile_s:.1f} s ({dtype})")
         peer = _load_transformers(config, model_path, dtype, result.notes)
         _sweep_dtype(engine, peer, llama, dtype, lengths, prompt, gemm, config, result, step)
         del engine, peer, llama
