@@ -206,7 +206,10 @@ class Engine:
         return time.perf_counter() - t
 
     def warmup(self, P: int = 16) -> None:
-        """One short prefill and decode step, so that kernel selection and thread start-up are not timed."""
+        """One short prefill and decode step (and the chat template's compilation), so that kernel selection,
+        thread start-up and template parsing are not timed."""
+        if self.tokenizer is not None and self.tokenizer.chat_template:
+            self.encode_prompt("warm-up")
         logits, cache = self.prefill(list(range(1, P + 1)), self.new_cache(P + 1))
         self.decode_step(logits.argmax(-1), cache)
         self.sync()

@@ -16,18 +16,12 @@ class KVCache:
 
     def __init__(self, L: int, B: int, H_kv: int, capacity: int, d_head: int, dtype: torch.dtype, device):
         shape = (B, H_kv, capacity, d_head)
-        self.k = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(L)
-        ]  # L x [B, H_kv, S_max, d_head]
-        self.v = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(L)
-        ]  # L x [B, H_kv, S_max, d_head]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(L)]  # L x [B, H_kv, S_max, d_head]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(L)]  # L x [B, H_kv, S_max, d_head]
         self.capacity = capacity
         self.length = 0  # positions 0..length-1 are filled
 
-    def write(
-        self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B, H_kv, P, d_head] at positions start..start+P-1; return the filled K, V up to there."""
         end = start + k.shape[2]
         if end > self.capacity:

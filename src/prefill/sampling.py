@@ -33,9 +33,7 @@ class SamplingParams:
         return torch.Generator(device=device).manual_seed(self.seed)
 
 
-def sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """Token ids [B] drawn from float32 logits [B, vocab]."""
     if params.temperature == 0:
         return logits.argmax(dim=-1)

@@ -69,7 +69,9 @@ def load_reference(source: str, dtype: torch.dtype = torch.float32):
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
+    logging.set_verbosity_error()  # its deprecation notices are not ours to show
     path = Path(source)
     if path.suffix == ".gguf":
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
