@@ -140,18 +140,6 @@ class Engine:
         model.eval().requires_grad_(False)
         return cls(model, tokenizer, dt, device, source or spec.name)
 
-    @classmethod
-    def random(cls, spec: ModelSpec, dtype="float32", device="cpu", seed: int = 0) -> Engine:
-        """An engine with random weights of the given shapes (benchmarks of shapes we cannot download)."""
-        torch.manual_seed(seed)
-        with torch.device("meta"):
-            model = Transformer(spec)
-        model = model.materialize(device, torch_dtype(dtype)).eval().requires_grad_(False)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(std=0.02)
-        return cls(model, None, model.embed.weight.dtype, device, f"random {spec.name}")
-
     # ---- the two phases ----------------------------------------------------------------------------
 
     def new_cache(self, capacity: int, B: int = 1) -> KVCache:

@@ -67,13 +67,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w^T + b, where w may be a weight prepacked for oneDNN (Transformer.prepack) instead of a plain one."""
-    if w.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-    return F.linear(x, w, b)
-
-
 def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q: int, H_kv: int):
     """RMSNorm, the Q/K/V projection in one GEMM, and rotary on Q and K: the work before attention.
 
@@ -82,7 +75,7 @@ def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin
     """
     B, P, _ = x.shape
     h = F.rms_norm(x, norm_w.shape, norm_w, eps)  # [B, P, d_model]
-    qkv = linear(h, w_qkv, b_qkv)  # [B, P, (H_q + 2 H_kv) d_head]
+    qkv = F.linear(h, w_qkv, b_qkv)  # [B, P, (H_q + 2 H_kv) d_head]
     qkv = qkv.view(B, P, H_q + 2 * H_kv, -1)  # [B, P, H_q + 2 H_kv, d_head]
     qk, v = qkv[:, :, : H_q + H_kv], qkv[:, :, H_q + H_kv :]  # [B, P, H_q + H_kv, d_head], [B, P, H_kv, d_head]
     if q_norm_w is not None:  # Qwen3: RMSNorm of each head's q and k
@@ -100,10 +93,10 @@ def out_and_mlp(x, o, w_o, norm_w, eps: float, w_gate_up, w_down):
     x [B, P, d_model], o [B, H_q, P, d_head] -> [B, P, d_model].
     """
     B, H_q, P, d = o.shape
-    x = x + linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
+    x = x + F.linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
     h = F.rms_norm(x, norm_w.shape, norm_w, eps)
-    gate, up = linear(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
-    return x + linear(F.silu(gate) * up, w_down)  # [B, P, d_model]
+    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
+    return x + F.linear(F.silu(gate) * up, w_down)  # [B, P, d_model]
 
 
 class Kernels:
@@ -137,22 +130,16 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.w_gate_up = nn.Linear(spec.d_model, 2 * spec.d_ff, bias=False)  # gate and up in one GEMM
         self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
-        self.packed: dict[str, torch.Tensor] = {}  # prepacked copies of the GEMM weights (Transformer.prepack)
-
-    GEMMS = ("wqkv", "wo", "w_gate_up", "w_down")
-
-    def w(self, name: str) -> torch.Tensor:
-        return self.packed.get(name, getattr(self, name).weight)
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
         qn = None if self.q_norm is None else self.q_norm.weight
         kn = None if self.k_norm is None else self.k_norm.weight
         q, k, v = self.kernels.qkv_rotary(
-            x, self.attn_norm.weight, self.eps, self.w("wqkv"), self.wqkv.bias, qn, kn, cos, sin, self.H_q, self.H_kv
+            x, self.attn_norm.weight, self.eps, self.wqkv.weight, self.wqkv.bias, qn, kn, cos, sin, self.H_q, self.H_kv
         )
         o = attend(q, k, v, cache, layer, start)  # [B, H_q, P, d_head]
         return self.kernels.out_and_mlp(
-            x, o, self.w("wo"), self.mlp_norm.weight, self.eps, self.w("w_gate_up"), self.w("w_down")
+            x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight
         )
 
 
@@ -177,21 +164,9 @@ class Transformer(nn.Module):
         self.inv_freq = rope_inv_freq(self.spec).to(device)
         return self
 
-    def prepack(self) -> bool:
-        """Lay the bfloat16 GEMM weights out once in oneDNN's blocked format, so no GEMM reorders its weight on
-        each call (CPU only). Returns whether it applied."""
-        w = self.layers[0].wqkv.weight
-        if w.device.type != "cpu" or w.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
-            return False
-        for blk in self.layers:
-            blk.packed = {n: torch.ops.mkldnn._reorder_linear_weight(getattr(blk, n).weight, 512) for n in blk.GEMMS}
-        return True
-
     def compile(self) -> None:
         """Compile the two per-block functions with torch.compile (inductor): it fuses the norms, rotary, SiLU
         and residual adds into a few vectorized loops. One graph serves all layers and any P."""
-        for blk in self.layers:
-            blk.packed = {}  # compiled graphs take plain weights
         self.kernels.qkv_rotary = torch.compile(qkv_rotary, dynamic=True)
         self.kernels.out_and_mlp = torch.compile(out_and_mlp, dynamic=True)
 
