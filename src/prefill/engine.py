@@ -103,6 +103,7 @@ class Engine:
         self.spec: ModelSpec = model.spec
         self._gemm_rate: float | None = None
         self.last_cache_bytes = 0  # K/V bytes held after the latest generation's prefill (measured)
+        self.last_cache_shape = (0, 0, 0, 0)  # one layer's K (or V) as filled then: [B, H_kv, P, d_head]
 
     # ---- construction ------------------------------------------------------------------------------
 
@@ -280,7 +281,7 @@ class Engine:
         logits, cache = self.prefill(gen.prompt_ids[cache.length :], cache, chunk_size)
         self.sync()
         gen.prefill_s = time.perf_counter() - t
-        self.last_cache_bytes = cache.nbytes()
+        self.last_cache_bytes, self.last_cache_shape = cache.nbytes(), cache.shape()
         generator = sampling.generator(self.device)
         t = time.perf_counter()
         token = sample(logits, sampling, generator)  # [1]
