@@ -20,6 +20,7 @@ from prefill.loading.tokenizer import Tokenizer
 from prefill.model import Transformer, check_supported
 from prefill.sampling import SamplingParams, sample
 from prefill.specs import ModelSpec
+from prefill.streaming import TextStream
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -57,41 +58,6 @@ class Generation:
     @property
     def P(self) -> int:
         return len(self.prompt_ids)
-
-
-class _StopText:
-    """Incremental detokenization with stop strings: holds back text that could still become a stop string."""
-
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...]):
-        self.tokenizer, self.stop = tokenizer, tuple(s for s in stop if s)
-        self.ids: list[int] = []
-        self.emitted = 0  # characters of the final text already handed out
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-
-    def add(self, token_id: int) -> tuple[str, bool]:
-        """Text now safe to emit, and whether a stop string was met."""
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
-        for s in self.stop:
-            at = text.find(s)
-            if at != -1:
-                out, self.emitted = text[self.emitted : at], at
-                return out, True
-        safe = len(text) - self.hold
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its remaining bytes
-            safe = min(safe, len(text) - 1)
-        if safe <= self.emitted:
-            return "", False
-        out, self.emitted = text[self.emitted : safe], safe
-        return out, False
-
-    def flush(self) -> str:
-        text = self.tokenizer.decode(self.ids)
-        out, self.emitted = text[self.emitted :], len(text)
-        return out
-
-    def text(self) -> str:
-        return self.tokenizer.decode(self.ids)[: self.emitted]
 
 
 class Engine:
@@ -288,7 +254,7 @@ class Engine:
         token_id = int(token[0])
         gen.first_token_s = time.perf_counter() - t
         gen.ttft_s = costs.ttft_seconds(gen.prefill_s + gen.first_token_s, tokenize_s=gen.tokenize_s)
-        texts = _StopText(tok, stop) if tok is not None else None
+        texts = TextStream(tok, stop) if tok is not None else None
         last = time.perf_counter()
         eos = tok.eos_ids if tok is not None else set()
         while True:
@@ -314,7 +280,7 @@ class Engine:
                 tail = texts.flush()
                 if tail:
                     yield TokenEvent(-1, tail, time.perf_counter() - t0)
-            gen.text = texts.text()
+            gen.text = texts.sent
         gen.total_s = time.perf_counter() - t0
         yield gen
 

@@ -27,6 +27,7 @@ from prefill.kvcache import KVCache
 from prefill.sampling import SamplingParams, sample
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.prefix_cache import PrefixCache
+from prefill.streaming import TextStream
 
 
 class QueueFull(PrefillError):
@@ -85,7 +86,7 @@ class _Running:
     generator: torch.Generator | None  # None: greedy, or unseeded sampling from torch's global generator
     prefill_s: float = 0.0
     generated: list[int] = field(default_factory=list)
-    text: str = ""  # text already sent
+    stream: TextStream | None = None  # detokenizes, holds back what a stop string may still claim
     first_token_at: float | None = None
     last_token_at: float = 0.0
 
@@ -184,7 +185,8 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - any failure is this request's, not the server's
             req.on_event(Failed(f"{type(e).__name__}: {e}"))
             return
-        run = _Running(req, cache, match.n_tokens, now, req.sampling.generator(self.engine.device))
+        generator = req.sampling.generator(self.engine.device)
+        run = _Running(req, cache, match.n_tokens, now, generator, stream=TextStream(self.engine.tokenizer, req.stop))
         run.prefill_s += time.perf_counter() - t0
         self._running.append(run)
         self.metrics.queue.observe(now - req.enqueued)
@@ -232,27 +234,22 @@ class Scheduler:
         else:
             self.metrics.itl.observe(now - run.last_token_at)
         run.last_token_at = now
-        tok = self.engine.tokenizer
-        if token in tok.eos_ids:
-            self._emit(run, tok.decode(run.generated))  # text held back for a stop that never came
+        if token in self.engine.tokenizer.eos_ids:
+            self._send(run, run.stream.flush())  # text held back for a stop that never came
             return self._finish(run, "stop")
         run.generated.append(token)
-        full = tok.decode(run.generated)
-        for s in req.stop:
-            at = full.find(s, max(0, len(run.text) - len(s)))
-            if at >= 0:
-                self._emit(run, full[:at])
-                return self._finish(run, "stop")
+        delta, stopped = run.stream.add(token)
+        if stopped:
+            self._send(run, delta)
+            return self._finish(run, "stop")
         if len(run.generated) >= req.max_tokens:
-            self._emit(run, full)
+            self._send(run, delta + run.stream.flush())
             return self._finish(run, "length")
-        self._emit(run, full[: _safe_length(full, req.stop)])
+        self._send(run, delta)
 
-    def _emit(self, run: _Running, upto: str) -> None:
-        """Send the text between what was sent and `upto` (only ever forwards)."""
-        if len(upto) > len(run.text) and upto.startswith(run.text):
-            delta = upto[len(run.text) :]
-            run.text = upto
+    @staticmethod
+    def _send(run: _Running, delta: str) -> None:
+        if delta:
             run.req.on_event(TextDelta(delta))
 
     def _finish(self, run: _Running, reason: str) -> None:
@@ -276,17 +273,3 @@ class Scheduler:
         self.metrics.running.set(len(self._running))
         self.metrics.kv_bytes.set(self.kv_cache_bytes())
         self.metrics.prefix_bytes.set(self.prefix_cache.nbytes)
-
-
-def _safe_length(text: str, stops: tuple[str, ...]) -> int:
-    """How much of `text` can be sent: hold back a partial character and any tail that may begin a stop."""
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    hold = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, end), 0, -1):
-            if text[end - n : end] == s[:n]:
-                hold = max(hold, n)
-                break
-    return end - hold
