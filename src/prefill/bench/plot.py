@@ -70,12 +70,7 @@ def plot_times(result: BenchResult, out_dir: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{result.machine['threads']} threads, {result.machine['device']}", fontsize=9)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "bench.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, out_dir / "bench.png")
 
 
 def plot_chunks(result: BenchResult, out_dir: Path) -> Path | None:
@@ -110,9 +105,15 @@ def plot_chunks(result: BenchResult, out_dir: Path) -> Path | None:
         ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    return _save(fig, out_dir / "chunks.png")
+
+
+def _save(fig, path: Path) -> Path:
+    """Lay out, write `path` (its folder made if missing) and free the figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "chunks.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
