@@ -556,10 +556,11 @@ def _load_engine(model: str | None, dtype: str, threads: int | None, device: str
     from prefill.engine import Engine
 
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True)
-    if compile:
+    if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):
             console.print(f"compiled in {engine.compile():.1f} s")
-    engine.warmup()  # so the timings below are of the steady state, not of first-call set-up
+    else:
+        engine.warmup()  # so the timings below are of the steady state, not of first-call set-up
     return engine
 
 
