@@ -18,16 +18,14 @@ from torch import nn
 
 from prefill.attention import causal_attention
 from prefill.errors import ModelFileError
+from prefill.families import check_runnable
 from prefill.kvcache import KVCache
 from prefill.specs import ModelSpec
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2")
-
 
 def check_supported(spec: ModelSpec) -> None:
-    """Refuse, with a clear error, an architecture this decoder does not implement."""
-    if spec.arch not in SUPPORTED_ARCHS:
-        raise ModelFileError(f"architecture {spec.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    """Refuse, with a clear error, an architecture this decoder does not implement (prefill.families)."""
+    check_runnable(spec.arch)
 
 
 class RMSNorm(nn.Module):
