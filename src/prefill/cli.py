@@ -284,24 +284,30 @@ def kv(
 
     from prefill import costs
     from prefill.errors import BadInput
+    from prefill.specs import ModelSpec
 
     shapes = (layers, kv_heads, head_dim)
     if any(v is not None for v in shapes):
         if None in shapes or any(v is not None for v in (model, config, gguf)):
             raise BadInput("give --layers, --kv-heads and --head-dim together, and no model")
-        name, (L, H_kv, d_head) = "custom shapes", shapes
+        L, H_kv, d_head = shapes
+        spec = ModelSpec(name="custom shapes", arch="llama", L=L, d_model=H_kv * d_head, H_q=H_kv, H_kv=H_kv,
+                         d_head=d_head, d_ff=1, vocab_size=1, context_length=1, tied_embeddings=True,
+                         rope_theta=1.0, norm_eps=1.0)  # fmt: skip
     else:
         spec = _spec_from(model, config, gguf)
-        name, L, H_kv, d_head = spec.name, spec.L, spec.H_kv, spec.d_head
+    name, L, H_kv, d_head = spec.name, spec.L, spec.H_kv, spec.d_head
     b = costs.dtype_bytes(dtype)
-    total = costs.kv_cache_bytes(L, H_kv, d_head, prompt_tokens, b, batch)
-    per_token = costs.kv_cache_bytes(L, H_kv, d_head, 1, b, batch)
-    longest = costs.max_context_tokens(memory_gib * 2**30, per_token)
+    total = costs.kv_cache_bytes_for(spec, prompt_tokens, b, batch)
+    per_token = costs.kv_cache_bytes_for(spec, 1, b, batch)
+    longest = costs.max_context_tokens_for(spec, memory_gib * 2**30, b, batch)
+    full = costs.kv_cache_bytes(L, H_kv, d_head, prompt_tokens, b, batch)  # as if no layer had a window
     r = {
         "model": name,
         "L": L,
         "H_kv": H_kv,
         "d_head": d_head,
+        "windows": list(spec.windows) if spec.windowed else None,
         "P": prompt_tokens,
         "B": batch,
         "dtype": costs.canonical_dtype(dtype),
@@ -309,23 +315,42 @@ def kv(
         "MiB": costs.bytes_to_mib(total),
         "MB": costs.bytes_to_mb(total),
         "bytes_per_token": per_token,
+        "bytes_without_windows": full,
         "memory_gib": memory_gib,
         "max_context_tokens": longest,
     }
     if json_out:
         typer.echo(json.dumps(r, indent=2))
         return
+    fits = "any length (every layer is windowed)" if longest is None else f"{longest:,} tokens"
     rows = [
         ("model", name),
         ("shapes", f"L={L}, H_kv={H_kv}, d_head={d_head}, {r['dtype']} ({b} B)"),
         ("K, V per layer", f"2 x [B={batch}, H_kv={H_kv}, P={prompt_tokens:,}, d_head={d_head}]"),
+    ]
+    if spec.windowed:
+        rows[-1] = ("K, V per layer", f"2 x [B={batch}, H_kv={H_kv}, min(P, W_l), d_head={d_head}]")
+        rows.append(("windows", _windows_text(spec.windows)))
+    rows += [
         ("bytes", f"{total:,} B"),
         ("MiB (2^20 B)", f"{r['MiB']:,.1f} MiB"),
         ("MB (10^6 B)", f"{r['MB']:,.1f} MB"),
-        ("per token", f"{per_token:,} B"),
-        (f"longest context in {memory_gib:g} GiB", f"{longest:,} tokens" + (f" x B={batch}" if batch > 1 else "")),
+        ("per token" + (" (first W)" if spec.windowed else ""), f"{per_token:,} B"),
+        (f"longest context in {memory_gib:g} GiB", fits + (f" x B={batch}" if batch > 1 and longest else "")),
     ]
-    _print_report({"KV cache = 2*L*B*H_kv*P*d_head*b": rows})
+    if spec.windowed:
+        rows.append(("without windows", costs.format_bytes(full)))
+    title = "KV cache = sum over layers of 2*B*H_kv*min(P, W_l)*d_head*b" if spec.windowed else None
+    _print_report({title or "KV cache = 2*L*B*H_kv*P*d_head*b": rows})
+
+
+def _windows_text(windows) -> str:
+    """(512, 512, None, ...) -> '15 layers window 512, 3 layers full attention'."""
+    from collections import Counter
+
+    counts = Counter(windows)
+    parts = [f"{n} layers window {w:,}" for w, n in sorted(counts.items(), key=lambda kv: kv[0] or 0) if w]
+    return ", ".join(parts + ([f"{counts[None]} layers full attention"] if counts[None] else []))
 
 
 MASK_GRID_CAP = 32  # positions drawn; the pair count and the last position are reported for any P
