@@ -605,6 +605,7 @@ def run(
     threads: int = typer.Option(None, help="CPU threads (default: torch's choice)"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     compile: bool = typer.Option(False, "--compile", help="torch.compile the block functions first (~15 s)"),
+    chat: bool = typer.Option(False, "--chat", help="Require the chat template (an error if the model has none)"),
 ) -> None:
     """Prefill a prompt in one pass, show the cache and TTFT (measured beside predicted), then decode."""
     from prefill.report import show_run
@@ -613,7 +614,13 @@ def run(
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
+    if chat and raw:
+        fail("--chat and --raw contradict each other: give one")
     engine = _load_engine(model, dtype, threads, device, compile)
+    if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
+        if chat:
+            fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")
+        console.print("note: this model has no chat template, so the prompt runs raw")
     events = engine.generate(
         prompt, chat=not raw, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop), chunk_size=chunk_size
     )

@@ -65,7 +65,9 @@ class Family:
     softcap: the config may set attn_logit_softcapping / final_logit_softcapping.
     Files: gguf_permuted_qk (llama.cpp permuted Q/K rows for interleaved rotary), gguf_norms (GGUF norm tensors
     -> HF names), hf_norms (Block norm slot -> HF name), gguf_defaults (metadata llama.cpp hard-codes for the
-    family instead of storing it), tokenizer: the GGUF tokenizer model its files carry.
+    family instead of storing it), sentencepiece: how a SentencePiece vocabulary (GGUF tokenizer model 'llama')
+    of the family is read: "llama" (a "▁" prepended to the text, merges ranked by score) or "gemma" (no prefix,
+    merges ranked by vocabulary order, runs of spaces are pieces); byte-level BPE ('gpt2') files need nothing.
     supported: the decoder runs it (False: shapes and costs only).
     """
 
@@ -86,7 +88,7 @@ class Family:
     gguf_norms: dict[str, str] = field(default_factory=lambda: dict(_LLAMA_GGUF_NORMS))
     hf_norms: dict[str, str] = field(default_factory=lambda: dict(_LLAMA_NORMS))
     gguf_defaults: dict[str, float] = field(default_factory=dict)
-    tokenizer: str = "gpt2"
+    sentencepiece: str = "llama"
     supported: bool = True
 
     @property
@@ -100,7 +102,7 @@ class Family:
 
 
 _GEMMA = dict(post_norms=True, norm_plus_one=True, activation="gelu_tanh", embed_scale=True, tied_by_default=True,
-              gguf_norms=_GEMMA_GGUF_NORMS, hf_norms=_GEMMA_NORMS, tokenizer="llama")  # fmt: skip
+              gguf_norms=_GEMMA_GGUF_NORMS, hf_norms=_GEMMA_NORMS, sentencepiece="gemma")  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     # SmolLM / SmolLM2 are Llama checkpoints; their names are accepted for hand-written specs.

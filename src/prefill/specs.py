@@ -200,6 +200,9 @@ class ModelSpec:
         defaults = fam.gguf_defaults
         window = value(f"{arch}.attention.sliding_window", 0) if fam.windows != "none" else None
         pattern = value(f"{arch}.attention.sliding_window_pattern", defaults.get("sliding_window_pattern", 0))
+        kinds = None  # llama.cpp writes the pattern as a period or as one bool per layer (True: windowed)
+        if isinstance(pattern, list):
+            kinds, pattern = ["sliding_attention" if p else "full_attention" for p in pattern], 0
         rope_scaling = None
         if value(f"{arch}.rope.scaling.type", "none") == "linear":
             rope_scaling = {"rope_type": "linear", "factor": float(value(f"{arch}.rope.scaling.factor"))}
@@ -224,7 +227,7 @@ class ModelSpec:
             qkv_bias="blk.0.attn_q.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
             rope_scaling=rope_scaling,
-            windows=layer_windows(fam, L, int(window or 0) or None, None, int(pattern or 0) or None),
+            windows=layer_windows(fam, L, int(window or 0) or None, kinds, int(pattern or 0) or None),
             rope_local_theta=float(local_theta) or None,
             query_pre_attn_scalar=(d_model // H_q if wide_query else d_head) if fam.embed_scale else None,
             attn_softcap=value(f"{arch}.attn_logit_softcapping", 0.0) or None if fam.softcap else None,
