@@ -62,7 +62,8 @@ class Family:
     sliding_window, Mistral), "alternate" (even layers windowed, Gemma 2) or "pattern" (every
     sliding_window_pattern-th layer full, the rest windowed, Gemma 3); a config's `layer_types` list wins over
     the rule. local_rope: windowed layers have their own rotary base (rope_local_base_freq, no scaling).
-    softcap: the config may set attn_logit_softcapping / final_logit_softcapping.
+    softcaps: which of the config's attn_logit_softcapping / final_logit_softcapping the family applies
+    (Gemma 3 configs carry both keys but only the final one is used, by transformers and llama.cpp alike).
     Files: gguf_permuted_qk (llama.cpp permuted Q/K rows for interleaved rotary), gguf_norms (GGUF norm tensors
     -> HF names), hf_norms (Block norm slot -> HF name), gguf_defaults (metadata llama.cpp hard-codes for the
     family instead of storing it), sentencepiece: how a SentencePiece vocabulary (GGUF tokenizer model 'llama')
@@ -83,7 +84,7 @@ class Family:
     tied_by_default: bool = False
     windows: str = "none"
     local_rope: bool = False
-    softcap: bool = False
+    softcaps: tuple[str, ...] = ()
     gguf_permuted_qk: bool = False
     gguf_norms: dict[str, str] = field(default_factory=lambda: dict(_LLAMA_GGUF_NORMS))
     hf_norms: dict[str, str] = field(default_factory=lambda: dict(_LLAMA_NORMS))
@@ -111,12 +112,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", ("qwen2",), ("qwen2",), qkv_bias=True),  # use_sliding_window is off in released Qwen2 configs
     Family("qwen3", ("qwen3",), ("qwen3",), qk_norm=True),
     Family(
-        "gemma2", ("gemma2",), ("gemma2",), windows="alternate", softcap=True, supported=False,
+        "gemma2", ("gemma2",), ("gemma2",), windows="alternate", supported=False,
+        softcaps=("attn_logit_softcapping", "final_logit_softcapping"),
         gguf_defaults={"query_scale_d_model_at_L": 46}, **_GEMMA,
     ),
     Family(
         "gemma3", ("gemma3_text", "gemma3"), ("gemma3",), qk_norm=True, windows="pattern", local_rope=True,
-        softcap=True,
+        softcaps=("final_logit_softcapping",),
         # What llama.cpp fixes for gemma3 instead of writing it to the file: five local layers then a global
         # one, a local rotary base of 10,000, and queries scaled by (d_model / H_q)^-1/2 instead of
         # d_head^-1/2 in the 27B (the only size with L = 62; query_pre_attn_scalar 168 in its config).

@@ -11,6 +11,8 @@ from typing import Any
 from prefill.errors import BadInput, ModelFileError
 from prefill.families import Family, family_of, layer_windows
 
+_SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")  # config.json and GGUF ({arch}.) keys
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -145,7 +147,7 @@ class ModelSpec:
         window = c.get("sliding_window") if fam.windows != "none" else None
         pattern = c.get("sliding_window_pattern") or c.get("_sliding_window_pattern")
         local_theta = c.get("rope_local_base_freq") or local_rope.get("rope_theta") if fam.local_rope else None
-        softcaps = (c.get("attn_logit_softcapping"), c.get("final_logit_softcapping")) if fam.softcap else (None,) * 2
+        softcaps = [c.get(key) if key in fam.softcaps else None for key in _SOFTCAPS]
         return cls(
             name=name or str(c.get("_name_or_path") or arch),
             arch=arch,
@@ -210,6 +212,7 @@ class ModelSpec:
             value(f"{arch}.rope.freq_base_swa", defaults.get("rope_local_base_freq", 0)) if fam.local_rope else 0
         )
         wide_query = defaults.get("query_scale_d_model_at_L") == L
+        softcaps = [value(f"{arch}.{key}", 0.0) if key in fam.softcaps else 0.0 for key in _SOFTCAPS]
         return cls(
             name=str(value("general.name", path.stem)),
             arch=fam.name if fam.supported else arch,
@@ -230,8 +233,8 @@ class ModelSpec:
             windows=layer_windows(fam, L, int(window or 0) or None, kinds, int(pattern or 0) or None),
             rope_local_theta=float(local_theta) or None,
             query_pre_attn_scalar=(d_model // H_q if wide_query else d_head) if fam.embed_scale else None,
-            attn_softcap=value(f"{arch}.attn_logit_softcapping", 0.0) or None if fam.softcap else None,
-            final_softcap=value(f"{arch}.final_logit_softcapping", 0.0) or None if fam.softcap else None,
+            attn_softcap=softcaps[0] or None,
+            final_softcap=softcaps[1] or None,
         )
 
     @classmethod
