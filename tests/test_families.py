@@ -208,3 +208,24 @@ def test_tiny_gemma3_gguf_runs_like_transformers(tmp_path):
     with torch.inference_mode():
         expected = ref(torch.tensor([ids])).logits[:, -1]
     assert float((engine.prefill(ids)[0] - expected).abs().max()) <= 1e-4
+
+
+def test_cli_runs_a_gguf_without_chat_template_raw_and_refuses_chat(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiny_models import spm_vocab, write_gguf_from_hf
+
+    vocab = len(spm_vocab("gemma")[0])
+    ref = random_gemma3(gemma3_config(4, vocab_size=vocab, num_hidden_layers=6, layer_types=None, rope_parameters=None))
+    path = write_gguf_from_hf(tmp_path / "tiny.gguf", ref, "gemma3", "gemma")
+    prefill = Path(sys.executable).parent / "prefill"
+    run = [str(prefill), "run", "The quick brown fox", "-m", str(path), "-n", "3"]
+    ok = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "no chat template, so the prompt runs raw" in ok.stdout
+    refused = subprocess.run([*run, "--chat"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "has no chat template" in refused.stderr
+    assert len([line for line in refused.stderr.splitlines() if line.strip()]) == 1
