@@ -206,7 +206,10 @@ def estimate(
         diff = r["flops_exact_minus_2NP"]
         flop_rows += [
             ("exact: linear (2*N_non_emb*P)", _eng(count.linear, "FLOP")),
-            ("exact: attention (causal pairs)", _eng(count.attention, "FLOP")),
+            (
+                "exact: attention (" + ("windowed " if spec.windowed else "") + "causal pairs)",
+                _eng(count.attention, "FLOP"),
+            ),
             ("exact: unembed (last position)", _eng(count.unembed, "FLOP")),
             ("exact total", _eng(count.total, "FLOP")),
             ("exact - 2*N*P", f"{diff:+.4g} FLOP ({diff / r['flops_2NP']:+.2%})"),
