@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: usage (and our cache timings) on every chunk
 
 
 class _Sampling(BaseModel):
