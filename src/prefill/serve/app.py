@@ -240,7 +240,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
         req = Job(ids, max_tokens, sampling, engine.tokenizer,
                       lambda ev: aio.call_soon_threadsafe(events.put_nowait, ev), body.stop_strings(),
-                      arrival=arrival, tokenize_s=tokenize_s)  # fmt: skip
+                      arrival=arrival, tokenize_s=tokenize_s, ignore_eos=body.ignore_eos)  # fmt: skip
         try:
             scheduler.submit(req)
         except QueueFull as e:

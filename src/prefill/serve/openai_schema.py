@@ -32,6 +32,7 @@ class _Sampling(BaseModel):
     n: StrictInt = Field(default=1, ge=1, le=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    ignore_eos: StrictBool = False  # vLLM's extension: generate max_tokens whatever the model says (benchmarks)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
