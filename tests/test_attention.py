@@ -4,15 +4,13 @@ import torch
 from prefill.attention import blocked_causal, causal_attention, sdpa_causal
 
 
-def naive(q, k, v, start, window=None, scale=None, softcap=None):
+def naive(q, k, v, start, window=None, scale=None):
     """Softmax(QK^T / sqrt(d)) V with an explicit bottom-right causal mask (and window), K/V repeated per query
     head; k, v hold the last S positions up to the last query."""
     B, H_q, P, d = q.shape
     G = H_q // k.shape[1]
     k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
     scores = q @ k.transpose(-1, -2) * (scale or d**-0.5)  # [B, H_q, P, S]
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
     i = torch.arange(start, start + P)[:, None]  # query positions
     j = torch.arange(start + P - k.shape[2], start + P)[None, :]  # key positions
     allowed = (j <= i) & (j > i - window) if window else j <= i
@@ -82,9 +80,9 @@ def test_keys_outside_the_window_are_never_seen():
     assert not torch.allclose(causal_attention(q, k2, v2, 0, window=3)[:, :, :6], out[:, :, :6])
 
 
-def test_scale_and_softcap():
+def test_attention_scale():
     q, k, v = torch.randn(1, 4, 12, 8) * 4, torch.randn(1, 2, 12, 8) * 4, torch.randn(1, 2, 12, 8)
-    ref = naive(q, k, v, 0, window=5, scale=0.1, softcap=2.0)
-    assert torch.allclose(causal_attention(q, k, v, 0, window=5, scale=0.1, softcap=2.0), ref, atol=1e-5)
-    assert torch.allclose(sdpa_causal(q, k, v, 0, scale=0.1), naive(q, k, v, 0, scale=0.1), atol=1e-5)
-    assert not torch.allclose(ref, naive(q, k, v, 0, window=5, scale=0.1), atol=1e-3)  # the cap bites
+    ref = naive(q, k, v, 0, window=5, scale=0.1)
+    assert torch.allclose(causal_attention(q, k, v, 0, window=5, scale=0.1), ref, atol=1e-5)
+    assert torch.allclose(blocked_causal(q, k, v, 0, 5, 0.1, block=4), ref, atol=1e-5)
+    assert not torch.allclose(ref, naive(q, k, v, 0, window=5), atol=1e-3)  # the scale matters

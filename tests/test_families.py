@@ -52,8 +52,8 @@ def test_tiny_family_matches_transformers(saved):
     assert ours.shape == (1, 300)
     assert float((ours - out.logits[:, -1]).abs().max()) <= 1e-4
     for i, layer in enumerate(out.past_key_values.layers):
-        assert float((cache.k[i][:, :, :40] - layer.keys).abs().max()) <= 1e-4
-        assert float((cache.v[i][:, :, :40] - layer.values).abs().max()) <= 1e-4
+        assert float((cache.k(i) - layer.keys).abs().max()) <= 1e-4
+        assert float((cache.v(i) - layer.values).abs().max()) <= 1e-4
     # decode one more position from our cache vs the reference on the longer sequence
     nxt = ours.argmax(-1)  # [1]
     cache2 = engine.new_cache(41)
@@ -62,6 +62,27 @@ def test_tiny_family_matches_transformers(saved):
     with torch.inference_mode():
         ref_step = ref(torch.cat([ids, nxt[:, None]], dim=1)).logits[:, -1]
     assert float((step - ref_step).abs().max()) <= 1e-4
+
+
+def test_tiny_family_batched_decode_equals_transformers_greedy(saved):
+    """Three prompts of different lengths decoded in one batch give transformers' own greedy continuation of each."""
+    _, ref, folder = saved
+    engine = Engine.load(str(folder), progress=False)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (7, 23, 51)]
+    pool = engine.new_pool(3 * 80)
+    seqs = [pool.new_seq(len(p) + 6) for p in prompts]
+    logits = torch.cat([engine.prefill(p, s)[0] for p, s in zip(prompts, seqs, strict=True)])  # [3, vocab]
+    ours: list[list[int]] = [[] for _ in prompts]
+    for _ in range(6):
+        nxt = logits.argmax(-1)  # [3]
+        for row, t in zip(ours, nxt.tolist(), strict=True):
+            row.append(t)
+        logits = engine.decode_step(nxt, seqs)  # one forward for the three rows
+    with torch.inference_mode():
+        for p, row in zip(prompts, ours, strict=True):
+            out = ref.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
+            assert out[0, len(p) :].tolist() == row
 
 
 # ---- Gemma 3: sliding windows, local and global layers -----------------------------------------------
@@ -131,8 +152,8 @@ def test_gemma3_logits_and_every_layers_window_of_kv_match_transformers(gemma3):
     for i, layer in enumerate(out.past_key_values.layers):
         n = layer.keys.shape[2]  # transformers keeps W - 1 positions of a windowed layer, all P of a global one
         assert n == (P if engine.spec.windows[i] is None else engine.spec.windows[i] - 1)
-        assert float((cache.k[i][:, :, P - n : P] - layer.keys).abs().max()) <= 1e-4
-        assert float((cache.v[i][:, :, P - n : P] - layer.values).abs().max()) <= 1e-4
+        assert float((cache.k(i)[:, :, P - n : P] - layer.keys).abs().max()) <= 1e-4
+        assert float((cache.v(i)[:, :, P - n : P] - layer.values).abs().max()) <= 1e-4
 
 
 def test_gemma3_greedy_continuation_matches_transformers(gemma3):
@@ -153,12 +174,11 @@ def test_gemma3_greedy_continuation_matches_transformers(gemma3):
 @pytest.mark.parametrize("chunk", [3, 4, 7, 11])
 def test_gemma3_chunked_prefill_straddling_the_window_equals_one_pass(gemma3, chunk):
     _, engine = gemma3
-    P = PROMPT.shape[1]
     one, full = engine.prefill(PROMPT)
     chunked, cache = engine.prefill(PROMPT, chunk_size=chunk)
     assert float((one - chunked).abs().max()) <= 1e-4
     for i in range(engine.spec.L):
-        assert float((full.k[i][:, :, :P] - cache.k[i][:, :, :P]).abs().max()) <= 1e-4
+        assert float((full.k(i) - cache.k(i)).abs().max()) <= 1e-4
 
 
 def test_gemma3_parallel_equals_sequential(gemma3):
@@ -229,3 +249,39 @@ def test_cli_runs_a_gguf_without_chat_template_raw_and_refuses_chat(tmp_path):
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "has no chat template" in refused.stderr
     assert len([line for line in refused.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_gemma3_batched_decode_of_rows_longer_than_the_window_equals_transformers(gemma3):
+    """Rows of different lengths decoded in one forward (padded and masked to each row's window)."""
+    ref, engine = gemma3
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (9, 14, 17, 30)]
+    pool = engine.new_pool(4 * 48)
+    seqs = [pool.new_seq(len(p) + 6) for p in prompts]
+    logits = torch.cat([engine.prefill(p, s)[0] for p, s in zip(prompts, seqs, strict=True)])  # [4, vocab]
+    ours: list[list[int]] = [[] for _ in prompts]
+    for _ in range(6):
+        nxt = logits.argmax(-1)  # [4]
+        for row, t in zip(ours, nxt.tolist(), strict=True):
+            row.append(t)
+        logits = engine.decode_step(nxt, seqs)
+    with torch.inference_mode():
+        for p, row in zip(prompts, ours, strict=True):
+            out = ref.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
+            assert out[0, len(p) :].tolist() == row
+
+
+def test_gemma3_proofs_hold_with_windows(gemma3):
+    """prefill verify's checks on a windowed model: KV bytes held == the window-aware formula, parity with
+    transformers (every layer's window of K/V, greedy continuation)."""
+    from prefill import costs
+    from prefill.verify import kv_bytes_match_formula, parity_with_reference
+
+    ref, engine = gemma3
+    check = kv_bytes_match_formula(engine, 40)
+    assert check.ok, check.detail
+    W = engine.spec.windows[0]
+    per_position = 2 * engine.spec.H_kv * engine.spec.d_head * 4  # K and V, float32
+    assert costs.kv_cache_bytes_for(engine.spec, 40, 4) == per_position * (3 * W + 40) < per_position * 4 * 40
+    for c in parity_with_reference(engine, ref, PROMPT[0].tolist(), tol=1e-4):
+        assert c.ok, (c.name, c.measured)

@@ -51,9 +51,8 @@ def sdpa_causal(q, k, v, start: int, window: int | None = None, scale: float | N
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible(rows, cols, window), scale=scale, enable_gqa=True)
 
 
-def blocked_causal(q, k, v, start: int, window=None, scale=None, softcap=None, block: int = BLOCK) -> torch.Tensor:
-    """The same result as sdpa_causal, computed block by block with two GEMMs per block (see module doc).
-    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
+def blocked_causal(q, k, v, start: int, window=None, scale=None, block: int = BLOCK) -> torch.Tensor:
+    """The same result as sdpa_causal, computed block by block with two GEMMs per block (see module doc)."""
     B, H_q, P, d = q.shape
     k, v, lo = _seen_keys(k, v, start, P, window)
     H_kv = k.shape[1]
@@ -68,8 +67,6 @@ def blocked_causal(q, k, v, start: int, window=None, scale=None, softcap=None, b
         keys = k[:, :, first - lo : start + e - lo]  # [B, H_kv, keys, d]
         qs = qg[:, :, :, s:e].reshape(B, H_kv, G * n, d)  # [B, H_kv, G n, d]
         scores = torch.matmul(qs, keys.transpose(-1, -2)).view(B, H_kv, G, n, -1)  # [B, H_kv, G, n, keys]
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
         if window is None:  # only the diagonal block x block triangle has future keys
             scores[..., start + s - first :].masked_fill_(future[:n, :n], float("-inf"))
         else:
@@ -81,13 +78,11 @@ def blocked_causal(q, k, v, start: int, window=None, scale=None, softcap=None, b
     return out.view(B, H_q, P, d)
 
 
-def causal_attention(q, k, v, start: int, window=None, scale=None, softcap=None) -> torch.Tensor:
+def causal_attention(q, k, v, start: int, window=None, scale=None) -> torch.Tensor:
     """Attention of the P new positions start..start+P-1 (P >= 1) over the cached ones, under a sliding window
-    when `window` is set: the blocked GEMM form for bfloat16 on CPUs and wherever scores are soft-capped (no
-    fused kernel does that), the fused SDPA kernel elsewhere (in float32 on 2 CPU threads SDPA is the faster one:
-    125 vs 71 GFLOP/s at P = 4096, while in bfloat16 the blocked form wins, 184 vs 131; measured with both on
-    this machine)."""
-    P = q.shape[2]
-    if softcap or (q.device.type == "cpu" and q.dtype != torch.float32 and P > 1):
-        return blocked_causal(q, k, v, start, window, scale, softcap)
+    when `window` is set: the blocked GEMM form for bfloat16 on CPUs, the fused SDPA kernel elsewhere (in
+    float32 on 2 CPU threads SDPA is the faster one: 125 vs 71 GFLOP/s at P = 4096, while in bfloat16 the
+    blocked form wins, 184 vs 131; measured with both on this machine)."""
+    if q.device.type == "cpu" and q.dtype != torch.float32 and q.shape[2] > 1:
+        return blocked_causal(q, k, v, start, window, scale)
     return sdpa_causal(q, k, v, start, window, scale)

@@ -22,13 +22,15 @@ from torch import nn
 from prefill.attention import causal_attention
 from prefill.errors import ModelFileError
 from prefill.families import check_runnable
-from prefill.kvcache import KVCache
+from prefill.kvcache import KVBatch
 from prefill.specs import ModelSpec
 
 
 def check_supported(spec: ModelSpec) -> None:
     """Refuse, with a clear error, an architecture this decoder does not implement (prefill.families)."""
     check_runnable(spec.arch)
+    if spec.attn_softcap:  # no runnable family sets it (Gemma 3 ignores the key, as transformers does)
+        raise ModelFileError(f"{spec.name}: attention soft-capping (Gemma 2) is not implemented")
 
 
 class RMSNorm(nn.Module):
@@ -86,7 +88,7 @@ def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin
     if q_norm_w is not None:  # Qwen3: RMSNorm of each head's q and k
         q, k = qk[:, :, :H_q], qk[:, :, H_q:]
         qk = torch.cat([F.rms_norm(q, q_norm_w.shape, q_norm_w, eps), F.rms_norm(k, k_norm_w.shape, k_norm_w, eps)], 2)
-    qk = qk * cos + rotate_half(qk) * sin  # rotary on Q and K heads at once; cos, sin [P, 1, d_head]
+    qk = qk * cos + rotate_half(qk) * sin  # rotary on Q and K heads at once; cos, sin [B, P, 1, d_head]
     q = qk[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
     k = qk[:, :, H_q:].transpose(1, 2)  # [B, H_kv, P, d_head]
     return q, k, v.transpose(1, 2)
@@ -120,11 +122,21 @@ class Kernels:
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
 
 
-def attend(q, k, v, cache: KVCache, layer: int, start: int, window: int | None, scale: float, softcap) -> torch.Tensor:
-    """Store K, V [B, H_kv, P, d_head] in the cache, then attend over the positions each query may see: all up
-    to itself, or its last `window` (itself included) in a windowed layer."""
-    k_all, v_all = cache.write(layer, start, k, v)  # [B, H_kv, start + P, d_head]
-    return causal_attention(q, k_all, v_all, start, window, scale, softcap)  # [B, H_q, P, d_head]
+def attend(q, k, v, batch: KVBatch, layer: int, window: int | None, scale: float) -> torch.Tensor:
+    """Store K, V [B, H_kv, T, d_head] in the cache, then let each row's T new queries attend causally over that
+    row's positions: all up to itself, or in a windowed layer its last `window` (itself included).
+    q [B, H_q, T, d_head] -> [B, H_q, T, d_head]."""
+    rows = batch.update(layer, k, v, window)
+    if rows is None:  # every row started empty: the new K/V are all there is, and the rows have equal lengths
+        return causal_attention(q, k, v, 0, window, scale)
+    if batch.mask is not None:  # decode rows padded to one length: one call, padding (and old keys) masked out
+        k_all, v_all = rows
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=batch.read_mask(window), scale=scale,
+                                              enable_gqa=True)  # fmt: skip
+    out = []
+    for b, (k_all, v_all) in enumerate(rows):  # rows of different lengths: each reads only its own blocks
+        out.append(causal_attention(q[b : b + 1], k_all, v_all, batch.starts[b], window, scale))
+    return out[0] if len(out) == 1 else torch.cat(out)  # [B, H_q, T, d_head]
 
 
 class Block(nn.Module):
@@ -138,7 +150,7 @@ class Block(nn.Module):
         super().__init__()
         family = spec.family
         self.H_q, self.H_kv, self.eps, self.kernels = spec.H_q, spec.H_kv, spec.norm_eps, kernels
-        self.window, self.scale, self.softcap = spec.windows[layer], spec.attention_scale, spec.attn_softcap
+        self.window, self.scale = spec.windows[layer], spec.attention_scale
         self.gelu = family.activation == "gelu_tanh"
         qkv_out = (spec.H_q + 2 * spec.H_kv) * spec.d_head
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
@@ -152,7 +164,7 @@ class Block(nn.Module):
         self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
         self.mlp_post_norm = RMSNorm(spec.d_model, spec.norm_eps) if family.post_norms else None
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, batch: KVBatch, layer: int) -> torch.Tensor:
         def w(norm):
             return None if norm is None else norm.weight
 
@@ -160,7 +172,7 @@ class Block(nn.Module):
             x, w(self.attn_norm), self.eps, self.wqkv.weight, self.wqkv.bias, w(self.q_norm), w(self.k_norm), cos,
             sin, self.H_q, self.H_kv,
         )  # fmt: skip
-        o = attend(q, k, v, cache, layer, start, self.window, self.scale, self.softcap)  # [B, H_q, P, d_head]
+        o = attend(q, k, v, batch, layer, self.window, self.scale)  # [B, H_q, T, d_head]
         return self.kernels.out_and_mlp(
             x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight,
             w(self.attn_post_norm), w(self.mlp_post_norm), self.gelu,
@@ -205,34 +217,40 @@ class Transformer(nn.Module):
     def unembed_weight(self) -> torch.Tensor:
         return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
 
-    def rope(self, start: int, P: int, dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [P, 1, d_head] for positions start..start+P-1, computed in float32 like the reference
-        (`local`: with the windowed layers' own base)."""
-        pos = torch.arange(start, start + P, device=self.inv_freq.device, dtype=torch.float32)
-        angles = torch.outer(pos, self.inv_freq_local if local else self.inv_freq)  # [P, d_head / 2]
-        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [P, 1, d_head]: broadcast over heads
+    def rope(self, positions: torch.Tensor, dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, d_head] for positions [B, T], computed in float32 like the reference (`local`:
+        with the windowed layers' own base)."""
+        inv_freq = self.inv_freq_local if local else self.inv_freq
+        angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, d_head / 2]
+        angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [B, T, 1, d_head]: broadcast over heads
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
-        """Run ids [B, P] at positions cache.length.. and advance the cache.
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: KVBatch, output: str = "last") -> torch.Tensor:
+        """Run ids [B, T] at `positions` [B, T] (each row its own), writing K/V through `batch`.
 
-        Returns float32 logits [B, vocab] of the last position (the first new token's), or [B, P, vocab] when
-        `all_logits` (used only by the proofs).
+        `output`: "last" -> float32 logits [B, vocab] of each row's last position (the next token's; the only
+        unembedding a generation needs); "all" -> logits [B, T, vocab] (the proofs); "hidden" -> the final-normed
+        hidden states [B, T, d_model] (scoring unembeds them in slices, see prefill.scoring).
         """
-        B, P = ids.shape
-        start = cache.length
-        x = self.embed(ids)  # [B, P, d_model]
+        x = self.embed(ids)  # [B, T, d_model]
         if self.embed_scale != 1.0:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # rounded to the dtype, as the reference does
-        tables = {local: self.rope(start, P, x.dtype, local) for local in set(self.local_rope)}
+        tables = {local: self.rope(positions, x.dtype, local) for local in set(self.local_rope)}
         for i, layer in enumerate(self.layers):
-            x = layer(x, *tables[self.local_rope[i]], cache, i, start)
-        cache.length = start + P
-        h = x if all_logits else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
-        logits = F.linear(self.norm(h), self.unembed_weight()).float()  # [B, 1 or P, vocab]
-        if self.spec.final_softcap:
-            logits = self.spec.final_softcap * torch.tanh(logits / self.spec.final_softcap)
-        return logits if all_logits else logits[:, 0]
+            x = layer(x, *tables[self.local_rope[i]], batch, i)
+        batch.advance()
+        if output == "hidden":
+            return self.norm(x)  # [B, T, d_model]
+        h = x if output == "all" else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
+        logits = self.logits(self.norm(h))  # [B, 1 or T, vocab]
+        return logits if output == "all" else logits[:, 0]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [..., vocab] of final-normed hidden states h [..., d_model], soft-capped to
+        final_softcap * tanh(logits / final_softcap) when the model has a cap (Gemma)."""
+        logits = F.linear(h, self.unembed_weight()).float()
+        cap = self.spec.final_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
 
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
