@@ -459,7 +459,7 @@ def serve(
     model: str = typer.Option(None, help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)"),
     host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
     port: int = typer.Option(8000, help="TCP port"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     prefix_cache_mb: float = typer.Option(256.0, help="prefix cache bound in MiB (0 disables it)"),
     max_queue: int = typer.Option(64, help="requests that may wait; more get HTTP 429"),
@@ -469,9 +469,11 @@ def serve(
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from prefill.engine import Engine
+    from prefill.native import resolve_dtype
     from prefill.serve.app import ServeConfig, create_app, model_id_of
     from prefill.serve.server import run_server
 
+    dtype = resolve_dtype(dtype, device, echo=_echo)
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
     cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, max_queue, max_running, chunk_size)
     console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
@@ -552,9 +554,16 @@ def loadtest(
 DEMO_PROMPT = "What is the capital of France?"
 
 
+def _echo(line: str) -> None:
+    console.print(line, highlight=False, markup=False)
+
+
 def _load_engine(model: str | None, dtype: str, threads: int | None, device: str = "cpu", compile: bool = False):
     from prefill.engine import Engine
+    from prefill.native import keep_compile, resolve_dtype
 
+    dtype = resolve_dtype(dtype, device, echo=_echo)  # "auto" -> the fastest native dtype, said in one line
+    compile = compile and keep_compile(dtype, device, echo=_echo)  # unless the last bench found it slower here
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True)
     if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):
@@ -568,7 +577,7 @@ def _load_engine(model: str | None, dtype: str, threads: int | None, device: str
 def run(
     prompt: str = typer.Argument(..., help="The prompt; the chat template is applied unless --raw."),
     model: str = typer.Option(None, "--model", "-m", help=".gguf file or Hugging Face folder (default: SmolLM2)"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16 (float16 is very slow on CPUs)"),
+    dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Most tokens to generate"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_k: int = typer.Option(0, help="0 = no top-k cut"),
@@ -597,7 +606,7 @@ def run(
 
 @app.command()
 def demo(
-    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
     threads: int = typer.Option(None, help="CPU threads"),
 ) -> None:
     """The main job on the embedded SmolLM2-135M-Instruct: `prefill run` on a fixed prompt."""

@@ -1,0 +1,103 @@
+"""--dtype auto: the choice from faked capabilities and rates (never from timings), the cache, the warning."""
+
+import pytest
+
+from prefill import native
+from prefill.errors import BadInput
+from prefill.native import Capability, choose, cpu_flags
+
+AVX2 = Capability("cpu", "AMD EPYC (AVX2 only)", "AVX2", frozenset({"avx2", "fma"}))
+ZEN4 = Capability("cpu", "AMD EPYC 9004", "AVX512", frozenset({"avx2", "avx512f", "avx512_bf16"}))
+SPR = Capability("cpu", "Intel Xeon 8480", "AVX512", frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile",
+                                                                 "amx_bf16", "avx512_fp16"}))  # fmt: skip
+H200 = Capability("cuda", "NVIDIA H200", "CUDA sm_90", cuda_bf16=True)
+# The issue's AVX2 machine: float32 110 GFLOP/s, bfloat16 0.3 GFLOP/s.
+AVX2_RATES = {"float32": 110e9, "bfloat16": 0.3e9, "float16": 0.2e9}
+
+
+def test_kinds_and_native_dtypes():
+    assert (AVX2.kind, AVX2.native_dtypes()) == ("AVX2", ("float32",))
+    assert (ZEN4.kind, ZEN4.native_dtypes()) == ("AVX512-BF16", ("float32", "bfloat16"))
+    assert (SPR.kind, SPR.native_dtypes()) == ("AMX", ("float32", "bfloat16", "float16"))
+    assert (H200.kind, H200.native_dtypes()) == ("CUDA", ("float32", "bfloat16", "float16"))
+    assert Capability("cuda", "Tesla T4", "CUDA sm_75").native_dtypes() == ("float32", "float16")
+
+
+def test_auto_on_avx2_is_float32_and_says_why():
+    c = choose("auto", AVX2, AVX2_RATES)
+    assert c.dtype == "float32" and c.warning is None
+    assert c.reason == "dtype auto: float32 (this CPU (AVX2) has no AMX-BF16 or AVX-512-BF16; GEMM probe 110 GFLOP/s)"
+
+
+@pytest.mark.parametrize("cap", [ZEN4, SPR])
+def test_auto_on_bf16_hardware_is_bfloat16(cap):
+    c = choose("auto", cap, {"float32": 130e9, "bfloat16": 400e9})
+    assert c.dtype == "bfloat16" and c.warning is None
+    assert "this CPU has" in c.reason and "BF16" in c.reason and "GEMM probe 400 GFLOP/s" in c.reason
+
+
+def test_auto_on_cuda_needs_no_probe():
+    c = choose("auto", H200, None)
+    assert c.dtype == "bfloat16" and "tensor cores" in c.reason
+
+
+def test_flags_win_a_close_race_but_not_a_rout():
+    # A busy machine can halve one probe: bf16 at 0.6x float32 is still taken on the flags' word ...
+    assert choose("auto", ZEN4, {"float32": 100e9, "bfloat16": 60e9}).dtype == "bfloat16"
+    # ... but at 0.1x the flags promise a path torch does not take here.
+    c = choose("auto", ZEN4, {"float32": 100e9, "bfloat16": 10e9})
+    assert c.dtype == "float32" and "bfloat16 measured far slower here (10 vs 100 GFLOP/s in float32)" in c.reason
+
+
+def test_explicit_emulated_dtype_runs_with_the_measured_rates_in_the_warning():
+    c = choose("bf16", AVX2, AVX2_RATES)
+    assert c.dtype == "bfloat16"
+    assert c.warning.startswith("bfloat16 is emulated on this CPU (this CPU (AVX2) has no AMX-BF16 or AVX-512-BF16)")
+    assert "0.3 GFLOP/s vs 110 in float32" in c.warning
+    assert choose("float16", ZEN4, {"float32": 100e9, "float16": 2e9}).warning.startswith("float16 is emulated")
+
+
+def test_explicit_native_dtype_has_no_warning():
+    assert choose("float32", AVX2, AVX2_RATES).warning is None
+    assert choose("bfloat16", ZEN4, {}).warning is None
+
+
+def test_unknown_dtype_is_bad_input():
+    with pytest.raises(BadInput, match="unknown dtype"):
+        choose("float64x", ZEN4, {})
+
+
+def test_cpu_flags_keeps_only_the_matrix_flags():
+    text = "processor: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_tile amx_bf16 sha_ni\n"
+    assert cpu_flags(text) == {"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    assert cpu_flags("no flags line") == frozenset()
+
+
+def test_rates_are_probed_once_then_read_from_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_RATES", {})
+    calls = []
+
+    def fake_probe(dtype, device="cpu", shape=native.DEFAULT_SHAPE, budget_s=0.15):
+        calls.append(dtype)
+        return {"float32": 110e9, "bfloat16": 0.3e9}[dtype]
+
+    monkeypatch.setattr(native, "probe_gemm", fake_probe)
+    assert native.gemm_rates(dtypes=("float32", "bfloat16")) == {"float32": 110e9, "bfloat16": 0.3e9}
+    assert native.gemm_rates(dtypes=("bf16",)) == {"bfloat16": 0.3e9}  # this process remembers
+    monkeypatch.setattr(native, "_RATES", {})  # a new process: the disk cache answers
+    assert native.gemm_rates(dtypes=("float32",)) == {"float32": 110e9}
+    assert calls == ["float32", "bfloat16"]
+    assert (tmp_path / "native.json").is_file()
+
+
+def test_resolve_prints_the_reason_and_warns_once(monkeypatch):
+    monkeypatch.setattr(native, "capability", lambda device="cpu": AVX2)
+    monkeypatch.setattr(native, "gemm_rates", lambda device="cpu", dtypes=(), **kw: {d: AVX2_RATES[d] for d in dtypes})
+    monkeypatch.setattr(native, "_WARNED", set())
+    lines = []
+    assert native.resolve_dtype("auto", echo=lines.append) == "float32"
+    assert native.resolve_dtype("bf16", echo=lines.append) == "bfloat16"
+    assert native.resolve_dtype("bfloat16", echo=lines.append) == "bfloat16"
+    assert len(lines) == 2 and lines[0].startswith("dtype auto: float32")
+    assert lines[1].startswith("warning: bfloat16 is emulated") and "0.3 GFLOP/s vs 110" in lines[1]
