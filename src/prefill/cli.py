@@ -390,7 +390,7 @@ def mask(
 def bench(
     model: str | None = typer.Option(None, "--model", "-m", help=".gguf file or HF folder; default: SmolLM2."),
     prompt_lengths: str = typer.Option("32,128,512,1024,2048,4096", "--prompt-lengths", help="P values."),
-    dtypes: str = typer.Option("float32,bfloat16", "--dtypes", help="Comma-separated dtypes."),
+    dtypes: str = typer.Option("auto", "--dtypes", help="Comma-separated dtypes; auto: the ones native here."),
     repeats: int = typer.Option(5, "--repeats", help="Timed warm runs per point (median and p90)."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed runs after the cold run."),
     peers: str = typer.Option("transformers,llamacpp", "--peers", help="Peers to run beside ours, or 'none'."),
@@ -404,22 +404,24 @@ def bench(
     ),
     out: str = typer.Option("bench-results", "--out", help="Folder for bench.json and the PNG plots."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    compile: bool = typer.Option(False, "--compile", help="torch.compile our block functions first (Engine.compile)."),
+    compile: bool = typer.Option(False, "--compile", help="Also time ours with torch.compile (eager and compiled)."),
+    force: bool = typer.Option(False, "--force", help="Measure an emulated dtype at every P, not just the smallest."),
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from prefill.bench import plot, report
     from prefill.bench.peers import parse_peers
-    from prefill.bench.runner import BenchConfig, parse_dtypes, parse_ints, run_bench, steps
+    from prefill.bench.plan import duration_text
+    from prefill.bench.runner import BenchConfig, parse_dtypes, parse_ints, prepare, run_bench
     from prefill.hardware import save_calibration
 
     config = BenchConfig(
         model=model,
         prompt_lengths=parse_ints(prompt_lengths, "--prompt-lengths"),
-        dtypes=parse_dtypes(dtypes),
+        dtypes=("auto",) if dtypes.strip().lower() == "auto" else parse_dtypes(dtypes),
         repeats=repeats,
         warmup=warmup,
         peers=parse_peers(peers),
@@ -429,12 +431,20 @@ def bench(
         chunk_sizes=parse_ints(chunk_size, "--chunk-size") if chunk_size else (),
         device=device,
         compile=compile,
+        force=force,
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task("measuring GEMM rates, loading", total=steps(config, len(config.prompt_lengths)))
-        result = run_bench(config, on_step=lambda d: bar.update(task, advance=1, description=d))
+    config, plan, spec, _ = prepare(config)
     wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
+    wide.print(report.device_line(config.device), highlight=False)
+    for note in plan.notes:
+        wide.print(f"note: {note}", highlight=False)
+    lengths = ", ".join(map(str, sorted({P for v in plan.lengths.values() for P in v})))
+    wide.print(f"estimated duration: {duration_text(plan.seconds)} ({', '.join(config.dtypes)}; P = {lengths})")
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"),
+               TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("measuring GEMM rates, loading", total=plan.seconds)
+        result = run_bench(config, on_step=lambda d, s: bar.update(task, advance=s, description=d), prepared=plan)
     wide.print(report.machine_line(result), highlight=False)
     wide.print(report.ours_table(result))
     wide.print(report.peers_table(result))
