@@ -30,7 +30,8 @@ AUTO_CANDIDATES = ("bfloat16", "float32")
 PROBE_DTYPES = ("float32", "bfloat16", "float16")
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
-EMULATED_BELOW = 0.5  # a "native" dtype measured below half of float32's rate is treated as emulated
+BF16_WINS = 1.2  # --dtype auto takes bf16 when its GEMMs run at least this many times float32's rate
+PROBE_ROUNDS = 3  # the probe runs the dtypes in turn this many times and keeps each one's best: load bursts pass
 PROBE_M = 512  # the prompt length the probe aims at (P = 512 is where the speed targets are set)
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "fma")
 
@@ -108,9 +109,10 @@ class Choice:
 def choose(requested: str, cap: Capability, rates: dict[str, float] | None) -> Choice:
     """Pure choice logic: `requested` is "auto" or a dtype; `rates` the probe's FLOP/s by dtype (may be partial).
 
-    auto: the first dtype of AUTO_CANDIDATES that is native here by the hardware flags, unless the probe measured
-    it below EMULATED_BELOW x float32's rate (then the flags promise a path torch does not take). A closer race
-    is left to the flags: on a shared, busy machine one probe can be off by 2x either way. An explicit dtype is
+    auto: bfloat16 where the hardware flags say it is native and the probe (when there is one) found its GEMMs
+    at least BF16_WINS x float32's rate at the model's shapes; else float32. The margin is there because a bf16
+    prefill also pays for conversions in its norms and softmax: an AVX-512-BF16 core without AMX (Intel's
+    VDPBF16PS runs at the FP32 FMA rate) gains nothing, a Zen 4 (2x) or AMX (much more) does. An explicit dtype is
     kept; if it is emulated here the warning gives its measured rate beside float32's.
     """
     rates = rates or {}
@@ -120,19 +122,19 @@ def choose(requested: str, cap: Capability, rates: dict[str, float] | None) -> C
             return Choice(dtype, f"{dtype} as asked ({cap.why(dtype)})")
         return Choice(dtype, f"{dtype} as asked", _emulated_warning(dtype, cap, rates))
     native = [dt for dt in AUTO_CANDIDATES if cap.native(dt)]
-    fast = [dt for dt in native if dt == "float32" or not _measured_far_slower(dt, rates)]
+    fast = [dt for dt in native if dt == "float32" or not _measured_no_faster(dt, rates)]
     best = fast[0]
     if best == "float32":
-        if "bfloat16" in native:  # native by its flags, measured far slower
-            why = f"bfloat16 measured far slower here ({_rates_text('bfloat16', rates)})"
+        if "bfloat16" in native:  # native by its flags, measured no faster
+            why = f"bfloat16 is native ({cap.why('bfloat16')}) but no faster here: {_rates_text('bfloat16', rates)}"
         else:
             why = cap.why("bfloat16")
         return Choice("float32", f"dtype auto: float32 ({why}{_rate_suffix('float32', rates)})")
     return Choice(best, f"dtype auto: {best} ({cap.why(best)}{_rate_suffix(best, rates)})")
 
 
-def _measured_far_slower(dtype: str, rates: dict[str, float]) -> bool:
-    return dtype in rates and "float32" in rates and rates[dtype] < EMULATED_BELOW * rates["float32"]
+def _measured_no_faster(dtype: str, rates: dict[str, float]) -> bool:
+    return dtype in rates and "float32" in rates and rates[dtype] < BF16_WINS * rates["float32"]
 
 
 def _emulated_warning(dtype: str, cap: Capability, rates: dict[str, float]) -> str:
@@ -279,7 +281,9 @@ def gemm_rates(
     known = {} if refresh else dict(_RATES.get(key) or read_json("native.json").get(key, {}).get("rates", {}))
     missing = [canonical_dtype(dt) for dt in dtypes if canonical_dtype(dt) not in known]
     if missing:
-        known |= {dt: probe_gemm(dt, device, shape) for dt in missing}
+        for _ in range(PROBE_ROUNDS):  # interleaved, so a burst of other load does not decide the race
+            for dt in missing:
+                known[dt] = max(known.get(dt, 0.0), probe_gemm(dt, device, shape, budget_s=0.06))
         data = read_json("native.json")
         data[key] = {"rates": known, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
         write_json("native.json", data)
