@@ -79,7 +79,7 @@ def test_rates_are_probed_once_then_read_from_the_disk_cache(tmp_path, monkeypat
     monkeypatch.setattr(native, "_RATES", {})
     calls = []
 
-    def fake_probe(dtype, device="cpu", shape=native.DEFAULT_SHAPE, budget_s=0.15):
+    def fake_probe(dtype, device="cpu", shape=native.DEFAULT_SHAPE, budget_s=0.1):
         calls.append(dtype)
         return {"float32": 110e9, "bfloat16": 0.3e9}[dtype]
 

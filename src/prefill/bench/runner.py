@@ -137,7 +137,9 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     lengths = _capped_lengths(config.prompt_lengths, spec, notes)
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
     dtypes, per, dt_notes = plan.dtypes_and_lengths(config.dtypes, lengths, cap, config.force)
-    rates = gemm_rates(config.device, shape=(spec.d_model, 2 * spec.d_ff), dtypes=dtypes, threads=config.threads)
+    # A bench re-probes (and re-caches) the rates: it is the command a user runs to measure this machine anew.
+    shape = (spec.d_model, 2 * spec.d_ff)
+    rates = gemm_rates(config.device, shape=shape, dtypes=dtypes, threads=config.threads, refresh=True)
     dense = _dense_dtypes(config, model_path)
     seconds, per_point = plan.estimate(
         spec, dtypes, per, rates, peers=config.peers, compile=config.compile,
