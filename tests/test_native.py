@@ -102,3 +102,19 @@ def test_resolve_prints_the_reason_and_warns_once(monkeypatch):
     assert native.resolve_dtype("bfloat16", echo=lines.append) == "bfloat16"
     assert len(lines) == 2 and lines[0].startswith("dtype auto: float32")
     assert lines[1].startswith("warning: bfloat16 is emulated") and "0.3 GFLOP/s vs 110" in lines[1]
+
+
+def test_compile_verdict_is_saved_per_machine_and_dtype(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "machine_key", lambda device="cpu", threads=None: "cpu|test machine")
+    assert native.compile_verdict("float32") is None
+    assert native.keep_compile("float32", echo=None)  # never measured: do as asked
+    native.save_compile_verdict(native.CompileVerdict("float32", 512, eager_tok_s=440, compiled_tok_s=374))
+    native.save_compile_verdict(native.CompileVerdict("bfloat16", 512, eager_tok_s=900, compiled_tok_s=1100))
+    lines = []
+    assert not native.keep_compile("fp32", echo=lines.append)
+    assert native.keep_compile("bf16", echo=lines.append)
+    assert lines == [
+        "compiling was slower here (374 vs 440 tok/s at P = 512 in the last bench, float32); running eager",
+        "compiling pays here (1,100 vs 900 tok/s at P = 512 in the last bench, bfloat16)",
+    ]

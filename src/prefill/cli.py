@@ -616,7 +616,7 @@ def run(
 
 @app.command()
 def demo(
-    dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
+    dtype: str = typer.Option("float32", help="float32 (the demo's fixed answer), bfloat16 or auto"),
     threads: int = typer.Option(None, help="CPU threads"),
 ) -> None:
     """The main job on the embedded SmolLM2-135M-Instruct: `prefill run` on a fixed prompt."""
