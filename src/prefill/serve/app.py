@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prefill.engine import Engine
 from prefill.errors import BadInput
 from prefill.sampling import SamplingParams
+from prefill.serve.lesson import add_lesson_routes
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
     ChatCompletionRequest,
@@ -279,4 +280,5 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         return await handle(request, body, chat=True)
 
+    add_lesson_routes(app, engine, cfg.model_id)
     return app
