@@ -653,12 +653,11 @@ def lab(
     open_browser: bool = typer.Option(True, "--open/--no-open", help="open the page in a browser"),
 ) -> None:
     """`prefill serve` plus the lesson page opened in a browser (the URL is printed when none can be opened)."""
-    from prefill.engine import Engine
     from prefill.serve.app import ServeConfig, create_app, model_id_of
     from prefill.serve.lab import open_when_up
     from prefill.serve.server import run_server
 
-    engine = Engine.load(model)
+    engine = _load_engine(model, "float32", None)  # warmed up: the page's timeline shows the steady state
     url = f"http://{host}:{port}/"
     console.print(f"the prefill lesson, live on [bold]{model_id_of(engine)}[/]: {url}", highlight=False)
     if open_browser:

@@ -15,7 +15,18 @@ function si(v) {
 }
 
 function widthOf(el) {
-  return Math.max(280, el.clientWidth || el.parentElement.clientWidth || 600);
+  return Math.max(240, el.clientWidth || el.parentElement.clientWidth || 600);
+}
+
+// Keep a chart as wide as its box (phones, window resizes).
+function fit(el, chart, height) {
+  el.resizeObserver?.disconnect();
+  el.resizeObserver = new ResizeObserver(() => {
+    const width = widthOf(el);
+    if (width !== chart.width) chart.setSize({ width, height });
+  });
+  el.resizeObserver.observe(el);
+  return chart;
 }
 
 // Vertical lines at x values: [{x, color, dash, label}].
@@ -23,7 +34,7 @@ function markers(lines) {
   return (u) => {
     const { ctx } = u;
     ctx.save();
-    for (const m of lines) {
+    for (const [k, m] of lines.entries()) {
       if (m.x == null) continue;
       const x = u.valToPos(m.x, "x", true);
       ctx.strokeStyle = m.color;
@@ -35,7 +46,7 @@ function markers(lines) {
       ctx.stroke();
       ctx.fillStyle = m.color;
       ctx.font = `${12 * devicePixelRatio}px system-ui, sans-serif`;
-      ctx.fillText(m.label, x + 4 * devicePixelRatio, u.bbox.top + 14 * devicePixelRatio);
+      ctx.fillText(m.label, x + 4 * devicePixelRatio, u.bbox.top + (14 + 16 * k) * devicePixelRatio);
     }
     ctx.restore();
   };
@@ -47,7 +58,7 @@ export async function drawTimeline(el, times, marks) {
   const xs = [0, ...times];
   const ys = [0, ...times.map((_, k) => k + 1)];
   el.replaceChildren();
-  return new U({
+  return fit(el, new U({
     width: widthOf(el), height: 220,
     scales: { x: { time: false } },
     axes: [{ label: "seconds since the prompt was sent", values: (u, v) => v.map((x) => x.toFixed(2)) },
@@ -56,7 +67,7 @@ export async function drawTimeline(el, times, marks) {
       points: { show: true, size: 6, fill: "#10b981" } }],
     legend: { show: false },
     hooks: { draw: [markers(marks)] },
-  }, [xs, ys], el);
+  }, [xs, ys], el), 220);
 }
 
 // r: the /api/roofline body.
@@ -68,7 +79,7 @@ export async function drawRoofline(el, r) {
   for (const [x, y] of pts) roofAt.set(x, y);
   const series = pts.map(([px, py]) => xs.map((x) => (x === px ? py : null)));
   el.replaceChildren();
-  return new U({
+  return fit(el, new U({
     width: widthOf(el), height: 260,
     scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
     axes: [{ label: "arithmetic intensity (FLOP per byte)", values: (u, v) => v.map(si) },
@@ -77,6 +88,7 @@ export async function drawRoofline(el, r) {
       { label: "roof", stroke: "#64748b", width: 2, spanGaps: true, points: { show: false } },
       { label: "this prefill", stroke: "#2563eb", paths: () => null, points: { show: true, size: 12, fill: "#2563eb" } },
       { label: "one decode step", stroke: "#dc2626", paths: () => null, points: { show: true, size: 12, fill: "#dc2626" } }],
+    legend: { show: false },
     hooks: { draw: [markers([{ x: r.ridge, color: "#f59e0b", dash: true, label: `ridge ${r.ridge.toFixed(1)}` }])] },
-  }, [xs, xs.map((x) => roofAt.get(x)), ...series], el);
+  }, [xs, xs.map((x) => roofAt.get(x)), ...series], el), 260);
 }

@@ -7,13 +7,15 @@ const MAX_CELLS_P = 64;
 export function drawGrid(el, spec) {
   const { P, labels } = spec;
   el.replaceChildren();
-  el.classList.toggle("big", P <= 8);
   el.classList.toggle("short-labels", !!labels && labels.every((t) => visible(t).length <= 3));
   if (P > MAX_CELLS_P) {
     drawCanvas(el, spec);
     return;
   }
   const showLabels = labels && labels.length === P;
+  // Cells as large as fit the card (26 px for a few tokens, 8 px at the least; the box scrolls beyond that).
+  const room = (el.parentElement.clientWidth || 800) - (showLabels ? 110 : 30);
+  el.style.setProperty("--cell", `${Math.max(8, Math.min(P <= 8 ? 26 : 22, Math.floor(room / P) - 2))}px`);
   el.style.gridTemplateColumns = `${showLabels ? "auto " : ""}repeat(${P}, max-content)`;
   const frag = document.createDocumentFragment();
   if (showLabels) {
