@@ -27,7 +27,7 @@ function peakOf(hw, dtype) {
 
 export function initCalculator(cat) {
   catalog = cat;
-  const update = latest(refresh);
+  const update = latest(refresh, 30);
   const N = pairUp("n-range", "n-num", update);
   const P = pairUp("p-range", "p-num", update);
   const U = pairUp("u-range", "u-num", update);
