@@ -4,9 +4,12 @@
 export class ApiError extends Error {}
 
 async function parse(res) {
-  const body = await res.json().catch(() => null);
-  if (!res.ok) {
-    throw new ApiError(body?.error?.message ?? `${res.status} ${res.statusText}`);
+  const body = await res.json().catch((e) => {
+    if (e.name === "AbortError") throw e; // cancelled while the body was arriving: a newer request replaced it
+    return null;
+  });
+  if (!res.ok || body === null) {
+    throw new ApiError(body?.error?.message ?? `${res.status} ${res.statusText}: not a JSON answer`);
   }
   return body;
 }
@@ -25,6 +28,7 @@ export async function postJSON(path, body, signal = undefined) {
 
 let toastTimer = null;
 export function report(error) {
+  if (!(error instanceof ApiError)) console.error(error); // a bug, not bad input: tests watch the console
   const toast = document.getElementById("toast");
   toast.textContent = error instanceof ApiError ? error.message : `unexpected: ${error}`;
   toast.hidden = false;

@@ -178,6 +178,7 @@ async function showTimeline(tok, r) {
   }));
   $("phase-legend").replaceChildren(...phases.filter(([, s]) => s != null).map(([k, s]) => {
     const span = document.createElement("span");
+    span.className = "item";
     span.innerHTML = `<span class="sw ph-${k}"></span> ${names[k]} ${ms(s)}`;
     return span;
   }));
