@@ -254,7 +254,21 @@ def test_screenshots_for_the_readme(page):
         assert (DOCS / name).stat().st_size > 10_000
 
 
-def test_a_second_tab_works_at_the_same_time(browser, url, problems):
+def test_a_second_tab_works_while_api_clients_stream(browser, url, smollm, problems):
+    import threading
+
+    import httpx
+
+    answers = []
+
+    def api_client():
+        body = {"model": model_id_of(smollm), "prompt": "Count: one, two,", "max_tokens": 8, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+            answers.append((r.status_code, "".join(r.iter_text())))
+
+    clients = [threading.Thread(target=api_client) for _ in range(2)]
+    for c in clients:
+        c.start()
     tab = browser.new_page()
     tab.on("pageerror", lambda e: problems.append(f"second tab: {e}"))
     tab.goto(url + "/")
@@ -264,6 +278,21 @@ def test_a_second_tab_works_at_the_same_time(browser, url, problems):
     tab.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
     assert tab.locator("#token-grid .row-lbl").all_text_contents() == ["Hello"]
     tab.close()
+    for c in clients:
+        c.join(timeout=120)
+    assert [status for status, _ in answers] == [200, 200]
+    assert all(text.rstrip().endswith("data: [DONE]") for _, text in answers)
+
+
+def test_a_long_prompt_is_drawn_scaled_and_its_attention_is_capped(page):
+    page.uncheck("#chat")
+    page.locator("#prompt").fill(" ".join(["tokens"] * 100))
+    page.locator("#max-tokens").fill("2")
+    page.click("#prefill-btn")
+    page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    assert page.locator("#token-grid canvas").count() == 1  # a scaled heat map, not 10,000 cells
+    assert page.locator("#token-grid .cell").count() == 0
+    sync_api.expect(page.locator("#attn-check")).to_contain_text("up to 64 tokens")
 
 
 def test_no_console_errors_and_no_failed_requests(problems):
