@@ -191,6 +191,9 @@ def test_predict_and_roofline_use_the_measured_rates(url, smollm):
     assert r["ridge"] == pytest.approx(r["peak"] / r["bandwidth"])
     assert r["prefill_intensity"] == pytest.approx(costs.prefill_intensity(smollm.spec, 3, 4))
     assert r["decode_bound"] == "memory-bound" and r["decode_intensity"] == costs.decode_intensity(4)
+    cached = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.01)
+    assert cached["flops"] == costs.prefill_flops_exact(smollm.spec, 8, 32).total  # only the 8 new tokens run
+    refused(get(url, "/api/predict", P=40, cached=40), "cached must be in [0, 39]")
     refused(get(url, "/api/predict", P=0), "P must be in [1")
     refused(get(url, "/api/predict", P=3, prefill_s=0), "prefill_s")
     refused(get(url, "/api/roofline", P=10**6), "P must be in [1, 8192]")

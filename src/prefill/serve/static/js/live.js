@@ -139,16 +139,22 @@ async function stream(tok, chat, maxTokens) {
       const now = (performance.now() - t0) / 1e3;
       const ch = obj.choices?.[0];
       const piece = chat ? ch?.delta?.content : ch?.text;
-      if (piece) {
-        out.text += piece;
+      // A token's chunk: text, or (with continuous usage stats) the server's timings of that token even
+      // when its text is held back for a possible stop string. The last chunk's timings are the final ones.
+      const perToken = obj.timings?.t_s != null;
+      if (piece) out.text += piece;
+      if (piece || perToken) {
         out.times.push(now);
-        if (obj.timings?.t_s != null) out.serverTimes.push(obj.timings.t_s);
+        if (perToken) out.serverTimes.push(obj.timings.t_s);
         $("answer").textContent = out.text;
       }
       if (obj.usage) out.usage = obj.usage;
-      if (obj.timings) out.timings = { ...out.timings, ...obj.timings };
+      if (obj.timings && !perToken) out.timings = obj.timings;
       out.n = out.usage?.completion_tokens ?? out.times.length;
-      if (piece || obj.timings?.kv_bytes != null) showKV(tok.P, tok.P + Math.max(0, out.n - 1), obj.timings, formulaFor);
+      if (perToken || piece) {
+        const held = obj.timings?.kv_tokens ?? tok.P + Math.max(0, out.n - 1);
+        showKV(tok.P, held, perToken ? obj.timings : null, formulaFor);
+      }
     }
   }
   return out;
@@ -187,7 +193,7 @@ async function showTimeline(tok, r) {
   $("tl-total").textContent = ms(total);
   for (const id of ["tl-pred", "tl-model", "tl-mfu"]) $(id).textContent = "…";
   $("tl-mfu-sub").textContent = "measuring this machine's GEMM rate (once per server)…";
-  const query = { P: tok.P };
+  const query = { P: tok.P, cached: r.usage?.prompt_tokens_details?.cached_tokens ?? 0 };
   if (t.prefill_s) query.prefill_s = t.prefill_s;
   if (t.tokenize_s != null) query.tokenize_s = t.tokenize_s;
   const [pred, model] = await Promise.all([
@@ -196,7 +202,8 @@ async function showTimeline(tok, r) {
   ]);
   const predTTFT = pred.predicted_ttft_s;
   $("tl-pred").textContent = ms(predTTFT);
-  $("tl-pred-sub").textContent = `prefill ${pred.human.predicted} (${pred.method})`;
+  $("tl-pred-sub").textContent = `prefill ${pred.human.predicted} (${pred.method})`
+    + (query.cached ? `; ${query.cached} prompt tokens came from the prefix cache` : "");
   $("tl-model").textContent = model ? ms(model.request_s) : "–";
   $("tl-model-sub").textContent = model ? `${ms(ttft)} + ${r.n - 1} × ${ms(itl)} (mean ITL)` : "one token: no ITL";
   $("tl-mfu").textContent = pred.mfu != null ? `${(pred.mfu * 100).toFixed(1)} %` : "–";
