@@ -58,7 +58,7 @@ def test_page_static_files_and_openapi_are_served(url):
     assert "http" not in page.text.replace("http-equiv", "")  # nothing fetched from the network
     paths = httpx.get(f"{url}/openapi.json").json()["paths"]
     for route in ("/api/estimate", "/api/mask", "/api/kv", "/api/request", "/api/answer", "/api/catalog",
-                  "/api/tokens", "/api/attention", "/api/predict", "/api/roofline"):  # fmt: skip
+                  "/api/exercise", "/api/tokens", "/api/attention", "/api/predict", "/api/roofline"):  # fmt: skip
         assert route in paths, route
 
 
@@ -143,6 +143,13 @@ def test_answer_checks_hints_and_reveals(url):
     refused(post({"question": "nope", "answer": "1"}), "unknown question")
     refused(post({"question": "flops", "answer": 14}), "answer")
     refused(post({"question": "flops", "code": "import os"}), "code")  # extra fields refused: nothing is run
+
+
+def test_exercise_skeleton_is_the_one_the_cli_writes(url):
+    from prefill.exercise import skeleton
+
+    r = ok(url, "/api/exercise")
+    assert r["skeleton"] == skeleton() and len(r["functions"]) == 5
 
 
 def test_catalog_lists_hardware_presets_and_the_loaded_model(url, smollm):

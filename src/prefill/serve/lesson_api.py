@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 from prefill import costs
 from prefill.causal import causal_mask, causal_pairs
 from prefill.errors import BadInput
+from prefill.exercise import FUNCTIONS, skeleton
 from prefill.hardware import HARDWARE
 from prefill.quiz import check_answer
 from prefill.specs import PRESETS, ModelSpec
@@ -247,6 +248,12 @@ def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_
                       "decode": f"1 / {itl:.2f} = {decode:.3g} tokens/s",
                       "output": f"{n} / {total:.2f} = {output:.3g} tokens/s"},
         }  # fmt: skip
+
+    @router.get("/exercise")
+    def exercise() -> dict:
+        """The coding exercise's skeleton, as `prefill exercise` writes it (the page shows it; nothing runs here)."""
+        return {"functions": list(FUNCTIONS), "skeleton": skeleton(), "write": "prefill exercise",
+                "check": "prefill exercise check prefill_exercise.py"}  # fmt: skip
 
     @router.post("/answer")
     def answer(body: AnswerBody) -> dict:

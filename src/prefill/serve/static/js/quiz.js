@@ -1,6 +1,6 @@
 // The three typed answers (checked by the server, which holds the answers) and the two A/B questions.
 
-import { postJSON, report } from "./api.js";
+import { $, getJSON, postJSON, report } from "./api.js";
 
 // Why, in our own words; the right choice is B (No) in both.
 const EXPLAIN = {
@@ -13,6 +13,7 @@ const EXPLAIN = {
 };
 
 export function initQuiz() {
+  getJSON("/api/exercise").then((e) => { $("skeleton").textContent = e.skeleton; }).catch(report);
   for (const form of document.querySelectorAll("form.answer")) initAnswer(form);
   for (const box of document.querySelectorAll(".choices")) {
     const feedback = box.parentElement.querySelector(".feedback");
