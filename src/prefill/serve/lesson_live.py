@@ -62,7 +62,7 @@ class AttentionBody(BaseModel):
 
 def live_router(engine: Engine) -> APIRouter:
     """The routes that need the loaded model."""
-    from prefill.inspect import MAX_P, attention_weights
+    from prefill.probe import MAX_P, attention_weights
 
     router = APIRouter(prefix="/api", tags=["lesson: live model"])
     rates = MachineRates(engine)
@@ -93,7 +93,7 @@ def live_router(engine: Engine) -> APIRouter:
     def attention(body: AttentionBody) -> dict:
         """A = softmax(mask(Q K^T / sqrt(d_head))) of one layer and query head, for prompts up to MAX_P tokens.
 
-        Computed by a separate pass (prefill.inspect), not by the serving path."""
+        Computed by a separate pass (prefill.probe), not by the serving path."""
         ids = encode(body.text, body.chat)
         in_range("layer", body.layer, 0, spec.L - 1)
         in_range("head", body.head, 0, spec.H_q - 1)

@@ -8,7 +8,7 @@ import torch
 
 from prefill.attention import causal_attention
 from prefill.errors import BadInput
-from prefill.inspect import MAX_P, attention_weights, layer_qkv
+from prefill.probe import MAX_P, attention_weights, layer_qkv
 
 pytestmark = pytest.mark.slow
 
