@@ -1,4 +1,4 @@
-"""Look inside one prefill (the lesson page's probe): the attention weights of one layer and head, A = softmax(mask(Q K^T / sqrt(d_head))).
+"""The lesson's probe: the attention weights of one layer and head, A = softmax(mask(Q K^T / sqrt(d_head))).
 
 A separate, explicit computation for the lesson page: it runs the model's own block functions (`qkv_rotary`,
 `causal_attention`, `out_and_mlp`) up to the chosen layer without a KV cache, so the normal prefill path stays
