@@ -21,8 +21,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prefill import costs
 from prefill.engine import Engine
 from prefill.errors import BadInput
+from prefill.kvcache import KVPool
+from prefill.loop import StepLoop
+from prefill.prefix_cache import RadixPrefixCache
+from prefill.request import Failed, Generation, TokenEvent
+from prefill.request import Request as Job  # fastapi's Request is the HTTP one
 from prefill.sampling import SamplingParams
 from prefill.serve.lesson import add_lesson_routes
 from prefill.serve.metrics import ServerMetrics
@@ -33,8 +39,7 @@ from prefill.serve.openai_schema import (
     error_body,
     usage_body,
 )
-from prefill.serve.prefix_cache import RadixPrefixCache
-from prefill.serve.scheduler import Failed, GenRequest, QueueFull, Scheduler, TextDelta
+from prefill.serve.scheduler import QueueFull, Scheduler
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class ServeConfig:
 
     model_id: str
     prefix_cache_mb: float = 256.0
+    kv_cache_mb: float | None = None  # the shared KV pool; None: default_kv_cache_bytes()
     max_queue: int = 64
     max_running: int = 32
     chunk_size: int = 256
@@ -103,6 +109,19 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def default_kv_cache_bytes(engine: Engine) -> int:
+    """A quarter of the memory free now on the engine's device, at most 2 GiB (pages are touched only as used)."""
+    if engine.device.type == "cuda":
+        import torch
+
+        free = torch.cuda.mem_get_info(engine.device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    return int(min(free // 4, 2 * 1024**3))
+
+
 def model_id_of(engine: Engine) -> str:
     """The id clients name in `model`: the weights file or folder name, e.g. SmolLM2-135M-Instruct.Q4_1."""
     name = Path(engine.source).name
@@ -116,13 +135,17 @@ def _sse(obj: dict | str) -> str:
 def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     """The app, with its scheduler started and stopped by the app's lifespan."""
     metrics = ServerMetrics()
-    prefix = RadixPrefixCache(int(cfg.prefix_cache_mb * 1024 * 1024))
-    scheduler = Scheduler(engine, prefix, metrics, cfg.max_queue, cfg.max_running, cfg.chunk_size)
+    kv_bytes = default_kv_cache_bytes(engine) if cfg.kv_cache_mb is None else int(cfg.kv_cache_mb * 1024**2)
+    pool = KVPool.for_bytes(engine.spec, kv_bytes, engine.dtype, engine.device)
+    prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
+    loop = StepLoop(engine, pool, prefix, cfg.chunk_size, cfg.max_running)
+    scheduler = Scheduler(loop, metrics, cfg.max_queue)
     context = engine.spec.context_length
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         scheduler.start()
+        await asyncio.to_thread(engine.gemm_rate)  # measured once now, so predictions never stall a request
         yield
         scheduler.stop()
 
@@ -163,12 +186,11 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": cfg.model_id}
+        return {"status": "ok", "model": cfg.model_id, **scheduler.pool_state()}
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        metrics.kv_bytes.set(scheduler.kv_cache_bytes())
-        metrics.prefix_bytes.set(prefix.nbytes)
+        scheduler._update_gauges()
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -214,11 +236,12 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                            f"{min(cfg.max_tokens_limit, context - P)} for this {P}-token prompt "
                            f"(context length {context})", param="max_tokens",
                            code="context_length_exceeded")  # fmt: skip
-        loop = asyncio.get_running_loop()
+        aio = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
-        req = GenRequest(ids, max_tokens, sampling, body.stop_strings(),
-                         lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), arrival, tokenize_s)  # fmt: skip
+        req = Job(ids, max_tokens, sampling, engine.tokenizer,
+                      lambda ev: aio.call_soon_threadsafe(events.put_nowait, ev), body.stop_strings(),
+                      arrival=arrival, tokenize_s=tokenize_s, ignore_eos=body.ignore_eos)  # fmt: skip
         try:
             scheduler.submit(req)
         except QueueFull as e:
@@ -226,47 +249,68 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         shape = ResponseShape(chat, cfg.model_id)
         endpoint = "chat" if chat else "completions"
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream(req, events, shape, include_usage, endpoint),
-                                     media_type="text/event-stream")  # fmt: skip
+            opts = body.stream_options
+            return StreamingResponse(stream(req, events, shape, opts, endpoint), media_type="text/event-stream")
         try:
             parts = []
             while True:
                 ev = await events.get()
-                if isinstance(ev, TextDelta):
+                if isinstance(ev, TokenEvent):
                     parts.append(ev.text)
                 elif isinstance(ev, Failed):
+                    if isinstance(ev.error, BadInput):
+                        raise ApiError(400, ev.message)
                     raise ApiError(500, ev.message, "server_error")
                 else:
                     break
         finally:
             req.cancelled = True  # no-op when finished; frees the cache if this handler was cancelled
         metrics.requests.labels(endpoint=endpoint, finish_reason=ev.finish_reason).inc()
-        usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-        return shape.full("".join(parts), ev.finish_reason, usage, ev.timings)
+        return shape.full("".join(parts), ev.finish_reason, usage_of(ev), final_timings(ev))
 
-    async def stream(req: GenRequest, events: asyncio.Queue, shape: ResponseShape, include_usage: bool,
-                     endpoint: str) -> AsyncIterator[str]:  # fmt: skip
+    def usage_of(gen: Generation) -> dict:
+        return usage_body(gen.P, len(gen.token_ids), gen.cached_tokens)
+
+    def final_timings(gen: Generation) -> dict:
+        """The server's measured timings, with the cost model's prediction of the prefill beside them."""
+        predicted, how = engine.predict_prefill_seconds(gen.P - gen.cached_tokens, gen.cached_tokens, cfg.chunk_size)
+        return {**gen.timings(), "predicted_prefill_s": predicted, "predicted_by": how,
+                "kv_bytes": gen.kv_bytes, "kv_bytes_formula": kv_formula(gen.P)}  # fmt: skip
+
+    def kv_formula(tokens: int) -> int:
+        return costs.kv_cache_bytes_for(engine.spec, tokens, engine.dtype.itemsize)
+
+    async def stream(req: Job, events: asyncio.Queue, shape: ResponseShape, opts, endpoint: str
+                     ) -> AsyncIterator[str]:  # fmt: skip
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts.continuous_usage_stats)
         extra = {"usage": None} if include_usage else {}
         try:
             if shape.chat:
                 yield _sse(shape.chunk("", role=True, **extra))
             while True:
                 ev = await events.get()
-                if isinstance(ev, TextDelta):
+                if isinstance(ev, TokenEvent):
+                    if not ev.text and not continuous:
+                        continue
+                    if continuous:  # vLLM's continuous_usage_stats, plus what the cache holds right now
+                        n = len(req.gen.token_ids)
+                        extra = {"usage": usage_body(req.P, n, req.gen.cached_tokens),
+                                 "timings": {"t_s": ev.t, "kv_bytes": ev.kv_bytes, "kv_tokens": ev.kv_tokens,
+                                             "kv_bytes_formula": kv_formula(ev.kv_tokens)}}  # fmt: skip
                     yield _sse(shape.chunk(ev.text, **extra))
                     continue
                 if isinstance(ev, Failed):
-                    metrics.errors.labels(status="500").inc()
+                    metrics.errors.labels(status="400" if isinstance(ev.error, BadInput) else "500").inc()
                     yield _sse(error_body(ev.message, "server_error"))
                     break
                 metrics.requests.labels(endpoint=endpoint, finish_reason=ev.finish_reason).inc()
-                usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+                usage, timings = usage_of(ev), final_timings(ev)
                 if include_usage:
-                    yield _sse(shape.chunk(None, ev.finish_reason, usage=None))
-                    yield _sse(shape.usage_chunk(usage, ev.timings))
+                    yield _sse(shape.chunk(None, ev.finish_reason, usage=usage if continuous else None))
+                    yield _sse(shape.usage_chunk(usage, timings))
                 else:  # OpenAI clients ignore the extra fields; other clients can read them
-                    yield _sse(shape.chunk(None, ev.finish_reason, usage=usage, timings=ev.timings))
+                    yield _sse(shape.chunk(None, ev.finish_reason, usage=usage, timings=timings))
                 break
             yield _sse("[DONE]")
         finally:
