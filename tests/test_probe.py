@@ -24,8 +24,9 @@ def test_keys_equal_what_prefill_writes_into_the_cache(smollm, prompt, layer):
     _, cache = smollm.prefill(prompt)
     got = layer_qkv(smollm.model, prompt, layer)
     assert got.k.shape == (1, smollm.spec.H_kv, P, smollm.spec.d_head)
-    torch.testing.assert_close(got.k, cache.k[layer][:, :, :P], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.v, cache.v[layer][:, :, :P], rtol=1e-5, atol=1e-5)
+    assert cache.length == P
+    torch.testing.assert_close(got.k, cache.k(layer), rtol=1e-5, atol=1e-5)  # [1, H_kv, P, d_head]
+    torch.testing.assert_close(got.v, cache.v(layer), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layer,head", [(0, 0), (7, 4), (29, 8)])

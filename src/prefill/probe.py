@@ -44,7 +44,8 @@ def layer_qkv(model: Transformer, ids: list[int], layer: int) -> LayerQKV:
         raise BadInput(f"layer must be in [0, {L}), got {layer}")
     device = model.embed.weight.device
     x = model.embed(torch.tensor([ids], dtype=torch.long, device=device))  # [1, P, d_model]
-    cos, sin = model.rope(0, len(ids), x.dtype)  # [P, 1, d_head]
+    positions = torch.arange(len(ids), device=device)[None]  # [1, P]: 0..P-1, as a prefill from an empty cache
+    cos, sin = model.rope(positions, x.dtype)  # [1, P, 1, d_head]
     for block in model.layers[:layer]:
         t = _qkv(block, x, cos, sin)
         o = causal_attention(t.q, t.k, t.v, 0)  # [1, H_q, P, d_head]
