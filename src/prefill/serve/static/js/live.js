@@ -172,7 +172,7 @@ async function showTimeline(tok, r) {
   const itl = itls.length ? itls.reduce((a, b) => a + b, 0) / itls.length : null;
   const phases = [["tokenize", t.tokenize_s], ["queue", t.queue_s], ["prefill", t.prefill_s]];
   const before = phases.reduce((a, [, s]) => a + (s ?? 0), 0);
-  phases.push(["first", Math.max(0, ttft - before)], ["decode", Math.max(0, total - ttft)]);
+  phases.push(["first", t.first_token_s ?? Math.max(0, ttft - before)], ["decode", Math.max(0, total - ttft)]);
   const names = { tokenize: "tokenize", queue: "queue", prefill: `prefill (${tok.P} tokens, one pass)`,
     first: "first token", decode: `decode (${Math.max(0, r.n - 1)} steps)` };
   $("phases").replaceChildren(...phases.filter(([, s]) => s != null).map(([k, s]) => {
