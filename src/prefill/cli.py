@@ -711,6 +711,73 @@ def verify(
         raise typer.Exit(1)
 
 
+# ---- the interactive lesson: lab, exercise ----
+
+
+@app.command()
+def lab(
+    model: str = typer.Option(None, help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)"),
+    host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
+    port: int = typer.Option(8000, help="TCP port"),
+    open_browser: bool = typer.Option(True, "--open/--no-open", help="open the page in a browser"),
+) -> None:
+    """`prefill serve` plus the lesson page opened in a browser (the URL is printed when none can be opened)."""
+    from prefill.serve.app import ServeConfig, create_app, model_id_of
+    from prefill.serve.lab import open_when_up
+    from prefill.serve.server import run_server
+
+    engine = _load_engine(model, "float32", None)  # warmed up: the page's timeline shows the steady state
+    url = f"http://{host}:{port}/"
+    console.print(f"the prefill lesson, live on [bold]{model_id_of(engine)}[/]: {url}", highlight=False)
+    if open_browser:
+        open_when_up(url, lambda ok: None if ok else console.print(f"no browser could be opened: visit {url}"))
+    run_server(create_app(engine, ServeConfig(model_id_of(engine))), host, port)
+
+
+exercise_app = typer.Typer(help="The lesson's coding exercise: write five functions, check them locally.")
+app.add_typer(exercise_app, name="exercise")
+
+
+@exercise_app.callback(invoke_without_command=True)
+def exercise(
+    ctx: typer.Context,
+    out: str = typer.Option("prefill_exercise.py", "--out", "-o", help="where to write the skeleton"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing file"),
+) -> None:
+    """Write the five empty functions to a file; then `prefill exercise check FILE`."""
+    from pathlib import Path
+
+    from prefill.exercise import write_skeleton
+
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        path = write_skeleton(Path(out), force)
+    except PrefillError as e:
+        fail(str(e))
+    console.print(f"wrote {path}: fill in the five functions, then run `prefill exercise check {path}`")
+
+
+@exercise_app.command("check")
+def exercise_check(file: str = typer.Argument(..., help="your solution, a .py file")) -> None:
+    """Run the project's checks against the five functions in FILE; exit 1 if any fails."""
+    from pathlib import Path
+
+    from prefill.exercise import load_solution, run_checks
+
+    try:
+        checks = run_checks(load_solution(Path(file)))
+    except PrefillError as e:
+        fail(str(e))
+    for c in checks:
+        mark = "[green]PASS[/]" if c.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {c.function}: {c.name}" + (f" ({c.detail})" if c.detail else ""), highlight=False)
+    passed = sum(c.ok for c in checks)
+    console.print(f"{passed} of {len(checks)} checks pass", highlight=False)
+    if passed < len(checks):
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning our errors into one line and exit code 2."""
     try:

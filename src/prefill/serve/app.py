@@ -30,6 +30,7 @@ from prefill.prefix_cache import RadixPrefixCache
 from prefill.request import Failed, Generation, TokenEvent
 from prefill.request import Request as Job  # fastapi's Request is the HTTP one
 from prefill.sampling import SamplingParams
+from prefill.serve.lesson import add_lesson_routes
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
     ChatCompletionRequest,
@@ -323,4 +324,5 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         return await handle(request, body, chat=True)
 
+    add_lesson_routes(app, engine, cfg.model_id)
     return app
