@@ -475,7 +475,9 @@ def serve(
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
     cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, max_queue, max_running, chunk_size)
     console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
-    run_server(create_app(engine, cfg), host, port)
+    code = run_server(create_app(engine, cfg), host, port)
+    if code:
+        fail("the server stopped because its scheduler could not serve (see the log above)", code)
 
 
 @app.command()

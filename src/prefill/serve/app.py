@@ -1,14 +1,21 @@
 """The HTTP app: OpenAI-compatible routes over the scheduler, with OpenAI-style error bodies.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream true or false; streams are server-sent
-events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics. Every refusal is a 4xx
-with {"error": {"message", "type", "param", "code"}} and leaves the server serving.
+events ending in `data: [DONE]`), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics. Every refusal
+is a 4xx (or a JSON 5xx) with {"error": {"message", "type", "param", "code"}} and leaves the server serving.
+
+Every request the app hands to the scheduler is a `Pending` in `inflight` until it ends as exactly one of
+requests (ok), errors or cancelled in /metrics. A supervisor task watches the worker: when it is dead or stuck,
+/health answers 503 with the reason, every pending request gets a 503, and the process is asked to exit non-zero
+(`app.state.exit_code`) so an orchestrator restarts it. On SIGTERM / SIGINT the server (serve.server) calls
+`app.state.begin_shutdown`: pending requests get a 503 (streams a final error event) and new ones are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,12 +35,16 @@ from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
+    ErrorResponse,
     ResponseShape,
     error_body,
     usage_body,
 )
+from prefill.serve.openapi import GENERATION_RESPONSES, HealthBody, document_errors
 from prefill.serve.prefix_cache import RadixPrefixCache
-from prefill.serve.scheduler import Failed, GenRequest, QueueFull, Scheduler, TextDelta
+from prefill.serve.scheduler import Failed, Finished, GenRequest, QueueFull, Scheduler, TextDelta
+from prefill.serve.structured import Grammar, Grammars, tool_calls_of
+from prefill.serve.supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,9 @@ class ServeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 4096  # the most tokens one request may ask for
     default_max_tokens: int = 256  # when a request names none (OpenAI's completions default is 16)
+    max_unread_events: int = 512  # stream events buffered for a client that does not read; then it is cancelled
+    stuck_after_s: float = 120.0  # a busy worker without a loop for this long is stuck: /health 503, exit 1
+    supervise_every_s: float = 0.5
 
 
 class ApiError(Exception):
@@ -72,6 +86,8 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         scope.setdefault("state", {})["arrival"] = time.perf_counter()
+        if scope["method"] == "POST" and scope["path"] in GENERATION_PATHS:
+            self.metrics.received.inc()
         declared = dict(scope["headers"]).get(b"content-length")
         too_large = declared is not None and declared.isdigit() and int(declared) > self.max_bytes
         chunks, size, more = [], 0, scope["method"] in ("POST", "PUT", "PATCH") and not too_large
@@ -102,10 +118,44 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # pydantic's names of a union's members in `loc`
+log = logging.getLogger("prefill.serve")
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The app ends a pending request itself (shutdown, dead worker, unread stream): HTTP `status`."""
+
+    status: int
+    message: str
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request handed to the scheduler, until it is settled as ok, error or cancelled (exactly once)."""
+
+    req: GenRequest
+    events: asyncio.Queue
+    settled: str | None = None
+
+
 def model_id_of(engine: Engine) -> str:
     """The id clients name in `model`: the weights file or folder name, e.g. SmolLM2-135M-Instruct.Q4_1."""
     name = Path(engine.source).name
     return name.removesuffix(".gguf") or engine.spec.name
+
+
+def with_tools_described(messages: list[dict], tools) -> list[dict]:
+    """The chat with the tools described in its system message: the chat templates we read take no `tools`, and a
+    model asked for a call it was never told about calls it blindly."""
+    specs = [{"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
+             for t in tools]  # fmt: skip
+    note = ("You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
+            'with JSON: {"name": <function name>, "arguments": <its arguments>}.')  # fmt: skip
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
 
 
 def _sse(obj: dict | str) -> str:
@@ -113,20 +163,63 @@ def _sse(obj: dict | str) -> str:
 
 
 def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
-    """The app, with its scheduler started and stopped by the app's lifespan."""
+    """The app, with its scheduler and supervisor started and stopped by the app's lifespan."""
     metrics = ServerMetrics()
     prefix = RadixPrefixCache(int(cfg.prefix_cache_mb * 1024 * 1024))
     scheduler = Scheduler(engine, prefix, metrics, cfg.max_queue, cfg.max_running, cfg.chunk_size)
-    context = engine.spec.context_length
+    context, vocab = engine.spec.context_length, engine.spec.vocab_size
+    tok = engine.tokenizer
+    grammars = Grammars(tok, vocab) if tok is not None else None
+    # No token is longer than this many characters, so a text longer than context * this cannot fit: it is refused
+    # before it is tokenized.
+    max_token_chars = max((len(t) for t in tok.tok.get_vocab()), default=1) if tok is not None else 1
+    inflight: set[Pending] = set()
+
+    def settle(p: Pending, outcome: str, **labels) -> None:
+        """Count a pending request once: "ok" (requests, by endpoint and finish reason), "error" or "cancelled"."""
+        if p.settled is not None:
+            return
+        p.settled = outcome
+        inflight.discard(p)
+        p.req.cancelled = True  # no-op when finished; otherwise the scheduler drops it and frees its cache
+        if outcome == "ok":
+            metrics.requests.labels(**labels).inc()
+        elif outcome == "error":
+            metrics.errors.labels(**labels).inc()
+        else:
+            metrics.cancelled.labels(**labels).inc()
+
+    def abort_all(status: int, message: str) -> None:
+        """End every pending request with `status` (called on the event loop)."""
+        for p in list(inflight):
+            p.events.put_nowait(Aborted(status, message))
+
+    def begin_shutdown() -> None:
+        supervisor.refuse("the server is shutting down")
+        abort_all(503, "the server is shutting down; retry on another instance")
+
+    def fatal(reason: str) -> None:
+        log.error("unrecoverable: %s; exiting with status 1", reason)
+        app.state.exit_code = 1
+        abort_all(503, f"the server cannot serve: {reason}")
+        on_fatal = getattr(app.state, "on_fatal", None)
+        if on_fatal is not None:
+            on_fatal()
+
+    supervisor = Supervisor(scheduler, lambda: bool(inflight), cfg.stuck_after_s, cfg.supervise_every_s, fatal)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         scheduler.start()
+        task = asyncio.create_task(supervisor.run())
         yield
-        scheduler.stop()
+        task.cancel()
+        begin_shutdown()
+        await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="prefill", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.prefix_cache = scheduler, metrics, prefix
+    app.state.supervisor, app.state.begin_shutdown, app.state.exit_code = supervisor, begin_shutdown, 0
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, metrics=metrics)
 
     def refuse(status: int, body: dict) -> JSONResponse:
@@ -148,21 +241,36 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return refuse(400, error_body("the body is not valid JSON", "invalid_request_error", None,
                                           "invalid_json"))  # fmt: skip
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
+        loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
         param = ".".join(loc) or None
         if param is None:  # the body as a whole: not a JSON object (or sent without a JSON content type)
             return refuse(400, error_body("the body must be a JSON object (Content-Type: application/json)",
                                           "invalid_request_error", None, "invalid_json"))  # fmt: skip
-        msg = f"{param}: {err.get('msg', 'invalid value')}"
-        return refuse(400, error_body(msg, "invalid_request_error", param, "invalid_value"))
+        if err.get("type") == "extra_forbidden":
+            msg, code = f"{param}: this server does not know this field; remove it", "unsupported_parameter"
+        else:
+            msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+            msg, code = f"{param}: {msg}", "invalid_value"
+        return refuse(400, error_body(msg, "invalid_request_error", param, code))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_r: Request, e: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if e.status_code == 404 else None
         return refuse(e.status_code, error_body(str(e.detail), "invalid_request_error", None, code))
 
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": cfg.model_id}
+    @app.exception_handler(Exception)
+    async def _bug(_r: Request, e: Exception) -> JSONResponse:
+        log.exception("unexpected error in a request handler")
+        return refuse(500, error_body(f"internal error: {type(e).__name__}", "server_error", None, "internal_error"))
+
+    @app.get("/health", responses={503: {"model": HealthBody}})
+    async def health() -> JSONResponse:
+        """200 while the worker serves; 503 with the reason when it is dead, stuck or shutting down."""
+        reason = supervisor.problem()
+        if reason:
+            return JSONResponse({"status": "error", "reason": reason, "model": cfg.model_id}, 503)
+        return JSONResponse({"status": "ok", "reason": None, "model": cfg.model_id})
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
@@ -170,36 +278,102 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         metrics.prefix_bytes.set(prefix.nbytes)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    card = {"id": cfg.model_id, "object": "model", "created": 0, "owned_by": "prefill", "max_model_len": context}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": cfg.model_id, "object": "model", "created": 0, "owned_by": "prefill",
-                "max_model_len": context}  # fmt: skip
         return {"object": "list", "data": [card]}
 
+    @app.get("/v1/models/{model}", responses={404: {"model": ErrorResponse}})
+    async def model_card(model: str) -> dict:
+        if model != cfg.model_id:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {cfg.model_id!r}",
+                           param="model", code="model_not_found")  # fmt: skip
+        return card
+
+    def too_long(chars: int) -> None:
+        if chars > context * max_token_chars:
+            raise ApiError(400, f"the prompt has {chars} characters, more than {context} tokens of this model's "
+                           "context can hold; shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
+
     def prompt_ids(body: CompletionRequest | ChatCompletionRequest, chat: bool) -> list[int]:
+        """Token ids of the prompt; runs on a worker thread (tokenizing a long prompt takes a second)."""
         tok = engine.need_tokenizer()
         if chat:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            if tools_forced(body):
+                messages = with_tools_described(messages, body.tools)
             return tok.encode(tok.render_chat(messages, add_generation_prompt=True))
         p = body.prompt
-        if isinstance(p, list) and p and isinstance(p[0], int):
-            if any(not 0 <= t < engine.spec.vocab_size for t in p):
-                raise ApiError(400, f"token ids must lie in [0, {engine.spec.vocab_size})", param="prompt")
+        if isinstance(p, list) and isinstance(p[0], int):
+            if any(not 0 <= t < vocab for t in p):
+                raise ApiError(400, f"token ids must lie in [0, {vocab})", param="prompt")
             return list(p)
-        if isinstance(p, list):
-            if len(p) != 1:
-                raise ApiError(400, "send exactly one prompt per request", param="prompt")
-            p = p[0]
-        return tok.encode(p, add_special_tokens=True)
+        return tok.encode(p[0] if isinstance(p, list) else p, add_special_tokens=True)
 
-    async def handle(request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool):
-        arrival = request.scope.get("state", {}).get("arrival", time.perf_counter())
-        if body.model != cfg.model_id:
-            raise ApiError(404, f"model {body.model!r} does not exist; this server serves {cfg.model_id!r}",
-                           param="model", code="model_not_found")  # fmt: skip
+    def tools_forced(body: ChatCompletionRequest) -> bool:
+        return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
+
+    def grammar_of(body: ChatCompletionRequest) -> Grammar | None:
+        """The grammar the answer must follow: response_format or a forced tool call; None for free text."""
+        tools, choice, fmt = body.tools, body.tool_choice, body.response_format
+        if choice == "none" or (choice is None and not tools):
+            tools = None  # "none": the model answers in text, as if no tools were given
+        elif not tools:
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        elif choice in (None, "auto"):
+            raise ApiError(400, "tool_choice 'auto' (the default when tools are given) is not supported: this server "
+                           "cannot let the model choose between text and a call; pass tool_choice 'required', "
+                           "{'type': 'function', 'function': {'name': ...}} or 'none'", param="tool_choice",
+                           code="unsupported_value")  # fmt: skip
+        elif choice != "required":
+            tools = [t for t in tools if t.function.name == choice.function.name]
+            if not tools:
+                raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not in tools",
+                               param="tool_choice")  # fmt: skip
+        if tools and fmt is not None and fmt.type != "text":
+            raise ApiError(400, "response_format cannot be combined with a forced tool call", param="response_format")
+        if grammars is None:
+            return None
+        if tools:
+            return grammars.tool_call([{"name": t.function.name, "parameters": t.function.parameters} for t in tools])
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return grammars.json_object()
+        if fmt.json_schema is None:
+            raise ApiError(400, "response_format of type json_schema needs json_schema", param="response_format")
+        return grammars.json_schema(fmt.json_schema.schema_)
+
+    def prepare(body, chat: bool):
+        """Tokenize and compile the grammar, off the event loop: (ids, constraint or None, grammar, seconds)."""
         t0 = time.perf_counter()
         ids = prompt_ids(body, chat)
         tokenize_s = time.perf_counter() - t0
+        grammar = grammar_of(body) if chat else None
+        constraint = grammars.constraint(grammar) if grammar is not None else None
+        return ids, constraint, grammar, tokenize_s
+
+    async def handle(request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool):
+        arrival = request.scope.get("state", {}).get("arrival", time.perf_counter())
+        if supervisor.problem():
+            raise ApiError(503, f"the server cannot take requests: {supervisor.problem()}", "server_error",
+                           code="unavailable")  # fmt: skip
+        if body.model != cfg.model_id:
+            raise ApiError(404, f"model {body.model!r} does not exist; this server serves {cfg.model_id!r}",
+                           param="model", code="model_not_found")  # fmt: skip
+        refused = body.refused_field()
+        if refused:
+            raise ApiError(400, f"{refused}: not supported by this server; remove it or send its default",
+                           param=refused, code="unsupported_parameter")  # fmt: skip
+        bias = body.logit_bias_pairs()
+        if any(t >= vocab for t, _ in bias):
+            raise ApiError(400, f"logit_bias: token ids must lie in [0, {vocab})", param="logit_bias")
+        sampling = SamplingParams(temperature=float(body.temperature), top_k=body.top_k, top_p=float(body.top_p),
+                                  seed=body.seed, logit_bias=bias)  # fmt: skip
+        too_long(sum(len(m.text()) for m in body.messages) if chat else sum(map(len, body.prompt)) if isinstance(
+            body.prompt, list) and isinstance(body.prompt[0], str) else len(body.prompt))  # fmt: skip
+        ids, constraint, grammar, tokenize_s = await asyncio.to_thread(prepare, body, chat)
         P = len(ids)
         if P == 0:
             raise ApiError(400, "the prompt is empty", param="prompt")
@@ -215,19 +389,30 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                            code="context_length_exceeded")  # fmt: skip
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+        pending: Pending | None = None
+
+        def deliver(ev) -> None:  # on the event loop
+            if pending.settled is None and isinstance(ev, TextDelta) and events.qsize() >= cfg.max_unread_events:
+                settle(pending, "cancelled", reason="unread")  # a client that does not read loses its slot
+            events.put_nowait(ev)
+
         req = GenRequest(ids, max_tokens, sampling, body.stop_strings(),
-                         lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), arrival, tokenize_s)  # fmt: skip
+                         lambda ev: loop.call_soon_threadsafe(deliver, ev), arrival, tokenize_s,
+                         constraint=constraint)  # fmt: skip
+        pending = Pending(req, events)
         try:
             scheduler.submit(req)
         except QueueFull as e:
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from e
+        inflight.add(pending)
         shape = ResponseShape(chat, cfg.model_id)
         endpoint = "chat" if chat else "completions"
+        tools = grammar is not None and bool(grammar.tool_names)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream(req, events, shape, include_usage, endpoint),
+            return StreamingResponse(stream(pending, shape, include_usage, endpoint, tools),
                                      media_type="text/event-stream")  # fmt: skip
+        ev = None
         try:
             parts = []
             while True:
@@ -235,48 +420,70 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                 if isinstance(ev, TextDelta):
                     parts.append(ev.text)
                 elif isinstance(ev, Failed):
-                    raise ApiError(500, ev.message, "server_error")
+                    settle(pending, "error", status="500")
+                    raise ApiError(500, ev.message, "server_error", code="generation_failed")
+                elif isinstance(ev, Aborted):
+                    settle(pending, "error", status=str(ev.status))
+                    raise ApiError(ev.status, ev.message, "server_error", code="unavailable")
                 else:
                     break
         finally:
-            req.cancelled = True  # no-op when finished; frees the cache if this handler was cancelled
-        metrics.requests.labels(endpoint=endpoint, finish_reason=ev.finish_reason).inc()
+            if pending.settled is None and not isinstance(ev, Finished):  # this handler was cancelled
+                settle(pending, "cancelled", reason="disconnect")
+        text, finish, calls = "".join(parts), ev.finish_reason, None
+        if tools and finish == "stop":
+            calls, finish = tool_calls_of(text), "tool_calls"
+        settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
         usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-        return shape.full("".join(parts), ev.finish_reason, usage, ev.timings)
+        return shape.full(text, finish, usage, ev.timings, tool_calls=calls)
 
-    async def stream(req: GenRequest, events: asyncio.Queue, shape: ResponseShape, include_usage: bool,
-                     endpoint: str) -> AsyncIterator[str]:  # fmt: skip
+    async def stream(pending: Pending, shape: ResponseShape, include_usage: bool, endpoint: str,
+                     tools: bool) -> AsyncIterator[str]:  # fmt: skip
         extra = {"usage": None} if include_usage else {}
+        events, parts = pending.events, []
         try:
             if shape.chat:
                 yield _sse(shape.chunk("", role=True, **extra))
             while True:
                 ev = await events.get()
+                if pending.settled == "cancelled":
+                    break  # not read for too long: the request was dropped
                 if isinstance(ev, TextDelta):
-                    yield _sse(shape.chunk(ev.text, **extra))
+                    if tools:  # a tool call is sent whole, once it parses
+                        parts.append(ev.text)
+                    else:
+                        yield _sse(shape.chunk(ev.text, **extra))
                     continue
-                if isinstance(ev, Failed):
-                    metrics.errors.labels(status="500").inc()
-                    yield _sse(error_body(ev.message, "server_error"))
+                if isinstance(ev, Failed | Aborted):
+                    status = str(ev.status) if isinstance(ev, Aborted) else "500"
+                    settle(pending, "error", status=status)
+                    yield _sse(error_body(ev.message, "server_error", None, f"http_{status}"))
                     break
-                metrics.requests.labels(endpoint=endpoint, finish_reason=ev.finish_reason).inc()
+                finish, calls = ev.finish_reason, None
+                if tools and finish == "stop":
+                    calls, finish = tool_calls_of("".join(parts)), "tool_calls"
+                    yield _sse(shape.chunk(None, tool_calls=calls, **extra))
+                elif tools:
+                    yield _sse(shape.chunk("".join(parts), **extra))
+                settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
                 usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                 if include_usage:
-                    yield _sse(shape.chunk(None, ev.finish_reason, usage=None))
+                    yield _sse(shape.chunk(None, finish, usage=None))
                     yield _sse(shape.usage_chunk(usage, ev.timings))
                 else:  # OpenAI clients ignore the extra fields; other clients can read them
-                    yield _sse(shape.chunk(None, ev.finish_reason, usage=usage, timings=ev.timings))
+                    yield _sse(shape.chunk(None, finish, usage=usage, timings=ev.timings))
                 break
             yield _sse("[DONE]")
         finally:
-            req.cancelled = True  # a disconnected client: the scheduler drops the request and its cache
+            settle(pending, "cancelled", reason="disconnect")  # no-op once settled; else the client went away
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(request: Request, body: CompletionRequest):
         return await handle(request, body, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         return await handle(request, body, chat=True)
 
+    document_errors(app)
     return app

@@ -71,6 +71,7 @@ class GenRequest:
     on_event: Callable[[Event], None]
     arrival: float  # time.perf_counter() when the HTTP request arrived
     tokenize_s: float = 0.0
+    constraint: object | None = None  # a grammar (serve.structured.GrammarConstraint): mask, accept, done
     cancelled: bool = False  # set by the HTTP side when the client disconnects
     enqueued: float = 0.0
 
@@ -120,6 +121,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="prefill-scheduler", daemon=True)
+        self.last_progress = time.monotonic()  # the worker's last loop, for the supervisor's stuck check
 
     # ---- the HTTP side ----
     def start(self) -> None:
@@ -130,6 +132,10 @@ class Scheduler:
             self._stop = True
             self._cond.notify()
         self._thread.join(timeout=30)
+
+    def alive(self) -> bool:
+        """The worker thread runs (False before start() and after it died or stopped)."""
+        return self._thread.is_alive()
 
     def submit(self, req: GenRequest) -> None:
         """Queue a request; raises QueueFull when --max-queue requests already wait."""
@@ -149,6 +155,7 @@ class Scheduler:
     def _loop(self) -> None:
         with torch.inference_mode():
             while True:
+                self.last_progress = time.monotonic()
                 with self._cond:
                     while not self._stop and not self._waiting and not self._running:
                         self._cond.wait()
@@ -182,11 +189,12 @@ class Scheduler:
             # Match all but the last prompt token: the last one must be prefilled to get the logits.
             match = self.prefix_cache.match_prefix(req.ids[:-1])
             match.copy_into(cache)
+            generator = req.sampling.generator(self.engine.device)
+            stream = TextStream(self.engine.tokenizer, req.stop)
         except Exception as e:  # noqa: BLE001 - any failure is this request's, not the server's
             req.on_event(Failed(f"{type(e).__name__}: {e}"))
             return
-        generator = req.sampling.generator(self.engine.device)
-        run = _Running(req, cache, match.n_tokens, now, generator, stream=TextStream(self.engine.tokenizer, req.stop))
+        run = _Running(req, cache, match.n_tokens, now, generator, stream=stream)
         run.prefill_s += time.perf_counter() - t0
         self._running.append(run)
         self.metrics.queue.observe(now - req.enqueued)
@@ -227,7 +235,11 @@ class Scheduler:
     def _accept(self, run: _Running, logits: torch.Tensor) -> None:
         """Sample the next token from `logits` [1, vocab], stream its text, finish when due."""
         req = run.req
+        if req.constraint is not None:
+            logits = req.constraint.mask(logits[0])[None]  # [1, vocab], what the grammar forbids at -inf
         token = int(sample(logits, req.sampling, run.generator)[0])  # logits [1, vocab] -> ids [1]
+        if req.constraint is not None:
+            req.constraint.accept(token)
         now = time.perf_counter()
         if run.first_token_at is None:
             run.first_token_at = now
@@ -241,6 +253,9 @@ class Scheduler:
         delta, stopped = run.stream.add(token)
         if stopped:
             self._send(run, delta)
+            return self._finish(run, "stop")
+        if req.constraint is not None and req.constraint.done():  # the grammar is complete: only EOS may follow
+            self._send(run, delta + run.stream.flush())
             return self._finish(run, "stop")
         if len(run.generated) >= req.max_tokens:
             self._send(run, delta + run.stream.flush())
