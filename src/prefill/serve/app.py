@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -236,7 +236,10 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, e: RequestValidationError) -> JSONResponse:
-        err = e.errors()[0]
+        # A union field (prompt: text | ids | [text]) fails once per member: report our own check's message if one
+        # fired (a lone surrogate), else the first.
+        errors = e.errors()
+        err = next((x for x in errors if x.get("type") == "value_error"), errors[0])
         if err.get("type") == "json_invalid":
             return refuse(400, error_body("the body is not valid JSON", "invalid_request_error", None,
                                           "invalid_json"))  # fmt: skip
@@ -257,7 +260,9 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_r: Request, e: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if e.status_code == 404 else None
-        return refuse(e.status_code, error_body(str(e.detail), "invalid_request_error", None, code))
+        response = refuse(e.status_code, error_body(str(e.detail), "invalid_request_error", None, code))
+        response.headers.update(e.headers or {})  # e.g. Allow on a 405
+        return response
 
     @app.exception_handler(Exception)
     async def _bug(_r: Request, e: Exception) -> JSONResponse:
@@ -272,7 +277,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return JSONResponse({"status": "error", "reason": reason, "model": cfg.model_id}, 503)
         return JSONResponse({"status": "ok", "reason": None, "model": cfg.model_id})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_route() -> Response:
         metrics.kv_bytes.set(scheduler.kv_cache_bytes())
         metrics.prefix_bytes.set(prefix.nbytes)
@@ -381,7 +386,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             raise ApiError(400, f"the prompt has {P} tokens; this model's context length is {context}; "
                            "shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
         requested = body.requested_max_tokens()
-        max_tokens = requested if requested is not None else min(cfg.default_max_tokens, context - P)
+        max_tokens = requested if requested is not None else min(cfg.default_max_tokens, cfg.max_tokens_limit,
+                                                                 context - P)  # fmt: skip
         if max_tokens > cfg.max_tokens_limit or P + max_tokens > context:
             raise ApiError(400, f"max_tokens={max_tokens} is over the limit: at most "
                            f"{min(cfg.max_tokens_limit, context - P)} for this {P}-token prompt "
@@ -485,5 +491,5 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         return await handle(request, body, chat=True)
 
-    document_errors(app)
+    document_errors(app, cfg.model_id, cfg.max_tokens_limit, vocab)
     return app

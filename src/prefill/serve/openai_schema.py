@@ -3,8 +3,9 @@
 Every field of OpenAI's two endpoints is either honoured or refused with a 400 that names it: the fields we
 model are honoured; the OpenAI fields in NOT_SUPPORTED are accepted only at their no-op values; any other field
 is a 400 (`extra="forbid"`), so a client never gets a silent default. Types are strict (a string where an
-integer belongs is a 400, not a silent conversion). Text must be valid Unicode: a lone UTF-16 surrogate
-(JSON "\\ud800") is a 400 naming the field, never replaced.
+integer belongs is a 400, not a silent conversion) as JSON Schema has them: an integer is a number, and a
+number with no fraction (1.0) is an integer. Text must be valid Unicode: a lone UTF-16 surrogate (JSON
+"\\ud800") is a 400 naming the field, never replaced.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -28,21 +30,21 @@ from prefill.sampling import LOGIT_BIAS_MAX, SEED_MAX, SEED_MIN
 
 # OpenAI fields this server does not implement, each with its no-op test: a request that sets one to anything
 # else is refused with a 400 naming it. Implementing a field = modelling it above and deleting it here.
-NOT_SUPPORTED: dict[str, Any] = {
-    "logprobs": lambda v: v in (None, False, 0),
-    "top_logprobs": lambda v: v in (None, 0),
-    "echo": lambda v: v in (None, False),
-    "best_of": lambda v: v in (None, 1),
-    "suffix": lambda v: v in (None, ""),
-    "frequency_penalty": lambda v: v in (None, 0),
-    "presence_penalty": lambda v: v in (None, 0),
-    "functions": lambda v: v is None,
-    "function_call": lambda v: v is None,
-    "audio": lambda v: v is None,
-    "modalities": lambda v: v in (None, ["text"]),
-    "prediction": lambda v: v is None,
-    "web_search_options": lambda v: v is None,
-    "reasoning_effort": lambda v: v is None,
+NOT_SUPPORTED: dict[str, tuple] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "functions": (None,),
+    "function_call": (None,),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
 }
 # OpenAI fields that carry no instruction for the model (identifiers, storage, billing): accepted, not used.
 IGNORED = ("user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity")
@@ -56,8 +58,12 @@ def _valid_unicode(s: str) -> str:
     return s
 
 
+def _whole(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
-Number = StrictFloat | StrictInt
+Int = Annotated[StrictInt, BeforeValidator(_whole)]  # JSON Schema's integer: 2 and 2.0 alike
 
 
 class _Body(BaseModel):
@@ -106,19 +112,17 @@ class NamedToolChoice(_Body):
 
 class _Sampling(_Body):
     model: StrictStr
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: Number = Field(default=1.0, ge=0.0, le=2.0, description="below 1e-5: greedy, as in vLLM")
-    top_p: Number = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = Field(default=0, ge=0, description="vLLM's extension; 0 = no cut")
+    max_tokens: Int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=1)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0, description="below 1e-5: greedy, as in vLLM")
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: Int = Field(default=0, ge=0, description="vLLM's extension; 0 = no cut")
     stop: Text | list[Text] | None = Field(default=None, max_length=16)
-    seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description="what torch.Generator takes")
-    n: Annotated[StrictInt, Field(ge=1, le=1)] | Annotated[StrictFloat, Field(ge=1, le=1)] = Field(
-        default=1, description="only 1 (1.0 is the same number)"
-    )
+    seed: Int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description="what torch.Generator takes")
+    n: Int = Field(default=1, ge=1, le=1, description="only 1 (1.0 is the same number)")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[Number, Field(ge=-LOGIT_BIAS_MAX,
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[StrictFloat, Field(ge=-LOGIT_BIAS_MAX,
                      le=LOGIT_BIAS_MAX)]] | None = Field(default=None, max_length=300)  # fmt: skip
     # Accepted and not used (see IGNORED); typed loosely so any value passes.
     user: Any = None
@@ -145,8 +149,12 @@ class _Sampling(_Body):
 
     def refused_field(self) -> str | None:
         """The first OpenAI field set to something this server does not implement, or None."""
-        for name, is_noop in NOT_SUPPORTED.items():
-            if name in self.model_fields_set and not is_noop(getattr(self, name, None)):
+        for name, noops in NOT_SUPPORTED.items():
+            value = getattr(self, name, None)
+            # False == 0 in Python; a bool is a no-op only where a bool is listed
+            if name in self.model_fields_set and not any(
+                value == v and isinstance(value, bool) == isinstance(v, bool) for v in noops
+            ):
                 return name
         return None
 
@@ -157,7 +165,7 @@ class _Sampling(_Body):
 class CompletionRequest(_Sampling):
     """POST /v1/completions: one prompt, as text or as token ids (never empty)."""
 
-    prompt: Annotated[Text, Field(min_length=1)] | Annotated[list[StrictInt], Field(min_length=1)] | Annotated[
+    prompt: Annotated[Text, Field(min_length=1)] | Annotated[list[Int], Field(min_length=1)] | Annotated[
         list[Annotated[Text, Field(min_length=1)]], Field(min_length=1, max_length=1)]  # fmt: skip
     echo: Any = None
     best_of: Any = None
