@@ -4,9 +4,9 @@ truth, and no OpenAI field is silently ignored. After each hostile case, a norma
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-import socket
 import threading
 import time
 
@@ -210,7 +210,8 @@ def test_fields_at_their_no_op_values_are_accepted(server):
     r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 2, **noop}, timeout=60)
     assert r.status_code == 200, r.text
     chat = {"model": model, "messages": FRANCE, "max_tokens": 2, "tool_choice": "none", "logprobs": False,
-            "tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "text"}}  # fmt: skip
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "response_format": {"type": "text"}}  # fmt: skip
     r = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60)
     assert r.status_code == 200 and "tool_calls" not in r.json()["choices"][0]["message"], r.text
 
@@ -255,7 +256,7 @@ WEATHER = {
     },
 }
 NOTE = {"type": "function", "function": {"name": "take_note", "parameters": {"type": "object", "properties": {
-    "text": {"type": "string", "maxLength": 20}}, "required": ["text"]}}}  # fmt: skip
+    "text": {"type": "string", "maxLength": 20}}, "required": ["text"], "additionalProperties": False}}}  # fmt: skip
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
@@ -273,8 +274,8 @@ def test_forced_tool_call_comes_back_as_tool_calls(server, client, choice):
     schema = (WEATHER if call.function.name == "get_weather" else NOTE)["function"]["parameters"]
     jsonschema.validate(json.loads(call.function.arguments), schema)
     # Streamed: the same call arrives as one tool_calls delta, then finish_reason "tool_calls".
-    chunks = list(client.chat.completions.create(model=model, messages=messages, tools=[WEATHER, NOTE],
-                                                 tool_choice=choice, max_tokens=80, temperature=0, stream=True))  # fmt: skip
+    kw = dict(model=model, messages=messages, tools=[WEATHER, NOTE], tool_choice=choice, max_tokens=80, temperature=0)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert len(deltas) == 1 and deltas[0].function.name == call.function.name
     assert json.loads(deltas[0].function.arguments) == json.loads(call.function.arguments)
@@ -315,29 +316,54 @@ def test_disconnect_is_counted_as_cancelled(server):
 
 
 def test_an_unread_stream_is_cancelled_and_counted(engine):
-    cfg = ServeConfig(model_id_of(engine), max_unread_events=8, max_tokens_limit=2000)
-    with BackgroundServer(create_app(engine, cfg)) as url:
-        body = json.dumps({"model": cfg.model_id, "prompt": "Count: 1, 2, 3,", "max_tokens": 1900,
-                           "temperature": 0, "stream": True}).encode()  # fmt: skip
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # a client that reads nothing, with a tiny window
-        s.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
-        try:
-            for _ in range(1200):  # bounded: 120 s
-                if metric(url, 'prefill_cancelled_total{reason="unread"}') == 1:
+    """Driven through ASGI with a `send` that never returns after the first chunk: a client whose socket is full."""
+    cfg = ServeConfig(model_id_of(engine), max_unread_events=8, max_tokens_limit=200)
+    app = create_app(engine, cfg)
+    body = json.dumps({"model": cfg.model_id, "prompt": "Count: 1, 2, 3,", "max_tokens": 150, "temperature": 0,
+                       "stream": True}).encode()  # fmt: skip
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+
+    def sample(name: str) -> float:
+        m = re.search(rf"^{re.escape(name)} (\S+)$", app.state.metrics.render().decode(), re.MULTILINE)
+        return float(m.group(1)) if m else 0.0
+
+    async def scenario() -> None:
+        sent, blocked = [], asyncio.Event()
+        delivered = False
+
+        async def receive():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client never disconnects either
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "http.response.body":
+                blocked.set()
+                await asyncio.Event().wait()  # the socket is full: this send never completes
+
+        async with app.router.lifespan_context(app):
+            task = asyncio.create_task(app(scope, receive, send))
+            await asyncio.wait_for(blocked.wait(), 60)
+            for _ in range(1200):  # bounded: 60 s
+                if sample('prefill_cancelled_total{reason="unread"}') == 1 and sample("prefill_running_requests") == 0:
                     break
-                time.sleep(0.1)
-            assert metric(url, 'prefill_cancelled_total{reason="unread"}') == 1
-            wait_idle(url)
-            assert metric(url, "prefill_kv_cache_bytes") == 0
-            assert metric(url, "prefill_generated_tokens_count") == 0  # dropped, never finished
-        finally:
-            s.close()
-        still_serving(url, cfg.model_id)
+                await asyncio.sleep(0.05)
+            task.cancel()
+        assert sent[0]["status"] == 200
+        assert sample('prefill_cancelled_total{reason="unread"}') == 1
+        assert sample("prefill_generated_tokens_count") == 0  # dropped, never finished
+        assert app.state.scheduler.kv_cache_bytes() == 0
+
+    asyncio.run(scenario())
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault we inject
 def test_a_dead_worker_is_reported_fails_what_waits_and_stops_the_server(engine):
     cfg = ServeConfig(model_id_of(engine), supervise_every_s=0.1)
     app = create_app(engine, cfg)

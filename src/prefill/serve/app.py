@@ -232,7 +232,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
 
     @app.exception_handler(BadInput)
     async def _bad_input(_r: Request, e: BadInput) -> JSONResponse:
-        return refuse(400, error_body(str(e), "invalid_request_error", None, "invalid_value"))
+        return refuse(400, error_body(str(e), "invalid_request_error", getattr(e, "param", None), "invalid_value"))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, e: RequestValidationError) -> JSONResponse:

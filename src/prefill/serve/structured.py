@@ -29,6 +29,14 @@ from prefill.loading.tokenizer import Tokenizer
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+class SchemaError(BadInput):
+    """A response_format or tool schema that cannot be compiled; `param` names the field (HTTP 400)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class GrammarConstraint:
     """One request's grammar state. Not thread-safe: the scheduler's worker is its only caller."""
 
@@ -83,16 +91,16 @@ class Grammars:
             return self._ll
 
     def json_schema(self, schema: dict, param: str = "response_format") -> Grammar:
-        """A grammar for JSON matching `schema`; BadInput (naming `param`) when the schema cannot be compiled."""
+        """A grammar for JSON matching `schema`; SchemaError (naming `param`) when the schema cannot be compiled."""
         import llguidance
 
         try:
             text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
         except (ValueError, TypeError) as e:
-            raise BadInput(f"{param}: the JSON schema is not valid: {e}") from None
+            raise SchemaError(f"{param}: the JSON schema is not valid: {e}", param) from None
         error = llguidance.LLMatcher.validate_grammar(text, self._lltokenizer())
         if error:
-            raise BadInput(f"{param}: the JSON schema is not supported: {error}")
+            raise SchemaError(f"{param}: the JSON schema is not supported: {error}", param)
         return Grammar(text)
 
     def json_object(self) -> Grammar:
