@@ -138,6 +138,7 @@ class Pending:
     req: GenRequest
     events: asyncio.Queue
     settled: str | None = None
+    at_scheduler: bool = True  # until its last event (Finished / Failed) arrives: the worker owes it progress
 
 
 def model_id_of(engine: Engine) -> str:
@@ -206,7 +207,10 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         if on_fatal is not None:
             on_fatal()
 
-    supervisor = Supervisor(scheduler, lambda: bool(inflight), cfg.stuck_after_s, cfg.supervise_every_s, fatal)
+    def busy() -> bool:
+        return any(p.at_scheduler for p in inflight)
+
+    supervisor = Supervisor(scheduler, busy, cfg.stuck_after_s, cfg.supervise_every_s, fatal)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -400,6 +404,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         def deliver(ev) -> None:  # on the event loop
             if pending.settled is None and isinstance(ev, TextDelta) and events.qsize() >= cfg.max_unread_events:
                 settle(pending, "cancelled", reason="unread")  # a client that does not read loses its slot
+            pending.at_scheduler = pending.at_scheduler and not isinstance(ev, Finished | Failed)
             events.put_nowait(ev)
 
         req = GenRequest(ids, max_tokens, sampling, body.stop_strings(),
