@@ -379,8 +379,10 @@ def test_a_dead_worker_is_reported_fails_what_waits_and_stops_the_server(engine)
         app.state.on_fatal = reported.set  # hold the exit until /health has been read
         scheduler._take_waiting = boom  # the next loop of the worker raises: the thread ends
         body = {"model": cfg.model_id, "prompt": "Hi", "max_tokens": 3}
+        errors0 = metric(url, 'prefill_errors_total{status="503"}')
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)  # pending when the worker dies
         assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+        assert metric(url, 'prefill_errors_total{status="503"}') == errors0 + 1  # counted once
         assert reported.wait(10)
         h = httpx.get(f"{url}/health")
         assert h.status_code == 503 and "worker" in h.json()["reason"]

@@ -64,7 +64,8 @@ def test_signal_stops_serve_in_bounded_time(sig, tmp_path):
         proc.send_signal(sig)
         t0 = time.monotonic()
         code = proc.wait(timeout=STOP_WITHIN_S)
-        assert time.monotonic() - t0 < STOP_WITHIN_S and code == 0
+        # uvicorn re-raises the signal it caught once it has shut down: the status says "ended by that signal"
+        assert time.monotonic() - t0 < STOP_WITHIN_S and code in (0, -sig, 128 + sig)
         for t in threads:
             t.join(10)
         assert lines[-1] == "[DONE]" and json.loads(lines[-2])["error"]["code"] == "http_503"

@@ -177,7 +177,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     inflight: set[Pending] = set()
 
     def settle(p: Pending, outcome: str, **labels) -> None:
-        """Count a pending request once: "ok" (requests, by endpoint and finish reason), "error" or "cancelled"."""
+        """Count a pending request once: "ok" (requests, by endpoint and finish reason), "error" or "cancelled";
+        "raised": an ApiError follows, which its handler counts."""
         if p.settled is not None:
             return
         p.settled = outcome
@@ -187,7 +188,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             metrics.requests.labels(**labels).inc()
         elif outcome == "error":
             metrics.errors.labels(**labels).inc()
-        else:
+        elif outcome == "cancelled":
             metrics.cancelled.labels(**labels).inc()
 
     def abort_all(status: int, message: str) -> None:
@@ -431,10 +432,10 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                 if isinstance(ev, TextDelta):
                     parts.append(ev.text)
                 elif isinstance(ev, Failed):
-                    settle(pending, "error", status="500")
+                    settle(pending, "raised")
                     raise ApiError(500, ev.message, "server_error", code="generation_failed")
                 elif isinstance(ev, Aborted):
-                    settle(pending, "error", status=str(ev.status))
+                    settle(pending, "raised")
                     raise ApiError(ev.status, ev.message, "server_error", code="unavailable")
                 else:
                     break
