@@ -30,9 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prefill.engine import Engine
 from prefill.errors import BadInput
-from prefill.sampling import SamplingParams
+from prefill.serve.admission import Admission
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
+    ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     ErrorResponse,
@@ -43,7 +44,7 @@ from prefill.serve.openai_schema import (
 from prefill.serve.openapi import GENERATION_RESPONSES, HealthBody, document_errors
 from prefill.serve.prefix_cache import RadixPrefixCache
 from prefill.serve.scheduler import Failed, Finished, GenRequest, QueueFull, Scheduler, TextDelta
-from prefill.serve.structured import Grammar, Grammars, tool_calls_of
+from prefill.serve.structured import tool_calls_of
 from prefill.serve.supervisor import Supervisor
 
 
@@ -62,15 +63,6 @@ class ServeConfig:
     max_unread_events: int = 512  # stream events buffered for a client that does not read; then it is cancelled
     stuck_after_s: float = 120.0  # a busy worker without a loop for this long is stuck: /health 503, exit 1
     supervise_every_s: float = 0.5
-
-
-class ApiError(Exception):
-    """A refusal with an HTTP status and OpenAI's error fields."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
 
 class BodyLimit:
@@ -147,18 +139,6 @@ def model_id_of(engine: Engine) -> str:
     return name.removesuffix(".gguf") or engine.spec.name
 
 
-def with_tools_described(messages: list[dict], tools) -> list[dict]:
-    """The chat with the tools described in its system message: the chat templates we read take no `tools`, and a
-    model asked for a call it was never told about calls it blindly."""
-    specs = [{"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
-             for t in tools]  # fmt: skip
-    note = ("You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
-            'with JSON: {"name": <function name>, "arguments": <its arguments>}.')  # fmt: skip
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
-    return [{"role": "system", "content": note}, *messages]
-
-
 def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -168,12 +148,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     metrics = ServerMetrics()
     prefix = RadixPrefixCache(int(cfg.prefix_cache_mb * 1024 * 1024))
     scheduler = Scheduler(engine, prefix, metrics, cfg.max_queue, cfg.max_running, cfg.chunk_size)
-    context, vocab = engine.spec.context_length, engine.spec.vocab_size
-    tok = engine.tokenizer
-    grammars = Grammars(tok, vocab) if tok is not None else None
-    # No token is longer than this many characters, so a text longer than context * this cannot fit: it is refused
-    # before it is tokenized.
-    max_token_chars = max((len(t) for t in tok.tok.get_vocab()), default=1) if tok is not None else 1
+    admission = Admission(engine)
+    context, vocab = admission.context, admission.vocab
     inflight: set[Pending] = set()
 
     def settle(p: Pending, outcome: str, **labels) -> None:
@@ -301,69 +277,6 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                            param="model", code="model_not_found")  # fmt: skip
         return card
 
-    def too_long(chars: int) -> None:
-        if chars > context * max_token_chars:
-            raise ApiError(400, f"the prompt has {chars} characters, more than {context} tokens of this model's "
-                           "context can hold; shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
-
-    def prompt_ids(body: CompletionRequest | ChatCompletionRequest, chat: bool) -> list[int]:
-        """Token ids of the prompt; runs on a worker thread (tokenizing a long prompt takes a second)."""
-        tok = engine.need_tokenizer()
-        if chat:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            if tools_forced(body):
-                messages = with_tools_described(messages, body.tools)
-            return tok.encode(tok.render_chat(messages, add_generation_prompt=True))
-        p = body.prompt
-        if isinstance(p, list) and isinstance(p[0], int):
-            if any(not 0 <= t < vocab for t in p):
-                raise ApiError(400, f"token ids must lie in [0, {vocab})", param="prompt")
-            return list(p)
-        return tok.encode(p[0] if isinstance(p, list) else p, add_special_tokens=True)
-
-    def tools_forced(body: ChatCompletionRequest) -> bool:
-        return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
-
-    def grammar_of(body: ChatCompletionRequest) -> Grammar | None:
-        """The grammar the answer must follow: response_format or a forced tool call; None for free text."""
-        tools, choice, fmt = body.tools, body.tool_choice, body.response_format
-        if choice == "none" or (choice is None and not tools):
-            tools = None  # "none": the model answers in text, as if no tools were given
-        elif not tools:
-            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
-        elif choice in (None, "auto"):
-            raise ApiError(400, "tool_choice 'auto' (the default when tools are given) is not supported: this server "
-                           "cannot let the model choose between text and a call; pass tool_choice 'required', "
-                           "{'type': 'function', 'function': {'name': ...}} or 'none'", param="tool_choice",
-                           code="unsupported_value")  # fmt: skip
-        elif choice != "required":
-            tools = [t for t in tools if t.function.name == choice.function.name]
-            if not tools:
-                raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not in tools",
-                               param="tool_choice")  # fmt: skip
-        if tools and fmt is not None and fmt.type != "text":
-            raise ApiError(400, "response_format cannot be combined with a forced tool call", param="response_format")
-        if grammars is None:
-            return None
-        if tools:
-            return grammars.tool_call([{"name": t.function.name, "parameters": t.function.parameters} for t in tools])
-        if fmt is None or fmt.type == "text":
-            return None
-        if fmt.type == "json_object":
-            return grammars.json_object()
-        if fmt.json_schema is None:
-            raise ApiError(400, "response_format of type json_schema needs json_schema", param="response_format")
-        return grammars.json_schema(fmt.json_schema.schema_)
-
-    def prepare(body, chat: bool):
-        """Tokenize and compile the grammar, off the event loop: (ids, constraint or None, grammar, seconds)."""
-        t0 = time.perf_counter()
-        ids = prompt_ids(body, chat)
-        tokenize_s = time.perf_counter() - t0
-        grammar = grammar_of(body) if chat else None
-        constraint = grammars.constraint(grammar) if grammar is not None else None
-        return ids, constraint, grammar, tokenize_s
-
     async def handle(request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool):
         arrival = request.scope.get("state", {}).get("arrival", time.perf_counter())
         if supervisor.problem():
@@ -372,18 +285,9 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         if body.model != cfg.model_id:
             raise ApiError(404, f"model {body.model!r} does not exist; this server serves {cfg.model_id!r}",
                            param="model", code="model_not_found")  # fmt: skip
-        refused = body.refused_field()
-        if refused:
-            raise ApiError(400, f"{refused}: not supported by this server; remove it or send its default",
-                           param=refused, code="unsupported_parameter")  # fmt: skip
-        bias = body.logit_bias_pairs()
-        if any(t >= vocab for t, _ in bias):
-            raise ApiError(400, f"logit_bias: token ids must lie in [0, {vocab})", param="logit_bias")
-        sampling = SamplingParams(temperature=float(body.temperature), top_k=body.top_k, top_p=float(body.top_p),
-                                  seed=body.seed, logit_bias=bias)  # fmt: skip
-        too_long(sum(len(m.text()) for m in body.messages) if chat else sum(map(len, body.prompt)) if isinstance(
-            body.prompt, list) and isinstance(body.prompt[0], str) else len(body.prompt))  # fmt: skip
-        ids, constraint, grammar, tokenize_s = await asyncio.to_thread(prepare, body, chat)
+        sampling = admission.check(body, chat)
+        prepared = await asyncio.to_thread(admission.prepare, body, chat)
+        ids = prepared.ids
         P = len(ids)
         if P == 0:
             raise ApiError(400, "the prompt is empty", param="prompt")
@@ -409,8 +313,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             events.put_nowait(ev)
 
         req = GenRequest(ids, max_tokens, sampling, body.stop_strings(),
-                         lambda ev: loop.call_soon_threadsafe(deliver, ev), arrival, tokenize_s,
-                         constraint=constraint)  # fmt: skip
+                         lambda ev: loop.call_soon_threadsafe(deliver, ev), arrival, prepared.tokenize_s,
+                         constraint=prepared.constraint)  # fmt: skip
         pending = Pending(req, events)
         try:
             scheduler.submit(req)
@@ -419,7 +323,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         inflight.add(pending)
         shape = ResponseShape(chat, cfg.model_id)
         endpoint = "chat" if chat else "completions"
-        tools = grammar is not None and bool(grammar.tool_names)
+        tools = prepared.tool_call
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(stream(pending, shape, include_usage, endpoint, tools),

@@ -203,6 +203,15 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: Any = None
 
 
+class ApiError(Exception):
+    """A refusal with an HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
