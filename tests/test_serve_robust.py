@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import threading
 import time
 
@@ -313,6 +314,29 @@ def test_disconnect_is_counted_as_cancelled(server):
     assert d["prefill_cancelled_total"] == 1 and d["prefill_received_requests_total"] == 1
     assert d["prefill_requests_total"] == d["prefill_errors_total"] == 0
     assert metric(url, "prefill_kv_cache_bytes") == 0
+
+
+def test_a_client_gone_before_its_non_streamed_answer_is_cancelled(server):
+    url, model = server
+    wait_idle(url)
+    cancelled0, done0 = total(url, "prefill_cancelled_total"), metric(url, "prefill_generated_tokens_count")
+    body = json.dumps({"model": model, "prompt": "Write a long story:", "max_tokens": 400, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        for _ in range(200):  # until it decodes (bounded: 20 s), then hang up
+            if metric(url, "prefill_running_requests") == 1:
+                break
+            time.sleep(0.1)
+    for _ in range(200):
+        if total(url, "prefill_cancelled_total") == cancelled0 + 1:
+            break
+        time.sleep(0.1)
+    wait_idle(url)
+    assert total(url, "prefill_cancelled_total") == cancelled0 + 1
+    assert metric(url, "prefill_generated_tokens_count") == done0  # dropped, not decoded to 400 tokens
+    assert metric(url, "prefill_kv_cache_bytes") == 0
+    still_serving(url, model)
 
 
 def test_an_unread_stream_is_cancelled_and_counted(engine):

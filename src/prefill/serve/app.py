@@ -139,6 +139,12 @@ def model_id_of(engine: Engine) -> str:
     return name.removesuffix(".gguf") or engine.spec.name
 
 
+async def disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body was read already, so only http.disconnect comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -329,10 +335,17 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return StreamingResponse(stream(pending, shape, include_usage, endpoint, tools),
                                      media_type="text/event-stream")  # fmt: skip
         ev = None
+        gone = asyncio.ensure_future(disconnected(request))  # nobody waits for this answer any more
         try:
             parts = []
             while True:
-                ev = await events.get()
+                get = asyncio.ensure_future(events.get())
+                await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    settle(pending, "cancelled", reason="disconnect")
+                    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+                ev = get.result()
                 if isinstance(ev, TextDelta):
                     parts.append(ev.text)
                 elif isinstance(ev, Failed):
@@ -344,6 +357,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                 else:
                     break
         finally:
+            gone.cancel()
             if pending.settled is None and not isinstance(ev, Finished):  # this handler was cancelled
                 settle(pending, "cancelled", reason="disconnect")
         text, finish, calls = "".join(parts), ev.finish_reason, None
