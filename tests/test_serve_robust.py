@@ -283,6 +283,17 @@ def test_forced_tool_call_comes_back_as_tool_calls(server, client, choice):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
 
+def test_a_stop_string_inside_a_forced_call_gives_text_not_a_500(server):
+    url, model = server
+    body = {"model": model, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [WEATHER], "tool_choice": "required", "max_tokens": 80, "temperature": 0,
+            "stop": ["\"arguments\""]}  # fmt: skip
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"].startswith('{"name": "get_weather"')
+
+
 def test_logit_bias_minus_100_removes_the_greedy_token(server, client, engine):
     _, model = server
     kw = dict(model=model, prompt="The capital of France is", max_tokens=1, temperature=0)

@@ -361,8 +361,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             if pending.settled is None and not isinstance(ev, Finished):  # this handler was cancelled
                 settle(pending, "cancelled", reason="disconnect")
         text, finish, calls = "".join(parts), ev.finish_reason, None
-        if tools and finish == "stop":
-            calls, finish = tool_calls_of(text), "tool_calls"
+        if tools and finish == "stop" and (calls := tool_calls_of(text)):
+            finish = "tool_calls"
         settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
         usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
         return shape.full(text, finish, usage, ev.timings, tool_calls=calls)
@@ -390,8 +390,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                     yield _sse(error_body(ev.message, "server_error", None, f"http_{status}"))
                     break
                 finish, calls = ev.finish_reason, None
-                if tools and finish == "stop":
-                    calls, finish = tool_calls_of("".join(parts)), "tool_calls"
+                if tools and finish == "stop" and (calls := tool_calls_of("".join(parts))):
+                    finish = "tool_calls"
                     yield _sse(shape.chunk(None, tool_calls=calls, **extra))
                 elif tools:
                     yield _sse(shape.chunk("".join(parts), **extra))

@@ -136,9 +136,13 @@ class Grammars:
         return GrammarConstraint(matcher, self.vocab_size)
 
 
-def tool_calls_of(text: str) -> list[dict]:
-    """OpenAI's message.tool_calls from the text a tool-call grammar produced: function.arguments as a JSON string."""
-    call = json.loads(text)
+def tool_calls_of(text: str) -> list[dict] | None:
+    """OpenAI's message.tool_calls from the text a tool-call grammar produced: function.arguments as a JSON string.
+    None when the text is not a whole call (a stop string cut it): the caller answers with the text instead."""
+    try:
+        call = json.loads(text)
+    except json.JSONDecodeError:
+        return None
     return [
         {
             "id": f"call_{uuid.uuid4().hex[:24]}",
