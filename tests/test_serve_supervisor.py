@@ -9,7 +9,7 @@ from prefill.serve.supervisor import Supervisor
 
 class FakeScheduler:
     def __init__(self) -> None:
-        self.running, self.last_progress = True, time.monotonic()
+        self.running, self.last_step_at, self.died = True, time.monotonic(), None
 
     def alive(self) -> bool:
         return self.running
@@ -33,13 +33,13 @@ def test_a_live_worker_is_fine_and_a_dead_one_is_fatal_once():
 
 def test_stuck_means_busy_without_progress():
     idle, sched, reports = make(busy=False)
-    sched.last_progress -= 60  # waiting for work is not being stuck
+    sched.last_step_at -= 60  # waiting for work is not being stuck
     idle.check()
     assert reports == []
     busy, sched, reports = make(busy=True)
     busy.check()
     assert reports == []
-    sched.last_progress -= 60
+    sched.last_step_at -= 60
     busy.check()
     assert len(reports) == 1 and "no progress for 60 s" in reports[0]
 

@@ -28,8 +28,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prefill import costs
 from prefill.engine import Engine
 from prefill.errors import BadInput
+from prefill.kvcache import KVPool
+from prefill.loop import StepLoop
+from prefill.prefix_cache import RadixPrefixCache
+from prefill.request import Failed, Generation, TokenEvent
+from prefill.request import Request as Job  # fastapi's Request is the HTTP one
 from prefill.serve.admission import Admission
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
@@ -42,8 +48,7 @@ from prefill.serve.openai_schema import (
     usage_body,
 )
 from prefill.serve.openapi import GENERATION_RESPONSES, HealthBody, document_errors
-from prefill.serve.prefix_cache import RadixPrefixCache
-from prefill.serve.scheduler import Failed, Finished, GenRequest, QueueFull, Scheduler, TextDelta
+from prefill.serve.scheduler import QueueFull, Scheduler
 from prefill.serve.structured import tool_calls_of
 from prefill.serve.supervisor import Supervisor
 
@@ -54,6 +59,7 @@ class ServeConfig:
 
     model_id: str
     prefix_cache_mb: float = 256.0
+    kv_cache_mb: float | None = None  # the shared KV pool; None: default_kv_cache_bytes()
     max_queue: int = 64
     max_running: int = 32
     chunk_size: int = 256
@@ -127,10 +133,23 @@ class Aborted:
 class Pending:
     """A request handed to the scheduler, until it is settled as ok, error or cancelled (exactly once)."""
 
-    req: GenRequest
+    req: Job
     events: asyncio.Queue
     settled: str | None = None
-    at_scheduler: bool = True  # until its last event (Finished / Failed) arrives: the worker owes it progress
+    at_scheduler: bool = True  # until its last event (Generation / Failed) arrives: the worker owes it progress
+
+
+def default_kv_cache_bytes(engine: Engine) -> int:
+    """A quarter of the memory free now on the engine's device, at most 2 GiB (pages are touched only as used)."""
+    if engine.device.type == "cuda":
+        import torch
+
+        free = torch.cuda.mem_get_info(engine.device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    return int(min(free // 4, 2 * 1024**3))
 
 
 def model_id_of(engine: Engine) -> str:
@@ -152,8 +171,11 @@ def _sse(obj: dict | str) -> str:
 def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     """The app, with its scheduler and supervisor started and stopped by the app's lifespan."""
     metrics = ServerMetrics()
-    prefix = RadixPrefixCache(int(cfg.prefix_cache_mb * 1024 * 1024))
-    scheduler = Scheduler(engine, prefix, metrics, cfg.max_queue, cfg.max_running, cfg.chunk_size)
+    kv_bytes = default_kv_cache_bytes(engine) if cfg.kv_cache_mb is None else int(cfg.kv_cache_mb * 1024**2)
+    pool = KVPool.for_bytes(engine.spec, kv_bytes, engine.dtype, engine.device)
+    prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
+    loop = StepLoop(engine, pool, prefix, cfg.chunk_size, cfg.max_running)
+    scheduler = Scheduler(loop, metrics, cfg.max_queue)
     admission = Admission(engine)
     context, vocab = admission.context, admission.vocab
     inflight: set[Pending] = set()
@@ -199,6 +221,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     async def lifespan(_app: FastAPI):
         scheduler.start()
         task = asyncio.create_task(supervisor.run())
+        await asyncio.to_thread(engine.gemm_rate)  # measured once now, so predictions never stall a request
         yield
         task.cancel()
         begin_shutdown()
@@ -260,14 +283,13 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     async def health() -> JSONResponse:
         """200 while the worker serves; 503 with the reason when it is dead, stuck or shutting down."""
         reason = supervisor.problem()
-        if reason:
-            return JSONResponse({"status": "error", "reason": reason, "model": cfg.model_id}, 503)
-        return JSONResponse({"status": "ok", "reason": None, "model": cfg.model_id})
+        body = {"status": "error" if reason else "ok", "reason": reason, "model": cfg.model_id,
+                **scheduler.pool_state()}  # fmt: skip
+        return JSONResponse(body, 503 if reason else 200)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_route() -> Response:
-        metrics.kv_bytes.set(scheduler.kv_cache_bytes())
-        metrics.prefix_bytes.set(prefix.nbytes)
+        scheduler._update_gauges()
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     card = {"id": cfg.model_id, "object": "model", "created": 0, "owned_by": "prefill", "max_model_len": context}
@@ -308,19 +330,19 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                            f"{min(cfg.max_tokens_limit, context - P)} for this {P}-token prompt "
                            f"(context length {context})", param="max_tokens",
                            code="context_length_exceeded")  # fmt: skip
-        loop = asyncio.get_running_loop()
+        aio = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         pending: Pending | None = None
 
         def deliver(ev) -> None:  # on the event loop
-            if pending.settled is None and isinstance(ev, TextDelta) and events.qsize() >= cfg.max_unread_events:
+            if pending.settled is None and isinstance(ev, TokenEvent) and events.qsize() >= cfg.max_unread_events:
                 settle(pending, "cancelled", reason="unread")  # a client that does not read loses its slot
-            pending.at_scheduler = pending.at_scheduler and not isinstance(ev, Finished | Failed)
+            pending.at_scheduler = pending.at_scheduler and not isinstance(ev, Generation | Failed)
             events.put_nowait(ev)
 
-        req = GenRequest(ids, max_tokens, sampling, body.stop_strings(),
-                         lambda ev: loop.call_soon_threadsafe(deliver, ev), arrival, prepared.tokenize_s,
-                         constraint=prepared.constraint)  # fmt: skip
+        req = Job(ids, max_tokens, sampling, engine.tokenizer, lambda ev: aio.call_soon_threadsafe(deliver, ev),
+                  body.stop_strings(), arrival=arrival, tokenize_s=prepared.tokenize_s,
+                  constraint=prepared.constraint)  # fmt: skip
         pending = Pending(req, events)
         try:
             scheduler.submit(req)
@@ -331,8 +353,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         endpoint = "chat" if chat else "completions"
         tools = prepared.tool_call
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream(pending, shape, include_usage, endpoint, tools),
+            return StreamingResponse(stream(pending, shape, body.stream_options, endpoint, tools),
                                      media_type="text/event-stream")  # fmt: skip
         ev = None
         gone = asyncio.ensure_future(disconnected(request))  # nobody waits for this answer any more
@@ -346,10 +367,12 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                     settle(pending, "cancelled", reason="disconnect")
                     return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
                 ev = get.result()
-                if isinstance(ev, TextDelta):
+                if isinstance(ev, TokenEvent):
                     parts.append(ev.text)
                 elif isinstance(ev, Failed):
                     settle(pending, "raised")
+                    if isinstance(ev.error, BadInput):
+                        raise ApiError(400, ev.message, param=getattr(ev.error, "param", None))
                     raise ApiError(500, ev.message, "server_error", code="generation_failed")
                 elif isinstance(ev, Aborted):
                     settle(pending, "raised")
@@ -358,19 +381,31 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                     break
         finally:
             gone.cancel()
-            if pending.settled is None and not isinstance(ev, Finished):  # this handler was cancelled
+            if pending.settled is None and not isinstance(ev, Generation):  # this handler was cancelled
                 settle(pending, "cancelled", reason="disconnect")
         text, finish, calls = "".join(parts), ev.finish_reason, None
         if tools and finish == "stop" and (calls := tool_calls_of(text)):
             finish = "tool_calls"
         settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
-        usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-        return shape.full(text, finish, usage, ev.timings, tool_calls=calls)
+        return shape.full(text, finish, usage_of(ev), final_timings(ev), tool_calls=calls)
 
-    async def stream(pending: Pending, shape: ResponseShape, include_usage: bool, endpoint: str,
-                     tools: bool) -> AsyncIterator[str]:  # fmt: skip
+    def usage_of(gen: Generation) -> dict:
+        return usage_body(gen.P, len(gen.token_ids), gen.cached_tokens)
+
+    def final_timings(gen: Generation) -> dict:
+        """The server's measured timings, with the cost model's prediction of the prefill beside them."""
+        predicted, how = engine.predict_prefill_seconds(gen.P - gen.cached_tokens, gen.cached_tokens, cfg.chunk_size)
+        return {**gen.timings(), "predicted_prefill_s": predicted, "predicted_by": how,
+                "kv_bytes": gen.kv_bytes, "kv_bytes_formula": kv_formula(gen.P)}  # fmt: skip
+
+    def kv_formula(tokens: int) -> int:
+        return costs.kv_cache_bytes_for(engine.spec, tokens, engine.dtype.itemsize)
+
+    async def stream(pending: Pending, shape: ResponseShape, opts, endpoint: str, tools: bool) -> AsyncIterator[str]:
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts.continuous_usage_stats)
         extra = {"usage": None} if include_usage else {}
-        events, parts = pending.events, []
+        req, events, parts = pending.req, pending.events, []
         try:
             if shape.chat:
                 yield _sse(shape.chunk("", role=True, **extra))
@@ -378,14 +413,24 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                 ev = await events.get()
                 if pending.settled == "cancelled":
                     break  # not read for too long: the request was dropped
-                if isinstance(ev, TextDelta):
+                if isinstance(ev, TokenEvent):
                     if tools:  # a tool call is sent whole, once it parses
                         parts.append(ev.text)
-                    else:
-                        yield _sse(shape.chunk(ev.text, **extra))
+                        continue
+                    if not ev.text and not continuous:
+                        continue
+                    if continuous:  # vLLM's continuous_usage_stats, plus what the cache holds right now
+                        n = len(req.gen.token_ids)
+                        extra = {"usage": usage_body(req.P, n, req.gen.cached_tokens),
+                                 "timings": {"t_s": ev.t, "kv_bytes": ev.kv_bytes, "kv_tokens": ev.kv_tokens,
+                                             "kv_bytes_formula": kv_formula(ev.kv_tokens)}}  # fmt: skip
+                    yield _sse(shape.chunk(ev.text, **extra))
                     continue
                 if isinstance(ev, Failed | Aborted):
-                    status = str(ev.status) if isinstance(ev, Aborted) else "500"
+                    if isinstance(ev, Aborted):
+                        status = str(ev.status)
+                    else:
+                        status = "400" if isinstance(ev.error, BadInput) else "500"
                     settle(pending, "error", status=status)
                     yield _sse(error_body(ev.message, "server_error", None, f"http_{status}"))
                     break
@@ -396,12 +441,12 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                 elif tools:
                     yield _sse(shape.chunk("".join(parts), **extra))
                 settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
-                usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+                usage, timings = usage_of(ev), final_timings(ev)
                 if include_usage:
-                    yield _sse(shape.chunk(None, finish, usage=None))
-                    yield _sse(shape.usage_chunk(usage, ev.timings))
+                    yield _sse(shape.chunk(None, finish, usage=usage if continuous else None))
+                    yield _sse(shape.usage_chunk(usage, timings))
                 else:  # OpenAI clients ignore the extra fields; other clients can read them
-                    yield _sse(shape.chunk(None, finish, usage=usage, timings=ev.timings))
+                    yield _sse(shape.chunk(None, finish, usage=usage, timings=timings))
                 break
             yield _sse("[DONE]")
         finally:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 
 class Supervisor:
-    """Watches `scheduler.alive()` and `scheduler.last_progress` (time.monotonic() of its last loop)."""
+    """Watches `scheduler.alive()`, `scheduler.died` (why it ended) and `scheduler.last_step_at`
+    (time.monotonic() of the worker's last turn, idle or not)."""
 
     def __init__(self, scheduler, busy: Callable[[], bool], stuck_after_s: float, every_s: float,
                  on_fatal: Callable[[str], None]) -> None:  # fmt: skip
@@ -26,10 +27,10 @@ class Supervisor:
 
     def worker_problem(self) -> str | None:
         """Why the worker cannot serve, or None while it can."""
-        alive = getattr(self.scheduler, "alive", None)
-        if not (alive() if alive is not None else self.scheduler._thread.is_alive()):
-            return "the scheduler's worker thread is not running"
-        idle_s = time.monotonic() - getattr(self.scheduler, "last_progress", time.monotonic())
+        if not self.scheduler.alive():
+            died = getattr(self.scheduler, "died", None)
+            return "the scheduler's worker thread is not running" + (f" (it died of {died})" if died else "")
+        idle_s = time.monotonic() - self.scheduler.last_step_at
         if self.busy() and idle_s > self.stuck_after_s:
             return f"the scheduler's worker made no progress for {idle_s:.0f} s with requests pending"
         return None
