@@ -77,7 +77,9 @@ def test_batched_decode_equals_each_alone(smollm):
     prompts = [tok.encode(" ".join(words[i % len(words)] for i in range(n))) for n in (5, 12, 30, 61, 97, 150, 220)]
     prompts.append(tok.encode(" ".join(["history"] * 300))[:300])
     assert min(map(len, prompts)) >= 5 and max(map(len, prompts)) == 300
-    checks = verify.batched_vs_alone(smollm, prompts, new_tokens=6)
+    checks = verify.batched_vs_alone(smollm, prompts, new_tokens=6)  # rows read their own blocks
+    similar = [tok.encode(" ".join(words[i % len(words)] for i in range(n))) for n in (40, 44, 50, 57)]
+    checks += verify.batched_vs_alone(smollm, similar, new_tokens=6)  # rows padded to one length, masked
     assert all(c.ok for c in checks), checks
 
 

@@ -507,6 +507,7 @@ def loadtest(
     slo_ttft_ms: float = typer.Option(None, help="goodput SLO on TTFT, ms"),
     slo_tpot_ms: float = typer.Option(None, help="goodput SLO on TPOT, ms"),
     no_usage: bool = typer.Option(False, help="do not ask for stream_options.include_usage"),
+    ignore_eos: bool = typer.Option(False, help="ask for exactly --max-tokens (ignore_eos, as vLLM's benchmarks do)"),
     seed: int = typer.Option(0, help="seed of prompt lengths and words"),
     out: str = typer.Option("loadtest.json", help="JSON report (config, summary, every request)"),
     plot: str = typer.Option("loadtest.png", help="PNG plot"),
@@ -528,7 +529,7 @@ def loadtest(
     cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, concurrency=concurrency, rate=rate,
                          duration_s=duration, max_requests=requests, prompt_lengths=PromptLengths.parse(prompt_len),
                          prompts=prompts, system_prompt=system, max_tokens=max_tokens, temperature=temperature,
-                         seed=seed, include_usage=not no_usage)  # fmt: skip
+                         seed=seed, include_usage=not no_usage, ignore_eos=ignore_eos)  # fmt: skip
     mode = f"Poisson {rate} req/s (cap {concurrency})" if rate else f"concurrency {concurrency}"
     lengths = "from file" if prompts else cfg.prompt_lengths.describe()
     console.print(f"load test of {cfg.url}: {mode}, prompts {lengths} tokens, max_tokens {max_tokens}", highlight=False)

@@ -177,15 +177,25 @@ class KVBatch:
         self.fresh = all(st == 0 for st in self.starts)  # nothing cached: attention needs only the new K/V
         self._write = torch.cat([s.slots(st, st + T) for s, st in zip(self.seqs, self.starts, strict=True)])
         self._read = None if self.fresh else [s.slots(0, st + T) for s, st in zip(self.seqs, self.starts, strict=True)]
+        self.mask = None  # [B, 1, 1, S_max] when the rows are read padded to one length (see padded())
+        ends = [st + T for st in self.starts]
+        if not self.fresh and T == 1 and len(ends) > 1 and len(ends) * max(ends) <= 2 * sum(ends):
+            # Decode rows of similar lengths: one gather and one attention call for all of them, padded to the
+            # longest (at most half of what is read is padding); rows of very different lengths read their own.
+            S, dev = max(ends), self._write.device
+            pad = [torch.cat([r, r.new_zeros(S - len(r))]) for r in self._read]  # slot 0 stands in, masked
+            self._padded = torch.cat(pad)  # [B S]
+            self.mask = (torch.arange(S, device=dev)[None, :] < torch.tensor(ends, device=dev)[:, None])[:, None, None]
 
     def positions(self, device) -> torch.Tensor:
         """[B, T] positions of the new tokens (long)."""
         return torch.tensor(self.starts, device=device)[:, None] + torch.arange(self.T, device=device)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """Store k, v [B, H_kv, T, d_head] at each row's positions; return each row's K, V over positions
-        0..start+T-1 as [1, H_kv, start + T, d_head], or None when every row started empty (then the new k, v
-        are all there is to attend to)."""
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v [B, H_kv, T, d_head] at each row's positions and return what attention reads:
+        - None when every row started empty (the new k, v are all there is to attend to);
+        - (K, V) [B, H_kv, S_max, d_head] padded, with `self.mask` saying which positions are real;
+        - else a list of each row's (K, V) [1, H_kv, start + T, d_head] over its positions 0..start+T-1."""
         pool = self.seqs[0].pool
         B, H_kv, T, d = k.shape
         flat_k = k.transpose(0, 1).reshape(H_kv, B * T, d)  # [H_kv, B T, d_head]: row-major like the slots
@@ -194,6 +204,11 @@ class KVBatch:
         pool.v[layer].index_copy_(1, self._write, flat_v)
         if self._read is None:
             return None
+        if self.mask is not None:
+            B, S = self.mask.shape[0], self.mask.shape[-1]
+            kp = pool.k[layer].index_select(1, self._padded).view(H_kv, B, S, d).transpose(0, 1)  # [B, H_kv, S, d]
+            vp = pool.v[layer].index_select(1, self._padded).view(H_kv, B, S, d).transpose(0, 1)
+            return kp, vp
         return [(pool.k[layer].index_select(1, r)[None], pool.v[layer].index_select(1, r)[None]) for r in self._read]
 
     def advance(self) -> None:

@@ -113,6 +113,9 @@ def attend(q, k, v, batch: KVBatch, layer: int) -> torch.Tensor:
     T = q.shape[2]
     if rows is None:  # every row started empty: the new K/V are all there is, and the rows have equal lengths
         return causal_attention(q, k, v, 0) if T > 1 else F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    if batch.mask is not None:  # decode rows padded to one length: one call, padding masked out
+        k_all, v_all = rows
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=batch.mask, enable_gqa=True)
     out = []
     for b, (k_all, v_all) in enumerate(rows):  # rows of different lengths: each reads only its own blocks
         qb = q[b : b + 1]  # [1, H_q, T, d_head]

@@ -105,6 +105,7 @@ class Request:
     tokenize_s: float = 0.0
     constraint: Constraint | None = None
     logprobs: int | None = None  # record the chosen token's log-probability and this many alternatives
+    ignore_eos: bool = False  # keep going past EOS to max_tokens (vLLM's benchmark option)
     cancelled: bool = False  # set by the caller (a client went away); the loop drops the request
     # ---- state, set by the loop ----
     seq: SeqKV | None = None
@@ -171,7 +172,7 @@ class Request:
         self._last_token_at = now
         if self.constraint is not None:
             self.constraint.accept(token)
-        eos = self.tokenizer.eos_ids if self.tokenizer is not None else set()
+        eos = self.tokenizer.eos_ids if self.tokenizer is not None and not self.ignore_eos else set()
         if token in eos:
             return self.finish("stop", flush=True)
         g.token_ids.append(token)

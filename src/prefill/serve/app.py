@@ -342,7 +342,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
 
         req = Job(ids, max_tokens, sampling, engine.tokenizer, lambda ev: aio.call_soon_threadsafe(deliver, ev),
                   body.stop_strings(), arrival=arrival, tokenize_s=prepared.tokenize_s,
-                  constraint=prepared.constraint)  # fmt: skip
+                  constraint=prepared.constraint, ignore_eos=body.ignore_eos)  # fmt: skip
         pending = Pending(req, events)
         try:
             scheduler.submit(req)

@@ -117,6 +117,7 @@ class _Sampling(_Body):
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0, description="below 1e-5: greedy, as in vLLM")
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     top_k: Int = Field(default=0, ge=0, description="vLLM's extension; 0 = no cut")
+    ignore_eos: StrictBool = Field(default=False, description="vLLM's extension, for benchmarks: run to max_tokens")
     stop: Text | list[Text] | None = Field(default=None, max_length=16)
     seed: Int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description="what torch.Generator takes")
     n: Int = Field(default=1, ge=1, le=1, description="only 1 (1.0 is the same number)")
