@@ -525,7 +525,9 @@ def serve(
     console.print(f"KV pool: {pool.allocated_bytes() / 1024**2:,.0f} MiB = {pool.n_blocks:,} blocks of "
                   f"{pool.block_size} tokens ({tokens:,} tokens)", highlight=False)  # fmt: skip
     console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
-    run_server(app, host, port)
+    code = run_server(app, host, port)
+    if code:
+        fail("the server stopped because its scheduler could not serve (see the log above)", code)
 
 
 @app.command()
