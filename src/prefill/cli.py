@@ -461,7 +461,7 @@ def bench(
         compile=compile,
         force=force,
     )
-    config, plan, spec, _ = prepare(config)
+    config, plan, _, _ = prepare(config)
     wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
     wide.print(report.device_line(config.device), highlight=False)
     for note in plan.notes:
