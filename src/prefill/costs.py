@@ -322,6 +322,13 @@ def bound(intensity: float, ridge: float) -> str:
     return "compute-bound" if intensity >= ridge else "memory-bound"
 
 
+def attainable_flops_per_s(intensity: float, peak_flops_per_sec: float, bandwidth_bytes_per_s: float) -> float:
+    """The roofline: FLOP/s a kernel of `intensity` FLOPs per byte can reach, min(peak, intensity * bandwidth)."""
+    _non_negative("intensity", intensity)
+    return min(_positive("peak_flops_per_sec", peak_flops_per_sec),
+               intensity * _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s))  # fmt: skip
+
+
 def compute_bound_prompt_length(
     spec: ModelSpec | None, bytes_per_element: int, ridge: float, B: int = 1, max_P: int = 2**40
 ) -> int | None:

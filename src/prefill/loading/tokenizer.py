@@ -52,7 +52,9 @@ class Tokenizer:
         `add_special_tokens` adds what the model puts around a raw prompt (a BOS token, for some); a rendered
         chat template already carries its own.
         """
-        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode does not): a long prompt tokenized on a worker thread leaves the
+        # server's event loop free.
+        ids = self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and self.add_bos_id is not None and (not ids or ids[0] != self.add_bos_id):
             ids = [self.add_bos_id, *ids]
         return ids
