@@ -54,7 +54,8 @@ def test_bfloat16_within_bf16_rounding():
 @pytest.mark.parametrize(
     "P,start,window,held",
     [(20, 0, 5, None), (7, 13, 5, None), (1, 30, 8, None), (1, 3, 8, None), (33, 40, 16, None), (9, 0, 64, None),
-     (6, 10, 4, 9), (1, 30, 8, 8), (12, 20, 8, 19)],  # held: the cache keeps only the last `held` positions
+     (6, 10, 4, 9), (1, 30, 8, 8), (12, 20, 8, 19),  # held: the cache keeps only the last `held` positions
+     (1100, 0, 100, None), (700, 37, 600, None)],  # long prompts: SDPA in bands of max(W, 512) queries
 )  # fmt: skip
 @pytest.mark.parametrize("H_q,H_kv", [(4, 4), (6, 2)])
 def test_sliding_window_equals_the_definition(P, start, window, held, H_q, H_kv):

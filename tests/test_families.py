@@ -285,3 +285,23 @@ def test_gemma3_proofs_hold_with_windows(gemma3):
     assert costs.kv_cache_bytes_for(engine.spec, 40, 4) == per_position * (3 * W + 40) < per_position * 4 * 40
     for c in parity_with_reference(engine, ref, PROMPT[0].tolist(), tol=1e-4):
         assert c.ok, (c.name, c.measured)
+
+
+def test_gemma3_attention_probe_follows_the_window(gemma3):
+    """The lesson's probe on a windowed model: its K is the cache's, A @ V is the model's attention output, and
+    a windowed layer's weights are zero outside the window."""
+    from prefill.attention import causal_attention
+    from prefill.probe import attention_weights, layer_qkv
+
+    _, engine = gemma3
+    ids = PROMPT[0, :30].tolist()
+    _, cache = engine.prefill(ids)
+    W = engine.spec.windows[2]
+    for layer in (1, 2):  # global, windowed
+        t = layer_qkv(engine.model, ids, layer)
+        torch.testing.assert_close(t.k, cache.k(layer), rtol=1e-5, atol=1e-5)
+        A = attention_weights(engine.model, ids, layer, 3)  # [P, P]
+        block = engine.model.layers[layer]
+        o = causal_attention(t.q, t.k, t.v, 0, block.window, block.scale)[0, 3]  # [P, d_head]
+        torch.testing.assert_close(A @ t.v[0, 1], o, rtol=1e-4, atol=1e-4)
+        assert bool(torch.all(A.tril(-W) == 0)) == (layer == 2)  # only the windowed layer forgets the old

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 BLOCK = 64  # query positions per block: scores are [B, H_kv, G, BLOCK, keys]
+SDPA_BAND = 512  # least queries per SDPA call when a window cuts a long prompt into bands
 
 
 def visible(rows: torch.Tensor, cols: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -46,9 +47,19 @@ def sdpa_causal(q, k, v, start: int, window: int | None = None, scale: float | N
     if lo == start and (window is None or window >= P):
         # Keys start with the queries and no window bites: plain causal attention, the fused kernel, no mask.
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    rows = torch.arange(start, start + P, device=q.device)[:, None]  # [P, 1]
-    cols = torch.arange(lo, start + P, device=q.device)[None, :]  # [1, keys]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible(rows, cols, window), scale=scale, enable_gqa=True)
+    n = P if window is None else max(window, SDPA_BAND)  # queries per call
+    out = []
+    for s in range(0, P, n):
+        # A long prompt under a window goes in blocks of n queries, each against only the keys it may see:
+        # neither the scores nor the mask grow as P^2, only as P * (W + n).
+        e = min(P, s + n)
+        first = lo if window is None else max(lo, start + s - window + 1)
+        rows = torch.arange(start + s, start + e, device=q.device)[:, None]  # [n, 1]
+        cols = torch.arange(first, start + e, device=q.device)[None, :]  # [1, keys]
+        ks, vs = k[:, :, first - lo : start + e - lo], v[:, :, first - lo : start + e - lo]
+        mask = visible(rows, cols, window)
+        out.append(F.scaled_dot_product_attention(q[:, :, s:e], ks, vs, attn_mask=mask, scale=scale, enable_gqa=True))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
 def blocked_causal(q, k, v, start: int, window=None, scale=None, block: int = BLOCK) -> torch.Tensor:

@@ -164,19 +164,27 @@ class Block(nn.Module):
         self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
         self.mlp_post_norm = RMSNorm(spec.d_model, spec.norm_eps) if family.post_norms else None
 
-    def forward(self, x, cos, sin, batch: KVBatch, layer: int) -> torch.Tensor:
-        def w(norm):
-            return None if norm is None else norm.weight
-
-        q, k, v = self.kernels.qkv_rotary(
-            x, w(self.attn_norm), self.eps, self.wqkv.weight, self.wqkv.bias, w(self.q_norm), w(self.k_norm), cos,
-            sin, self.H_q, self.H_kv,
+    def qkv(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The work before attention: x [B, T, d_model] -> q [B, H_q, T, d_head], k, v [B, H_kv, T, d_head]."""
+        return self.kernels.qkv_rotary(
+            x, self.attn_norm.weight, self.eps, self.wqkv.weight, self.wqkv.bias, _weight(self.q_norm),
+            _weight(self.k_norm), cos, sin, self.H_q, self.H_kv,
         )  # fmt: skip
-        o = attend(q, k, v, batch, layer, self.window, self.scale)  # [B, H_q, T, d_head]
+
+    def finish(self, x, o) -> torch.Tensor:
+        """The work after attention: x [B, T, d_model], o [B, H_q, T, d_head] -> [B, T, d_model]."""
         return self.kernels.out_and_mlp(
             x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight,
-            w(self.attn_post_norm), w(self.mlp_post_norm), self.gelu,
+            _weight(self.attn_post_norm), _weight(self.mlp_post_norm), self.gelu,
         )  # fmt: skip
+
+    def forward(self, x, cos, sin, batch: KVBatch, layer: int) -> torch.Tensor:
+        q, k, v = self.qkv(x, cos, sin)
+        return self.finish(x, attend(q, k, v, batch, layer, self.window, self.scale))
+
+
+def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
 
 
 class Transformer(nn.Module):
@@ -232,18 +240,26 @@ class Transformer(nn.Module):
         unembedding a generation needs); "all" -> logits [B, T, vocab] (the proofs); "hidden" -> the final-normed
         hidden states [B, T, d_model] (scoring unembeds them in slices, see prefill.scoring).
         """
-        x = self.embed(ids)  # [B, T, d_model]
-        if self.embed_scale != 1.0:
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # rounded to the dtype, as the reference does
-        tables = {local: self.rope(positions, x.dtype, local) for local in set(self.local_rope)}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, *tables[self.local_rope[i]], batch, i)
+        x = self.embed_tokens(ids)  # [B, T, d_model]
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_tables(positions, x.dtype), strict=True)):
+            x = layer(x, cos, sin, batch, i)
         batch.advance()
         if output == "hidden":
             return self.norm(x)  # [B, T, d_model]
         h = x if output == "all" else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
         logits = self.logits(self.norm(h))  # [B, 1 or T, vocab]
         return logits if output == "all" else logits[:, 0]
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [B, T, d_model] of ids [B, T], times sqrt(d_model) in Gemma (rounded to the dtype
+        first, as the reference does)."""
+        x = self.embed(ids)
+        return x if self.embed_scale == 1.0 else x * torch.tensor(self.embed_scale, dtype=x.dtype)
+
+    def rope_tables(self, positions: torch.Tensor, dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (cos, sin) [B, T, 1, d_head] for positions [B, T]: one table per rotary base, shared."""
+        tables = {local: self.rope(positions, dtype, local) for local in set(self.local_rope)}
+        return [tables[local] for local in self.local_rope]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., vocab] of final-normed hidden states h [..., d_model], soft-capped to
