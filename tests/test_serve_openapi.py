@@ -17,10 +17,8 @@ pytestmark = pytest.mark.slow
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
-def test_schemathesis_finds_nothing(tmp_path):
-    from prefill.engine import Engine
-
-    engine = Engine.load(progress=False)
+def test_schemathesis_finds_nothing(smollm, tmp_path):
+    engine = smollm
     cfg = ServeConfig(model_id_of(engine), max_tokens_limit=8, chunk_size=64, max_body_bytes=256 * 1024,
                       kv_cache_mb=256)  # fmt: skip
     st = Path(sys.executable).parent / "st"

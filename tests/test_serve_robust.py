@@ -26,10 +26,8 @@ KV_MB = 256  # each app's KV pool: the default (up to 2 GiB) fills with a long t
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from prefill.engine import Engine
-
-    return Engine.load(progress=False)
+def engine(smollm):
+    return smollm  # the session's one load of the embedded model (conftest)
 
 
 @pytest.fixture(scope="module")
