@@ -97,11 +97,10 @@ async def client(i: int, url: str, model: str, log: list) -> None:
                 log.append(("valid", await send(http, url, path, body)))
 
 
-def test_chaos_leaves_the_server_serving_and_the_books_balanced():
-    from prefill.engine import Engine
-
-    engine = Engine.load(progress=False)
-    cfg = ServeConfig(model_id_of(engine), chunk_size=32, max_tokens_limit=64, max_running=8, max_queue=128)
+def test_chaos_leaves_the_server_serving_and_the_books_balanced(smollm):
+    engine = smollm
+    cfg = ServeConfig(model_id_of(engine), chunk_size=32, max_tokens_limit=64, max_running=8, max_queue=128,
+                      kv_cache_mb=256)  # fmt: skip
     app = create_app(engine, cfg)
     with BackgroundServer(app) as url:
         before = totals(url)

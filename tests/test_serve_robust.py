@@ -22,18 +22,18 @@ from prefill.serve.server import BackgroundServer
 
 pytestmark = pytest.mark.slow
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+KV_MB = 256  # each app's KV pool: the default (up to 2 GiB) fills with a long test and the suite runs in one process
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from prefill.engine import Engine
-
-    return Engine.load(progress=False)
+def engine(smollm):
+    return smollm  # the session's one load of the embedded model (conftest)
 
 
 @pytest.fixture(scope="module")
 def server(engine):
-    cfg = ServeConfig(model_id_of(engine), chunk_size=64, max_tokens_limit=512)  # the default 4 MiB body limit
+    # the default 4 MiB body limit, for the ~3.9 MB prompt
+    cfg = ServeConfig(model_id_of(engine), chunk_size=64, max_tokens_limit=512, kv_cache_mb=KV_MB)
     with BackgroundServer(create_app(engine, cfg)) as url:
         yield url, cfg.model_id
 
@@ -352,7 +352,7 @@ def test_a_client_gone_before_its_non_streamed_answer_is_cancelled(server):
 
 def test_an_unread_stream_is_cancelled_and_counted(engine):
     """Driven through ASGI with a `send` that never returns after the first chunk: a client whose socket is full."""
-    cfg = ServeConfig(model_id_of(engine), max_unread_events=8, max_tokens_limit=200)
+    cfg = ServeConfig(model_id_of(engine), max_unread_events=8, max_tokens_limit=200, kv_cache_mb=KV_MB)
     app = create_app(engine, cfg)
     body = json.dumps({"model": cfg.model_id, "prompt": "Count: 1, 2, 3,", "max_tokens": 150, "temperature": 0,
                        "stream": True}).encode()  # fmt: skip
@@ -400,7 +400,7 @@ def test_an_unread_stream_is_cancelled_and_counted(engine):
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault we inject
 def test_a_dead_worker_is_reported_fails_what_waits_and_stops_the_server(engine):
-    cfg = ServeConfig(model_id_of(engine), supervise_every_s=0.1)
+    cfg = ServeConfig(model_id_of(engine), supervise_every_s=0.1, kv_cache_mb=KV_MB)
     app = create_app(engine, cfg)
     server = BackgroundServer(app)
     with server as url:

@@ -25,7 +25,7 @@ def test_signal_stops_serve_in_bounded_time(sig, tmp_path):
     port = free_port()
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below; a pipe nobody reads could block the server
     cmd = [sys.executable, "-c", "from prefill.cli import main; main()", "serve", "--port", str(port),
-           "--max-running", "1", "--threads", "1"]  # fmt: skip
+           "--max-running", "1", "--threads", "1", "--kv-cache-mb", "256"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:
