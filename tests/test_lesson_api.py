@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def url(smollm):
-    with BackgroundServer(create_app(smollm, ServeConfig(model_id_of(smollm)))) as root:
+    with BackgroundServer(create_app(smollm, ServeConfig(model_id_of(smollm), kv_cache_mb=64))) as root:
         yield root
 
 
