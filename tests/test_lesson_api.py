@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def url(smollm):
-    with BackgroundServer(create_app(smollm, ServeConfig(model_id_of(smollm)))) as root:
+    with BackgroundServer(create_app(smollm, ServeConfig(model_id_of(smollm), kv_cache_mb=64))) as root:
         yield root
 
 
@@ -94,7 +94,8 @@ def test_estimate_with_a_preset_has_exact_flops_kv_and_the_roofline(url):
      ({"P": -1}, ("P must be in [0",)), ({"P": 10**9}, ("P must be",)), ({"mfu": 0}, ("mfu must be in (0, 1]",)),
      ({"mfu": 1.5}, ("mfu",)), ({"peak": 0}, ("peak",)), ({"N": "abc"}, ("N", "valid number")),
      ({"model": "gpt-9"}, ("unknown model", "llama-3-8b")), ({"dtype": "int3"}, ("unknown dtype",)),
-     ({"N": "nan"}, ("N must be",)), ({"bandwidth": -1}, ("bandwidth",))],
+     ({"N": "nan"}, ("N must be",)), ({"bandwidth": -1}, ("bandwidth",)),
+     ({"peak": 5e-324}, ("float64",)), ({"mfu": 1e-320, "peak": 1e-10}, ("float64",))],
 )  # fmt: skip
 def test_estimate_refuses_bad_input_with_a_clear_message(url, params, words):
     refused(get(url, "/api/estimate", **params), *words)
@@ -131,6 +132,7 @@ def test_request_is_the_worked_example(url):
     refused(get(url, "/api/request", ttft=0.2, itl=0, n=5), "itl must be in (0")
     refused(get(url, "/api/request", ttft=-1, itl=0.05, n=5), "ttft")
     refused(get(url, "/api/request", ttft=0.2, itl=0.05, n=0), "n must be in [1")
+    refused(get(url, "/api/request", ttft=0.2, itl=5e-324, n=5), "float64")
 
 
 def test_answer_checks_hints_and_reveals(url):
@@ -140,7 +142,7 @@ def test_answer_checks_hints_and_reveals(url):
     assert wrong["correct"] is False and wrong["answer"] is None and "1.4e+13" not in wrong["message"]
     assert post({"question": "pairs", "reveal": True}).json()["answer"] == 10
     assert "write it like" in post({"question": "seconds", "answer": "fast"}).json()["message"]
-    refused(post({"question": "nope", "answer": "1"}), "unknown question")
+    refused(post({"question": "nope", "answer": "1"}), "question", "'flops', 'seconds' or 'pairs'")
     refused(post({"question": "flops", "answer": 14}), "answer")
     refused(post({"question": "flops", "code": "import os"}), "code")  # extra fields refused: nothing is run
 
@@ -168,7 +170,7 @@ def test_tokens_label_each_id(url):
     assert chat["labels"][0] == "<|im_start|>" and chat["P"] > 3
     refused(get(url, "/api/tokens", text="   "), "empty")
     refused(get(url, "/api/tokens", text="x", chat=2), "chat must be in [0, 1]")
-    refused(get(url, "/api/tokens", text="x" * 20_001), "at most 20,000")
+    refused(get(url, "/api/tokens", text="x" * 20_001), "at most 20000 characters")
 
 
 def test_attention_is_a_causal_softmax(url):
@@ -203,6 +205,7 @@ def test_predict_and_roofline_use_the_measured_rates(url, smollm):
     refused(get(url, "/api/predict", P=40, cached=40), "cached must be in [0, 39]")
     refused(get(url, "/api/predict", P=0), "P must be in [1")
     refused(get(url, "/api/predict", P=3, prefill_s=0), "prefill_s")
+    refused(get(url, "/api/predict", P=3, prefill_s=5e-324), "float64")
     refused(get(url, "/api/roofline", P=10**6), "P must be in [1, 8192]")
 
 

@@ -29,7 +29,7 @@ TIMEOUT_MS = 120_000
 
 @pytest.fixture(scope="module")
 def url(smollm):
-    cfg = ServeConfig(model_id_of(smollm), max_tokens_limit=512)
+    cfg = ServeConfig(model_id_of(smollm), max_tokens_limit=512, kv_cache_mb=64)
     smollm.warmup()  # as `prefill lab` does: the page's timeline shows the steady state, not first-call set-up
     with BackgroundServer(create_app(smollm, cfg)) as root:
         yield root

@@ -256,7 +256,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                                           "invalid_json"))  # fmt: skip
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
-        loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
+        if loc[:1] not in (["query"], ["path"]):  # a query parameter's name is kept as it is (N, P, B)
+            loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
         param = ".".join(loc) or None
         if param is None:  # the body as a whole: not a JSON object (or sent without a JSON content type)
             return refuse(400, error_body("the body must be a JSON object (Content-Type: application/json)",

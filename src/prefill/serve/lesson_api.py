@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from typing import Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from prefill import costs
 from prefill.causal import causal_mask, causal_pairs
@@ -25,18 +26,43 @@ MAX_N = 1e14  # parameters: far past any model built, small enough to catch a sl
 MAX_P = 10_000_000  # prompt tokens
 MAX_PEAK = 1e19  # FLOP/s
 MAX_MASK_P = 256  # the largest grid /api/mask draws
+MAX_BANDWIDTH = 1e16  # bytes/s
+MAX_B = 4096  # sequences
+MAX_S = 3600.0  # seconds of one request phase
+MAX_N_OUT = 1_000_000  # output tokens
 LOADED = "loaded"  # the model name that means the server's own model
 
 
 @contextmanager
 def bad_input():
-    """Turn the ValueErrors of prefill.costs into BadInput, which the app answers with a 400."""
+    """Turn the ValueErrors of prefill.costs into BadInput, which the app answers with a 400; so too arithmetic
+    that leaves float64 (a peak of 5e-324 FLOP/s times 0.5 is 0)."""
     try:
         yield
     except BadInput:
         raise
     except ValueError as e:
         raise BadInput(str(e)) from None
+    except ArithmeticError:
+        raise BadInput("these values leave the range of float64 (a division by an underflowed 0, or an overflow); "
+                       "use realistic sizes") from None  # fmt: skip
+
+
+def finite(body: dict) -> dict:
+    """`body`, or BadInput if any number in it is inf or NaN (JSON has no such numbers)."""
+
+    def walk(x) -> bool:
+        if isinstance(x, float):
+            return math.isfinite(x)
+        if isinstance(x, dict):
+            return all(walk(v) for v in x.values())
+        if isinstance(x, list):
+            return all(walk(v) for v in x)
+        return True
+
+    if not walk(body):
+        raise BadInput("the result overflows float64 for these values; use realistic sizes")
+    return body
 
 
 def in_range(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -46,6 +72,14 @@ def in_range(name: str, value: float, lo: float, hi: float, lo_open: bool = Fals
         left = "(" if lo_open else "["
         raise BadInput(f"{name} must be in {left}{lo:g}, {hi:g}], got {value:g}")
     return value
+
+
+def bounds(lo: float, hi: float, lo_open: bool = False) -> dict:
+    """The range in_range checks, written into the OpenAPI schema (so the document says what is accepted)."""
+    return {"exclusiveMinimum" if lo_open else "minimum": lo, "maximum": hi}
+
+
+DTYPES = ["float32", "bfloat16", "float16", "fp8", "int8"]
 
 
 # ---- display: the seed's notation --------------------------------------------------------------------
@@ -137,8 +171,8 @@ class AnswerBody(BaseModel):
     """A typed answer to one of the lesson's questions; reveal asks for the answer itself."""
 
     model_config = ConfigDict(extra="forbid")
-    question: StrictStr
-    answer: StrictStr = ""
+    question: Literal["flops", "seconds", "pairs"]
+    answer: StrictStr = Field("", max_length=200)
     reveal: StrictBool = False
 
 
@@ -146,6 +180,7 @@ def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_
     """The calculator routes; `loaded` is the server's model spec (None when the server has none) and `model_id`
     the name its OpenAI routes answer to."""
     router = APIRouter(prefix="/api", tags=["lesson: calculator"])
+    models = ["", *([LOADED] if loaded is not None else []), *PRESETS]
 
     @router.get("/catalog")
     def catalog() -> dict:
@@ -164,20 +199,28 @@ def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_
 
     @router.get("/estimate")
     def estimate(
-        N: float = Query(7e9, description="parameters, e.g. 7e9"),
-        P: int = Query(1000, description="prompt tokens"),
-        peak: float = Query(1e14, description="peak FLOP/s of the hardware"),
-        mfu: float = Query(0.5, description="utilisation of the peak, in (0, 1]"),
-        bandwidth: float = Query(2e12, description="memory bandwidth, bytes/s (for compute- or memory-bound)"),
-        model: str = Query("", description="a preset key, 'loaded', or empty for N only"),
-        dtype: str = Query("bfloat16", description="bytes per element of weights and KV cache"),
+        N: float = Query(7e9, description="parameters, e.g. 7e9", json_schema_extra=bounds(0, MAX_N, True)),
+        P: int = Query(1000, description="prompt tokens", json_schema_extra=bounds(0, MAX_P)),
+        peak: float = Query(1e14, description="peak FLOP/s", json_schema_extra=bounds(0, MAX_PEAK, True)),
+        mfu: float = Query(0.5, description="utilisation of the peak", json_schema_extra=bounds(0, 1, True)),
+        bandwidth: float = Query(
+            2e12,
+            description="memory bandwidth, bytes/s (for compute- or memory-bound)",
+            json_schema_extra=bounds(0, MAX_BANDWIDTH, True),
+        ),
+        model: str = Query(
+            "", description="a preset key, 'loaded', or empty for N only", json_schema_extra={"enum": models}
+        ),
+        dtype: str = Query(
+            "bfloat16", description="bytes per element of weights and KV cache", json_schema_extra={"enum": DTYPES}
+        ),
     ) -> dict:
         """Prefill FLOPs (2·N·P and exact), seconds, KV-cache bytes and the roofline at one setting."""
         in_range("N", N, 0, MAX_N, lo_open=True)
         in_range("P", P, 0, MAX_P)
         in_range("peak", peak, 0, MAX_PEAK, lo_open=True)
         in_range("mfu", mfu, 0, 1, lo_open=True)
-        in_range("bandwidth", bandwidth, 0, 1e16, lo_open=True)
+        in_range("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
         with bad_input():
             spec = spec_named(model, loaded)
             b = costs.dtype_bytes(dtype)
@@ -202,10 +245,10 @@ def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_
                               "attention": human(count.attention, "FLOP"), "unembed": human(count.unembed, "FLOP")},
                 }  # fmt: skip
                 body["kv"] = kv_body(spec, P, dtype)
-        return body
+        return finite(body)
 
     @router.get("/mask")
-    def mask(P: int = Query(5, description=f"prompt tokens, 0..{MAX_MASK_P}")) -> dict:
+    def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds(0, MAX_MASK_P))) -> dict:
         """The causal mask as rows of '1' (may attend) and '0' (masked), with the pair counts."""
         in_range("P", P, 0, MAX_MASK_P)
         grid = causal_mask(P)  # [P, P]
@@ -215,14 +258,18 @@ def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_
 
     @router.get("/kv")
     def kv(
-        P: int = Query(1000, description="tokens held"),
-        model: str = Query(LOADED, description="a preset key or 'loaded'"),
-        dtype: str = Query("", description="element type (default: the loaded model's, else bfloat16)"),
-        B: int = Query(1, description="sequences"),
+        P: int = Query(1000, description="tokens held", json_schema_extra=bounds(0, MAX_P)),
+        model: str = Query(LOADED, description="a preset key or 'loaded'", json_schema_extra={"enum": models}),
+        dtype: str = Query(
+            "",
+            description="element type (default: the loaded model's, else bfloat16)",
+            json_schema_extra={"enum": ["", *DTYPES]},
+        ),
+        B: int = Query(1, description="sequences", json_schema_extra=bounds(1, MAX_B)),
     ) -> dict:
         """KV-cache bytes after P tokens: 2·L·B·H_kv·P·d_head·b, written out, and the per-layer shape."""
         in_range("P", P, 0, MAX_P)
-        in_range("B", B, 1, 4096)
+        in_range("B", B, 1, MAX_B)
         with bad_input():
             spec = spec_named(model or LOADED, loaded)
             own = model in ("", LOADED) and loaded_dtype
@@ -230,24 +277,24 @@ def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_
 
     @router.get("/request")
     def request_time(
-        ttft: float = Query(0.2, description="time to first token, seconds"),
-        itl: float = Query(0.05, description="inter-token latency, seconds"),
-        n: int = Query(5, description="output tokens"),
+        ttft: float = Query(0.2, description="time to first token, seconds", json_schema_extra=bounds(0, MAX_S)),
+        itl: float = Query(0.05, description="inter-token latency, seconds", json_schema_extra=bounds(0, MAX_S, True)),
+        n: int = Query(5, description="output tokens", json_schema_extra=bounds(1, MAX_N_OUT)),
     ) -> dict:
         """The chapter's worked example: request time TTFT + (n−1)·ITL, decode rate 1/ITL, output rate n/time."""
-        in_range("ttft", ttft, 0, 3600)
-        in_range("itl", itl, 0, 3600, lo_open=True)
-        in_range("n", n, 1, 1_000_000)
+        in_range("ttft", ttft, 0, MAX_S)
+        in_range("itl", itl, 0, MAX_S, lo_open=True)
+        in_range("n", n, 1, MAX_N_OUT)
         with bad_input():
             total = costs.request_seconds(ttft, n, itl)
             decode = costs.decode_rate(itl)
             output = costs.request_output_rate(n, total)
-        return {
+        return finite({
             "request_s": total, "decode_rate": decode, "output_rate": output,
             "lines": {"request": f"{ttft:.2f} + {n - 1} × {itl:.2f} = {total:.2f} s",
                       "decode": f"1 / {itl:.2f} = {decode:.3g} tokens/s",
                       "output": f"{n} / {total:.2f} = {output:.3g} tokens/s"},
-        }  # fmt: skip
+        })  # fmt: skip
 
     @router.get("/exercise")
     def exercise() -> dict:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from prefill import costs
 from prefill.engine import Engine
 from prefill.errors import BadInput
-from prefill.serve.lesson_api import bad_input, human, in_range, kv_body, roofline_body
+from prefill.serve.lesson_api import MAX_S, bad_input, bounds, finite, human, in_range, kv_body, roofline_body
 
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
 
@@ -67,6 +67,7 @@ def live_router(engine: Engine) -> APIRouter:
     router = APIRouter(prefix="/api", tags=["lesson: live model"])
     rates = MachineRates(engine)
     spec = engine.spec
+    context = spec.context_length
     dtype = str(engine.dtype).removeprefix("torch.")
 
     def encode(text: str, chat: bool) -> list[int]:
@@ -82,7 +83,12 @@ def live_router(engine: Engine) -> APIRouter:
         return [tok.decode([i], skip_special=False) for i in ids]
 
     @router.get("/tokens")
-    def tokens(text: str = Query(..., description="the prompt"), chat: int = Query(0, description="1: chat template")):
+    def tokens(
+        text: str = Query(
+            ..., description="the prompt", min_length=1, max_length=MAX_TEXT, json_schema_extra={"pattern": r"\S"}
+        ),
+        chat: int = Query(0, description="1: apply the chat template", json_schema_extra=bounds(0, 1)),
+    ) -> dict:
         """The prompt's tokens as the model sees them: ids and one label per token (tokenizer.decode of each id)."""
         in_range("chat", chat, 0, 1)
         ids = encode(text, bool(chat))
@@ -105,17 +111,27 @@ def live_router(engine: Engine) -> APIRouter:
 
     @router.get("/predict")
     def predict(
-        P: int = Query(..., description="prompt tokens"),
-        cached: int = Query(0, description="prompt tokens whose K/V came from the prefix cache (not prefilled)"),
-        prefill_s: float | None = Query(None, description="a measured prefill, seconds: gives its MFU"),
-        tokenize_s: float = Query(0.0, description="measured tokenization, seconds: added to the predicted TTFT"),
+        P: int = Query(..., description="prompt tokens", json_schema_extra=bounds(1, context)),
+        cached: int = Query(
+            0,
+            description="prompt tokens whose K/V came from the prefix cache (not prefilled); fewer than P",
+            json_schema_extra=bounds(0, context - 1),
+        ),
+        prefill_s: float | None = Query(
+            None, description="a measured prefill, seconds: gives its MFU", json_schema_extra=bounds(0, MAX_S, True)
+        ),
+        tokenize_s: float = Query(
+            0.0,
+            description="measured tokenization, seconds: added to the predicted TTFT",
+            json_schema_extra=bounds(0, MAX_S),
+        ),
     ) -> dict:
         """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server (the
         engine's predict_prefill_seconds), exact FLOPs, and the MFU of a measured prefill against the measured
         GEMM rate."""
         in_range("P", P, 1, spec.context_length)
         in_range("cached", cached, 0, P - 1)
-        in_range("tokenize_s", tokenize_s, 0, 3600)
+        in_range("tokenize_s", tokenize_s, 0, MAX_S)
         gemm, _, source = rates.get()
         with bad_input():
             seconds, how = engine.predict_prefill_seconds(P - cached, cached)
@@ -123,20 +139,19 @@ def live_router(engine: Engine) -> APIRouter:
             count = costs.prefill_flops_exact(spec, P - cached, cached)
             mfu = None
             if prefill_s is not None:
-                mfu = costs.mfu(count.total, in_range("prefill_s", prefill_s, 0, 3600, lo_open=True), gemm)
-        return {"P": P, "predicted_prefill_s": seconds, "predicted_ttft_s": ttft, "method": how,
-                "flops": count.total, "gemm_rate": gemm,
-                "gemm_source": source, "mfu": mfu,
-                "human": {"predicted": human(seconds, "s"), "flops": human(count.total, "FLOP"),
-                          "gemm_rate": human(gemm, "FLOP/s")}}  # fmt: skip
+                mfu = costs.mfu(count.total, in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True), gemm)
+        return finite({"P": P, "predicted_prefill_s": seconds, "predicted_ttft_s": ttft, "method": how,
+                       "flops": count.total, "gemm_rate": gemm, "gemm_source": source, "mfu": mfu,
+                       "human": {"predicted": human(seconds, "s"), "flops": human(count.total, "FLOP"),
+                                 "gemm_rate": human(gemm, "FLOP/s")}})  # fmt: skip
 
     @router.get("/roofline")
-    def roofline(P: int = Query(..., description="prompt tokens")) -> dict:
+    def roofline(P: int = Query(..., description="prompt tokens", json_schema_extra=bounds(1, context))) -> dict:
         """This prefill's and one decode step's arithmetic intensity against this machine's ridge point."""
         in_range("P", P, 1, spec.context_length)
         gemm, bandwidth, source = rates.get()
         with bad_input():
             body = roofline_body(spec, P, costs.dtype_bytes(dtype), gemm, bandwidth)
-        return {**body, "source": source, "dtype": dtype}
+        return finite({**body, "source": source, "dtype": dtype})
 
     return router
