@@ -20,15 +20,14 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from prefill.engine import Engine
-
-    return Engine.load(progress=False)
+def engine(smollm):
+    return smollm  # the session's one load of the embedded model
 
 
 @pytest.fixture(scope="module")
 def server(engine):
-    cfg = ServeConfig(model_id_of(engine), chunk_size=16, max_body_bytes=256 * 1024, max_tokens_limit=512)
+    cfg = ServeConfig(model_id_of(engine), chunk_size=16, max_body_bytes=256 * 1024, max_tokens_limit=512,
+                      kv_cache_mb=256)  # fmt: skip
     with BackgroundServer(create_app(engine, cfg)) as url:
         yield url, cfg.model_id
 
@@ -208,7 +207,7 @@ def test_openai_client_raises_its_own_errors(server, client):
 def test_full_queue_answers_429(engine):
     # One request runs, one waits, the rest are refused: six requests sent at once each take far longer
     # (a 200-token prefill, then decode) than it takes all six to arrive.
-    cfg = ServeConfig(model_id_of(engine), max_queue=1, max_running=1)
+    cfg = ServeConfig(model_id_of(engine), max_queue=1, max_running=1, kv_cache_mb=256)
     body = {"model": cfg.model_id, "prompt": " ".join(["history"] * 200), "max_tokens": 8, "temperature": 0}
 
     async def send_all() -> list[httpx.Response]:

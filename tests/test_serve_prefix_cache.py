@@ -70,10 +70,8 @@ def test_disabled_cache_stores_nothing():
 
 
 @pytest.mark.slow
-def test_prefix_cache_equals_cold_prefill():
-    from prefill.engine import Engine
-
-    engine = Engine.load(progress=False)
+def test_prefix_cache_equals_cold_prefill(smollm):
+    engine = smollm
     tok = engine.tokenizer
     system = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and exactly." for i in range(12))
 

@@ -22,10 +22,8 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from prefill.engine import Engine
-
-    return Engine.load(progress=False)
+def engine(smollm):
+    return smollm
 
 
 def scheduler_of(engine, pool_tokens: int, chunk_size: int = 16, prefix_mb: float = 0.0) -> Scheduler:
