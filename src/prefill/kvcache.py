@@ -37,8 +37,9 @@ class KVPool:
         if n_blocks < 1 or block_size < 1:
             raise BadInput(f"a KV pool needs at least one block of at least one token (got {n_blocks} x {block_size})")
         shape = (H_kv, n_blocks * block_size, d_head)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(L)]  # L x [H_kv, n_slots, d_head]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(L)]  # L x [H_kv, n_slots, d_head]
+        # Uninitialised: memory is touched only as blocks are written, and only written slots are ever read.
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(L)]  # L x [H_kv, n_slots, d_head]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(L)]  # L x [H_kv, n_slots, d_head]
         self.L, self.H_kv, self.d_head, self.dtype = L, H_kv, d_head, dtype
         self.n_blocks, self.block_size = n_blocks, block_size
         self.refs = [0] * n_blocks
@@ -189,7 +190,8 @@ class KVBatch:
             # Decode rows of similar lengths: one gather and one attention call for all of them, padded to the
             # longest (at most half of what is read is padding); rows of very different lengths read their own.
             S, dev = max(ends), self._write.device
-            pad = [torch.cat([r, r.new_zeros(S - len(r))]) for r in self._read]  # slot 0 stands in, masked
+            # The row's own first slot stands in for its padding (written, so finite; masked out).
+            pad = [torch.cat([r, r[:1].expand(S - len(r))]) for r in self._read]
             self._padded = torch.cat(pad)  # [B S]
             self.mask = (torch.arange(S, device=dev)[None, :] < torch.tensor(ends, device=dev)[:, None])[:, None, None]
 
