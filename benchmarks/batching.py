@@ -161,7 +161,7 @@ def main() -> None:
           "(target < 2x)")  # fmt: skip
     s = share
     print(
-        f"8 requests behind a {s['cached_tokens']}-token cached prefix: pool in use {s['kv_used_bytes_peak']:,} B; "
+        f"8 requests behind a {s['cached_tokens']}-token cached prefix: hold {s['kv_bytes_held_by_the_n']:,} B; "
         f"one prefix + 8 suffixes {s['one_prefix_plus_suffixes']:,} B; 8 full copies {s['n_full_copies']:,} B"
     )
     print(f"wrote {args.out}")
