@@ -180,11 +180,12 @@ class Transformer(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [P, 1, d_head]: broadcast over heads
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False, hidden: bool = False) -> torch.Tensor:
         """Run ids [B, P] at positions cache.length.. and advance the cache.
 
         Returns float32 logits [B, vocab] of the last position (the first new token's), or [B, P, vocab] when
-        `all_logits` (used only by the proofs).
+        `all_logits` (used only by the proofs), or with `hidden` the final-normed hidden states [B, P, d_model]
+        of every position, for a caller that unembeds them in slices (prefill.scoring).
         """
         B, P = ids.shape
         start = cache.length
@@ -193,6 +194,8 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, start)
         cache.length = start + P
+        if hidden:
+            return self.norm(x)  # [B, P, d_model]
         h = x if all_logits else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
         logits = F.linear(self.norm(h), self.unembed_weight()).float()  # [B, 1 or P, vocab]
         return logits if all_logits else logits[:, 0]
