@@ -180,7 +180,9 @@ class Transformer(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [P, 1, d_head]: broadcast over heads
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False, hidden: bool = False) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False, hidden: bool = False
+    ) -> torch.Tensor:
         """Run ids [B, P] at positions cache.length.. and advance the cache.
 
         Returns float32 logits [B, vocab] of the last position (the first new token's), or [B, P, vocab] when
