@@ -36,6 +36,8 @@ class ServerMetrics:
                               registry=r)  # fmt: skip
         self.cached_tokens = Counter("prefill_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
                                      registry=r)  # fmt: skip
+        self.scored_tokens = Counter("prefill_scored_prompt_tokens", "Prompt tokens scored with every position's "
+                                     "log-probability (echo with logprobs)", registry=r)  # fmt: skip
         self.queued = Gauge("prefill_queued_requests", "Requests waiting for the scheduler", registry=r)
         self.running = Gauge("prefill_running_requests", "Requests being prefilled or decoded", registry=r)
         self.kv_bytes = Gauge("prefill_kv_cache_bytes", "Bytes of the running requests' KV caches", registry=r)

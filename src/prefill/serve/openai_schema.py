@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from prefill.serve.logprobs import MAX_TOP_LOGPROBS
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -22,7 +24,7 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=0)  # 0 only with echo: a pure scoring request
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
@@ -43,10 +45,11 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions: one prompt, as text or as token ids."""
+    """POST /v1/completions: a prompt as text or token ids, or a list of them (one choice each)."""
 
-    prompt: StrictStr | list[StrictInt] | list[StrictStr]
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     echo: StrictBool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class TextPart(BaseModel):
@@ -68,6 +71,8 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
@@ -101,22 +106,29 @@ class ResponseShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices, **extra}  # fmt: skip
 
-    def full(self, text: str, finish_reason: str, usage: dict, timings: dict) -> dict:
+    def choice(self, text: str, finish_reason: str, logprobs: dict | None = None, index: int = 0) -> dict:
+        """One choice of a full response; `logprobs` as prefill.serve.logprobs builds it, or None."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish_reason}  # fmt: skip
-            return self._envelope("chat.completion", [choice], usage=usage, timings=timings)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [choice], usage=usage, timings=timings)
+            return {"index": index, "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs, "finish_reason": finish_reason}  # fmt: skip
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False, **extra) -> dict:
+    def full(self, text: str, finish_reason: str, usage: dict, timings: dict, logprobs: dict | None = None) -> dict:
+        return self.full_choices([self.choice(text, finish_reason, logprobs)], usage, timings)
+
+    def full_choices(self, choices: list[dict], usage: dict, timings: dict | list[dict]) -> dict:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return self._envelope(obj, choices, usage=usage, timings=timings)
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
+              logprobs: dict | None = None, **extra) -> dict:  # fmt: skip
         if self.chat:
             delta: dict = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [choice], **extra)
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice], **extra)
 
     def usage_chunk(self, usage: dict, timings: dict) -> dict:

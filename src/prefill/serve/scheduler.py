@@ -25,6 +25,8 @@ from prefill.engine import Engine
 from prefill.errors import PrefillError
 from prefill.kvcache import KVCache
 from prefill.sampling import SamplingParams, sample
+from prefill.scoring import ScoreAccumulator, prefill_scored
+from prefill.serve.logprobs import TokenLogprob, prompt_entries, sampled_entry
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.prefix_cache import PrefixCache
 from prefill.streaming import TextStream
@@ -36,9 +38,18 @@ class QueueFull(PrefillError):
 
 @dataclass(frozen=True)
 class TextDelta:
-    """New text of a request (may be empty when a token only completed part of a character)."""
+    """New text of a request (may be empty when a token only completed part of a character), and the log-probabilities
+    of the tokens accepted since the last delta when the request asked for them."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Every prompt token's log-probability (the first one's is None), sent once the prefill is done."""
+
+    entries: list[TokenLogprob]
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,7 @@ class Failed:
     message: str
 
 
-Event = TextDelta | Finished | Failed
+Event = TextDelta | PromptLogprobs | Finished | Failed
 
 
 @dataclass(eq=False)
@@ -71,6 +82,8 @@ class GenRequest:
     on_event: Callable[[Event], None]
     arrival: float  # time.perf_counter() when the HTTP request arrived
     tokenize_s: float = 0.0
+    prompt_logprobs: int | None = None  # k: score every prompt position (a prefill with all-position logits)
+    logprobs: int | None = None  # k: record each generated token's log-probability and the k most likely
     cancelled: bool = False  # set by the HTTP side when the client disconnects
     enqueued: float = 0.0
 
@@ -89,6 +102,7 @@ class _Running:
     stream: TextStream | None = None  # detokenizes, holds back what a stop string may still claim
     first_token_at: float | None = None
     last_token_at: float = 0.0
+    scorer: ScoreAccumulator | None = None  # a scoring request's per-position log-probabilities
 
     @property
     def prefilling(self) -> bool:
@@ -179,14 +193,18 @@ class Scheduler:
         t0 = now
         try:
             cache = self.engine.new_cache(len(req.ids) + req.max_tokens)
-            # Match all but the last prompt token: the last one must be prefilled to get the logits.
-            match = self.prefix_cache.match_prefix(req.ids[:-1])
+            # Match all but the last prompt token: the last one must be prefilled to get the logits. A scoring
+            # request reuses nothing: every position's hidden state must be computed to be unembedded.
+            match = self.prefix_cache.match_prefix(req.ids[: -1 if req.prompt_logprobs is None else 0])
             match.copy_into(cache)
+            k = req.prompt_logprobs
+            scorer = None if k is None else ScoreAccumulator(req.ids, self.engine.model.unembed_weight(), k)
         except Exception as e:  # noqa: BLE001 - any failure is this request's, not the server's
             req.on_event(Failed(f"{type(e).__name__}: {e}"))
             return
         generator = req.sampling.generator(self.engine.device)
-        run = _Running(req, cache, match.n_tokens, now, generator, stream=TextStream(self.engine.tokenizer, req.stop))
+        run = _Running(req, cache, match.n_tokens, now, generator, stream=TextStream(self.engine.tokenizer, req.stop),
+                       scorer=scorer)  # fmt: skip
         run.prefill_s += time.perf_counter() - t0
         self._running.append(run)
         self.metrics.queue.observe(now - req.enqueued)
@@ -213,10 +231,22 @@ class Scheduler:
         start = run.cache.length
         chunk = ids[start : start + self.chunk_size]
         t0 = time.perf_counter()
-        logits, _ = self.engine.prefill(chunk, run.cache)  # logits [1, vocab] of the chunk's last position
+        if run.scorer is None:
+            logits, _ = self.engine.prefill(chunk, run.cache)  # logits [1, vocab] of the chunk's last position
+        else:
+            prefill_scored(self.engine, chunk, run.cache, run.scorer)
         run.prefill_s += time.perf_counter() - t0
         if not run.prefilling:
             self.prefix_cache.insert_prefix(ids, run.cache)
+            if run.scorer is not None:
+                scores = run.scorer.result(run.prefill_s)
+                logits = scores.next_logits[None]  # [1, vocab]
+                entries = prompt_entries(ids, scores.logprobs, scores.top_ids, scores.top_logprobs)
+                run.req.on_event(PromptLogprobs(entries))
+                self.metrics.scored_tokens.inc(len(ids))
+            if run.req.max_tokens == 0:  # pure scoring: prefill only, no token sampled
+                run.first_token_at = time.perf_counter()
+                return self._finish(run, "length")
             self._accept(run, logits)
 
     def _decode_step(self, run: _Running) -> None:
@@ -228,6 +258,7 @@ class Scheduler:
         """Sample the next token from `logits` [1, vocab], stream its text, finish when due."""
         req = run.req
         token = int(sample(logits, req.sampling, run.generator)[0])  # logits [1, vocab] -> ids [1]
+        entry = None if req.logprobs is None else sampled_entry(logits[0], token, req.logprobs)
         now = time.perf_counter()
         if run.first_token_at is None:
             run.first_token_at = now
@@ -235,22 +266,22 @@ class Scheduler:
             self.metrics.itl.observe(now - run.last_token_at)
         run.last_token_at = now
         if token in self.engine.tokenizer.eos_ids:
-            self._send(run, run.stream.flush())  # text held back for a stop that never came
+            self._send(run, run.stream.flush(), entry)  # text held back for a stop that never came
             return self._finish(run, "stop")
         run.generated.append(token)
         delta, stopped = run.stream.add(token)
         if stopped:
-            self._send(run, delta)
+            self._send(run, delta, entry)
             return self._finish(run, "stop")
         if len(run.generated) >= req.max_tokens:
-            self._send(run, delta + run.stream.flush())
+            self._send(run, delta + run.stream.flush(), entry)
             return self._finish(run, "length")
-        self._send(run, delta)
+        self._send(run, delta, entry)
 
     @staticmethod
-    def _send(run: _Running, delta: str) -> None:
-        if delta:
-            run.req.on_event(TextDelta(delta))
+    def _send(run: _Running, delta: str, entry: TokenLogprob | None = None) -> None:
+        if delta or entry is not None:
+            run.req.on_event(TextDelta(delta, () if entry is None else (entry,)))
 
     def _finish(self, run: _Running, reason: str) -> None:
         req = run.req
