@@ -45,7 +45,8 @@ def summary(engine: Engine, ids: list[int], result: Perplexity, with_tokens: boo
         "nll_per_token": result.nll,
         "guide_n_tokens": result.tokens,
         "seconds": result.seconds,
-        "tokens_per_s": sum(w.end - w.begin for w in result.windows) / result.seconds,
+        "prefilled_tokens": (prefilled := sum(w.end - w.begin for w in result.windows)),  # overlaps counted again
+        "tokens_per_s": prefilled / result.seconds,
         "flops": {
             "linear": count.linear,
             "attention": count.attention,
@@ -73,11 +74,15 @@ def summary_table(r: dict) -> Table:
     t.add_column("quantity", style="cyan")
     t.add_column("value")
     f = r["flops"]
-    windows = "one window (the whole text)" if r["windows"] == 1 else f"{r['windows']} windows"
-    t.add_row("text", f"{r['tokens']:,} tokens, {windows} of {r['window']:,} every {r['stride']:,}")
+    one = r["windows"] == 1 and r["window"] == r["tokens"]
+    windows = (
+        "one window (the whole text)" if one else f"{r['windows']} windows of {r['window']:,} every {r['stride']:,}"
+    )
+    t.add_row("text", f"{r['tokens']:,} tokens, {windows}")
     t.add_row("perplexity", f"{r['perplexity']:.4f} (mean NLL {r['nll_per_token']:.4f} nats/token, "
               f"{r['scored_tokens']:,} tokens scored)")  # fmt: skip
-    t.add_row("prefill (measured)", f"{r['seconds'] * 1e3:,.1f} ms, {r['tokens_per_s']:,.0f} tokens/s")
+    t.add_row("prefill (measured)", f"{r['seconds'] * 1e3:,.1f} ms for {r['prefilled_tokens']:,} tokens "
+              f"(all windows): {r['tokens_per_s']:,.0f} tokens/s")  # fmt: skip
     t.add_row("FLOPs of the scoring", f"{f['total']:.4g} (linear {f['linear']:.3g}, attention {f['attention']:.3g}, "
               f"unembed {f['unembed']:.3g})")  # fmt: skip
     t.add_row("unembedding share", f"{f['unembed_share']:.1%} (every position's logits; a generation prefill of the "
@@ -101,7 +106,7 @@ def coloured_text(pieces: list[str], logprobs: list[float | None]) -> Text:
 
 
 def tokens_table(pieces: list[str], ids: list[int], logprobs: list[float | None]) -> Table:
-    t = Table(title="tokens", caption="-log p: green < 1, yellow < 3, orange < 6, red >= 6 nats", title_justify="left")
+    t = Table(title="tokens", caption="-log p (nats): green <1, yellow <3, orange <6, red >=6", title_justify="left")
     for col in ("position", "id", "token", "log p", "p"):
         t.add_column(col, justify="right" if col != "token" else "left")
     for j, (piece, i, lp) in enumerate(zip(pieces, ids, logprobs, strict=True)):
