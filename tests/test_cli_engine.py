@@ -40,4 +40,5 @@ def test_run_raw_bfloat16_chunked():
 def test_verify_passes_without_reference():
     r = cli("verify", "--no-reference")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("PASS") == 5 and "FAIL" not in r.stdout
+    assert r.stdout.count("PASS") == 7 and "FAIL" not in r.stdout
+    assert "batched decode (B = 4" in r.stdout

@@ -46,9 +46,11 @@ def test_kv_cache_layout_and_bytes(smollm):
     logits, cache = smollm.prefill(ids)
     s = smollm.spec
     assert logits.shape == (1, s.vocab_size)
-    assert len(cache.k) == s.L == 30
-    assert cache.k[0].shape == (1, s.H_kv, len(ids), s.d_head) == (1, 3, 37, 64)
+    assert len(cache.pool.k) == s.L == 30
+    assert cache.k(0).shape == cache.v(29).shape == (1, s.H_kv, len(ids), s.d_head) == (1, 3, 37, 64)
+    assert cache.shape() == (1, 3, 37, 64)
     assert cache.nbytes() == costs.kv_cache_bytes(30, 3, 64, 37, 4) == 1_704_960
+    assert cache.reserved_bytes() == 3 * 16 * costs.kv_cache_bytes(30, 3, 64, 1, 4)  # 3 blocks of 16 tokens
 
 
 def test_decode_appends_one_position(smollm):
@@ -66,6 +68,44 @@ def test_prefix_cache_reuse_matches_cold_prefill(smollm):
     _, prefix = smollm.prefill(ids[:20], smollm.new_cache(len(ids)))
     warm, _ = smollm.prefill(ids[20:], prefix)
     assert float((cold - warm).abs().max()) <= 1e-4
+
+
+def test_batched_decode_equals_each_alone(smollm):
+    """8 prompts of 5..300 tokens decoded in one batch: the greedy tokens of each equal its own decode."""
+    tok = smollm.tokenizer
+    words = ["the", "river", "runs", "past", "the", "old", "mill", "and", "under", "the", "stone", "bridge"]
+    prompts = [tok.encode(" ".join(words[i % len(words)] for i in range(n))) for n in (5, 12, 30, 61, 97, 150, 220)]
+    prompts.append(tok.encode(" ".join(["history"] * 300))[:300])
+    assert min(map(len, prompts)) >= 5 and max(map(len, prompts)) == 300
+    checks = verify.batched_vs_alone(smollm, prompts, new_tokens=6)  # rows read their own blocks
+    similar = [tok.encode(" ".join(words[i % len(words)] for i in range(n))) for n in (40, 44, 50, 57)]
+    checks += verify.batched_vs_alone(smollm, similar, new_tokens=6)  # rows padded to one length, masked
+    assert all(c.ok for c in checks), checks
+
+
+def test_seeded_sampling_in_a_batch_equals_alone(smollm):
+    """Per-row sampling: each request's seeded generator gives the same tokens whether it runs alone or in a
+    batch with others (the step loop of the server)."""
+    from prefill.loop import StepLoop
+    from prefill.request import Generation, Request
+
+    prompts = ["Tell me a story.", "Name three colours.", "What is two plus two?"]
+    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s) for s in (1, 2, 3)]
+    alone = [smollm.complete(p, max_new_tokens=6, sampling=sp).token_ids for p, sp in zip(prompts, params, strict=True)]
+    done: dict[int, Generation] = {}
+    loop = StepLoop(smollm, smollm.new_pool(3 * 64), chunk_size=None)
+
+    def keep(i: int):
+        return lambda ev: done.__setitem__(i, ev) if isinstance(ev, Generation) else None
+
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        loop.add(Request(smollm.encode_prompt(p), 6, sp, smollm.tokenizer, keep(i)))
+    for _ in range(200):
+        if not loop.busy:
+            break
+        loop.step()
+    assert [done[i].token_ids for i in range(3)] == alone
+    assert loop.pool.used_blocks == 0  # every block went back
 
 
 def test_stop_string_and_max_new_tokens(smollm):
@@ -99,7 +139,7 @@ def test_bfloat16_agrees_with_float32_within_bf16_error(smollm):
     ids = smollm.encode_prompt(QUESTION)
     ref, _ = smollm.prefill(ids)
     out, cache = bf16.prefill(ids)
-    assert cache.k[0].dtype == torch.bfloat16
+    assert cache.k(0).dtype == torch.bfloat16
     assert cache.nbytes() == costs.kv_cache_bytes(30, 3, 64, len(ids), 2)
     # bf16 keeps ~3 significant digits; the logits spread over ~30 units
     assert float((out - ref).abs().max()) < 1.0

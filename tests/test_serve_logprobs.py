@@ -1,17 +1,16 @@
 """The logprobs wire format (vLLM's and OpenAI's), on hand-made numbers: no model needed."""
 
-import math
-
-import pytest
 import torch
 
+from prefill.request import TokenEvent
+from prefill.scoring import Scores
 from prefill.serve.logprobs import (
     FLOOR,
     CompletionLogprobs,
     TokenLogprob,
     chat_content,
+    generated_entries,
     prompt_entries,
-    sampled_entry,
 )
 
 VOCAB = {0: "<s>", 1: "The", 2: " cat", 3: " sat", 4: " dog", 5: "é"}
@@ -22,10 +21,16 @@ def decode(i: int) -> str:
 
 
 def test_prompt_entries_leave_the_first_token_unscored():
-    lps = torch.tensor([-1.5, -0.25])  # [P - 1]
-    top_ids = torch.tensor([[4, 2], [3, 4]])  # [P - 1, k]
-    top_lp = torch.tensor([[-0.5, -1.5], [-0.25, -2.0]])
-    entries = prompt_entries([1, 2, 3], lps, top_ids, top_lp)
+    scores = Scores(
+        ids=[1, 2, 3],
+        start=1,
+        logprobs=torch.tensor([-1.5, -0.25]),  # [P - 1]
+        is_argmax=torch.tensor([False, True]),
+        top_ids=torch.tensor([[4, 2], [3, 4]]),  # [P - 1, k]
+        top_logprobs=torch.tensor([[-0.5, -1.5], [-0.25, -2.0]]),
+        next_logits=torch.zeros(6),
+    )
+    entries = prompt_entries(scores)
     assert entries[0] == TokenLogprob(1, None)
     assert entries[1] == TokenLogprob(2, -1.5, ((4, -0.5), (2, -1.5)))
     assert entries[2] == TokenLogprob(3, -0.25, ((3, -0.25), (4, -2.0)))
@@ -54,14 +59,11 @@ def test_k_zero_reports_the_chosen_token_only_and_offsets_run_across_chunks():
     assert b["text_offset"] == [14] and b["token_logprobs"] == [FLOOR] and b["top_logprobs"] == [{"é": FLOOR}]
 
 
-def test_sampled_entry_is_the_log_softmax_of_the_raw_logits():
-    logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
-    e = sampled_entry(logits, 1, k=2)
-    z = math.log(sum(math.exp(x) for x in (0.0, 1.0, 2.0, 3.0)))
-    assert e.token_id == 1 and e.logprob == pytest.approx(1.0 - z, abs=1e-6)
-    assert [t for t, _ in e.top] == [3, 2]
-    assert [lp for _, lp in e.top] == pytest.approx([3.0 - z, 2.0 - z], abs=1e-6)
-    assert sampled_entry(logits, 3, k=0).top == ()
+def test_generated_entries_come_from_the_events_that_carry_a_logprob():
+    events = [TokenEvent(2, " cat", 0.1, logprob=-0.5, top_logprobs=[(2, -0.5), (4, -1.0)]),
+              TokenEvent(-1, "held-back text", 0.2),  # a flushed tail: no token, no logprob
+              TokenEvent(0, "", 0.3, logprob=-2.0, top_logprobs=[])]  # fmt: skip
+    assert generated_entries(events) == [TokenLogprob(2, -0.5, ((2, -0.5), (4, -1.0))), TokenLogprob(0, -2.0, ())]
 
 
 def test_chat_content_has_bytes_and_exactly_k_alternatives():

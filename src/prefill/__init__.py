@@ -53,8 +53,11 @@ from prefill.specs import PRESETS, ModelSpec, load_spec
 
 _LAZY = {  # torch-backed names, imported on first use so the calculator starts fast
     "Engine": "prefill.engine",
-    "Generation": "prefill.engine",
-    "KVCache": "prefill.kvcache",
+    "Generation": "prefill.request",
+    "KVPool": "prefill.kvcache",
+    "Request": "prefill.request",
+    "SeqKV": "prefill.kvcache",
+    "StepLoop": "prefill.loop",
     "SamplingParams": "prefill.sampling",
     "Scores": "prefill.scoring",
     "perplexity": "prefill.scoring",
@@ -74,7 +77,10 @@ def __getattr__(name: str):
 __all__ = [
     "Engine",
     "Generation",
-    "KVCache",
+    "KVPool",
+    "Request",
+    "SeqKV",
+    "StepLoop",
     "SamplingParams",
     "Scores",
     "perplexity",

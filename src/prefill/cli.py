@@ -461,9 +461,12 @@ def serve(
     port: int = typer.Option(8000, help="TCP port"),
     dtype: str = typer.Option("float32", help="float32 or bfloat16"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
-    prefix_cache_mb: float = typer.Option(256.0, help="prefix cache bound in MiB (0 disables it)"),
+    kv_cache_mb: float = typer.Option(
+        None, help="the KV pool shared by all requests, in MiB (default: a quarter of free memory, at most 2 GiB)"
+    ),
+    prefix_cache_mb: float = typer.Option(256.0, help="prefix cache's share of the KV pool in MiB (0 disables it)"),
     max_queue: int = typer.Option(64, help="requests that may wait; more get HTTP 429"),
-    max_running: int = typer.Option(32, help="requests prefilled or decoded at once (B = 1 each)"),
+    max_running: int = typer.Option(32, help="requests running at once (their decode steps share one batch)"),
     chunk_size: int = typer.Option(256, help="prefill chunk in tokens, interleaved with decode steps"),
     threads: int = typer.Option(None, help="torch CPU threads"),
 ) -> None:
@@ -473,9 +476,16 @@ def serve(
     from prefill.serve.server import run_server
 
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
-    cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, max_queue, max_running, chunk_size)
+    if kv_cache_mb is not None and kv_cache_mb <= 0:
+        fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
+    cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, kv_cache_mb, max_queue, max_running, chunk_size)
+    app = create_app(engine, cfg)
+    pool = app.state.scheduler.loop.pool
+    tokens = pool.n_blocks * pool.block_size
+    console.print(f"KV pool: {pool.allocated_bytes() / 1024**2:,.0f} MiB = {pool.n_blocks:,} blocks of "
+                  f"{pool.block_size} tokens ({tokens:,} tokens)", highlight=False)  # fmt: skip
     console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
-    run_server(create_app(engine, cfg), host, port)
+    run_server(app, host, port)
 
 
 @app.command()
@@ -495,6 +505,7 @@ def loadtest(
     slo_ttft_ms: float = typer.Option(None, help="goodput SLO on TTFT, ms"),
     slo_tpot_ms: float = typer.Option(None, help="goodput SLO on TPOT, ms"),
     no_usage: bool = typer.Option(False, help="do not ask for stream_options.include_usage"),
+    ignore_eos: bool = typer.Option(False, help="ask for exactly --max-tokens (ignore_eos, as vLLM's benchmarks do)"),
     seed: int = typer.Option(0, help="seed of prompt lengths and words"),
     out: str = typer.Option("loadtest.json", help="JSON report (config, summary, every request)"),
     plot: str = typer.Option("loadtest.png", help="PNG plot"),
@@ -516,7 +527,7 @@ def loadtest(
     cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, concurrency=concurrency, rate=rate,
                          duration_s=duration, max_requests=requests, prompt_lengths=PromptLengths.parse(prompt_len),
                          prompts=prompts, system_prompt=system, max_tokens=max_tokens, temperature=temperature,
-                         seed=seed, include_usage=not no_usage)  # fmt: skip
+                         seed=seed, include_usage=not no_usage, ignore_eos=ignore_eos)  # fmt: skip
     mode = f"Poisson {rate} req/s (cap {concurrency})" if rate else f"concurrency {concurrency}"
     lengths = "from file" if prompts else cfg.prompt_lengths.describe()
     console.print(f"load test of {cfg.url}: {mode}, prompts {lengths} tokens, max_tokens {max_tokens}", highlight=False)
@@ -613,7 +624,8 @@ def verify(
     chunk_size: int = typer.Option(7, help="Chunk size for the chunked-prefill check"),
     reference: bool = typer.Option(True, help="Also compare with Hugging Face transformers (if installed)"),
 ) -> None:
-    """The proofs, in float32: parallel == sequential, chunks == one pass, KV bytes == formula, logits == HF."""
+    """The proofs, in float32: parallel == sequential, chunks == one pass, KV bytes == formula, batched decode ==
+    alone, logits == HF."""
     from rich.table import Table
 
     from prefill import verify as proofs
@@ -622,6 +634,9 @@ def verify(
     ids = engine.encode_prompt(prompt)
     checks = proofs.parallel_vs_sequential(engine, ids) + proofs.chunked_vs_single(engine, ids, chunk_size)
     checks.append(proofs.kv_bytes_match_formula(engine, len(ids)))
+    P = len(ids)
+    others = [ids[: max(1, P // 3)], ids[: max(1, 2 * P // 3)], (ids * 3)[: min(3 * P, engine.spec.context_length - 8)]]
+    checks += proofs.batched_vs_alone(engine, [ids, *others])
     if reference:
         try:
             import transformers  # noqa: F401

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from prefill import costs
 from prefill.errors import BadInput
-from prefill.kvcache import KVCache
+from prefill.kvcache import KVBatch, KVPool, SeqKV
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
 from prefill.model import Transformer, check_supported
-from prefill.sampling import SamplingParams, sample
+from prefill.request import Failed, Generation, Request, TokenEvent
+from prefill.sampling import SamplingParams
 from prefill.specs import ModelSpec
-from prefill.streaming import TextStream
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -28,36 +27,6 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     return getattr(torch, costs.canonical_dtype(name))
-
-
-@dataclass
-class TokenEvent:
-    """One generated token: its id, the text it adds (after stop-string hold-back), and seconds since start."""
-
-    token_id: int
-    text: str
-    t: float
-
-
-@dataclass
-class Generation:
-    """A finished request with its measured timings (seconds)."""
-
-    prompt_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str = "length"  # "stop" (EOS or stop string) | "length"
-    tokenize_s: float = 0.0
-    prefill_s: float = 0.0
-    first_token_s: float = 0.0  # sampling the first token from the prefill's logits
-    ttft_s: float = 0.0
-    itl_s: list[float] = field(default_factory=list)
-    total_s: float = 0.0
-    cached_tokens: int = 0  # prompt tokens whose K/V came from a cache instead of this prefill
-
-    @property
-    def P(self) -> int:
-        return len(self.prompt_ids)
 
 
 class Engine:
@@ -68,8 +37,6 @@ class Engine:
         self.device = torch.device(device)
         self.spec: ModelSpec = model.spec
         self._gemm_rate: float | None = None
-        self.last_cache_bytes = 0  # K/V bytes held after the latest generation's prefill (measured)
-        self.last_cache_shape = (0, 0, 0, 0)  # one layer's K (or V) as filled then: [B, H_kv, P, d_head]
 
     # ---- construction ------------------------------------------------------------------------------
 
@@ -109,10 +76,13 @@ class Engine:
 
     # ---- the two phases ----------------------------------------------------------------------------
 
-    def new_cache(self, capacity: int, B: int = 1) -> KVCache:
-        """An empty cache for B sequences of up to `capacity` tokens."""
-        s = self.spec
-        return KVCache(s.L, B, s.H_kv, capacity, s.d_head, self.dtype, self.device)
+    def new_pool(self, tokens: int) -> KVPool:
+        """A private KV pool big enough for `tokens` positions."""
+        return KVPool.for_tokens(self.spec, tokens, self.dtype, self.device)
+
+    def new_cache(self, capacity: int) -> SeqKV:
+        """An empty cache for one sequence of up to `capacity` tokens, in a pool of its own."""
+        return self.new_pool(capacity).new_seq(capacity)
 
     def _ids_tensor(self, ids) -> torch.Tensor:
         if isinstance(ids, torch.Tensor):
@@ -122,18 +92,27 @@ class Engine:
         return t.to(self.device)  # [B, P]
 
     @torch.inference_mode()
-    def prefill(self, ids, cache: KVCache | None = None, chunk_size: int | None = None):
+    def forward(self, ids: torch.Tensor, seqs: list[SeqKV], output: str = "last") -> torch.Tensor:
+        """ids [B, T]: row b's T new tokens continue sequence seqs[b] at its own length; returns the model's
+        `output` (float32 logits [B, vocab] of each row's last position by default) and advances every seq."""
+        batch = KVBatch(seqs, ids.shape[1])
+        return self.model(ids, batch.positions(self.device), batch, output)
+
+    @torch.inference_mode()
+    def prefill(self, ids, cache: SeqKV | None = None, chunk_size: int | None = None):
         """All P prompt tokens in one forward pass (or in chunks of `chunk_size` against the growing cache).
 
-        Writes cache positions cache.length .. cache.length + P - 1 and returns (logits [B, vocab] float32 of
+        Writes cache positions cache.length .. cache.length + P - 1 and returns (logits [1, vocab] float32 of
         the last position, cache).
         """
-        x = self._ids_tensor(ids)  # [B, P]
+        x = self._ids_tensor(ids)  # [1, P]
         B, P = x.shape
+        if B != 1:
+            raise BadInput(f"prefill takes one sequence at a time, got B = {B}")
         if P == 0:
             raise BadInput("the prompt is empty: at least one token is needed")
         if cache is None:
-            cache = self.new_cache(P, B)
+            cache = self.new_cache(P)
         if cache.length + P > self.spec.context_length:
             raise BadInput(
                 f"prompt of {cache.length + P} tokens exceeds the model's context length {self.spec.context_length}"
@@ -142,13 +121,14 @@ class Engine:
             raise BadInput(f"chunk size must be >= 1, got {chunk_size}")
         step = chunk_size or P
         for s in range(0, P, step):
-            logits = self.model(x[:, s : s + step], cache)  # [B, vocab]
+            logits = self.forward(x[:, s : s + step], [cache])  # [1, vocab]
         return logits, cache
 
     @torch.inference_mode()
-    def decode_step(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One new position per sequence: token_ids [B] -> logits [B, vocab], reading and extending the cache."""
-        return self.model(token_ids.reshape(-1, 1).to(self.device), cache)
+    def decode_step(self, token_ids: torch.Tensor, caches: SeqKV | list[SeqKV]) -> torch.Tensor:
+        """One new position per sequence: token_ids [B] -> logits [B, vocab], reading and extending each cache."""
+        seqs = [caches] if isinstance(caches, SeqKV) else list(caches)
+        return self.forward(token_ids.reshape(-1, 1).to(self.device), seqs)
 
     def compile(self) -> float:
         """Compile the per-block functions with torch.compile; returns the seconds the compiling took.
@@ -165,7 +145,7 @@ class Engine:
         thread start-up and template parsing are not timed."""
         if self.tokenizer is not None and self.tokenizer.chat_template:
             self.encode_prompt("warm-up")
-        logits, cache = self.prefill(list(range(1, P + 1)), self.new_cache(P + 1))
+        logits, cache = self.prefill(list(range(1, P + 1)), self.new_cache(P + 1))  # [1, vocab]
         self.decode_step(logits.argmax(-1), cache)
         self.sync()
 
@@ -211,78 +191,38 @@ class Engine:
         max_new_tokens: int = 64,
         sampling: SamplingParams | None = None,
         stop: tuple[str, ...] | list[str] = (),
-        cache: KVCache | None = None,
         chunk_size: int | None = None,
     ) -> Iterator[TokenEvent | Generation]:
         """Stream TokenEvents as tokens are decoded, then yield the finished Generation last.
 
-        A `cache` already holding a prefix of this prompt's tokens (cache.length of them) is reused: only the
-        rest is prefilled.
+        The same step loop as the server's, run for one request in a KV pool of its own.
         """
+        from prefill.loop import StepLoop
+
         if max_new_tokens < 0:
             raise BadInput(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        sampling = sampling or SamplingParams()
         t0 = time.perf_counter()
         ids = self.encode_prompt(prompt, chat)
-        gen = Generation(prompt_ids=ids, tokenize_s=time.perf_counter() - t0)
-        P = len(ids)
-        if self.spec.context_length < P:
-            raise BadInput(f"prompt of {P} tokens exceeds the model's context length {self.spec.context_length}")
-        max_new_tokens = min(max_new_tokens, self.spec.context_length - P)
-        capacity = P + max_new_tokens
-        if cache is None or cache.capacity < capacity:
-            cache = self.new_cache(capacity)
-        reused = min(cache.length, P - 1)  # at least one prompt token must run to produce the first logits
-        cache.truncate(reused)
-        gen.cached_tokens = reused
-        return self._generate(gen, cache, max_new_tokens, sampling, tuple(stop), chunk_size, t0)
+        tokenize_s = time.perf_counter() - t0
+        if self.spec.context_length < len(ids):
+            raise BadInput(f"prompt of {len(ids)} tokens exceeds the model's context length {self.spec.context_length}")
+        events: list = []
+        req = Request(ids, min(max_new_tokens, self.spec.context_length - len(ids)), sampling or SamplingParams(),
+                      self.tokenizer, events.append, tuple(stop), arrival=t0, tokenize_s=tokenize_s)  # fmt: skip
+        loop = StepLoop(self, self.new_pool(req.capacity), chunk_size=chunk_size)
+        loop.add(req)
+        return self._drain(loop, req, events)
 
-    def _generate(self, gen, cache, max_new_tokens, sampling, stop, chunk_size, t0):
-        tok = self.tokenizer
-        if max_new_tokens == 0:
-            gen.total_s = time.perf_counter() - t0
-            yield gen
-            return
-        t = time.perf_counter()
-        logits, cache = self.prefill(gen.prompt_ids[cache.length :], cache, chunk_size)
-        self.sync()
-        gen.prefill_s = time.perf_counter() - t
-        self.last_cache_bytes, self.last_cache_shape = cache.nbytes(), cache.shape()
-        generator = sampling.generator(self.device)
-        t = time.perf_counter()
-        token = sample(logits, sampling, generator)  # [1]
-        token_id = int(token[0])
-        gen.first_token_s = time.perf_counter() - t
-        gen.ttft_s = costs.ttft_seconds(gen.prefill_s + gen.first_token_s, tokenize_s=gen.tokenize_s)
-        texts = TextStream(tok, stop) if tok is not None else None
-        last = time.perf_counter()
-        eos = tok.eos_ids if tok is not None else set()
-        while True:
-            if token_id in eos:
-                gen.finish_reason = "stop"
-                break
-            gen.token_ids.append(token_id)
-            piece, stopped = texts.add(token_id) if texts else ("", False)
-            yield TokenEvent(token_id, piece, time.perf_counter() - t0)
-            if stopped:
-                gen.finish_reason = "stop"
-                break
-            if len(gen.token_ids) >= max_new_tokens:
-                break
-            logits = self.decode_step(token, cache)
-            token = sample(logits, sampling, generator)
-            token_id = int(token[0])
-            now = time.perf_counter()
-            gen.itl_s.append(now - last)
-            last = now
-        if texts is not None:
-            if gen.finish_reason != "stop" or token_id in eos:
-                tail = texts.flush()
-                if tail:
-                    yield TokenEvent(-1, tail, time.perf_counter() - t0)
-            gen.text = texts.sent
-        gen.total_s = time.perf_counter() - t0
-        yield gen
+    @staticmethod
+    def _drain(loop, req: Request, events: list) -> Iterator[TokenEvent | Generation]:
+        while not req.done or events:
+            if not events:
+                loop.step()
+            while events:
+                ev = events.pop(0)
+                if isinstance(ev, Failed):
+                    raise ev.error if ev.error is not None else RuntimeError(ev.message)
+                yield ev
 
     def complete(self, prompt, **kw) -> Generation:
         """Run generate() to the end and return the Generation."""

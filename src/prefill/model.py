@@ -18,7 +18,7 @@ from torch import nn
 
 from prefill.attention import causal_attention
 from prefill.errors import ModelFileError
-from prefill.kvcache import KVCache
+from prefill.kvcache import KVBatch
 from prefill.specs import ModelSpec
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2")
@@ -81,7 +81,7 @@ def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin
     if q_norm_w is not None:  # Qwen3: RMSNorm of each head's q and k
         q, k = qk[:, :, :H_q], qk[:, :, H_q:]
         qk = torch.cat([F.rms_norm(q, q_norm_w.shape, q_norm_w, eps), F.rms_norm(k, k_norm_w.shape, k_norm_w, eps)], 2)
-    qk = qk * cos + rotate_half(qk) * sin  # rotary on Q and K heads at once; cos, sin [P, 1, d_head]
+    qk = qk * cos + rotate_half(qk) * sin  # rotary on Q and K heads at once; cos, sin [B, P, 1, d_head]
     q = qk[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
     k = qk[:, :, H_q:].transpose(1, 2)  # [B, H_kv, P, d_head]
     return q, k, v.transpose(1, 2)
@@ -106,13 +106,24 @@ class Kernels:
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
 
 
-def attend(q, k, v, cache: KVCache, layer: int, start: int) -> torch.Tensor:
-    """Store K, V [B, H_kv, P, d_head] in the cache, then attend over every position up to the new ones."""
-    k_all, v_all = cache.write(layer, start, k, v)  # [B, H_kv, start + P, d_head]
-    if q.shape[2] == 1:
-        # One decode position sees every cached position: no mask at all.
-        return F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)  # [B, H_q, 1, d_head]
-    return causal_attention(q, k_all, v_all, start)  # [B, H_q, P, d_head]
+def attend(q, k, v, batch: KVBatch, layer: int) -> torch.Tensor:
+    """Store K, V [B, H_kv, T, d_head] in the cache, then let each row's T new queries attend causally over that
+    row's positions 0..start+T-1. q [B, H_q, T, d_head] -> [B, H_q, T, d_head]."""
+    rows = batch.update(layer, k, v)
+    T = q.shape[2]
+    if rows is None:  # every row started empty: the new K/V are all there is, and the rows have equal lengths
+        return causal_attention(q, k, v, 0) if T > 1 else F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    if batch.mask is not None:  # decode rows padded to one length: one call, padding masked out
+        k_all, v_all = rows
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=batch.mask, enable_gqa=True)
+    out = []
+    for b, (k_all, v_all) in enumerate(rows):  # rows of different lengths: each reads only its own blocks
+        qb = q[b : b + 1]  # [1, H_q, T, d_head]
+        if T == 1:  # one decode position sees every cached position: no mask at all
+            out.append(F.scaled_dot_product_attention(qb, k_all, v_all, enable_gqa=True))
+        else:
+            out.append(causal_attention(qb, k_all, v_all, batch.starts[b]))
+    return out[0] if len(out) == 1 else torch.cat(out)  # [B, H_q, T, d_head]
 
 
 class Block(nn.Module):
@@ -131,13 +142,13 @@ class Block(nn.Module):
         self.w_gate_up = nn.Linear(spec.d_model, 2 * spec.d_ff, bias=False)  # gate and up in one GEMM
         self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, batch: KVBatch, layer: int) -> torch.Tensor:
         qn = None if self.q_norm is None else self.q_norm.weight
         kn = None if self.k_norm is None else self.k_norm.weight
         q, k, v = self.kernels.qkv_rotary(
             x, self.attn_norm.weight, self.eps, self.wqkv.weight, self.wqkv.bias, qn, kn, cos, sin, self.H_q, self.H_kv
         )
-        o = attend(q, k, v, cache, layer, start)  # [B, H_q, P, d_head]
+        o = attend(q, k, v, batch, layer)  # [B, H_q, T, d_head]
         return self.kernels.out_and_mlp(
             x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight
         )
@@ -173,34 +184,29 @@ class Transformer(nn.Module):
     def unembed_weight(self) -> torch.Tensor:
         return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
 
-    def rope(self, start: int, P: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [P, 1, d_head] for positions start..start+P-1, computed in float32 like the reference."""
-        pos = torch.arange(start, start + P, device=self.inv_freq.device, dtype=torch.float32)
-        angles = torch.outer(pos, self.inv_freq)  # [P, d_head / 2]
-        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [P, 1, d_head]: broadcast over heads
+    def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, d_head] for positions [B, T], computed in float32 like the reference."""
+        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, d_head / 2]
+        angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [B, T, 1, d_head]: broadcast over heads
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(
-        self, ids: torch.Tensor, cache: KVCache, all_logits: bool = False, hidden: bool = False
-    ) -> torch.Tensor:
-        """Run ids [B, P] at positions cache.length.. and advance the cache.
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: KVBatch, output: str = "last") -> torch.Tensor:
+        """Run ids [B, T] at `positions` [B, T] (each row its own), writing K/V through `batch`.
 
-        Returns float32 logits [B, vocab] of the last position (the first new token's), or [B, P, vocab] when
-        `all_logits` (used only by the proofs), or with `hidden` the final-normed hidden states [B, P, d_model]
-        of every position, for a caller that unembeds them in slices (prefill.scoring).
+        `output`: "last" -> float32 logits [B, vocab] of each row's last position (the next token's; the only
+        unembedding a generation needs); "all" -> logits [B, T, vocab] (the proofs); "hidden" -> the final-normed
+        hidden states [B, T, d_model] (scoring unembeds them in slices, see prefill.scoring).
         """
-        B, P = ids.shape
-        start = cache.length
-        x = self.embed(ids)  # [B, P, d_model]
-        cos, sin = self.rope(start, P, x.dtype)
+        x = self.embed(ids)  # [B, T, d_model]
+        cos, sin = self.rope(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, start)
-        cache.length = start + P
-        if hidden:
-            return self.norm(x)  # [B, P, d_model]
-        h = x if all_logits else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
-        logits = F.linear(self.norm(h), self.unembed_weight()).float()  # [B, 1 or P, vocab]
-        return logits if all_logits else logits[:, 0]
+            x = layer(x, cos, sin, batch, i)
+        batch.advance()
+        if output == "hidden":
+            return self.norm(x)  # [B, T, d_model]
+        h = x if output == "all" else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
+        logits = F.linear(self.norm(h), self.unembed_weight()).float()  # [B, 1 or T, vocab]
+        return logits if output == "all" else logits[:, 0]
 
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from prefill import costs
-from prefill.engine import Engine, Generation
+from prefill.engine import Engine
+from prefill.request import Generation
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -50,9 +51,9 @@ def prompt_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Tab
     t.add_row("FLOPs 2·N·P", f"{costs.prefill_flops(s.N, new):.4g}")
     parts = f"linear {count.linear:.3g} + attention {count.attention:.3g} + unembed {count.unembed:.3g}"
     t.add_row("FLOPs exact", f"{count.total:.4g} ({parts})")
-    shape = ", ".join(str(n) for n in engine.last_cache_shape)  # read off the cache, not derived
+    shape = ", ".join(str(n) for n in gen.kv_shape)  # read off the cache, not derived
     t.add_row("KV cache per layer", f"K and V each [B, H_kv, P, d_head] = [{shape}]")
-    measured = engine.last_cache_bytes
+    measured = gen.kv_bytes
     formula = costs.kv_cache_bytes_for(s, P, b)
     verdict = "[green]equal[/]" if measured == formula else "[red]DIFFERENT[/]"
     t.add_row("KV bytes held (measured)", costs.format_bytes(measured))

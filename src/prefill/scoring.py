@@ -15,13 +15,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from prefill.engine import Engine
 from prefill.errors import BadInput
-from prefill.kvcache import KVCache
+from prefill.kvcache import SeqKV
+
+if TYPE_CHECKING:  # the engine imports the request, which holds a ScoreAccumulator
+    from prefill.engine import Engine
 
 SLICE = 256  # positions unembedded at once: [256, 49152] float32 logits = 48 MiB for SmolLM2
 
@@ -104,11 +107,11 @@ class ScoreAccumulator:
 
 
 @torch.inference_mode()
-def prefill_scored(engine: Engine, ids: list[int], cache: KVCache, acc: ScoreAccumulator) -> None:
-    """Prefill `ids` at positions cache.length.. (one chunk) and hand their hidden states to `acc`."""
-    pos0 = cache.length
+def prefill_scored(engine: Engine, ids: list[int], seq: SeqKV, acc: ScoreAccumulator) -> None:
+    """Prefill `ids` at positions seq.length.. (one chunk) and hand their hidden states to `acc`."""
+    pos0 = seq.length
     x = torch.tensor([ids], dtype=torch.long, device=engine.device)  # [1, C]
-    h = engine.model(x, cache, hidden=True)  # [1, C, d_model]
+    h = engine.forward(x, [seq], output="hidden")  # [1, C, d_model]
     acc.add(h[0], pos0)
 
 

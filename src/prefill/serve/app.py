@@ -21,10 +21,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prefill import costs
 from prefill.engine import Engine
 from prefill.errors import BadInput
+from prefill.kvcache import KVPool
+from prefill.loop import StepLoop
+from prefill.prefix_cache import RadixPrefixCache
+from prefill.request import Failed, Generation, TokenEvent
+from prefill.request import Request as Job  # fastapi's Request is the HTTP one
 from prefill.sampling import SamplingParams
-from prefill.serve.logprobs import CompletionLogprobs, chat_content
+from prefill.serve.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
     ChatCompletionRequest,
@@ -33,8 +39,7 @@ from prefill.serve.openai_schema import (
     error_body,
     usage_body,
 )
-from prefill.serve.prefix_cache import RadixPrefixCache
-from prefill.serve.scheduler import Failed, Finished, GenRequest, PromptLogprobs, QueueFull, Scheduler, TextDelta
+from prefill.serve.scheduler import QueueFull, Scheduler
 from prefill.serve.tokenizer_routes import add_tokenizer_routes
 
 
@@ -44,6 +49,7 @@ class ServeConfig:
 
     model_id: str
     prefix_cache_mb: float = 256.0
+    kv_cache_mb: float | None = None  # the shared KV pool; None: default_kv_cache_bytes()
     max_queue: int = 64
     max_running: int = 32
     chunk_size: int = 256
@@ -106,6 +112,19 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def default_kv_cache_bytes(engine: Engine) -> int:
+    """A quarter of the memory free now on the engine's device, at most 2 GiB (pages are touched only as used)."""
+    if engine.device.type == "cuda":
+        import torch
+
+        free = torch.cuda.mem_get_info(engine.device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    return int(min(free // 4, 2 * 1024**3))
+
+
 def model_id_of(engine: Engine) -> str:
     """The id clients name in `model`: the weights file or folder name, e.g. SmolLM2-135M-Instruct.Q4_1."""
     name = Path(engine.source).name
@@ -119,13 +138,17 @@ def _sse(obj: dict | str) -> str:
 def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     """The app, with its scheduler started and stopped by the app's lifespan."""
     metrics = ServerMetrics()
-    prefix = RadixPrefixCache(int(cfg.prefix_cache_mb * 1024 * 1024))
-    scheduler = Scheduler(engine, prefix, metrics, cfg.max_queue, cfg.max_running, cfg.chunk_size)
+    kv_bytes = default_kv_cache_bytes(engine) if cfg.kv_cache_mb is None else int(cfg.kv_cache_mb * 1024**2)
+    pool = KVPool.for_bytes(engine.spec, kv_bytes, engine.dtype, engine.device)
+    prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
+    loop = StepLoop(engine, pool, prefix, cfg.chunk_size, cfg.max_running)
+    scheduler = Scheduler(loop, metrics, cfg.max_queue)
     context = engine.spec.context_length
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         scheduler.start()
+        await asyncio.to_thread(engine.gemm_rate)  # measured once now, so predictions never stall a request
         yield
         scheduler.stop()
 
@@ -166,12 +189,11 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": cfg.model_id}
+        return {"status": "ok", "model": cfg.model_id, **scheduler.pool_state()}
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        metrics.kv_bytes.set(scheduler.kv_cache_bytes())
-        metrics.prefix_bytes.set(prefix.nbytes)
+        scheduler._update_gauges()
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     add_tokenizer_routes(app, engine, cfg.model_id)
@@ -220,7 +242,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return {"content": chat_content(entries, decode_one, k)}
         return CompletionLogprobs(decode_one, k).block(entries)
 
-    def new_request(ids: list[int], body, arrival: float, tokenize_s: float, k: int | None, echo: bool, on_event):
+    def new_job(ids: list[int], body, arrival: float, tokenize_s: float, k: int | None, echo: bool, emit) -> Job:
         P = len(ids)
         if P == 0:
             raise ApiError(400, "the prompt is empty", param="prompt")
@@ -238,23 +260,27 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                            f"(context length {context})", param="max_tokens",
                            code="context_length_exceeded")  # fmt: skip
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
-        return GenRequest(ids, max_tokens, sampling, body.stop_strings(), on_event, arrival, tokenize_s,
-                          prompt_logprobs=k if echo else None, logprobs=k)  # fmt: skip
+        return Job(ids, max_tokens, sampling, engine.tokenizer, emit, body.stop_strings(), arrival=arrival,
+                   tokenize_s=tokenize_s, ignore_eos=body.ignore_eos, logprobs=k,
+                   prompt_logprobs=k if echo and k is not None else None)  # fmt: skip
 
-    async def collect(req: GenRequest, events: asyncio.Queue) -> tuple[str, list, list, Finished]:
-        """Text, prompt log-probabilities, generated tokens' log-probabilities and the end of one request."""
-        parts, prompt, generated = [], [], []
+    def entries_of(gen: Generation, echo: bool) -> list:
+        """Log-probability entries of a finished request: the prompt's (with echo), then the generated tokens'."""
+        prompt = prompt_entries(gen.prompt_scores) if echo and gen.prompt_scores is not None else []
+        return prompt + generated_entries(gen.logprobs)
+
+    async def collect(req: Job, events: asyncio.Queue) -> tuple[str, Generation]:
+        parts = []
         while True:
             ev = await events.get()
-            if isinstance(ev, TextDelta):
+            if isinstance(ev, TokenEvent):
                 parts.append(ev.text)
-                generated.extend(ev.logprobs)
-            elif isinstance(ev, PromptLogprobs):
-                prompt = ev.entries
             elif isinstance(ev, Failed):
+                if isinstance(ev.error, BadInput):
+                    raise ApiError(400, ev.message)
                 raise ApiError(500, ev.message, "server_error")
             else:
-                return "".join(parts), prompt, generated, ev
+                return "".join(parts), ev
 
     async def handle(request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool):
         arrival = request.scope.get("state", {}).get("arrival", time.perf_counter())
@@ -265,23 +291,23 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         prompts = prompts_of(body, chat)
         tokenize_s = time.perf_counter() - t0
         echo, k = (not chat and body.echo), logprobs_k(body, chat)
-        if echo and k is not None and sum(len(ids) for ids, _ in prompts) > cfg.max_echo_tokens:
-            raise ApiError(400, f"echo with logprobs of {sum(len(ids) for ids, _ in prompts)} prompt tokens; at most "
-                           f"{cfg.max_echo_tokens} per request: send fewer or shorter prompts", param="echo",
-                           code="echo_too_long")  # fmt: skip
+        scored = sum(len(ids) for ids, _ in prompts)
+        if echo and k is not None and scored > cfg.max_echo_tokens:
+            raise ApiError(400, f"echo with logprobs of {scored} prompt tokens; at most {cfg.max_echo_tokens} per "
+                           "request: send fewer or shorter prompts", param="echo", code="echo_too_long")  # fmt: skip
         if body.stream and len(prompts) > 1:
             raise ApiError(400, "stream one prompt at a time", param="prompt")
-        loop = asyncio.get_running_loop()
-        runs = []
+        aio = asyncio.get_running_loop()
+        jobs = []
         for ids, _ in prompts:
             events: asyncio.Queue = asyncio.Queue()
-            on_event = lambda ev, q=events: loop.call_soon_threadsafe(q.put_nowait, ev)  # noqa: E731
-            runs.append((new_request(ids, body, arrival, tokenize_s, k, echo, on_event), events))
+            emit = lambda ev, q=events: aio.call_soon_threadsafe(q.put_nowait, ev)  # noqa: E731
+            jobs.append((new_job(ids, body, arrival, tokenize_s, k, echo, emit), events))
         try:
-            for req, _ in runs:
+            for req, _ in jobs:
                 scheduler.submit(req)
         except QueueFull as e:
-            for req, _ in runs:
+            for req, _ in jobs:
                 req.cancelled = True
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from e
         shape = ResponseShape(chat, cfg.model_id)
@@ -289,32 +315,50 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         echoes = [(text if text is not None else engine.tokenizer.decode(ids, skip_special=False)) if echo else ""
                   for ids, text in prompts]  # fmt: skip
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            req, events = runs[0]
-            return StreamingResponse(stream(req, events, shape, include_usage, endpoint, echoes[0], k),
+            req, events = jobs[0]
+            return StreamingResponse(stream(req, events, shape, body.stream_options, endpoint, echoes[0], k),
                                      media_type="text/event-stream")  # fmt: skip
         try:
-            results = [await collect(req, events) for req, events in runs]
+            results = [await collect(req, events) for req, events in jobs]
         finally:
-            for req, _ in runs:
+            for req, _ in jobs:
                 req.cancelled = True  # no-op when finished; frees the cache if this handler was cancelled
         choices, totals = [], [0, 0, 0]
-        for i, ((text, prompt, generated, ev), echoed) in enumerate(zip(results, echoes, strict=True)):
-            metrics.requests.labels(endpoint=endpoint, finish_reason=ev.finish_reason).inc()
-            logprobs = logprobs_body(chat, k, (prompt if echo else []) + generated)
-            choices.append(shape.choice(echoed + text, ev.finish_reason, logprobs, index=i))
-            for j, n in enumerate((ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)):
+        for i, ((text, gen), echoed) in enumerate(zip(results, echoes, strict=True)):
+            metrics.requests.labels(endpoint=endpoint, finish_reason=gen.finish_reason).inc()
+            choices.append(shape.choice(echoed + text, gen.finish_reason, logprobs_body(chat, k, entries_of(gen, echo)),
+                                        index=i))  # fmt: skip
+            for j, n in enumerate((gen.P, len(gen.token_ids), gen.cached_tokens)):
                 totals[j] += n
-        timings = [r[3].timings for r in results]
+        timings = [final_timings(gen) for _, gen in results]
         return shape.full_choices(choices, usage_body(*totals), timings[0] if len(timings) == 1 else timings)
 
-    async def stream(req: GenRequest, events: asyncio.Queue, shape: ResponseShape, include_usage: bool,
-                     endpoint: str, echoed: str, k: int | None) -> AsyncIterator[str]:  # fmt: skip
+    def usage_of(gen: Generation) -> dict:
+        return usage_body(gen.P, len(gen.token_ids), gen.cached_tokens)
+
+    def final_timings(gen: Generation) -> dict:
+        """The server's measured timings, with the cost model's prediction of the prefill beside them."""
+        predicted, how = engine.predict_prefill_seconds(gen.P - gen.cached_tokens, gen.cached_tokens, cfg.chunk_size)
+        out = {**gen.timings(), "predicted_prefill_s": predicted, "predicted_by": how,
+               "kv_bytes": gen.kv_bytes, "kv_bytes_formula": kv_formula(gen.P)}  # fmt: skip
+        if gen.prompt_scores is not None:  # a scoring prefill: every position unembedded
+            count = costs.scoring_flops_exact(engine.spec, gen.P)
+            out.update(scoring_flops=count.total, scoring_unembed_share=count.unembed_share)
+        return out
+
+    def kv_formula(tokens: int) -> int:
+        return costs.kv_cache_bytes_for(engine.spec, tokens, engine.dtype.itemsize)
+
+    async def stream(req: Job, events: asyncio.Queue, shape: ResponseShape, opts, endpoint: str, echoed: str,
+                     k: int | None) -> AsyncIterator[str]:  # fmt: skip
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts.continuous_usage_stats)
         extra = {"usage": None} if include_usage else {}
         fmt = CompletionLogprobs(decode_one, k) if k is not None and not shape.chat else None
+        sent = 0  # generated tokens whose log-probabilities went out
 
-        def logprobs_of(entries) -> dict | None:
-            if k is None:
+        def logprobs_of(entries: list) -> dict | None:
+            if k is None or not entries:
                 return None
             return fmt.block(entries) if fmt is not None else {"content": chat_content(entries, decode_one, k)}
 
@@ -325,24 +369,35 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                 yield _sse(shape.chunk(echoed, **extra))
             while True:
                 ev = await events.get()
-                if isinstance(ev, PromptLogprobs):  # echo with logprobs: the prompt text and its log-probabilities
-                    yield _sse(shape.chunk(echoed, logprobs=logprobs_of(ev.entries), **extra))
-                    continue
-                if isinstance(ev, TextDelta):
-                    yield _sse(shape.chunk(ev.text, logprobs=logprobs_of(ev.logprobs) if ev.logprobs else None,
-                                           **extra))  # fmt: skip
+                if echoed and req.prompt_logprobs is not None:  # the prompt's scores are known once it is prefilled
+                    prompt = prompt_entries(req.gen.prompt_scores) if req.gen.prompt_scores is not None else []
+                    yield _sse(shape.chunk(echoed, logprobs=logprobs_of(prompt), **extra))
+                    echoed = ""
+                if isinstance(ev, TokenEvent):
+                    entries = generated_entries([ev])
+                    sent += len(entries)
+                    if not ev.text and not continuous and not entries:
+                        continue
+                    if continuous:  # vLLM's continuous_usage_stats, plus what the cache holds right now
+                        n = len(req.gen.token_ids)
+                        extra = {"usage": usage_body(req.P, n, req.gen.cached_tokens),
+                                 "timings": {"t_s": ev.t, "kv_bytes": ev.kv_bytes, "kv_tokens": ev.kv_tokens,
+                                             "kv_bytes_formula": kv_formula(ev.kv_tokens)}}  # fmt: skip
+                    yield _sse(shape.chunk(ev.text, logprobs=logprobs_of(entries), **extra))
                     continue
                 if isinstance(ev, Failed):
-                    metrics.errors.labels(status="500").inc()
+                    metrics.errors.labels(status="400" if isinstance(ev.error, BadInput) else "500").inc()
                     yield _sse(error_body(ev.message, "server_error"))
                     break
                 metrics.requests.labels(endpoint=endpoint, finish_reason=ev.finish_reason).inc()
-                usage = usage_body(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+                usage, timings = usage_of(ev), final_timings(ev)
+                rest = logprobs_of(generated_entries(ev.logprobs[sent:]))  # a final EOS token's, never emitted
                 if include_usage:
-                    yield _sse(shape.chunk(None, ev.finish_reason, usage=None))
-                    yield _sse(shape.usage_chunk(usage, ev.timings))
+                    yield _sse(shape.chunk(None, ev.finish_reason, logprobs=rest,
+                                           usage=usage if continuous else None))  # fmt: skip
+                    yield _sse(shape.usage_chunk(usage, timings))
                 else:  # OpenAI clients ignore the extra fields; other clients can read them
-                    yield _sse(shape.chunk(None, ev.finish_reason, usage=usage, timings=ev.timings))
+                    yield _sse(shape.chunk(None, ev.finish_reason, logprobs=rest, usage=usage, timings=timings))
                 break
             yield _sse("[DONE]")
         finally:

@@ -104,6 +104,7 @@ class LoadTestConfig:
     temperature: float = 0.0
     seed: int = 0
     include_usage: bool = True  # stream_options.include_usage (token counts from the server)
+    ignore_eos: bool = False  # ask for exactly max_tokens (vLLM, SGLang and llama.cpp's server accept it)
     api_key: str | None = None
     timeout_s: float = 600.0
 
@@ -179,6 +180,8 @@ async def one_request(
     }
     if cfg.include_usage:
         body["stream_options"] = {"include_usage": True}
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
     if cfg.chat:
         system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         path, body["messages"] = "/v1/chat/completions", [*system, {"role": "user", "content": prompt}]

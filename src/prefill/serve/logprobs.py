@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    from prefill.request import TokenEvent
+    from prefill.scoring import Scores
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's and vLLM's default bound on k
 FLOOR = -9999.0  # what OpenAI writes for a log-probability of -inf (JSON has no infinity)
@@ -28,20 +31,18 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
-def prompt_entries(ids: Sequence[int], logprobs: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor):
-    """Entries of a scored prompt: ids [P]; logprobs [P - 1], top_ids and top_lp [P - 1, k] (prefill.scoring)."""
-    lps, tis, tls = logprobs.tolist(), top_ids.tolist(), top_lp.tolist()
-    first = [TokenLogprob(int(ids[0]), None)]
+def prompt_entries(scores: Scores) -> list[TokenLogprob]:
+    """Entries of a scored prompt (prefill.scoring.Scores with start = 1): the first token's logprob is None."""
+    lps, tis, tls = scores.logprobs.tolist(), scores.top_ids.tolist(), scores.top_logprobs.tolist()  # [P-1], [P-1, k]
+    first = [TokenLogprob(int(scores.ids[0]), None)]
     return first + [TokenLogprob(int(t), lp, tuple(zip(ti, tl, strict=True)))
-                    for t, lp, ti, tl in zip(ids[1:], lps, tis, tls, strict=True)]  # fmt: skip
+                    for t, lp, ti, tl in zip(scores.ids[1:], lps, tis, tls, strict=True)]  # fmt: skip
 
 
-def sampled_entry(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
-    """The entry of a generated token from the logits [vocab] it was sampled from (before any temperature:
-    the model's own distribution, as vLLM reports by default)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)  # [vocab]
-    values, indices = lp.topk(k) if k else (lp[:0], lp[:0].long())  # [k] each
-    return TokenLogprob(int(token_id), float(lp[token_id]), tuple(zip(indices.tolist(), values.tolist(), strict=True)))
+def generated_entries(events: Sequence[TokenEvent]) -> list[TokenLogprob]:
+    """Entries of generated tokens: the events (prefill.request.TokenEvent) that carry a log-probability, which
+    Request.accept records under the distribution each token was drawn from."""
+    return [TokenLogprob(e.token_id, e.logprob, tuple(e.top_logprobs or ())) for e in events if e.logprob is not None]
 
 
 def _clip(x: float) -> float:

@@ -40,7 +40,11 @@ class ServerMetrics:
                                      "log-probability (echo with logprobs)", registry=r)  # fmt: skip
         self.queued = Gauge("prefill_queued_requests", "Requests waiting for the scheduler", registry=r)
         self.running = Gauge("prefill_running_requests", "Requests being prefilled or decoded", registry=r)
-        self.kv_bytes = Gauge("prefill_kv_cache_bytes", "Bytes of the running requests' KV caches", registry=r)
+        self.kv_bytes = Gauge("prefill_kv_cache_bytes", "K/V bytes the running requests hold (filled positions)",
+                              registry=r)  # fmt: skip
+        self.kv_used_bytes = Gauge("prefill_kv_pool_used_bytes", "Bytes of KV-pool blocks in use (requests and "
+                                   "prefix cache; shared blocks once)", registry=r)  # fmt: skip
+        self.kv_pool_bytes = Gauge("prefill_kv_pool_bytes", "Bytes of the whole KV pool (--kv-cache-mb)", registry=r)
         self.prefix_bytes = Gauge("prefill_prefix_cache_bytes", "Bytes held by the prefix cache", registry=r)
 
     def render(self) -> bytes:

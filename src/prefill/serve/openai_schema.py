@@ -18,6 +18,7 @@ from prefill.serve.logprobs import MAX_TOP_LOGPROBS
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: usage (and our cache timings) on every chunk
 
 
 class _Sampling(BaseModel):
@@ -33,6 +34,7 @@ class _Sampling(BaseModel):
     n: StrictInt = Field(default=1, ge=1, le=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    ignore_eos: StrictBool = False  # vLLM's extension: generate max_tokens whatever the model says (benchmarks)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
