@@ -11,14 +11,14 @@ import math
 from contextlib import contextmanager
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from prefill import costs
 from prefill.causal import causal_mask, causal_pairs
 from prefill.errors import BadInput
 from prefill.exercise import FUNCTIONS, skeleton
 from prefill.hardware import HARDWARE
-from prefill.quiz import check_answer
+from prefill.quiz import QUESTIONS, check_answer
 from prefill.specs import PRESETS, ModelSpec
 
 MAX_N = 1e14  # parameters: far past any model built, small enough to catch a slip of the exponent
@@ -137,7 +137,7 @@ class AnswerBody(BaseModel):
     """A typed answer to one of the lesson's questions; reveal asks for the answer itself."""
 
     model_config = ConfigDict(extra="forbid")
-    question: StrictStr
+    question: StrictStr = Field(json_schema_extra={"enum": list(QUESTIONS)})  # documented; others are a 400
     answer: StrictStr = ""
     reveal: StrictBool = False
 

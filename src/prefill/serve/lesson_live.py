@@ -19,6 +19,9 @@ from prefill.errors import BadInput
 from prefill.serve.lesson_api import bad_input, human, in_range, kv_body, roofline_body
 
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
+# What the document promises for GET /api/tokens?text=: a URL of 20,000 characters is over what HTTP servers read
+# (uvicorn: 16 KiB of request line), so the document names less than the route takes.
+DOCUMENTED_TEXT = {"minLength": 1, "maxLength": 1000}
 
 
 class MachineRates:
@@ -60,6 +63,11 @@ class AttentionBody(BaseModel):
     head: StrictInt = 0
 
 
+def between(lo: float, hi: float) -> dict:
+    """A query parameter's range in the OpenAPI document; the route checks it itself (in_range: a clear 400)."""
+    return {"minimum": lo, "maximum": hi}
+
+
 def live_router(engine: Engine) -> APIRouter:
     """The routes that need the loaded model."""
     from prefill.probe import MAX_P, attention_weights
@@ -82,7 +90,8 @@ def live_router(engine: Engine) -> APIRouter:
         return [tok.decode([i], skip_special=False) for i in ids]
 
     @router.get("/tokens")
-    def tokens(text: str = Query(..., description="the prompt"), chat: int = Query(0, description="1: chat template")):
+    def tokens(text: str = Query(..., description="the prompt", json_schema_extra=DOCUMENTED_TEXT),
+               chat: int = Query(0, description="1: chat template", json_schema_extra=between(0, 1))):  # fmt: skip
         """The prompt's tokens as the model sees them: ids and one label per token (tokenizer.decode of each id)."""
         in_range("chat", chat, 0, 1)
         ids = encode(text, bool(chat))
@@ -105,10 +114,22 @@ def live_router(engine: Engine) -> APIRouter:
 
     @router.get("/predict")
     def predict(
-        P: int = Query(..., description="prompt tokens"),
-        cached: int = Query(0, description="prompt tokens whose K/V came from the prefix cache (not prefilled)"),
-        prefill_s: float | None = Query(None, description="a measured prefill, seconds: gives its MFU"),
-        tokenize_s: float = Query(0.0, description="measured tokenization, seconds: added to the predicted TTFT"),
+        P: int = Query(..., description="prompt tokens", json_schema_extra=between(1, spec.context_length)),
+        cached: int = Query(
+            0,
+            description="prompt tokens whose K/V came from the prefix cache (not prefilled), below P",
+            json_schema_extra=between(0, spec.context_length - 1),
+        ),
+        prefill_s: float | None = Query(
+            None,
+            description="a measured prefill, seconds: gives its MFU",
+            json_schema_extra={"exclusiveMinimum": 0, "maximum": 3600},
+        ),
+        tokenize_s: float = Query(
+            0.0,
+            description="measured tokenization, seconds: added to the predicted TTFT",
+            json_schema_extra=between(0, 3600),
+        ),
     ) -> dict:
         """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server (the
         engine's predict_prefill_seconds), exact FLOPs, and the MFU of a measured prefill against the measured
@@ -131,7 +152,8 @@ def live_router(engine: Engine) -> APIRouter:
                           "gemm_rate": human(gemm, "FLOP/s")}}  # fmt: skip
 
     @router.get("/roofline")
-    def roofline(P: int = Query(..., description="prompt tokens")) -> dict:
+    def roofline(P: int = Query(..., description="prompt tokens", json_schema_extra=between(1, spec.context_length))
+                 ) -> dict:  # fmt: skip
         """This prefill's and one decode step's arithmetic intensity against this machine's ridge point."""
         in_range("P", P, 1, spec.context_length)
         gemm, bandwidth, source = rates.get()
