@@ -270,8 +270,10 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return refuse(400, error_body("the body is not valid JSON", "invalid_request_error", None,
                                           "invalid_json"))  # fmt: skip
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
-        loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
+        if loc[:1] in (["query"], ["path"]):  # a URL's parameter (e.g. the lesson's ?N=): its name as it is
+            loc = loc[1:2]
+        else:  # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
+            loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
         param = ".".join(loc) or None
         if param is None:  # the body as a whole: not a JSON object (or sent without a JSON content type)
             return refuse(400, error_body("the body must be a JSON object (Content-Type: application/json)",
