@@ -106,10 +106,14 @@ async def shared_prefix(url: str, n: int, system_tokens: int, max_tokens: int) -
     block = base["kv_block_tokens"] * per_token
     cached = recs[0].cached_tokens or 0
     suffix = P - cached
-    one_prefix_plus_suffixes = cached * per_token + n * math.ceil((suffix + max_tokens - 1) / 16) * block
-    return {"n": n, "prompt_tokens": P, "cached_tokens": cached, "prefix_cache_bytes": base["prefix_cache_bytes"],
-            "kv_used_bytes_peak": peak["kv_used_bytes"], "one_prefix_plus_suffixes": one_prefix_plus_suffixes,
-            "n_full_copies": n * math.ceil((P + max_tokens - 1) / 16) * block}  # fmt: skip
+    tokens = base["kv_block_tokens"]
+    # The pool also holds earlier phases' prefixes: count the blocks the n requests added, plus the shared
+    # prefix's blocks (already in the pool before they came, held once however many requests use them).
+    held = peak["kv_used_bytes"] - base["kv_used_bytes"] + cached * per_token
+    one_prefix_plus_suffixes = cached * per_token + n * math.ceil((suffix + max_tokens - 1) / tokens) * block
+    return {"n": n, "prompt_tokens": P, "cached_tokens": cached, "kv_bytes_held_by_the_n": held,
+            "one_prefix_plus_suffixes": one_prefix_plus_suffixes,
+            "n_full_copies": n * math.ceil((P + max_tokens - 1) / tokens) * block}  # fmt: skip
 
 
 def main() -> None:

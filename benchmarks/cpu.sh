@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The README's CPU performance table: the embedded SmolLM2-135M-Instruct, P = 32..4096, bfloat16 and float32,
-# ours compiled (Engine.compile), transformers and llama.cpp (when llama-cpp-python is installed) side by side
-# on the same tokens and threads, calibrated on two prompt lengths (P = 128 and 4096).
-# Takes about 15 minutes on 2 cores; run it on an otherwise idle machine.
-# The chunk-size sweep: benchmarks/cpu.sh --prompt-lengths 4096 --dtypes bfloat16 --chunk-size 256,1024
-#   benchmarks/cpu.sh                      # everything
-#   benchmarks/cpu.sh --repeats 3          # extra arguments go to `prefill bench`
+# The README's CPU performance table: the embedded SmolLM2-135M-Instruct, P = 32..4096, in the dtypes native on
+# this CPU (float32 everywhere, bfloat16 where AVX-512-BF16 / AMX make it native), ours eager and compiled
+# (Engine.compile), transformers, and llama.cpp (when llama-cpp-python is installed) on the GGUF as shipped (Q4_1)
+# and on F32 / BF16 copies of the same weights, side by side on the same tokens and threads, calibrated on two
+# prompt lengths (P = 128 and 4096). It prints its estimated duration before it starts (about 15-30 minutes on
+# 2 cores); run it on an otherwise idle machine. docs/bench-<kind>.md keeps one table per CPU kind.
+# The chunk-size sweep: benchmarks/cpu.sh --prompt-lengths 4096 --chunk-size 256,1024
+#   benchmarks/cpu.sh                                     # everything
+#   benchmarks/cpu.sh --prompt-lengths 128,512,1024 --repeats 3   # a shorter run; extra arguments go to `prefill bench`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFILL="${PREFILL:-}"
@@ -14,7 +16,6 @@ if [ -z "$PREFILL" ]; then
 fi
 exec "$PREFILL" bench \
   --prompt-lengths 32,128,512,2048,4096 \
-  --dtypes bfloat16,float32 \
   --repeats 5 \
   --peers transformers,llamacpp \
   --threads "${THREADS:-$(nproc)}" \

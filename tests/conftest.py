@@ -19,3 +19,17 @@ def smollm_reference(smollm):
     from prefill.verify import load_reference
 
     return load_reference(smollm.source)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """Probe rates and compile verdicts go to a per-session folder, not the user's ~/.cache/prefill."""
+    import os
+
+    old = os.environ.get("PREFILL_CACHE_DIR")
+    os.environ["PREFILL_CACHE_DIR"] = str(tmp_path_factory.mktemp("prefill-cache"))
+    yield
+    if old is None:
+        os.environ.pop("PREFILL_CACHE_DIR", None)
+    else:
+        os.environ["PREFILL_CACHE_DIR"] = old

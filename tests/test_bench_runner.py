@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from prefill.bench import plot, report
-from prefill.bench.runner import OURS, BenchConfig, run_bench, steps
+from prefill.bench.runner import OURS, BenchConfig, run_bench
 from prefill.costs import prefill_flops_exact
 
 # big enough that the matmuls, not Python, dominate a 1024-token prefill (so calibration has signal)
@@ -48,10 +48,10 @@ def test_sweep_measures_every_point_with_calibration_and_chunks(tiny_folder, tmp
     cfg = BenchConfig(model=str(tiny_folder), prompt_lengths=(16, 64, 256, 1024, 2048), dtypes=("float32",),
                       repeats=2, warmup=0, peers=(), threads=1, calibrate=True, chunk_sizes=(256, 512))  # fmt: skip
     seen = []
-    result = run_bench(cfg, on_step=seen.append)
+    result = run_bench(cfg, on_step=lambda description, seconds: seen.append(description))
     # 2048 exceeds the context length 1024: dropped with a note
     assert any("context length 1024" in n for n in result.notes)
-    assert len(seen) == steps(cfg, 4)
+    assert len(seen) == 4 + 2  # one step per P (all engines at once), one per chunk size
     ours = [m for m in result.measurements if m.engine == OURS and m.chunk_size is None]
     assert [m.P for m in ours] == [16, 64, 256, 1024]
     for m in ours:

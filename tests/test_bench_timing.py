@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from prefill.bench.peers import parse_peers
-from prefill.bench.runner import BenchConfig, parse_dtypes, parse_ints, steps
+from prefill.bench.runner import parse_dtypes, parse_ints
 from prefill.bench.timing import Timing, measure_peak_memory, percentile, time_call, time_interleaved
 from prefill.errors import BadInput
 
@@ -50,12 +50,6 @@ def test_parsers():
             parse_ints(bad, "--prompt-lengths")
     with pytest.raises(BadInput, match="unknown peer"):
         parse_peers("vllm")
-
-
-def test_steps_counts_every_timed_point():
-    cfg = BenchConfig(dtypes=("float32", "bfloat16"), peers=("transformers", "llamacpp"), chunk_sizes=(256, 512))
-    # per dtype: 3 lengths x (ours + transformers) + 2 chunk sizes; llama.cpp once per length
-    assert steps(cfg, 3) == 2 * (3 * 2 + 2) + 3
 
 
 def test_time_interleaved_alternates_engines():

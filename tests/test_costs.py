@@ -287,3 +287,95 @@ def test_scoring_flops_with_fewer_unembedded_positions_and_a_batch():
     assert FlopCount(0, 0, 0).unembed_share == 0.0
     with pytest.raises(ValueError, match="unembedded"):
         costs.scoring_flops_exact(SMOLLM2, 10, unembedded=11)
+
+
+# ---- sliding windows ---------------------------------------------------------------------------------
+
+
+def global_layers(L: int, pattern: int = 6) -> list[int]:
+    """Gemma 3's full-attention layers by hand: every pattern-th layer, counting from 1."""
+    return [i for i in range(L) if (i + 1) % pattern == 0]
+
+
+@pytest.mark.parametrize(
+    "preset, P, expected",
+    [
+        # 18 layers: 3 global (5, 11, 17) hold P = 2048, 15 local hold W = 512; H_kv 1, d_head 256, bf16
+        ("gemma-3-270m", 2048, 2 * 1 * 256 * 2 * (15 * 512 + 3 * 2048)),  # 14,155,776 B (37.7 MB without)
+        ("gemma-3-1b", 2048, 2 * 1 * 256 * 2 * (22 * 512 + 4 * 2048)),
+        ("gemma-3-4b", 2048, 2 * 4 * 256 * 2 * (29 * 1024 + 5 * 2048)),
+        ("gemma-3-12b", 2048, 2 * 8 * 256 * 2 * (40 * 1024 + 8 * 2048)),
+        ("gemma-3-27b", 2048, 2 * 16 * 128 * 2 * (52 * 1024 + 10 * 2048)),
+        ("gemma-3-27b", 512, 2 * 16 * 128 * 2 * 62 * 512),  # shorter than the window: every layer holds P
+        ("mistral-7b-v0.1", 8192, 2 * 8 * 128 * 2 * 32 * 4096),  # every layer stops at W = 4096
+        ("mistral-7b-v0.1", 4096, 2 * 8 * 128 * 2 * 32 * 4096),
+        ("gemma-2-9b", 8192, 2 * 8 * 256 * 2 * (21 * 4096 + 21 * 8192)),  # even layers local, odd global
+    ],
+)
+def test_window_aware_kv_bytes_of_each_windowed_preset(preset, P, expected):
+    spec = PRESETS[preset]
+    assert kv_cache_bytes_for(spec, P, 2) == expected
+    assert kv_cache_bytes_for(spec, P, 2, B=3) == 3 * expected
+
+
+def test_gemma3_270m_kv_bytes_at_2048_and_its_layer_pattern():
+    spec = PRESETS["gemma-3-270m"]
+    assert [i for i, w in enumerate(spec.windows) if w is None] == global_layers(18) == [5, 11, 17]
+    assert set(spec.windows) == {512, None}
+    assert kv_cache_bytes_for(spec, 2048, 2) == 14_155_776
+    assert kv_cache_bytes(spec.L, spec.H_kv, spec.d_head, 2048, 2) == 37_748_736  # the full-attention count
+    for name, L in (("gemma-3-1b", 26), ("gemma-3-4b", 34), ("gemma-3-12b", 48), ("gemma-3-27b", 62)):
+        assert [i for i, w in enumerate(PRESETS[name].windows) if w is None] == global_layers(L)
+
+
+def test_window_pairs_by_hand():
+    # W = 4, 10 tokens: positions see 1, 2, 3, 4, 4, 4, 4, 4, 4, 4 keys
+    assert costs.attended_pairs(10, window=4) == 1 + 2 + 3 + 4 * 7 == 34
+    # 3 new tokens at positions 5, 6, 7 after 5 cached: 4 keys each
+    assert costs.attended_pairs(3, past=5, window=4) == 12
+    assert costs.attended_pairs(3, past=1, window=4) == 2 + 3 + 4  # positions 1, 2, 3
+    assert costs.attended_pairs(10, window=None) == 55
+
+
+@given(P=st.integers(0, 60), past=st.integers(0, 60), W=st.integers(1, 70))
+def test_window_pairs_count_the_mask(P, past, W):
+    import numpy as np
+
+    t = np.arange(past, past + P)[:, None]  # [P, 1]: absolute positions of the new queries
+    j = np.arange(past + P)[None, :]  # [1, past + P]: every key
+    assert costs.attended_pairs(P, past, W) == int(((j <= t) & (j > t - W)).sum())
+
+
+@given(spec=spec_strategy, P=st.integers(0, 5000), past=st.integers(0, 5000), extra=st.integers(0, 10_000),
+       data=st.data())  # fmt: skip
+def test_windows_at_least_as_long_as_the_context_give_todays_numbers(spec, P, past, extra, data):
+    import dataclasses
+
+    wide = past + P + extra  # every window covers the whole context
+    windows = tuple(data.draw(st.sampled_from([None, wide, wide + 1])) for _ in range(spec.L))
+    windowed = dataclasses.replace(spec, windows=windows)
+    assert prefill_flops_exact(windowed, P, past) == prefill_flops_exact(spec, P, past)
+    assert kv_cache_bytes_for(windowed, past + P, 2) == kv_cache_bytes(spec.L, spec.H_kv, spec.d_head, past + P, 2)
+    assert prefill_flops_exact(spec, P, past).attention == 4 * spec.L * spec.H_q * spec.d_head * (
+        P * past + P * (P + 1) // 2
+    )
+
+
+def test_windowed_attention_flops_of_gemma3_270m():
+    spec = PRESETS["gemma-3-270m"]
+    P = 2048
+    band = 512 * 513 // 2 + (P - 512) * 512  # a local layer: the triangle to W, then W keys per row
+    triangle = P * (P + 1) // 2
+    per_pair = 4 * spec.H_q * spec.d_head
+    assert prefill_flops_exact(spec, P).attention == per_pair * (15 * band + 3 * triangle)
+    assert prefill_flops_exact(spec, 100, past=1948).attention == per_pair * (15 * 100 * 512 + 3 * 100 * (1948 + 50.5))
+
+
+def test_longest_context_with_windows():
+    full = costs.max_context_tokens_for(LLAMA3_8B, 24 * 2**30, 2)
+    assert full == costs.max_context_tokens(24 * 2**30, kv_cache_bytes_for(LLAMA3_8B, 1, 2)) == 196_608
+    gemma = PRESETS["gemma-3-270m"]
+    n = costs.max_context_tokens_for(gemma, 2**30, 2)
+    assert kv_cache_bytes_for(gemma, n, 2) <= 2**30 < kv_cache_bytes_for(gemma, n + 1, 2)
+    assert costs.max_context_tokens_for(PRESETS["mistral-7b-v0.1"], 2**30, 2) is None  # stops growing at W
+    assert costs.max_context_tokens_for(PRESETS["mistral-7b-v0.1"], 2**20, 2) == 2**20 // (2 * 8 * 128 * 2 * 32)

@@ -10,15 +10,12 @@ import pytest
 
 from prefill.engine import Engine
 from prefill.errors import ModelFileError
+from prefill.families import family_of
 from prefill.loading import default_model_path
 from prefill.loading.gguf import hf_name, unpermute_qk
+from tiny_models import llama_cpp_permute
 
 PREFILL = Path(sys.executable).parent / "prefill"
-
-
-def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """What llama.cpp's convert script does to Q/K rows (interleaved-pair rotary order)."""
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 @pytest.mark.parametrize("shape,heads", [((12, 5), 3), ((64, 16), 4), ((8,), 2)])
@@ -33,6 +30,12 @@ def test_gguf_names_map_to_hf_names():
     assert hf_name("blk.0.ffn_gate.weight") == "model.layers.0.mlp.gate_proj.weight"
     assert hf_name("token_embd.weight") == "model.embed_tokens.weight"
     assert hf_name("rope_freqs.weight") is None
+    # the same GGUF norm name means a different Hugging Face norm in a four-norm family
+    gemma = family_of("gemma3")
+    assert hf_name("blk.2.ffn_norm.weight") == "model.layers.2.post_attention_layernorm.weight"
+    assert hf_name("blk.2.ffn_norm.weight", gemma) == "model.layers.2.pre_feedforward_layernorm.weight"
+    assert hf_name("blk.2.post_attention_norm.weight", gemma) == "model.layers.2.post_attention_layernorm.weight"
+    assert hf_name("blk.2.post_ffw_norm.weight", gemma) == "model.layers.2.post_feedforward_layernorm.weight"
 
 
 def test_embedded_model_is_found_by_distribution_metadata():

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from prefill.errors import BadInput
-from prefill.sampling import SamplingParams, sample
+from prefill.sampling import SEED_MAX, SEED_MIN, NothingToSample, SamplingParams, sample
 
 LOGITS = torch.tensor([[0.0, 3.0, 1.0, 2.9, -1.0]])
 
@@ -45,3 +45,61 @@ def test_seed_reproduces_draws():
 def test_bad_params_refused(kw):
     with pytest.raises(BadInput):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": 5e-324, "seed": 1},
+        {"temperature": 1e-45, "seed": 1},
+        {"temperature": 1e-6},
+        {"temperature": 1.0, "top_p": 1e-300, "seed": 1},
+        {"temperature": 2.0, "top_p": 1e-45},
+    ],
+)
+def test_tiny_temperature_or_top_p_is_the_greedy_token_not_nan(kw):
+    params = SamplingParams(**kw)
+    g = params.generator("cpu")
+    assert {int(sample(LOGITS, params, g)) for _ in range(20)} == {1}
+
+
+def test_nan_and_inf_logits_never_reach_the_draw():
+    logits = torch.tensor([[float("nan"), 1.0, 0.5, float("nan"), -1.0], [0.0, float("inf"), 1.0, 2.0, float("nan")]])
+    for params in (SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, seed=3)):
+        for _ in range(20):
+            ids = sample(logits, params, params.generator("cpu")).tolist()
+            assert ids[0] in (1, 2, 4) and ids[1] == 1
+    with pytest.raises(NothingToSample):
+        sample(torch.full((1, 5), float("nan")), SamplingParams(temperature=1.0))
+
+
+def test_huge_logits_and_tiny_temperature_stay_finite():
+    logits = torch.tensor([[3e38, -3e38, 1e38, 0.0]])
+    params = SamplingParams(temperature=1e-5, seed=0)
+    assert {int(sample(logits, params, params.generator("cpu"))) for _ in range(10)} == {0}
+
+
+def test_logit_bias_bans_and_boosts_per_row():
+    ban = SamplingParams(logit_bias=((1, -100.0),))
+    assert sample(LOGITS, ban).tolist() == [3]  # greedy's token 1 banned: the runner-up
+    assert sample(LOGITS.repeat(3, 1), ban).tolist() == [3, 3, 3]  # [B, vocab] rows alike
+    boost = SamplingParams(temperature=1.0, seed=0, logit_bias=((4, 100.0),))
+    g = boost.generator("cpu")
+    assert {int(sample(LOGITS, boost, g)) for _ in range(50)} == {4}
+    everything = SamplingParams(logit_bias=tuple((i, -100.0) for i in range(5)))
+    with pytest.raises(NothingToSample):
+        sample(LOGITS, everything)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"seed": 2**64}, {"seed": -(2**63) - 1}, {"logit_bias": ((1, 101.0),)}, {"logit_bias": ((-1, 1.0),)}],
+)
+def test_seed_and_bias_out_of_range_refused(kw):
+    with pytest.raises(BadInput):
+        SamplingParams(**kw)
+
+
+def test_seed_range_edges_are_accepted_by_torch():
+    for seed in (SEED_MIN, SEED_MAX, 0):
+        assert SamplingParams(temperature=1.0, seed=seed).generator("cpu") is not None

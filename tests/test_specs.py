@@ -168,3 +168,67 @@ def test_presets_and_load_spec(tmp_path):
 def test_invalid_shapes():
     with pytest.raises(BadInput, match="multiple"):
         ModelSpec.from_hf_config({**CONFIGS["llama-3-8b"], "num_key_value_heads": 5})
+
+
+# Trimmed published Gemma 3 configs: the 270M (transformers 4.55, with layer_types), the 4B (multimodal: the
+# decoder nested in text_config, sliding_window_pattern instead of layer_types, linear rope scaling).
+_G270M_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+GEMMA3_CONFIGS = {
+    "gemma-3-270m": {
+        "model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "rope_scaling": None, "rms_norm_eps": 1e-06, "sliding_window": 512, "layer_types": _G270M_TYPES,
+        "_sliding_window_pattern": 6, "query_pre_attn_scalar": 256, "attn_logit_softcapping": None,
+        "final_logit_softcapping": None, "hidden_activation": "gelu_pytorch_tanh",
+    },
+    "gemma-3-4b": {
+        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {
+            "model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
+            "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "rms_norm_eps": 1e-06, "sliding_window": 1024,
+            "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+        },
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", GEMMA3_CONFIGS)
+def test_gemma3_configs_match_their_presets_with_windows(preset):
+    spec = ModelSpec.from_hf_config(GEMMA3_CONFIGS[preset])
+    assert dataclasses.replace(spec, name=PRESETS[preset].name) == PRESETS[preset]
+    assert spec.family.name == "gemma3" and spec.tied_embeddings and spec.qk_norm
+    assert spec.rope_local_theta == 10000.0 and spec.attention_scale == 256**-0.5
+    assert spec.rope_scaling == PRESETS[preset].rope_scaling
+
+
+def test_transformers5_gemma3_config_per_layer_kind_rope_parameters():
+    config = {k: v for k, v in GEMMA3_CONFIGS["gemma-3-270m"].items() if not k.startswith("rope")}
+    config["rope_parameters"] = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+    }
+    spec = ModelSpec.from_hf_config(config)
+    assert spec.rope_theta == 1e6 and spec.rope_local_theta == 1e4 and spec.rope_scaling["factor"] == 8.0
+    assert spec.windows == PRESETS["gemma-3-270m"].windows
+
+
+def test_window_rules_of_other_families():
+    assert ModelSpec.from_hf_config(CONFIGS["mistral-7b"]).windows == (4096,) * 32  # Mistral v0.1
+    assert not ModelSpec.from_hf_config({**CONFIGS["mistral-7b"], "sliding_window": None}).windowed  # v0.2+
+    # Qwen2 configs carry a sliding_window that use_sliding_window leaves off
+    assert not ModelSpec.from_hf_config({**CONFIGS["qwen2.5-7b"], "sliding_window": 131072}).windowed
+    gemma2 = {**CONFIGS["gemma-2-9b"], "sliding_window": 4096, "query_pre_attn_scalar": 256,
+              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}  # fmt: skip
+    assert ModelSpec.from_hf_config(gemma2) == dataclasses.replace(PRESETS["gemma-2-9b"], name="gemma2")
+    with pytest.raises(BadInput, match="windows"):
+        dataclasses.replace(PRESETS["llama-3-8b"], windows=(4096,) * 3)
+
+
+def test_gemma3_parameter_counts():
+    # the text decoders of the published sizes (the 4B/12B/27B checkpoints add a ~0.4B vision tower)
+    for preset, advertised in (("gemma-3-270m", 268e6), ("gemma-3-1b", 1.0e9), ("gemma-3-27b", 27.0e9)):
+        assert abs(PRESETS[preset].N / advertised - 1) < 0.005, preset

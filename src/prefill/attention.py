@@ -6,6 +6,10 @@ dot products, and scales poorly past one thread. The blocked form instead walks 
 head in one GEMM against the keys they may see (never the future ones), takes the softmax, and multiplies by
 V in a second GEMM. It never forms the P x P matrix, never copies K/V per query head, and masks only the
 block x block triangle on the diagonal.
+
+A sliding window of W tokens (Mistral, Gemma's local layers) lets the query at position i see the keys at
+max(0, i - W + 1)..i: itself and the W - 1 before it. Keys that no query of the call can see are sliced off
+before any kernel runs, so a windowed layer costs the band, not the triangle.
 """
 
 from __future__ import annotations
@@ -16,42 +20,69 @@ import torch.nn.functional as F
 BLOCK = 64  # query positions per block: scores are [B, H_kv, G, BLOCK, keys]
 
 
-def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+def visible(rows: torch.Tensor, cols: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Bool mask: key position cols may be seen by query position rows (cols <= rows, and within the window)."""
+    mask = cols <= rows
+    return mask if window is None else mask & (cols > rows - window)
+
+
+def _seen_keys(k, v, start: int, P: int, window: int | None):
+    """The keys (and values) any of the queries start..start+P-1 may see, and the position of the first.
+
+    k, v [B, H_kv, S, d] hold the positions start + P - S .. start + P - 1 (the last S, ending at the last query).
+    """
+    k0 = start + P - k.shape[2]
+    lo = k0 if window is None else max(k0, start - window + 1)
+    return k[:, :, lo - k0 :], v[:, :, lo - k0 :], lo
+
+
+def sdpa_causal(q, k, v, start: int, window: int | None = None, scale: float | None = None) -> torch.Tensor:
     """Causal attention with scaled_dot_product_attention. q [B, H_q, P, d] at positions start..start+P-1,
-    k, v [B, H_kv, start+P, d] -> [B, H_q, P, d]."""
+    k, v [B, H_kv, S, d] at the last S positions up to start+P-1 -> [B, H_q, P, d]. `scale` defaults to d^-1/2."""
     P = q.shape[2]
-    if start == 0:
-        # The cache was empty: plain causal attention, the fused kernel with no mask at all.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    # A chunk after `start` cached tokens: query i sees keys 0..start+i (bottom-right causal).
+    k, v, lo = _seen_keys(k, v, start, P, window)
+    if P == 1:  # one decode position sees every key left after the slice: no mask at all
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+    if lo == start and (window is None or window >= P):
+        # Keys start with the queries and no window bites: plain causal attention, the fused kernel, no mask.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     rows = torch.arange(start, start + P, device=q.device)[:, None]  # [P, 1]
-    cols = torch.arange(start + P, device=q.device)[None, :]  # [1, start + P]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=cols <= rows, enable_gqa=True)
+    cols = torch.arange(lo, start + P, device=q.device)[None, :]  # [1, keys]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible(rows, cols, window), scale=scale, enable_gqa=True)
 
 
-def blocked_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, block: int = BLOCK) -> torch.Tensor:
+def blocked_causal(q, k, v, start: int, window=None, scale=None, block: int = BLOCK) -> torch.Tensor:
     """The same result as sdpa_causal, computed block by block with two GEMMs per block (see module doc)."""
     B, H_q, P, d = q.shape
+    k, v, lo = _seen_keys(k, v, start, P, window)
     H_kv = k.shape[1]
     G = H_q // H_kv
-    qg = (q * d**-0.5).view(B, H_kv, G, P, d)  # [B, H_kv, G, P, d]: the G heads sharing one K/V head
+    qg = (q * (d**-0.5 if scale is None else scale)).view(B, H_kv, G, P, d)  # [B, H_kv, G, P, d]
     out = torch.empty_like(qg)
     future = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)  # [block, block]
     for s in range(0, P, block):
         e = min(P, s + block)
-        n, keys = e - s, start + e  # queries in this block; keys they may see: 0..start+e-1
+        n = e - s  # queries in this block, at positions start+s .. start+e-1
+        first = lo if window is None else max(lo, start + s - window + 1)  # the first key the block may see
+        keys = k[:, :, first - lo : start + e - lo]  # [B, H_kv, keys, d]
         qs = qg[:, :, :, s:e].reshape(B, H_kv, G * n, d)  # [B, H_kv, G n, d]
-        scores = torch.matmul(qs, k[:, :, :keys].transpose(-1, -2)).view(B, H_kv, G, n, keys)
-        scores[..., start + s :].masked_fill_(future[:n, :n], float("-inf"))  # only the diagonal block
-        p = torch.softmax(scores, dim=-1).view(B, H_kv, G * n, keys)  # [B, H_kv, G n, keys]
-        out[:, :, :, s:e] = torch.matmul(p, v[:, :, :keys]).view(B, H_kv, G, n, d)
+        scores = torch.matmul(qs, keys.transpose(-1, -2)).view(B, H_kv, G, n, -1)  # [B, H_kv, G, n, keys]
+        if window is None:  # only the diagonal block x block triangle has future keys
+            scores[..., start + s - first :].masked_fill_(future[:n, :n], float("-inf"))
+        else:
+            rows = torch.arange(start + s, start + e, device=q.device)[:, None]  # [n, 1]
+            cols = torch.arange(first, start + e, device=q.device)[None, :]  # [1, keys]
+            scores.masked_fill_(~visible(rows, cols, window), float("-inf"))
+        p = torch.softmax(scores, dim=-1).view(B, H_kv, G * n, -1)  # [B, H_kv, G n, keys]
+        out[:, :, :, s:e] = torch.matmul(p, v[:, :, first - lo : start + e - lo]).view(B, H_kv, G, n, d)
     return out.view(B, H_q, P, d)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-    """Attention of P > 1 new positions: the blocked GEMM form for bfloat16 on CPUs, the fused SDPA kernel
-    elsewhere (in float32 on 2 CPU threads SDPA is the faster one: 125 vs 71 GFLOP/s at P = 4096, while in
-    bfloat16 the blocked form wins, 184 vs 131; measured with both on this machine)."""
+def causal_attention(q, k, v, start: int, window=None, scale=None) -> torch.Tensor:
+    """Attention of the P new positions start..start+P-1 (P >= 1) over the cached ones, under a sliding window
+    when `window` is set: the blocked GEMM form for bfloat16 on CPUs, the fused SDPA kernel elsewhere (in
+    float32 on 2 CPU threads SDPA is the faster one: 125 vs 71 GFLOP/s at P = 4096, while in bfloat16 the
+    blocked form wins, 184 vs 131; measured with both on this machine)."""
     if q.device.type == "cpu" and q.dtype != torch.float32 and q.shape[2] > 1:
-        return blocked_causal(q, k, v, start)
-    return sdpa_causal(q, k, v, start)
+        return blocked_causal(q, k, v, start, window, scale)
+    return sdpa_causal(q, k, v, start, window, scale)

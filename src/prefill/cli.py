@@ -206,7 +206,10 @@ def estimate(
         diff = r["flops_exact_minus_2NP"]
         flop_rows += [
             ("exact: linear (2*N_non_emb*P)", _eng(count.linear, "FLOP")),
-            ("exact: attention (causal pairs)", _eng(count.attention, "FLOP")),
+            (
+                "exact: attention (" + ("windowed " if spec.windowed else "") + "causal pairs)",
+                _eng(count.attention, "FLOP"),
+            ),
             ("exact: unembed (last position)", _eng(count.unembed, "FLOP")),
             ("exact total", _eng(count.total, "FLOP")),
             ("exact - 2*N*P", f"{diff:+.4g} FLOP ({diff / r['flops_2NP']:+.2%})"),
@@ -284,24 +287,30 @@ def kv(
 
     from prefill import costs
     from prefill.errors import BadInput
+    from prefill.specs import ModelSpec
 
     shapes = (layers, kv_heads, head_dim)
     if any(v is not None for v in shapes):
         if None in shapes or any(v is not None for v in (model, config, gguf)):
             raise BadInput("give --layers, --kv-heads and --head-dim together, and no model")
-        name, (L, H_kv, d_head) = "custom shapes", shapes
+        L, H_kv, d_head = shapes
+        spec = ModelSpec(name="custom shapes", arch="llama", L=L, d_model=H_kv * d_head, H_q=H_kv, H_kv=H_kv,
+                         d_head=d_head, d_ff=1, vocab_size=1, context_length=1, tied_embeddings=True,
+                         rope_theta=1.0, norm_eps=1.0)  # fmt: skip
     else:
         spec = _spec_from(model, config, gguf)
-        name, L, H_kv, d_head = spec.name, spec.L, spec.H_kv, spec.d_head
+    name, L, H_kv, d_head = spec.name, spec.L, spec.H_kv, spec.d_head
     b = costs.dtype_bytes(dtype)
-    total = costs.kv_cache_bytes(L, H_kv, d_head, prompt_tokens, b, batch)
-    per_token = costs.kv_cache_bytes(L, H_kv, d_head, 1, b, batch)
-    longest = costs.max_context_tokens(memory_gib * 2**30, per_token)
+    total = costs.kv_cache_bytes_for(spec, prompt_tokens, b, batch)
+    per_token = costs.kv_cache_bytes_for(spec, 1, b, batch)
+    longest = costs.max_context_tokens_for(spec, memory_gib * 2**30, b, batch)
+    full = costs.kv_cache_bytes(L, H_kv, d_head, prompt_tokens, b, batch)  # as if no layer had a window
     r = {
         "model": name,
         "L": L,
         "H_kv": H_kv,
         "d_head": d_head,
+        "windows": list(spec.windows) if spec.windowed else None,
         "P": prompt_tokens,
         "B": batch,
         "dtype": costs.canonical_dtype(dtype),
@@ -309,23 +318,42 @@ def kv(
         "MiB": costs.bytes_to_mib(total),
         "MB": costs.bytes_to_mb(total),
         "bytes_per_token": per_token,
+        "bytes_without_windows": full,
         "memory_gib": memory_gib,
         "max_context_tokens": longest,
     }
     if json_out:
         typer.echo(json.dumps(r, indent=2))
         return
+    fits = "any length (every layer is windowed)" if longest is None else f"{longest:,} tokens"
     rows = [
         ("model", name),
         ("shapes", f"L={L}, H_kv={H_kv}, d_head={d_head}, {r['dtype']} ({b} B)"),
         ("K, V per layer", f"2 x [B={batch}, H_kv={H_kv}, P={prompt_tokens:,}, d_head={d_head}]"),
+    ]
+    if spec.windowed:
+        rows[-1] = ("K, V per layer", f"2 x [B={batch}, H_kv={H_kv}, min(P, W_l), d_head={d_head}]")
+        rows.append(("windows", _windows_text(spec.windows)))
+    rows += [
         ("bytes", f"{total:,} B"),
         ("MiB (2^20 B)", f"{r['MiB']:,.1f} MiB"),
         ("MB (10^6 B)", f"{r['MB']:,.1f} MB"),
-        ("per token", f"{per_token:,} B"),
-        (f"longest context in {memory_gib:g} GiB", f"{longest:,} tokens" + (f" x B={batch}" if batch > 1 else "")),
+        ("per token" + (" (first W)" if spec.windowed else ""), f"{per_token:,} B"),
+        (f"longest context in {memory_gib:g} GiB", fits + (f" x B={batch}" if batch > 1 and longest else "")),
     ]
-    _print_report({"KV cache = 2*L*B*H_kv*P*d_head*b": rows})
+    if spec.windowed:
+        rows.append(("without windows", costs.format_bytes(full)))
+    title = "KV cache = sum over layers of 2*B*H_kv*min(P, W_l)*d_head*b" if spec.windowed else None
+    _print_report({title or "KV cache = 2*L*B*H_kv*P*d_head*b": rows})
+
+
+def _windows_text(windows) -> str:
+    """(512, 512, None, ...) -> '15 layers window 512, 3 layers full attention'."""
+    from collections import Counter
+
+    counts = Counter(windows)
+    parts = [f"{n} layers window {w:,}" for w, n in sorted(counts.items(), key=lambda kv: kv[0] or 0) if w]
+    return ", ".join(parts + ([f"{counts[None]} layers full attention"] if counts[None] else []))
 
 
 MASK_GRID_CAP = 32  # positions drawn; the pair count and the last position are reported for any P
@@ -390,7 +418,7 @@ def mask(
 def bench(
     model: str | None = typer.Option(None, "--model", "-m", help=".gguf file or HF folder; default: SmolLM2."),
     prompt_lengths: str = typer.Option("32,128,512,1024,2048,4096", "--prompt-lengths", help="P values."),
-    dtypes: str = typer.Option("float32,bfloat16", "--dtypes", help="Comma-separated dtypes."),
+    dtypes: str = typer.Option("auto", "--dtypes", help="Comma-separated dtypes; auto: the ones native here."),
     repeats: int = typer.Option(5, "--repeats", help="Timed warm runs per point (median and p90)."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed runs after the cold run."),
     peers: str = typer.Option("transformers,llamacpp", "--peers", help="Peers to run beside ours, or 'none'."),
@@ -404,22 +432,24 @@ def bench(
     ),
     out: str = typer.Option("bench-results", "--out", help="Folder for bench.json and the PNG plots."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    compile: bool = typer.Option(False, "--compile", help="torch.compile our block functions first (Engine.compile)."),
+    compile: bool = typer.Option(False, "--compile", help="Also time ours with torch.compile (eager and compiled)."),
+    force: bool = typer.Option(False, "--force", help="Measure an emulated dtype at every P, not just the smallest."),
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
     from pathlib import Path
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from prefill.bench import plot, report
     from prefill.bench.peers import parse_peers
-    from prefill.bench.runner import BenchConfig, parse_dtypes, parse_ints, run_bench, steps
+    from prefill.bench.plan import duration_text
+    from prefill.bench.runner import BenchConfig, parse_dtypes, parse_ints, prepare, run_bench
     from prefill.hardware import save_calibration
 
     config = BenchConfig(
         model=model,
         prompt_lengths=parse_ints(prompt_lengths, "--prompt-lengths"),
-        dtypes=parse_dtypes(dtypes),
+        dtypes=("auto",) if dtypes.strip().lower() == "auto" else parse_dtypes(dtypes),
         repeats=repeats,
         warmup=warmup,
         peers=parse_peers(peers),
@@ -429,12 +459,20 @@ def bench(
         chunk_sizes=parse_ints(chunk_size, "--chunk-size") if chunk_size else (),
         device=device,
         compile=compile,
+        force=force,
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task("measuring GEMM rates, loading", total=steps(config, len(config.prompt_lengths)))
-        result = run_bench(config, on_step=lambda d: bar.update(task, advance=1, description=d))
+    config, plan, spec, _ = prepare(config)
     wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
+    wide.print(report.device_line(config.device), highlight=False)
+    for note in plan.notes:
+        wide.print(f"note: {note}", highlight=False)
+    lengths = ", ".join(map(str, sorted({P for v in plan.lengths.values() for P in v})))
+    wide.print(f"estimated duration: {duration_text(plan.seconds)} ({', '.join(config.dtypes)}; P = {lengths})")
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"),
+               TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("measuring GEMM rates, loading", total=plan.seconds)
+        result = run_bench(config, on_step=lambda d, s: bar.update(task, advance=s, description=d), prepared=plan)
     wide.print(report.machine_line(result), highlight=False)
     wide.print(report.ours_table(result))
     wide.print(report.peers_table(result))
@@ -459,7 +497,7 @@ def serve(
     model: str = typer.Option(None, help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)"),
     host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
     port: int = typer.Option(8000, help="TCP port"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     kv_cache_mb: float = typer.Option(
         None, help="the KV pool shared by all requests, in MiB (default: a quarter of free memory, at most 2 GiB)"
@@ -472,9 +510,11 @@ def serve(
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from prefill.engine import Engine
+    from prefill.native import resolve_dtype
     from prefill.serve.app import ServeConfig, create_app, model_id_of
     from prefill.serve.server import run_server
 
+    dtype = resolve_dtype(dtype, device, echo=_echo)
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
@@ -485,7 +525,9 @@ def serve(
     console.print(f"KV pool: {pool.allocated_bytes() / 1024**2:,.0f} MiB = {pool.n_blocks:,} blocks of "
                   f"{pool.block_size} tokens ({tokens:,} tokens)", highlight=False)  # fmt: skip
     console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
-    run_server(app, host, port)
+    code = run_server(app, host, port)
+    if code:
+        fail("the server stopped because its scheduler could not serve (see the log above)", code)
 
 
 @app.command()
@@ -563,9 +605,16 @@ def loadtest(
 DEMO_PROMPT = "What is the capital of France?"
 
 
+def _echo(line: str) -> None:
+    console.print(line, highlight=False, markup=False)
+
+
 def _load_engine(model: str | None, dtype: str, threads: int | None, device: str = "cpu", compile: bool = False):
     from prefill.engine import Engine
+    from prefill.native import keep_compile, resolve_dtype
 
+    dtype = resolve_dtype(dtype, device, echo=_echo)  # "auto" -> the fastest native dtype, said in one line
+    compile = compile and keep_compile(dtype, device, echo=_echo)  # unless the last bench found it slower here
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True)
     if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):
@@ -579,7 +628,7 @@ def _load_engine(model: str | None, dtype: str, threads: int | None, device: str
 def run(
     prompt: str = typer.Argument(..., help="The prompt; the chat template is applied unless --raw."),
     model: str = typer.Option(None, "--model", "-m", help=".gguf file or Hugging Face folder (default: SmolLM2)"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16 (float16 is very slow on CPUs)"),
+    dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Most tokens to generate"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_k: int = typer.Option(0, help="0 = no top-k cut"),
@@ -591,6 +640,7 @@ def run(
     threads: int = typer.Option(None, help="CPU threads (default: torch's choice)"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     compile: bool = typer.Option(False, "--compile", help="torch.compile the block functions first (~15 s)"),
+    chat: bool = typer.Option(False, "--chat", help="Require the chat template (an error if the model has none)"),
 ) -> None:
     """Prefill a prompt in one pass, show the cache and TTFT (measured beside predicted), then decode."""
     from prefill.report import show_run
@@ -599,7 +649,13 @@ def run(
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
+    if chat and raw:
+        fail("--chat and --raw contradict each other: give one")
     engine = _load_engine(model, dtype, threads, device, compile)
+    if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
+        if chat:
+            fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")
+        console.print("note: this model has no chat template, so the prompt runs raw")
     events = engine.generate(
         prompt, chat=not raw, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop), chunk_size=chunk_size
     )
@@ -608,7 +664,7 @@ def run(
 
 @app.command()
 def demo(
-    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    dtype: str = typer.Option("float32", help="float32 (the demo's fixed answer), bfloat16 or auto"),
     threads: int = typer.Option(None, help="CPU threads"),
 ) -> None:
     """The main job on the embedded SmolLM2-135M-Instruct: `prefill run` on a fixed prompt."""
@@ -654,6 +710,73 @@ def verify(
         table.add_row(c.name, measured, f"{c.tolerance:g}", "[green]PASS[/]" if c.ok else "[red]FAIL[/]")
     console.print(table)
     if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+# ---- the interactive lesson: lab, exercise ----
+
+
+@app.command()
+def lab(
+    model: str = typer.Option(None, help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)"),
+    host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
+    port: int = typer.Option(8000, help="TCP port"),
+    open_browser: bool = typer.Option(True, "--open/--no-open", help="open the page in a browser"),
+) -> None:
+    """`prefill serve` plus the lesson page opened in a browser (the URL is printed when none can be opened)."""
+    from prefill.serve.app import ServeConfig, create_app, model_id_of
+    from prefill.serve.lab import open_when_up
+    from prefill.serve.server import run_server
+
+    engine = _load_engine(model, "float32", None)  # warmed up: the page's timeline shows the steady state
+    url = f"http://{host}:{port}/"
+    console.print(f"the prefill lesson, live on [bold]{model_id_of(engine)}[/]: {url}", highlight=False)
+    if open_browser:
+        open_when_up(url, lambda ok: None if ok else console.print(f"no browser could be opened: visit {url}"))
+    run_server(create_app(engine, ServeConfig(model_id_of(engine))), host, port)
+
+
+exercise_app = typer.Typer(help="The lesson's coding exercise: write five functions, check them locally.")
+app.add_typer(exercise_app, name="exercise")
+
+
+@exercise_app.callback(invoke_without_command=True)
+def exercise(
+    ctx: typer.Context,
+    out: str = typer.Option("prefill_exercise.py", "--out", "-o", help="where to write the skeleton"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing file"),
+) -> None:
+    """Write the five empty functions to a file; then `prefill exercise check FILE`."""
+    from pathlib import Path
+
+    from prefill.exercise import write_skeleton
+
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        path = write_skeleton(Path(out), force)
+    except PrefillError as e:
+        fail(str(e))
+    console.print(f"wrote {path}: fill in the five functions, then run `prefill exercise check {path}`")
+
+
+@exercise_app.command("check")
+def exercise_check(file: str = typer.Argument(..., help="your solution, a .py file")) -> None:
+    """Run the project's checks against the five functions in FILE; exit 1 if any fails."""
+    from pathlib import Path
+
+    from prefill.exercise import load_solution, run_checks
+
+    try:
+        checks = run_checks(load_solution(Path(file)))
+    except PrefillError as e:
+        fail(str(e))
+    for c in checks:
+        mark = "[green]PASS[/]" if c.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {c.function}: {c.name}" + (f" ({c.detail})" if c.detail else ""), highlight=False)
+    passed = sum(c.ok for c in checks)
+    console.print(f"{passed} of {len(checks)} checks pass", highlight=False)
+    if passed < len(checks):
         raise typer.Exit(1)
 
 

@@ -140,24 +140,37 @@ class FlopCount:
         return self.unembed / self.total if self.total else 0.0
 
 
-def attended_pairs(P: int, past: int = 0) -> int:
-    """(query, key) pairs a prefill of P new tokens after `past` cached ones attends: P*past + P(P+1)/2."""
+def _window_prefix_pairs(n: int, window: int | None) -> int:
+    """Pairs attended by positions 0..n-1 when each position t sees min(t + 1, W) keys (W None: t + 1)."""
+    if window is None or n <= window:
+        return causal_pairs(n)
+    return causal_pairs(window) + (n - window) * window  # the triangle, then a band W wide
+
+
+def attended_pairs(P: int, past: int = 0, window: int | None = None) -> int:
+    """(query, key) pairs a prefill of P new tokens after `past` cached ones attends in one layer.
+
+    Full attention (window None): P*past + P(P+1)/2. With a sliding window of W tokens the new position t
+    (past <= t < past + P) sees min(t + 1, W) keys: the causal triangle until W, then a band W wide.
+    """
+    _non_negative("P", P)
     _non_negative("past", past)
-    return P * past + causal_pairs(P)
+    return _window_prefix_pairs(past + P, window) - _window_prefix_pairs(past, window)
 
 
 def prefill_flops_exact(spec: ModelSpec, P: int, past: int = 0, B: int = 1) -> FlopCount:
     """Exact matmul FLOPs of a prefill of P new tokens after `past` cached tokens, for B sequences.
 
-    linear = 2 * N_non_embedding * P * B; attention = 4 * L * H_q * d_head * B * (P*past + P(P+1)/2)
-    (2 FLOPs per multiply-add, twice: QK^T and AV, over the causal triangle, not P^2);
+    linear = 2 * N_non_embedding * P * B; attention = sum over layers of 4 * H_q * d_head * B * pairs_l
+    (2 FLOPs per multiply-add, twice: QK^T and AV) where pairs_l = attended_pairs(P, past, W_l): the causal
+    triangle P*past + P(P+1)/2 in a full-attention layer, not P^2, and the band in a windowed one;
     unembed = 2 * d_model * vocab * B (logits of the last position only, not all P).
     """
     _positive("B", B)
-    pairs = attended_pairs(P, past)
+    pairs = sum(attended_pairs(P, past, w) for w in spec.windows)
     return FlopCount(
         linear=2 * spec.N_non_embedding * P * B,
-        attention=4 * spec.L * spec.H_q * spec.d_head * B * pairs,
+        attention=4 * spec.H_q * spec.d_head * B * pairs,
         unembed=2 * spec.d_model * spec.vocab_size * B if P > 0 else 0,
     )
 
@@ -191,9 +204,39 @@ def kv_cache_bytes(L: int, H_kv: int, d_head: int, P: int, bytes_per_element: in
     return int(2 * L * B * H_kv * P * d_head * bytes_per_element)
 
 
-def kv_cache_bytes_for(spec: ModelSpec, P: int, bytes_per_element: int, B: int = 1) -> int:
-    """kv_cache_bytes with the shapes of `spec`."""
-    return kv_cache_bytes(spec.L, spec.H_kv, spec.d_head, P, bytes_per_element, B)
+def cached_positions(spec: ModelSpec, P: int) -> int:
+    """Positions held over all layers after P tokens: sum of min(P, W_l); a windowed layer keeps only its
+    last W_l, a full-attention layer all P (L * P for a model without windows)."""
+    _non_negative("P", P)
+    return sum(P if w is None else min(P, w) for w in spec.windows)
+
+
+def kv_cache_bytes_for(spec: ModelSpec, P: int, bytes_per_element: int, B: int = 1, H_kv: int | None = None) -> int:
+    """Bytes of the K and V caches of `spec` after P tokens: sum over layers of
+    2 * B * H_kv * min(P, W_l) * d_head * b (2 * L * B * H_kv * P * d_head * b without windows).
+    `H_kv`: the KV heads held (fewer on one tensor-parallel GPU); default all of them."""
+    return kv_cache_bytes(1, H_kv or spec.H_kv, spec.d_head, cached_positions(spec, P), bytes_per_element, B)
+
+
+def max_context_tokens_for(spec: ModelSpec, memory_bytes: float, bytes_per_element: int, B: int = 1) -> int | None:
+    """The longest context (tokens per sequence) whose KV cache of `spec` fits `memory_bytes`; None when every
+    layer is windowed and the largest window fits (the cache stops growing: any length fits).
+    Without windows: memory_bytes // kv_cache_bytes_for(spec, 1, ...), as max_context_tokens."""
+    _non_negative("memory_bytes", memory_bytes)
+
+    def fits(P: int) -> bool:
+        return kv_cache_bytes_for(spec, P, bytes_per_element, B) <= memory_bytes
+
+    if None not in spec.windows and fits(max(spec.windows)):
+        return None
+    hi = 1
+    while fits(hi):
+        hi *= 2
+    lo = hi // 2  # fits(lo), or lo == 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def max_context_tokens(memory_bytes: float, bytes_per_token: int) -> int:
@@ -296,6 +339,13 @@ def bound(intensity: float, ridge: float) -> str:
     return "compute-bound" if intensity >= ridge else "memory-bound"
 
 
+def attainable_flops_per_s(intensity: float, peak_flops_per_sec: float, bandwidth_bytes_per_s: float) -> float:
+    """The roofline: FLOP/s a kernel of `intensity` FLOPs per byte can reach, min(peak, intensity * bandwidth)."""
+    _non_negative("intensity", intensity)
+    return min(_positive("peak_flops_per_sec", peak_flops_per_sec),
+               intensity * _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s))  # fmt: skip
+
+
 def compute_bound_prompt_length(
     spec: ModelSpec | None, bytes_per_element: int, ridge: float, B: int = 1, max_P: int = 2**40
 ) -> int | None:
@@ -335,7 +385,7 @@ def tp_flops_per_gpu(flops: float, T: int) -> float:
 
 def tp_kv_cache_bytes_per_gpu(spec: ModelSpec, P: int, bytes_per_element: int, T: int, B: int = 1) -> int:
     """KV-cache bytes on each of T GPUs: ceil(H_kv / T) KV heads each (heads are replicated when T > H_kv)."""
-    return kv_cache_bytes(spec.L, math.ceil(spec.H_kv / _tp(T)), spec.d_head, P, bytes_per_element, B)
+    return kv_cache_bytes_for(spec, P, bytes_per_element, B, H_kv=math.ceil(spec.H_kv / _tp(T)))
 
 
 def tp_allreduce_payload_bytes(spec: ModelSpec, P: int, bytes_per_element: int, B: int = 1) -> int:

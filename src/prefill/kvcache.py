@@ -33,7 +33,7 @@ class KVPool:
     """K and V of every layer for `n_blocks` blocks of `block_size` tokens, with reference counts."""
 
     def __init__(self, L: int, H_kv: int, d_head: int, n_blocks: int, dtype: torch.dtype, device,
-                 block_size: int = BLOCK_SIZE) -> None:  # fmt: skip
+                 block_size: int = BLOCK_SIZE, windows: Sequence[int | None] = ()) -> None:  # fmt: skip
         if n_blocks < 1 or block_size < 1:
             raise BadInput(f"a KV pool needs at least one block of at least one token (got {n_blocks} x {block_size})")
         shape = (H_kv, n_blocks * block_size, d_head)
@@ -42,18 +42,20 @@ class KVPool:
         self.L, self.H_kv, self.d_head, self.dtype = L, H_kv, d_head, dtype
         self.n_blocks, self.block_size = n_blocks, block_size
         self.refs = [0] * n_blocks
+        self.windows = tuple(windows) or (None,) * L  # per layer: the sliding window, or None (full attention)
         self._free = collections.deque(range(n_blocks))
 
     @classmethod
     def for_tokens(cls, spec, tokens: int, dtype: torch.dtype, device, block_size: int = BLOCK_SIZE) -> KVPool:
         """A pool big enough for `tokens` positions of one sequence of the model `spec`."""
-        return cls(spec.L, spec.H_kv, spec.d_head, max(1, math.ceil(tokens / block_size)), dtype, device, block_size)
+        n_blocks = max(1, math.ceil(tokens / block_size))
+        return cls(spec.L, spec.H_kv, spec.d_head, n_blocks, dtype, device, block_size, spec.windows)
 
     @classmethod
     def for_bytes(cls, spec, nbytes: int, dtype: torch.dtype, device, block_size: int = BLOCK_SIZE) -> KVPool:
         """A pool of as many blocks as fit in `nbytes` (at least one)."""
         per_block = 2 * spec.L * spec.H_kv * block_size * spec.d_head * torch.tensor([], dtype=dtype).element_size()
-        return cls(spec.L, spec.H_kv, spec.d_head, max(1, nbytes // per_block), dtype, device, block_size)
+        return cls(spec.L, spec.H_kv, spec.d_head, max(1, nbytes // per_block), dtype, device, block_size, spec.windows)
 
     # ---- accounting ----
     @property
@@ -140,10 +142,14 @@ class SeqKV:
         return (1, self.pool.H_kv, self.length, self.pool.d_head)
 
     def nbytes(self) -> int:
-        """Bytes of K and V held for the filled positions, all layers (read off the pool's tensors)."""
+        """Bytes of K and V held for the filled positions that attention may still read, all layers (sizes
+        read off the pool's tensors): every position of a full-attention layer, the last W of a layer with a
+        sliding window of W. A windowed layer's older positions are dead; their slots stay in their blocks
+        until the sequence is freed, because a block holds one range of positions for all layers
+        (reserved_bytes counts those)."""
         one = self.pool.k[0]
         per_layer = 2 * one.shape[0] * one.shape[2] * one.element_size()  # K and V of one position
-        return per_layer * len(self.pool.k) * self.length
+        return per_layer * sum(self.length if w is None else min(self.length, w) for w in self.pool.windows)
 
     def reserved_bytes(self) -> int:
         """Bytes of the blocks this sequence holds (filled or not)."""
@@ -191,11 +197,22 @@ class KVBatch:
         """[B, T] positions of the new tokens (long)."""
         return torch.tensor(self.starts, device=device)[:, None] + torch.arange(self.T, device=device)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+    def read_mask(self, window: int | None = None) -> torch.Tensor:
+        """The padded read's mask [B, 1, 1, S_max]; with a window, also False for positions older than each row's
+        last `window` (its decode query at end - 1 sees end - window .. end - 1)."""
+        if window is None:
+            return self.mask
+        S = self.mask.shape[-1]
+        ends = self.mask.sum(-1, keepdim=True)  # [B, 1, 1, 1]: each row's length
+        return self.mask & (torch.arange(S, device=self.mask.device) >= ends - window)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, window: int | None = None):
         """Store k, v [B, H_kv, T, d_head] at each row's positions and return what attention reads:
         - None when every row started empty (the new k, v are all there is to attend to);
         - (K, V) [B, H_kv, S_max, d_head] padded, with `self.mask` saying which positions are real;
-        - else a list of each row's (K, V) [1, H_kv, start + T, d_head] over its positions 0..start+T-1."""
+        - else a list of each row's (K, V) [1, H_kv, S, d_head] over its last S positions up to start+T-1:
+          all of them (S = start + T), or in a layer with a sliding `window` only those its queries may see
+          (from start - window + 1 on)."""
         pool = self.seqs[0].pool
         B, H_kv, T, d = k.shape
         flat_k = k.transpose(0, 1).reshape(H_kv, B * T, d)  # [H_kv, B T, d_head]: row-major like the slots
@@ -209,7 +226,10 @@ class KVBatch:
             kp = pool.k[layer].index_select(1, self._padded).view(H_kv, B, S, d).transpose(0, 1)  # [B, H_kv, S, d]
             vp = pool.v[layer].index_select(1, self._padded).view(H_kv, B, S, d).transpose(0, 1)
             return kp, vp
-        return [(pool.k[layer].index_select(1, r)[None], pool.v[layer].index_select(1, r)[None]) for r in self._read]
+        reads = self._read
+        if window is not None:  # a windowed layer reads only the positions its queries may see
+            reads = [r[max(0, st - window + 1) :] for r, st in zip(reads, self.starts, strict=True)]
+        return [(pool.k[layer].index_select(1, r)[None], pool.v[layer].index_select(1, r)[None]) for r in reads]
 
     def advance(self) -> None:
         """After the forward: every row's length grows by T."""

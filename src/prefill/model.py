@@ -1,7 +1,10 @@
-"""The decoder: RMSNorm, rotary embedding, grouped-query attention, SwiGLU MLP, tied or untied unembedding.
+"""The decoder: RMSNorm, rotary embedding, grouped-query attention, gated MLP, tied or untied unembedding.
 
-One module covers the Llama 2/3, Mistral, Qwen2/2.5 (QKV bias), Qwen3 (q/k RMSNorm) and SmolLM2 shapes. It knows
-nothing of files: weights arrive as a Hugging Face-named state dict (see `load_hf_state_dict`).
+One Block covers every family of prefill.families: Llama 2/3, Mistral (sliding window), Qwen2/2.5 (QKV bias),
+Qwen3 (q/k RMSNorm), SmolLM2, and Gemma 3 (embeddings scaled by sqrt(d_model), RMSNorm with 1 + w, norms after
+attention and after the MLP too, GELU-tanh gate, local layers with a sliding window and their own rotary base).
+What differs is a flag of the family's table entry, never a subclass. It knows nothing of files: weights arrive
+as a Hugging Face-named state dict (see `load_hf_state_dict`).
 
 Prefill runs all P prompt tokens in one pass: one GEMM per projection over [B, P, d_model], causal attention
 (prefill.attention: no P x P mask, K/V never repeated per query head), and the unembedding on the last
@@ -18,16 +21,16 @@ from torch import nn
 
 from prefill.attention import causal_attention
 from prefill.errors import ModelFileError
+from prefill.families import check_runnable
 from prefill.kvcache import KVBatch
 from prefill.specs import ModelSpec
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2")
-
 
 def check_supported(spec: ModelSpec) -> None:
-    """Refuse, with a clear error, an architecture this decoder does not implement."""
-    if spec.arch not in SUPPORTED_ARCHS:
-        raise ModelFileError(f"architecture {spec.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    """Refuse, with a clear error, an architecture this decoder does not implement (prefill.families)."""
+    check_runnable(spec.arch)
+    if spec.attn_softcap:  # no runnable family sets it (Gemma 3 ignores the key, as transformers does)
+        raise ModelFileError(f"{spec.name}: attention soft-capping (Gemma 2) is not implemented")
 
 
 class RMSNorm(nn.Module):
@@ -43,11 +46,13 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
-    """Inverse frequencies [d_head / 2], with Llama-3 style scaling when the config asks for it."""
+def rope_inv_freq(spec: ModelSpec, local: bool = False) -> torch.Tensor:
+    """Inverse frequencies [d_head / 2] of the global layers (rope_theta, with the config's scaling: Llama-3
+    or linear), or of the windowed layers when they have their own base (`local`: rope_local_theta, unscaled)."""
     d = spec.d_head
-    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    rs = spec.rope_scaling or {}
+    theta = spec.rope_local_theta if local else spec.rope_theta
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = {} if local else spec.rope_scaling or {}
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "llama3":
         factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
@@ -57,6 +62,8 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
         scaled = torch.where(wavelen > old / lo, inv / factor, inv)
         mid = (wavelen <= old / lo) & (wavelen >= old / hi)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "linear":  # positions divided by the factor (Gemma 3 4B and larger)
+        inv = inv / rs["factor"]
     elif kind not in (None, "default"):
         raise ModelFileError(f"rope scaling type {kind!r} is not supported")
     return inv.float()
@@ -87,16 +94,25 @@ def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin
     return q, k, v.transpose(1, 2)
 
 
-def out_and_mlp(x, o, w_o, norm_w, eps: float, w_gate_up, w_down):
-    """The work after attention: output projection and residual, then RMSNorm, SwiGLU MLP and residual.
+def out_and_mlp(x, o, w_o, norm_w, eps: float, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False):
+    """The work after attention: output projection and residual, then RMSNorm, gated MLP and residual.
 
-    x [B, P, d_model], o [B, H_q, P, d_head] -> [B, P, d_model].
+    x [B, P, d_model], o [B, H_q, P, d_head] -> [B, P, d_model]. Gemma's extra norms (`post_attn_w` on the
+    attention output, `post_mlp_w` on the MLP output, each before its residual add) and its GELU-tanh gate
+    (`gelu`) are arguments, so one function serves every family.
     """
     B, H_q, P, d = o.shape
-    x = x + F.linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
+    a = F.linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
+    if post_attn_w is not None:
+        a = F.rms_norm(a, post_attn_w.shape, post_attn_w, eps)
+    x = x + a
     h = F.rms_norm(x, norm_w.shape, norm_w, eps)
     gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
-    return x + F.linear(F.silu(gate) * up, w_down)  # [B, P, d_model]
+    gate = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
+    m = F.linear(gate * up, w_down)  # [B, P, d_model]
+    if post_mlp_w is not None:
+        m = F.rms_norm(m, post_mlp_w.shape, post_mlp_w, eps)
+    return x + m
 
 
 class Kernels:
@@ -106,52 +122,61 @@ class Kernels:
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
 
 
-def attend(q, k, v, batch: KVBatch, layer: int) -> torch.Tensor:
+def attend(q, k, v, batch: KVBatch, layer: int, window: int | None, scale: float) -> torch.Tensor:
     """Store K, V [B, H_kv, T, d_head] in the cache, then let each row's T new queries attend causally over that
-    row's positions 0..start+T-1. q [B, H_q, T, d_head] -> [B, H_q, T, d_head]."""
-    rows = batch.update(layer, k, v)
-    T = q.shape[2]
+    row's positions: all up to itself, or in a windowed layer its last `window` (itself included).
+    q [B, H_q, T, d_head] -> [B, H_q, T, d_head]."""
+    rows = batch.update(layer, k, v, window)
     if rows is None:  # every row started empty: the new K/V are all there is, and the rows have equal lengths
-        return causal_attention(q, k, v, 0) if T > 1 else F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    if batch.mask is not None:  # decode rows padded to one length: one call, padding masked out
+        return causal_attention(q, k, v, 0, window, scale)
+    if batch.mask is not None:  # decode rows padded to one length: one call, padding (and old keys) masked out
         k_all, v_all = rows
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=batch.mask, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=batch.read_mask(window), scale=scale,
+                                              enable_gqa=True)  # fmt: skip
     out = []
     for b, (k_all, v_all) in enumerate(rows):  # rows of different lengths: each reads only its own blocks
-        qb = q[b : b + 1]  # [1, H_q, T, d_head]
-        if T == 1:  # one decode position sees every cached position: no mask at all
-            out.append(F.scaled_dot_product_attention(qb, k_all, v_all, enable_gqa=True))
-        else:
-            out.append(causal_attention(qb, k_all, v_all, batch.starts[b]))
+        out.append(causal_attention(q[b : b + 1], k_all, v_all, batch.starts[b], window, scale))
     return out[0] if len(out) == 1 else torch.cat(out)  # [B, H_q, T, d_head]
 
 
 class Block(nn.Module):
-    """Pre-norm residual block with grouped-query attention (H_q query heads share H_kv K/V heads) and SwiGLU."""
+    """Residual block with grouped-query attention (H_q query heads share H_kv K/V heads) and a gated MLP.
 
-    def __init__(self, spec: ModelSpec, kernels: Kernels):
+    Its layout comes from the family's table entry (prefill.families): q/k norm, QKV bias, norms after
+    attention and the MLP, the gate's activation; and from the spec: this layer's window, the attention scale.
+    """
+
+    def __init__(self, spec: ModelSpec, kernels: Kernels, layer: int):
         super().__init__()
+        family = spec.family
         self.H_q, self.H_kv, self.eps, self.kernels = spec.H_q, spec.H_kv, spec.norm_eps, kernels
+        self.window, self.scale = spec.windows[layer], spec.attention_scale
+        self.gelu = family.activation == "gelu_tanh"
         qkv_out = (spec.H_q + 2 * spec.H_kv) * spec.d_head
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.wqkv = nn.Linear(spec.d_model, qkv_out, bias=spec.qkv_bias)  # Q, K and V in one GEMM
         self.q_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.d_head, spec.norm_eps) if spec.qk_norm else None
         self.wo = nn.Linear(spec.H_q * spec.d_head, spec.d_model, bias=False)
+        self.attn_post_norm = RMSNorm(spec.d_model, spec.norm_eps) if family.post_norms else None
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.w_gate_up = nn.Linear(spec.d_model, 2 * spec.d_ff, bias=False)  # gate and up in one GEMM
         self.w_down = nn.Linear(spec.d_ff, spec.d_model, bias=False)
+        self.mlp_post_norm = RMSNorm(spec.d_model, spec.norm_eps) if family.post_norms else None
 
     def forward(self, x, cos, sin, batch: KVBatch, layer: int) -> torch.Tensor:
-        qn = None if self.q_norm is None else self.q_norm.weight
-        kn = None if self.k_norm is None else self.k_norm.weight
+        def w(norm):
+            return None if norm is None else norm.weight
+
         q, k, v = self.kernels.qkv_rotary(
-            x, self.attn_norm.weight, self.eps, self.wqkv.weight, self.wqkv.bias, qn, kn, cos, sin, self.H_q, self.H_kv
-        )
-        o = attend(q, k, v, batch, layer)  # [B, H_q, T, d_head]
+            x, w(self.attn_norm), self.eps, self.wqkv.weight, self.wqkv.bias, w(self.q_norm), w(self.k_norm), cos,
+            sin, self.H_q, self.H_kv,
+        )  # fmt: skip
+        o = attend(q, k, v, batch, layer, self.window, self.scale)  # [B, H_q, T, d_head]
         return self.kernels.out_and_mlp(
-            x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight
-        )
+            x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight,
+            w(self.attn_post_norm), w(self.mlp_post_norm), self.gelu,
+        )  # fmt: skip
 
 
 class Transformer(nn.Module):
@@ -162,17 +187,25 @@ class Transformer(nn.Module):
         check_supported(spec)
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.embed_scale = spec.family.embedding_scale(spec.d_model)  # sqrt(d_model) for Gemma, else 1
         self.kernels = Kernels()
-        self.layers = nn.ModuleList(Block(spec, self.kernels) for _ in range(spec.L))
+        self.layers = nn.ModuleList(Block(spec, self.kernels, i) for i in range(spec.L))
         self.norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.unembed = None if spec.tied_embeddings else nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        # Which rotary table each layer uses: windowed layers of a family with a local base get their own.
+        self.local_rope = [spec.rope_local_theta is not None and w is not None for w in spec.windows]
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)  # [d_head / 2]
+        self.register_buffer("inv_freq_local", self._local_inv_freq(), persistent=False)  # [d_head / 2] or [0]
+
+    def _local_inv_freq(self) -> torch.Tensor:
+        return rope_inv_freq(self.spec, local=True) if any(self.local_rope) else torch.zeros(0)
 
     def materialize(self, device, dtype: torch.dtype) -> Transformer:
         """Allocate the parameters of a model built on the meta device, directly in `dtype` on `device`
         (uninitialized: load or initialize them next). The rotary frequencies stay float32, as in the reference."""
         self.to(dtype=dtype).to_empty(device=device)
         self.inv_freq = rope_inv_freq(self.spec).to(device)
+        self.inv_freq_local = self._local_inv_freq().to(device)
         return self
 
     def compile(self) -> None:
@@ -184,9 +217,11 @@ class Transformer(nn.Module):
     def unembed_weight(self) -> torch.Tensor:
         return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
 
-    def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, T, 1, d_head] for positions [B, T], computed in float32 like the reference."""
-        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, d_head / 2]
+    def rope(self, positions: torch.Tensor, dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, d_head] for positions [B, T], computed in float32 like the reference (`local`:
+        with the windowed layers' own base)."""
+        inv_freq = self.inv_freq_local if local else self.inv_freq
+        angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, d_head / 2]
         angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [B, T, 1, d_head]: broadcast over heads
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -198,48 +233,64 @@ class Transformer(nn.Module):
         hidden states [B, T, d_model] (scoring unembeds them in slices, see prefill.scoring).
         """
         x = self.embed(ids)  # [B, T, d_model]
-        cos, sin = self.rope(positions, x.dtype)
+        if self.embed_scale != 1.0:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # rounded to the dtype, as the reference does
+        tables = {local: self.rope(positions, x.dtype, local) for local in set(self.local_rope)}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, batch, i)
+            x = layer(x, *tables[self.local_rope[i]], batch, i)
         batch.advance()
         if output == "hidden":
             return self.norm(x)  # [B, T, d_model]
         h = x if output == "all" else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
-        logits = F.linear(self.norm(h), self.unembed_weight()).float()  # [B, 1 or T, vocab]
+        logits = self.logits(self.norm(h))  # [B, 1 or T, vocab]
         return logits if output == "all" else logits[:, 0]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [..., vocab] of final-normed hidden states h [..., d_model], soft-capped to
+        final_softcap * tanh(logits / final_softcap) when the model has a cap (Gemma)."""
+        logits = F.linear(h, self.unembed_weight()).float()
+        cap = self.spec.final_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
 
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy weights named as in Hugging Face Llama-family checkpoints, fusing QKV and gate/up."""
-        sd = {k.removeprefix("model."): v for k, v in sd.items()}
+        """Copy weights named as in Hugging Face checkpoints of the family, fusing QKV and gate/up.
+
+        Multimodal wrappers (Gemma 3 4B and larger) keep the decoder under `language_model`; their vision
+        weights are skipped. Gemma's RMSNorm weights w become 1 + w, so one RMSNorm serves every family.
+        """
+        sd = {_decoder_name(k): v for k, v in sd.items()}
+        sd = {k.removeprefix("model."): v for k, v in sd.items() if k is not None}
+        family = self.spec.family
+        shift = 1.0 if family.norm_plus_one else 0.0
 
         def take(name: str) -> torch.Tensor:
             if name not in sd:
                 raise ModelFileError(f"weight {name!r} is missing from the model file")
             return sd.pop(name)
 
-        def put(param: torch.Tensor, value: torch.Tensor) -> None:
+        def put(param: torch.Tensor, value: torch.Tensor, plus: float = 0.0) -> None:
             if param.shape != value.shape:
                 raise ModelFileError(f"weight shape {tuple(value.shape)} does not fit {tuple(param.shape)}")
-            param.copy_(value)
+            param.copy_(value.float() + plus if plus else value)
 
         put(self.embed.weight, take("embed_tokens.weight"))
         for i, blk in enumerate(self.layers):
             p = f"layers.{i}."
-            put(blk.attn_norm.weight, take(p + "input_layernorm.weight"))
-            put(blk.mlp_norm.weight, take(p + "post_attention_layernorm.weight"))
+            for slot, hf in family.hf_norms.items():
+                put(getattr(blk, slot).weight, take(p + hf + ".weight"), shift)
             qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
             put(blk.wqkv.weight, torch.cat(qkv, dim=0))
             if self.spec.qkv_bias:
                 put(blk.wqkv.bias, torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
             put(blk.wo.weight, take(p + "self_attn.o_proj.weight"))
             if self.spec.qk_norm:
-                put(blk.q_norm.weight, take(p + "self_attn.q_norm.weight"))
-                put(blk.k_norm.weight, take(p + "self_attn.k_norm.weight"))
+                put(blk.q_norm.weight, take(p + "self_attn.q_norm.weight"), shift)
+                put(blk.k_norm.weight, take(p + "self_attn.k_norm.weight"), shift)
             gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
             put(blk.w_gate_up.weight, torch.cat(gate_up, dim=0))
             put(blk.w_down.weight, take(p + "mlp.down_proj.weight"))
-        put(self.norm.weight, take("norm.weight"))
+        put(self.norm.weight, take("norm.weight"), shift)
         lm_head = sd.pop("lm_head.weight", None)
         if self.unembed is not None:
             if lm_head is None:
@@ -248,3 +299,17 @@ class Transformer(nn.Module):
         sd = {k: v for k, v in sd.items() if "rotary_emb" not in k}
         if sd:
             raise ModelFileError(f"unexpected weights in the model file: {', '.join(sorted(sd)[:5])}")
+
+
+_NOT_DECODER = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _decoder_name(name: str) -> str | None:
+    """The text decoder's own name of a checkpoint weight (None for a multimodal model's vision weights):
+    'language_model.model.layers.0...' (transformers 4) and 'model.language_model.layers.0...' (5) both
+    become 'model.layers.0...', 'language_model.lm_head.weight' becomes 'lm_head.weight'."""
+    if name.startswith(_NOT_DECODER):
+        return None
+    if name.startswith("model.language_model."):
+        return "model." + name.removeprefix("model.language_model.")
+    return name.removeprefix("language_model.")

@@ -57,7 +57,8 @@ def prompt_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Tab
     formula = costs.kv_cache_bytes_for(s, P, b)
     verdict = "[green]equal[/]" if measured == formula else "[red]DIFFERENT[/]"
     t.add_row("KV bytes held (measured)", costs.format_bytes(measured))
-    t.add_row("KV bytes 2·L·B·H_kv·P·d_head·b", f"{costs.format_bytes(formula)}  {verdict}")
+    name = "Σ_l 2·B·H_kv·min(P, W_l)·d_head·b" if s.windowed else "2·L·B·H_kv·P·d_head·b"
+    t.add_row(f"KV bytes {name}", f"{costs.format_bytes(formula)}  {verdict}")
     return t
 
 

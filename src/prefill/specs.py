@@ -9,11 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from prefill.errors import BadInput, ModelFileError
+from prefill.families import Family, family_of, layer_windows
 
-# Architectures with four norms per block (before and after both attention and MLP) instead of two.
-_FOUR_NORM_ARCHS = {"gemma2", "gemma3", "gemma3_text"}
-# Families whose config.json omits tie_word_embeddings because they always tie.
-_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text"}
+_SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")  # config.json and GGUF ({arch}.) keys
 
 
 @dataclass(frozen=True)
@@ -24,7 +22,11 @@ class ModelSpec:
     vocab_size tokens; context_length the longest trained context (tokens); tied_embeddings when the
     unembedding reuses the embedding matrix; rope_theta the rotary base; norm_eps the RMSNorm epsilon;
     qkv_bias when the Q/K/V projections have biases (Qwen2); qk_norm when Q and K are RMS-normalised per head
-    (Qwen3).
+    (Qwen3, Gemma 3). windows: per layer, the attention window W in tokens (a position sees itself and the
+    W - 1 before it) or None for full attention; rope_local_theta: the rotary base of windowed layers when it
+    differs (Gemma 3; they get no rope scaling); query_pre_attn_scalar: scores are scaled by its -1/2 power
+    instead of d_head's (Gemma); attn_softcap / final_softcap: cap * tanh(x / cap) on the attention scores /
+    the logits (Gemma 2). Everything else a family does differently is in `family` (prefill.families).
     """
 
     name: str
@@ -43,6 +45,11 @@ class ModelSpec:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_scaling: dict | None = field(default=None, compare=False)
+    windows: tuple[int | None, ...] = ()  # () = full attention in every layer; else one entry per layer
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("L", "d_model", "H_q", "H_kv", "d_head", "d_ff", "vocab_size"):
@@ -51,6 +58,25 @@ class ModelSpec:
                 raise BadInput(f"model {self.name!r}: {key} must be a positive integer, got {value!r}")
         if self.H_q % self.H_kv:
             raise BadInput(f"model {self.name!r}: H_q={self.H_q} is not a multiple of H_kv={self.H_kv}")
+        windows = tuple(self.windows) or (None,) * self.L
+        if len(windows) != self.L or any(w is not None and (not isinstance(w, int) or w < 1) for w in windows):
+            raise BadInput(f"model {self.name!r}: windows must list L={self.L} positive integers or None")
+        object.__setattr__(self, "windows", windows)  # normalized: always L entries
+
+    @property
+    def family(self) -> Family:
+        """The family's table entry: block layout, file names, tokenizer kind (prefill.families)."""
+        return family_of(self.arch)
+
+    @property
+    def windowed(self) -> bool:
+        """True when some layer attends to a sliding window instead of the whole context."""
+        return any(w is not None for w in self.windows)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q.k scores: query_pre_attn_scalar^-1/2 (Gemma), else d_head^-1/2."""
+        return (self.query_pre_attn_scalar or self.d_head) ** -0.5
 
     @property
     def params_per_layer(self) -> int:
@@ -62,7 +88,7 @@ class ModelSpec:
         if self.qk_norm:
             attention += 2 * self.d_head
         mlp = 3 * self.d_model * self.d_ff  # gate, up, down
-        norms = (4 if self.arch in _FOUR_NORM_ARCHS else 2) * self.d_model
+        norms = (4 if self.family.post_norms else 2) * self.d_model
         return attention + mlp + norms
 
     @property
@@ -109,14 +135,23 @@ class ModelSpec:
             return c[key]
 
         arch = str(need("model_type"))
+        fam = family_of(arch)
         H_q = int(need("num_attention_heads"))
         d_model = int(need("hidden_size"))
+        L = int(need("num_hidden_layers"))
         rope = c.get("rope_parameters") or {}  # transformers 5 moves rope_theta there
+        local_rope = {}
+        if "full_attention" in rope:  # transformers 5 Gemma 3: one set of rotary parameters per layer kind
+            rope, local_rope = rope["full_attention"] or {}, rope.get("sliding_attention") or {}
         rope_scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        window = c.get("sliding_window") if fam.windows != "none" else None
+        pattern = c.get("sliding_window_pattern") or c.get("_sliding_window_pattern")
+        local_theta = c.get("rope_local_base_freq") or local_rope.get("rope_theta") if fam.local_rope else None
+        softcaps = [c.get(key) if key in fam.softcaps else None for key in _SOFTCAPS]
         return cls(
             name=name or str(c.get("_name_or_path") or arch),
             arch=arch,
-            L=int(need("num_hidden_layers")),
+            L=L,
             d_model=d_model,
             H_q=H_q,
             H_kv=int(c.get("num_key_value_heads") or H_q),  # absent in pre-GQA configs: one KV head per Q head
@@ -124,12 +159,17 @@ class ModelSpec:
             d_ff=int(need("intermediate_size")),
             vocab_size=int(need("vocab_size")),
             context_length=int(need("max_position_embeddings")),
-            tied_embeddings=bool(c.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT)),
+            tied_embeddings=bool(c.get("tie_word_embeddings", fam.tied_by_default)),
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             norm_eps=float(c.get("rms_norm_eps") or 1e-6),
-            qkv_bias=arch == "qwen2",
-            qk_norm=arch.startswith("qwen3"),
+            qkv_bias=fam.qkv_bias,
+            qk_norm=fam.qk_norm,
             rope_scaling=rope_scaling,
+            windows=layer_windows(fam, L, window, c.get("layer_types"), pattern),
+            rope_local_theta=float(local_theta) if local_theta else None,
+            query_pre_attn_scalar=c.get("query_pre_attn_scalar"),
+            attn_softcap=softcaps[0],
+            final_softcap=softcaps[1],
         )
 
     @classmethod
@@ -151,19 +191,36 @@ class ModelSpec:
             return f.contents()
 
         arch = value("general.architecture")
+        fam = family_of(arch)
         d_model = int(value(f"{arch}.embedding_length"))
         H_q = int(value(f"{arch}.attention.head_count"))
+        L = int(value(f"{arch}.block_count"))
+        d_head = int(value(f"{arch}.attention.key_length", d_model // H_q))
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         vocab = value(f"{arch}.vocab_size", len(tokens.data) if tokens is not None else None)
         tensors = {t.name for t in reader.tensors}
+        defaults = fam.gguf_defaults
+        window = value(f"{arch}.attention.sliding_window", 0) if fam.windows != "none" else None
+        pattern = value(f"{arch}.attention.sliding_window_pattern", defaults.get("sliding_window_pattern", 0))
+        kinds = None  # llama.cpp writes the pattern as a period or as one bool per layer (True: windowed)
+        if isinstance(pattern, list):
+            kinds, pattern = ["sliding_attention" if p else "full_attention" for p in pattern], 0
+        rope_scaling = None
+        if value(f"{arch}.rope.scaling.type", "none") == "linear":
+            rope_scaling = {"rope_type": "linear", "factor": float(value(f"{arch}.rope.scaling.factor"))}
+        local_theta = (
+            value(f"{arch}.rope.freq_base_swa", defaults.get("rope_local_base_freq", 0)) if fam.local_rope else 0
+        )
+        wide_query = defaults.get("query_scale_d_model_at_L") == L
+        softcaps = [value(f"{arch}.{key}", 0.0) if key in fam.softcaps else 0.0 for key in _SOFTCAPS]
         return cls(
             name=str(value("general.name", path.stem)),
-            arch=arch,
-            L=int(value(f"{arch}.block_count")),
+            arch=fam.name if fam.supported else arch,
+            L=L,
             d_model=d_model,
             H_q=H_q,
             H_kv=int(value(f"{arch}.attention.head_count_kv", H_q)),
-            d_head=int(value(f"{arch}.attention.key_length", d_model // H_q)),
+            d_head=d_head,
             d_ff=int(value(f"{arch}.feed_forward_length")),
             vocab_size=int(vocab),
             context_length=int(value(f"{arch}.context_length")),
@@ -172,6 +229,12 @@ class ModelSpec:
             norm_eps=float(value(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
             qkv_bias="blk.0.attn_q.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
+            rope_scaling=rope_scaling,
+            windows=layer_windows(fam, L, int(window or 0) or None, kinds, int(pattern or 0) or None),
+            rope_local_theta=float(local_theta) or None,
+            query_pre_attn_scalar=(d_model // H_q if wide_query else d_head) if fam.embed_scale else None,
+            attn_softcap=softcaps[0] or None,
+            final_softcap=softcaps[1] or None,
         )
 
     @classmethod
@@ -226,6 +289,31 @@ def _preset(hf_id: str, arch: str, L: int, d_model: int, H_q: int, H_kv: int, d_
     )
 
 
+def _gemma3(
+    hf_id: str,
+    L: int,
+    d_model: int,
+    H_q: int,
+    H_kv: int,
+    d_ff: int,
+    vocab: int,
+    window: int,
+    context: int,
+    scaled: bool = False,
+    d_head: int = 256,
+    query_pre_attn_scalar: int = 256,
+) -> ModelSpec:
+    """A Gemma 3 text decoder: every sixth layer global (sliding_window_pattern 6), the rest windowed; the
+    4B and larger scale the global layers' rotary positions linearly by 8."""
+    return _preset(
+        hf_id, "gemma3_text", L, d_model, H_q, H_kv, d_ff, vocab, d_head=d_head, context_length=context,
+        tied_embeddings=True, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True,
+        rope_scaling={"rope_type": "linear", "factor": 8.0} if scaled else None,
+        windows=layer_windows(family_of("gemma3"), L, window, pattern=6), rope_local_theta=10_000.0,
+        query_pre_attn_scalar=query_pre_attn_scalar,
+    )  # fmt: skip
+
+
 # Copied from each model's published config.json on the Hugging Face Hub (name = repository id).
 PRESETS: dict[str, ModelSpec] = {
     "llama-2-7b": _preset(
@@ -246,9 +334,9 @@ PRESETS: dict[str, ModelSpec] = {
         "meta-llama/Meta-Llama-3-70B", "llama", 80, 8192, 64, 8, 28672, 128256,
         context_length=8192, tied_embeddings=False, rope_theta=500000.0, norm_eps=1e-5,
     ),
-    "mistral-7b": _preset(
+    "mistral-7b-v0.1": _preset(
         "mistralai/Mistral-7B-v0.1", "mistral", 32, 4096, 32, 8, 14336, 32000,
-        context_length=32768, tied_embeddings=False, rope_theta=10000.0, norm_eps=1e-5,
+        context_length=32768, tied_embeddings=False, rope_theta=10000.0, norm_eps=1e-5, windows=(4096,) * 32,
     ),
     "qwen2.5-7b": _preset(
         "Qwen/Qwen2.5-7B", "qwen2", 28, 3584, 28, 4, 18944, 152064,
@@ -261,9 +349,17 @@ PRESETS: dict[str, ModelSpec] = {
     "gemma-2-9b": _preset(
         "google/gemma-2-9b", "gemma2", 42, 3584, 16, 8, 14336, 256000, d_head=256,
         context_length=8192, tied_embeddings=True, rope_theta=10000.0, norm_eps=1e-6,
+        windows=(4096, None) * 21, query_pre_attn_scalar=256, attn_softcap=50.0, final_softcap=30.0,
     ),
+    "gemma-3-270m": _gemma3("google/gemma-3-270m", 18, 640, 4, 1, 2048, 262144, 512, 32768),
+    "gemma-3-1b": _gemma3("google/gemma-3-1b-pt", 26, 1152, 4, 1, 6912, 262144, 512, 32768),
+    "gemma-3-4b": _gemma3("google/gemma-3-4b-pt", 34, 2560, 8, 4, 10240, 262208, 1024, 131072, scaled=True),
+    "gemma-3-12b": _gemma3("google/gemma-3-12b-pt", 48, 3840, 16, 8, 15360, 262208, 1024, 131072, scaled=True),
+    "gemma-3-27b": _gemma3("google/gemma-3-27b-pt", 62, 5376, 32, 16, 21504, 262208, 1024, 131072, scaled=True,
+                           d_head=128, query_pre_attn_scalar=168),
     "smollm2-135m": _preset(
         "HuggingFaceTB/SmolLM2-135M", "llama", 30, 576, 9, 3, 1536, 49152,
         context_length=8192, tied_embeddings=True, rope_theta=100000.0, norm_eps=1e-5,
     ),
 }  # fmt: skip
+PRESETS["mistral-7b"] = PRESETS["mistral-7b-v0.1"]  # the name it had before windows were modelled

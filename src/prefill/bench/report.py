@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from prefill.bench.calibrate import CalibrationReport
-from prefill.bench.runner import OURS, BenchResult
+from prefill.bench.runner import LLAMA_DENSE, OURS, OURS_COMPILED, BenchResult
 from prefill.costs import bytes_to_mib
 
 
@@ -19,12 +19,21 @@ def short(dtype: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
 
 
+def device_line(device: str = "cpu") -> str:
+    """The first line of a bench: the processor, its matrix capability and the dtypes native on it."""
+    from prefill.native import capability
+
+    cap = capability("cuda" if device.startswith("cuda") else "cpu")
+    return f"{cap.name}: {cap.kind} (torch CPU capability {cap.isa}); native dtypes: {', '.join(cap.native_dtypes())}"
+
+
 def machine_line(result: BenchResult) -> str:
     """One line: CPU/GPU, threads and versions the figures were measured with."""
     m = result.machine
     gemm = ", ".join(f"{dt} {rate / 1e9:.0f} GFLOP/s" for dt, rate in result.gemm_flops_per_s.items())
     parts = [
         f"{m['device'] if m['device'] != 'cpu' else m['cpu']} ({m['cores']} cores), {m['threads']} threads",
+        f"{m.get('capability')}, native {', '.join(m.get('native_dtypes', []))}",
         f"torch {m['torch']}",
         f"transformers {m['transformers']}" if m.get("transformers") else "",
         f"llama-cpp-python {m['llama_cpp']}" if m.get("llama_cpp") else "",
@@ -36,7 +45,7 @@ def machine_line(result: BenchResult) -> str:
 def ours_table(result: BenchResult) -> Table:
     """Our engine at every (dtype, P): times, rates, MFU, memory, and the cost model beside the measurement."""
     t = Table(title=f"prefill: {result.spec.name}")
-    for col in ("dtype", "P", "cold ms", "median ms", "p90 ms", "tok/s", "GFLOP/s", "MFU", "peak MiB", "+MiB"):
+    for col in ("dtype", "P", "mode", "cold ms", "median ms", "p90 ms", "tok/s", "GFLOP/s", "MFU", "peak MiB", "+MiB"):
         t.add_column(col, justify="right")
     t.add_column("pred. ms", justify="right")  # exact FLOPs at the GEMM rate measured in the run
     if result.calibrations:
@@ -45,10 +54,11 @@ def ours_table(result: BenchResult) -> Table:
         "cold: first call; median, p90: warm repeats; MFU against the GEMM rate measured in the run; "
         "+MiB: peak memory rise during one call; pred.: exact FLOPs at that GEMM rate"
     )
-    for m in (m for m in result.measurements if m.engine == OURS and m.chunk_size is None):
+    for m in (m for m in result.measurements if m.engine in (OURS, OURS_COMPILED) and m.chunk_size is None):
         row = [
             short(m.dtype),
             str(m.P),
+            "compiled" if m.engine == OURS_COMPILED else "eager",
             f"{m.cold_s * 1e3:.1f}",
             f"{m.median_s * 1e3:.1f}",
             f"{m.p90_s * 1e3:.1f}",
@@ -66,28 +76,51 @@ def ours_table(result: BenchResult) -> Table:
     return t
 
 
+# The side-by-side columns: (engine, which of its runs, header). "same": the run in our dtype; "gguf": llama.cpp
+# on the GGUF's own (quantized) types.
+PEER_COLUMNS = (
+    (OURS_COMPILED, "same", "ours compiled"),
+    ("transformers", "same", "transformers"),
+    (LLAMA_DENSE, "same", "llama.cpp same dtype"),
+    ("llamacpp", "gguf", "llama.cpp own types"),
+)
+
+
+def peer_columns(engines: set[str]) -> list[tuple[str, str, str]]:
+    """The PEER_COLUMNS whose engine ran."""
+    return [c for c in PEER_COLUMNS if c[0] in engines]
+
+
+def peer_cells(result: BenchResult, engine: str, which: str, dtype: str, P: int) -> tuple[str, str]:
+    """(tok/s, ratio) cells: ours eager over the peer's tokens/s, or compiled over eager for ours compiled."""
+    ours = result.find(OURS, dtype, P)
+    theirs = result.find(engine, dtype if which == "same" else "gguf", P)
+    if ours is None or theirs is None:
+        return "-", "-"
+    ratio = (
+        theirs.tokens_per_s / ours.tokens_per_s if engine == OURS_COMPILED else ours.tokens_per_s / theirs.tokens_per_s
+    )
+    return f"{theirs.tokens_per_s:,.0f}", f"{ratio:.2f}x"
+
+
 def peers_table(result: BenchResult) -> Table:
-    """Tokens/s of every engine at every (dtype, P) and our speed-up over each peer."""
-    peers = sorted({m.engine for m in result.measurements} - {OURS})
+    """Tokens/s of every engine at every (dtype, P) and our (eager) speed-up over each peer."""
+    cols = peer_columns({m.engine for m in result.measurements})
     t = Table(
         title="side by side: the same tokens and threads, tokens/s of the median run",
-        caption="speed-up = our tokens/s over the peer's; llama.cpp runs the GGUF's own quantized types",
+        caption="x: our eager tokens/s over the peer's (ours compiled: compiled over eager); llama.cpp same dtype: "
+        "an F32 / BF16 GGUF of the same weights; own types: the GGUF as shipped (Q4_1)",
     )
     t.add_column("dtype", justify="right")
     t.add_column("P", justify="right")
     t.add_column("prefill tok/s", justify="right")
-    for p in peers:
-        t.add_column(f"{p} tok/s", justify="right")
-        t.add_column("speed-up", justify="right")
+    for _, _, header in cols:
+        t.add_column(f"{header} tok/s", justify="right")
+        t.add_column("x", justify="right")
     for m in (m for m in result.measurements if m.engine == OURS and m.chunk_size is None):
         row = [short(m.dtype), str(m.P), f"{m.tokens_per_s:,.0f}"]
-        for p in peers:
-            theirs = result.find(p, m.dtype, m.P) or result.find(p, "gguf", m.P)
-            speedup = result.speedup(p, m.dtype, m.P)
-            row += [
-                "-" if theirs is None else f"{theirs.tokens_per_s:,.0f}",
-                "-" if speedup is None else f"{speedup:.2f}x",
-            ]
+        for engine, which, _ in cols:
+            row += peer_cells(result, engine, which, m.dtype, m.P)
         t.add_row(*row)
     return t
 
@@ -182,35 +215,41 @@ def markdown(data: dict[str, Any]) -> str:
     """README tables from a bench.json (as loaded): machine line, ours beside each peer, calibration."""
     ms = data["measurements"]
     ours = [m for m in ms if m["engine"] == OURS and m["chunk_size"] is None]
-    peers = sorted({m["engine"] for m in ms} - {OURS})
-    speed = {(s["peer"], s["dtype"], s["P"]): s["speedup"] for s in data["speedups"]}
+    cols = peer_columns({m["engine"] for m in ms})
 
-    def tok(engine: str, dtype: str, P: int) -> str:
-        hit = [m for m in ms if m["engine"] == engine and m["P"] == P and m["dtype"] in (dtype, "gguf")]
-        return f"{hit[0]['tokens_per_s']:,.0f}" if hit else "-"
+    def find(engine: str, dtype: str, P: int) -> dict | None:
+        return next((m for m in ms if (m["engine"], m["dtype"], m["P"], m["chunk_size"]) == (engine, dtype, P, None)),
+                    None)  # fmt: skip
+
+    def cells(engine: str, which: str, m: dict) -> list[str]:
+        theirs = find(engine, m["dtype"] if which == "same" else "gguf", m["P"])
+        if theirs is None:
+            return ["-", "-"]
+        a, b = m["tokens_per_s"], theirs["tokens_per_s"]
+        return [f"{b:,.0f}", f"{(b / a if engine == OURS_COMPILED else a / b):.2f}x"]
 
     m0 = data["machine"]
     gemm = ", ".join(f"{short(dt)} {r / 1e9:.0f} GFLOP/s" for dt, r in data["gemm_flops_per_s"].items())
     lines = [
-        f"Machine: {m0['cpu']}, {m0['cores']} cores, {m0['threads']} threads; torch {m0['torch']}, "
-        f"transformers {m0['transformers']}, llama-cpp-python {m0['llama_cpp']}; measured GEMM rate: {gemm}; "
-        f"5-minute load average {m0.get('load_average_5min', float('nan')):.1f}.",
+        f"Machine: {m0['cpu']} ({m0.get('capability', '?')}, torch CPU capability {m0.get('isa', '?')}; native "
+        f"dtypes: {', '.join(m0.get('native_dtypes', []))}), {m0['cores']} cores, {m0['threads']} threads; torch "
+        f"{m0['torch']}, transformers {m0['transformers']}, llama-cpp-python {m0['llama_cpp']}; measured GEMM rate: "
+        f"{gemm}; 5-minute load average {m0.get('load_average_5min', float('nan')):.1f}.",
         "",
         "| dtype | P | prefill ms (median / p90) | prefill tok/s | MFU | "
-        + " | ".join(f"{p} tok/s | speed-up" for p in peers)
+        + " | ".join(f"{h} tok/s | {'vs eager' if e == OURS_COMPILED else 'speed-up'}" for e, _, h in cols)
         + " | predicted ms (GEMM rate) | calibrated ms (error) |",
-        "|" + "---|" * (7 + 2 * len(peers)),
+        "|" + "---|" * (7 + 2 * len(cols)),
     ]
     for m in ours:
-        cells = [short(m["dtype"]), str(m["P"]), f"{m['median_s'] * 1e3:.1f} / {m['p90_s'] * 1e3:.1f}",
-                 f"{m['tokens_per_s']:,.0f}", f"{m['mfu']:.0%}"]  # fmt: skip
-        for p in peers:
-            s = speed.get((p, m["dtype"], m["P"]))
-            cells += [tok(p, m["dtype"], m["P"]), "-" if s is None else f"{s:.2f}x"]
+        row = [short(m["dtype"]), str(m["P"]), f"{m['median_s'] * 1e3:.1f} / {m['p90_s'] * 1e3:.1f}",
+               f"{m['tokens_per_s']:,.0f}", f"{m['mfu']:.0%}"]  # fmt: skip
+        for engine, which, _ in cols:
+            row += cells(engine, which, m)
         cal = m["calibrated_s"]
         err = "" if cal is None else f" ({100 * (cal - m['median_s']) / m['median_s']:+.1f}%)"
-        cells += [f"{m['predicted_s'] * 1e3:.1f}", "-" if cal is None else f"{cal * 1e3:.1f}{err}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        row += [f"{m['predicted_s'] * 1e3:.1f}", "-" if cal is None else f"{cal * 1e3:.1f}{err}"]
+        lines.append("| " + " | ".join(row) + " |")
     for dt, c in data["calibrations"].items():
         cal = c["calibration"]
         held = c["holdout_mape_pct"]

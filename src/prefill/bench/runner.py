@@ -1,9 +1,10 @@
 """The sweep: every prompt length and dtype, our engine and its peers side by side, in one process and one run.
 
 For each dtype the engines are loaded once; for each P they run the same token ids with their repeats
-interleaved (ours, transformers, llama.cpp, ours, ...), so drifts and bursts of load hit all of them alike.
-Each point: a cold call, warm-up, `repeats` timed calls, then one untimed call for peak memory.
-The GEMM rate that MFU is measured against is taken in the same run.
+interleaved (ours, ours compiled, transformers, llama.cpp, ours, ...), so drifts and bursts of load hit all of
+them alike. Each point: a cold call, warm-up, `repeats` timed calls, then one untimed call for peak memory.
+The GEMM rate that MFU is measured against is taken in the same run. `prepare` decides the dtypes (native ones
+by default, prefill.bench.plan) and estimates the duration before anything is loaded.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from prefill.bench import calibrate
+from prefill.bench import calibrate, plan
 from prefill.bench.peers import LlamaCppPeer, TransformersPeer, llamacpp_available, transformers_version
 from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call, time_interleaved
 from prefill.costs import FlopCount, canonical_dtype, compute_seconds, mfu, prefill_flops_exact
@@ -23,8 +24,11 @@ from prefill.errors import BadInput
 from prefill.specs import ModelSpec
 
 DEFAULT_PROMPT_LENGTHS = (32, 128, 512, 1024, 2048, 4096)
-DEFAULT_DTYPES = ("float32", "bfloat16")
+DEFAULT_DTYPES = ("auto",)  # the dtypes native on this device (plan.default_dtypes)
 OURS = "prefill"
+OURS_COMPILED = "prefill-compiled"  # the same engine with its block functions through torch.compile
+LLAMA_DENSE = "llamacpp-dense"  # llama.cpp on an F32 / BF16 GGUF of the same weights (like for like)
+VERDICT_P = 512  # the prompt length whose eager-vs-compiled result `run --compile` follows
 # Any fixed English text will do: attention and GEMM cost do not depend on which tokens they are.
 PROMPT_TEXT = (
     "Prefill is the first phase of inference: the model reads every prompt token in one parallel pass, "
@@ -47,7 +51,9 @@ class BenchConfig:
     calibrate_on: tuple[int, ...] | None = None  # default: the second-shortest and the longest P
     chunk_sizes: tuple[int, ...] = ()
     device: str = "cpu"
-    compile: bool = False  # torch.compile our per-block functions (Engine.compile) before measuring
+    compile: bool = False  # also measure ours with its per-block functions compiled (Engine.compile)
+    force: bool = False  # measure an emulated dtype at every P, not just the smallest
+    llama_dense: bool = True  # llama.cpp also on F32 / BF16 GGUFs of the same weights (prefill.bench.dense_gguf)
 
 
 @dataclass(frozen=True)
@@ -118,44 +124,75 @@ def parse_dtypes(text: str) -> tuple[str, ...]:
     return tuple(canonical_dtype(x.strip()) for x in text.split(",") if x.strip())
 
 
-def steps(config: BenchConfig, n_lengths: int) -> int:
-    """How many points the sweep will time (for the progress bar)."""
-    per_dtype = n_lengths * (1 + ("transformers" in config.peers)) + len(config.chunk_sizes)
-    return per_dtype * len(config.dtypes) + n_lengths * ("llamacpp" in config.peers)
+def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str]:
+    """Before loading anything: the model's path and spec, the dtypes (native ones for "auto") and lengths,
+    and the estimated duration from the cost model at the probe's GEMM rates. Returns the config with
+    concrete dtypes, the plan, the spec and the model path."""
+    from prefill.loading.resolve import default_model_path
+    from prefill.native import capability, gemm_rates
+
+    model_path = str(default_model_path()) if config.model is None else config.model
+    spec = _spec_of(model_path)
+    notes: list[str] = []
+    lengths = _capped_lengths(config.prompt_lengths, spec, notes)
+    cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
+    dtypes, per, dt_notes = plan.dtypes_and_lengths(config.dtypes, lengths, cap, config.force)
+    # A bench re-probes (and re-caches) the rates: it is the command a user runs to measure this machine anew.
+    shape = (spec.d_model, 2 * spec.d_ff)
+    rates = gemm_rates(config.device, shape=shape, dtypes=dtypes, threads=config.threads, refresh=True)
+    dense = _dense_dtypes(config, model_path)
+    seconds, per_point = plan.estimate(
+        spec, dtypes, per, rates, peers=config.peers, compile=config.compile,
+        llama_files_per_dtype={dt: (dt in dense) + (i == 0 and model_path.endswith(".gguf"))
+                               for i, dt in enumerate(dtypes)},
+        repeats=config.repeats, warmup=config.warmup, chunk_sizes=config.chunk_sizes, calibrate=config.calibrate,
+    )  # fmt: skip
+    return (
+        replace(config, dtypes=dtypes),
+        plan.Plan(dtypes, per, (*notes, *dt_notes), seconds, per_point),
+        spec,
+        model_path,
+    )
 
 
-def run_bench(config: BenchConfig, on_step: Callable[[str], None] | None = None) -> BenchResult:
-    """Run the sweep; `on_step(description)` is called after each timed point."""
+def run_bench(
+    config: BenchConfig, on_step: Callable[[str, float], None] | None = None, prepared: plan.Plan | None = None
+) -> BenchResult:
+    """Run the sweep; `on_step(description, estimated seconds of that point)` is called after each timed point."""
     import torch
 
     from prefill.engine import Engine
     from prefill.hardware import measure_gemm_rate
-    from prefill.loading.resolve import default_model_path
 
-    step = on_step or (lambda _d: None)
+    config, the_plan, _spec, model_path = prepare(config) if prepared is None else (config, prepared, None, None)
+    if model_path is None:
+        from prefill.loading.resolve import default_model_path
+
+        model_path = str(default_model_path()) if config.model is None else config.model
+    step = on_step or (lambda _d, _s: None)
     threads = config.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    model_path = str(default_model_path()) if config.model is None else config.model
     gemm = {dt: measure_gemm_rate(dt, device=config.device, threads=threads) for dt in config.dtypes}
     result: BenchResult | None = None
-    for dtype in config.dtypes:
+    longest = max(max(v) for v in the_plan.lengths.values())
+    for i, dtype in enumerate(config.dtypes):
         engine = Engine.load(model_path, dtype=dtype, device=config.device, threads=threads, progress=False)
-        if config.compile:
-            compile_s = engine.compile()
+        kernels = _compile_both(engine) if config.compile else None
         if result is None:
             result = _new_result(config, model_path, engine.spec, threads, gemm)
-            lengths = _capped_lengths(config.prompt_lengths, engine.spec, result.notes)
-            prompt = _prompt_ids(engine.tokenizer, max(lengths), engine.spec.vocab_size)
-            llama = _load_llamacpp(config, model_path, max(lengths), threads, result.notes)
-        else:
-            llama = None  # llama.cpp runs the GGUF's own types: once per run is enough
-        if config.compile:
-            result.notes.append(f"ours compiled with torch.compile (Engine.compile) in {compile_s:.1f} s ({dtype})")
+            result.notes.extend(the_plan.notes)
+            prompt = _prompt_ids(engine.tokenizer, longest, engine.spec.vocab_size)
+        if kernels is not None:
+            result.notes.append(f"ours compiled with torch.compile (Engine.compile) in {kernels[2]:.1f} s ({dtype})")
+        llamas = _load_llamacpp(config, model_path, dtype, i == 0, longest, threads, result.notes)
         peer = _load_transformers(config, model_path, dtype, result.notes)
-        _sweep_dtype(engine, peer, llama, dtype, lengths, prompt, gemm, config, result, step)
-        del engine, peer, llama
+        lengths = the_plan.lengths[dtype]
+        weigh = lambda P, dt=dtype: the_plan.point_seconds.get((dt, P), 1.0)  # noqa: E731
+        _sweep_dtype(engine, kernels, peer, llamas, dtype, lengths, prompt, gemm, config, result, step, weigh)
+        del engine, peer, llamas
         gc.collect()
     assert result is not None  # config.dtypes is never empty
+    _save_compile_verdicts(result, config)
     # Other load on the machine can only lower a GEMM measurement: measure again at the end, keep the higher.
     result.machine["gemm_flops_per_s_start"] = dict(gemm)
     result.machine["gemm_flops_per_s_end"] = {
@@ -200,24 +237,49 @@ def _note_contention(result: BenchResult) -> None:
         )
 
 
-def _sweep_dtype(engine, peer, llama, dtype, lengths, prompt, gemm, config: BenchConfig, result, step) -> None:
+def _compile_both(engine) -> tuple[tuple, tuple, float]:
+    """(eager kernels, compiled kernels, compile seconds): the engine then runs either by swapping the two
+    per-block functions, so eager and compiled are timed interleaved on the same weights."""
+    k = engine.model.kernels
+    eager = (k.qkv_rotary, k.out_and_mlp)
+    seconds = engine.compile()
+    compiled = (k.qkv_rotary, k.out_and_mlp)
+    return eager, compiled, seconds
+
+
+def _prefill_with(engine, fns: tuple, ids):
+    engine.model.kernels.qkv_rotary, engine.model.kernels.out_and_mlp = fns
+    return engine.prefill(ids)
+
+
+def _sweep_dtype(
+    engine, kernels, peer, llamas, dtype, lengths, prompt, gemm, config: BenchConfig, result, step, weigh
+) -> None:
     import torch
 
     for P in lengths:
         ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
         count = prefill_flops_exact(engine.spec, P)
-        runs = {(OURS, dtype): lambda ids=ids: engine.prefill(ids)}
+        if kernels is None:
+            runs = {(OURS, dtype): lambda ids=ids: engine.prefill(ids)}
+        else:
+            runs = {
+                (OURS, dtype): lambda ids=ids: _prefill_with(engine, kernels[0], ids),
+                (OURS_COMPILED, dtype): lambda ids=ids: _prefill_with(engine, kernels[1], ids),
+            }
         if peer is not None:
             runs[(peer.name, dtype)] = lambda ids=ids: peer.prefill(ids)
-        if llama is not None:
-            runs[(llama.name, llama.dtype)] = lambda t=prompt[:P]: llama.prefill(t)
+        for llama in llamas:
+            runs[(llama.name, llama.dtype)] = lambda t=prompt[:P], llama=llama: llama.prefill(t)
         with _inference():
             timings = time_interleaved(runs, repeats=config.repeats, warmup=config.warmup, device=config.device)
         for (name, run_dtype), fn in runs.items():
             result.measurements.append(
                 _measurement(name, run_dtype, P, None, timings[(name, run_dtype)], fn, count, gemm, config)
             )
-            step(f"{name} {run_dtype} P={P}")
+        step(f"{dtype} P={P}: {', '.join(name for name, _ in runs)}", weigh(P))
+    if kernels is not None:
+        engine.model.kernels.qkv_rotary, engine.model.kernels.out_and_mlp = kernels[0]  # calibrate eager
     if config.calibrate:
         try:
             result.calibrations[dtype] = _calibrate(engine, dtype, lengths, prompt, result, config)
@@ -339,7 +401,7 @@ def _chunk_sweep(engine, dtype, P, prompt, gemm, config: BenchConfig, result: Be
         result.measurements.append(
             _measure(OURS, dtype, P, C, lambda C=C: engine.prefill(ids, chunk_size=C), count, gemm, config)
         )
-        step(f"{OURS} {dtype} P={P} chunk={C}")
+        step(f"{OURS} {dtype} P={P} chunk={C}", 1.0)
 
 
 def _capped_lengths(lengths: tuple[int, ...], spec: ModelSpec, notes: list[str]) -> tuple[int, ...]:
@@ -367,23 +429,76 @@ def _load_transformers(config: BenchConfig, model_path: str, dtype: str, notes: 
         return None
 
 
-def _load_llamacpp(config: BenchConfig, model_path: str, n_ctx: int, threads: int, notes: list[str]):
+def _dense_dtypes(config: BenchConfig, model_path: str) -> tuple[str, ...]:
+    """The dtypes whose like-for-like llama.cpp peer (an F32 / BF16 GGUF of the same weights) can run."""
+    from prefill.bench.dense_gguf import FILE_TYPES
+
+    if "llamacpp" not in config.peers or not config.llama_dense or not model_path.endswith(".gguf"):
+        return ()
+    return tuple(dt for dt in config.dtypes if dt in FILE_TYPES)
+
+
+def _load_llamacpp(config: BenchConfig, model_path: str, dtype: str, first: bool, n_ctx: int, threads: int,
+                   notes: list[str]) -> list[LlamaCppPeer]:  # fmt: skip
+    """llama.cpp on the GGUF's own types (once per run, with the first dtype) and on the `dtype` copy."""
     if "llamacpp" not in config.peers:
-        return None
+        return []
     if not llamacpp_available():
-        notes.append("llama.cpp peer skipped: llama-cpp-python is not installed (pip install 'prefill[llamacpp]')")
-        return None
+        if first:
+            notes.append("llama.cpp peer skipped: llama-cpp-python is not installed (pip install 'prefill[llamacpp]')")
+        return []
     if not model_path.endswith(".gguf") or config.device != "cpu":
-        notes.append("llama.cpp peer skipped: it needs a .gguf model on the CPU")
-        return None
-    return LlamaCppPeer.load(model_path, n_ctx=n_ctx, threads=threads)
+        if first:
+            notes.append("llama.cpp peer skipped: it needs a .gguf model on the CPU")
+        return []
+    from prefill.bench.dense_gguf import dense_gguf
+
+    peers = [LlamaCppPeer.load(model_path, n_ctx=n_ctx, threads=threads)] if first else []
+    if dtype in _dense_dtypes(config, model_path):
+        dense = LlamaCppPeer.load(dense_gguf(model_path, dtype), n_ctx=n_ctx, threads=threads)
+        peers.append(replace(dense, name=LLAMA_DENSE, dtype=dtype))
+    return peers
+
+
+def _save_compile_verdicts(result: BenchResult, config: BenchConfig) -> None:
+    """Remember, per dtype, whether compiling beat eager at the P nearest VERDICT_P (for `run --compile`)."""
+    from prefill.native import CompileVerdict, save_compile_verdict
+
+    for dt in config.dtypes:
+        pairs = [(m, result.find(OURS_COMPILED, dt, m.P)) for m in result.measurements
+                 if m.engine == OURS and m.dtype == dt and m.chunk_size is None]  # fmt: skip
+        pairs = [(e, c) for e, c in pairs if c is not None]
+        if not pairs:
+            continue
+        e, c = min(pairs, key=lambda ec: abs(ec[0].P - VERDICT_P))
+        verdict = CompileVerdict(dt, e.P, e.tokens_per_s, c.tokens_per_s)
+        save_compile_verdict(verdict, config.device, result.machine["threads"])
+        result.notes.append(verdict.message().replace("in the last bench", "in this bench"))
+
+
+def _spec_of(model_path: str) -> ModelSpec:
+    """The model's shapes from its metadata alone (no weights read)."""
+    from pathlib import Path
+
+    path = Path(model_path)
+    if path.is_dir():
+        return ModelSpec.from_hf_config(path)
+    if path.suffix != ".gguf" or not path.is_file():
+        raise BadInput(f"{model_path}: give a .gguf file or a Hugging Face model folder")
+    return ModelSpec.from_gguf(path)
 
 
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
     import torch
 
+    from prefill.native import capability
+
+    cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
     machine = {
         "cpu": _cpu_name(),
+        "capability": cap.kind,
+        "isa": cap.isa,
+        "native_dtypes": list(cap.native_dtypes()),
         "cores": os.cpu_count(),
         "threads": threads,
         "device": config.device if config.device == "cpu" else torch.cuda.get_device_name(),

@@ -14,27 +14,9 @@ import numpy as np
 import torch
 
 from prefill.errors import ModelFileError
+from prefill.families import Family, family_of
 from prefill.specs import ModelSpec
 
-# Architectures whose GGUF Q/K rows are permuted for interleaved rotary (llama.cpp's LLM_ARCH_LLAMA family).
-PERMUTED_QK_ARCHS = ("llama", "mistral")
-
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -42,13 +24,15 @@ _GLOBAL_NAMES = {
 }
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor, or None for tensors the model does not use (rope_freqs)."""
+def hf_name(gguf_name: str, family: Family | None = None) -> str | None:
+    """The Hugging Face name of a GGUF tensor of `family` (default Llama), or None for tensors the model does
+    not use (rope_freqs)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = (family or family_of("llama")).gguf_layer_names
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
     return None
 
 
@@ -64,10 +48,11 @@ def load_gguf_state_dict(
     """Dequantize every tensor of an open GGUF file to `dtype`, named as in a Hugging Face checkpoint."""
     from gguf.quants import dequantize
 
+    family = spec.family
     tensors = reader.tensors
     sd: dict[str, torch.Tensor] = {}
     for i, t in enumerate(tensors):
-        name = hf_name(t.name)
+        name = hf_name(t.name, family)
         if name is not None:
             try:
                 w = np.array(
@@ -77,8 +62,10 @@ def load_gguf_state_dict(
                 raise ModelFileError(f"cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from None
             # GGUF lists dims innermost first; numpy data is already [out, in].
             w = w.reshape([int(d) for d in reversed(t.shape.tolist())])
-            if spec.arch in PERMUTED_QK_ARCHS and (".attn_q." in t.name or ".attn_k." in t.name):
+            if family.gguf_permuted_qk and (".attn_q." in t.name or ".attn_k." in t.name):
                 w = unpermute_qk(w, spec.H_q if ".attn_q." in t.name else spec.H_kv)
+            if family.norm_plus_one and t.name.endswith("norm.weight"):
+                w -= 1.0  # llama.cpp stores Gemma's 1 + w; Hugging Face checkpoints hold w
             sd[name] = torch.from_numpy(w).to(dtype)
         if progress:
             progress(i + 1, len(tensors))

@@ -1,7 +1,7 @@
 """Tokenizers: from a Hugging Face tokenizer.json, or built from a GGUF's own vocabulary and merges.
 
-Either way the result is a `tokenizers.Tokenizer` (byte-level BPE) plus the chat template, rendered with Jinja2
-the way transformers renders it.
+Either way the result is a `tokenizers.Tokenizer` (byte-level BPE, or SentencePiece BPE with byte fallback) plus
+the chat template, rendered with Jinja2 the way transformers renders it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefill.errors import BadInput, ModelFileError
+from prefill.families import TOKENIZER_KINDS, family_of
 
 # Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre` (the regexes of the original tokenizers).
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -51,7 +52,9 @@ class Tokenizer:
         `add_special_tokens` adds what the model puts around a raw prompt (a BOS token, for some); a rendered
         chat template already carries its own.
         """
-        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode does not): a long prompt tokenized on a worker thread leaves the
+        # server's event loop free.
+        ids = self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and self.add_bos_id is not None and (not ids or ids[0] != self.add_bos_id):
             ids = [self.add_bos_id, *ids]
         return ids
@@ -104,19 +107,44 @@ def _gguf_field(reader, key: str):
 
 
 def tokenizer_from_gguf(reader) -> Tokenizer:
-    """Build a byte-level BPE tokenizer from tokenizer.ggml.{tokens, merges, token_type, pre}."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
-
+    """Build the tokenizer a GGUF describes from its own vocabulary: byte-level BPE (tokenizer model 'gpt2':
+    tokens, merges, pre-tokenizer regex) or SentencePiece (model 'llama': tokens, scores, byte fallback)."""
     kind = _gguf_field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in TOKENIZER_KINDS:
         raise ModelFileError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
+            f"GGUF tokenizer model {kind!r} is not supported (supported: {', '.join(TOKENIZER_KINDS)}); "
             "use a Hugging Face folder with tokenizer.json instead"
         )
     tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
-    merges = _gguf_field(reader, "tokenizer.ggml.merges") or []
     types = _gguf_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    if kind == "gpt2":
+        tok = _byte_level_bpe(reader, tokens, types)
+    else:
+        family = family_of(str(_gguf_field(reader, "general.architecture")))
+        tok = _sentencepiece_bpe(reader, tokens, types, gemma=family.sentencepiece == "gemma")
+
+    bos = _gguf_field(reader, "tokenizer.ggml.bos_token_id")
+    eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    eot = _gguf_field(reader, "tokenizer.ggml.eot_token_id")
+    add_bos = _gguf_field(reader, "tokenizer.ggml.add_bos_token")
+    if add_bos is None:
+        add_bos = kind == "llama"  # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
+    return Tokenizer(
+        tok=tok,
+        chat_template=_gguf_field(reader, "tokenizer.chat_template"),
+        bos_token=tokens[bos] if bos is not None else "",
+        eos_token=tokens[eos] if eos is not None else "",
+        eos_ids={i for i in (eos, eot) if i is not None},
+        add_bos_id=bos if add_bos else None,
+    )
+
+
+def _byte_level_bpe(reader, tokens: list[str], types: list[int]):
+    """A byte-level BPE tokenizer from tokenizer.ggml.{tokens, merges, pre}."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    merges = _gguf_field(reader, "tokenizer.ggml.merges") or []
     pre = _gguf_field(reader, "tokenizer.ggml.pre") or "gpt2"
     split, digits = _PRE_SPLITS.get(pre, _PRE_SPLITS["gpt2"])
 
@@ -136,19 +164,57 @@ def tokenizer_from_gguf(reader) -> Tokenizer:
         if ty in (_CONTROL, _USER_DEFINED)
     ]
     tok.add_special_tokens(specials)
+    return tok
 
-    bos = _gguf_field(reader, "tokenizer.ggml.bos_token_id")
-    eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
-    eot = _gguf_field(reader, "tokenizer.ggml.eot_token_id")
-    add_bos = bool(_gguf_field(reader, "tokenizer.ggml.add_bos_token"))
-    return Tokenizer(
-        tok=tok,
-        chat_template=_gguf_field(reader, "tokenizer.chat_template"),
-        bos_token=tokens[bos] if bos is not None else "",
-        eos_token=tokens[eos] if eos is not None else "",
-        eos_ids={i for i in (eos, eot) if i is not None},
-        add_bos_id=bos if add_bos else None,
-    )
+
+def _sentencepiece_bpe(reader, tokens: list[str], types: list[int], gemma: bool):
+    """A SentencePiece BPE tokenizer from tokenizer.ggml.{tokens, scores, token_type}, as transformers builds it.
+
+    Spaces are the piece "▁"; a character missing from the vocabulary falls back to its UTF-8 bytes
+    (<0x00>..<0xFF>). Files usually list no merges: then they are every split of a piece into two pieces of the
+    vocabulary, best first by the merged piece's score (Llama), or by its position in the vocabulary (Gemma, whose
+    scores do not follow its merge order). Llama prepends "▁" to the text; Gemma does not, and its GGUF spells pieces of
+    several spaces with real spaces, which we respell as "▁"s.
+    """
+    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if gemma:
+        tokens = ["▁" * len(t) if t and not t.strip(" ") else t for t in tokens]
+        scores = [-float(i) for i in range(len(tokens))]
+    else:
+        scores = _gguf_field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in _gguf_field(reader, "tokenizer.ggml.merges") or []]
+    bpe = models.BPE(vocab=vocab, merges=merges or _merges_from_scores(vocab, tokens, scores), fuse_unk=True,
+                     byte_fallback=True, unk_token="<unk>" if gemma else None)  # fmt: skip
+    tok = HFTokenizer(bpe)
+    decode = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        tok.normalizer = normalizers.Replace(" ", "▁")
+    else:
+        prefix = _gguf_field(reader, "tokenizer.ggml.add_space_prefix")
+        prefix = True if prefix is None else bool(prefix)
+        scheme = "first" if prefix else "never"
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+        decode += [decoders.Strip(content=" ", left=1)] if prefix else []
+    tok.decoder = decoders.Sequence(decode)
+    kinds = dict(zip(tokens, types, strict=True))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in kinds.items() if k == _CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in kinds.items() if k == _USER_DEFINED])
+    return tok
+
+
+def _merges_from_scores(vocab: dict[str, int], tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece vocabulary: (left, right) for every piece left + right of the
+    vocabulary, ordered by the piece's score (best first), then the longer left half, then the longer right."""
+    merges = []
+    for piece, score in zip(tokens, scores, strict=True):
+        local = [(piece[:i], piece[i:]) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges += [(-score, -len(left), -len(right), left, right) for left, right in local]
+    merges.sort(key=lambda m: m[:3])  # stable: ties keep the vocabulary order
+    return [(m[3], m[4]) for m in merges]
 
 
 def tokenizer_from_folder(folder: Path, eos_ids_from_config: set[int]) -> Tokenizer | None:

@@ -1,14 +1,21 @@
 """The HTTP app: OpenAI-compatible routes over the scheduler, with OpenAI-style error bodies.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream true or false; streams are server-sent
-events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics. Every refusal is a 4xx
-with {"error": {"message", "type", "param", "code"}} and leaves the server serving.
+events ending in `data: [DONE]`), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics. Every refusal
+is a 4xx (or a JSON 5xx) with {"error": {"message", "type", "param", "code"}} and leaves the server serving.
+
+Every request the app hands to the scheduler is a `Pending` in `inflight` until it ends as exactly one of
+requests (ok), errors or cancelled in /metrics. A supervisor task watches the worker: when it is dead or stuck,
+/health answers 503 with the reason, every pending request gets a 503, and the process is asked to exit non-zero
+(`app.state.exit_code`) so an orchestrator restarts it. On SIGTERM / SIGINT the server (serve.server) calls
+`app.state.begin_shutdown`: pending requests get a 503 (streams a final error event) and new ones are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,7 +24,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,17 +36,23 @@ from prefill.loop import StepLoop
 from prefill.prefix_cache import RadixPrefixCache
 from prefill.request import Failed, Generation, TokenEvent
 from prefill.request import Request as Job  # fastapi's Request is the HTTP one
-from prefill.sampling import SamplingParams
+from prefill.serve.admission import Admission
+from prefill.serve.lesson import add_lesson_routes
 from prefill.serve.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
+    ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    ErrorResponse,
     ResponseShape,
     error_body,
     usage_body,
 )
+from prefill.serve.openapi import GENERATION_RESPONSES, HealthBody, document_errors
 from prefill.serve.scheduler import QueueFull, Scheduler
+from prefill.serve.structured import tool_calls_of
+from prefill.serve.supervisor import Supervisor
 from prefill.serve.tokenizer_routes import add_tokenizer_routes
 
 
@@ -58,15 +71,9 @@ class ServeConfig:
     default_max_tokens: int = 256  # when a request names none (OpenAI's completions default is 16)
     max_prompts: int = 64  # prompts in one /v1/completions request (one choice each)
     max_echo_tokens: int = 16384  # prompt tokens one request may score (echo with logprobs), all prompts together
-
-
-class ApiError(Exception):
-    """A refusal with an HTTP status and OpenAI's error fields."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+    max_unread_events: int = 512  # stream events buffered for a client that does not read; then it is cancelled
+    stuck_after_s: float = 120.0  # a busy worker without a loop for this long is stuck: /health 503, exit 1
+    supervise_every_s: float = 0.5
 
 
 class BodyLimit:
@@ -82,6 +89,8 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         scope.setdefault("state", {})["arrival"] = time.perf_counter()
+        if scope["method"] == "POST" and scope["path"] in GENERATION_PATHS:
+            self.metrics.received.inc()
         declared = dict(scope["headers"]).get(b"content-length")
         too_large = declared is not None and declared.isdigit() and int(declared) > self.max_bytes
         chunks, size, more = [], 0, scope["method"] in ("POST", "PUT", "PATCH") and not too_large
@@ -112,6 +121,29 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # pydantic's names of a union's members in `loc`
+log = logging.getLogger("prefill.serve")
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The app ends a pending request itself (shutdown, dead worker, unread stream): HTTP `status`."""
+
+    status: int
+    message: str
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request handed to the scheduler, until it is settled as ok, error or cancelled (exactly once)."""
+
+    req: Job
+    events: asyncio.Queue
+    settled: str | None = None
+    at_scheduler: bool = True  # until its last event (Generation / Failed) arrives: the worker owes it progress
+
+
 def default_kv_cache_bytes(engine: Engine) -> int:
     """A quarter of the memory free now on the engine's device, at most 2 GiB (pages are touched only as used)."""
     if engine.device.type == "cuda":
@@ -131,29 +163,78 @@ def model_id_of(engine: Engine) -> str:
     return name.removesuffix(".gguf") or engine.spec.name
 
 
+async def disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body was read already, so only http.disconnect comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
-    """The app, with its scheduler started and stopped by the app's lifespan."""
+    """The app, with its scheduler and supervisor started and stopped by the app's lifespan."""
     metrics = ServerMetrics()
     kv_bytes = default_kv_cache_bytes(engine) if cfg.kv_cache_mb is None else int(cfg.kv_cache_mb * 1024**2)
     pool = KVPool.for_bytes(engine.spec, kv_bytes, engine.dtype, engine.device)
     prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
     loop = StepLoop(engine, pool, prefix, cfg.chunk_size, cfg.max_running)
     scheduler = Scheduler(loop, metrics, cfg.max_queue)
-    context = engine.spec.context_length
+    admission = Admission(engine)
+    context, vocab = admission.context, admission.vocab
+    inflight: set[Pending] = set()
+
+    def settle(p: Pending, outcome: str, **labels) -> None:
+        """Count a pending request once: "ok" (requests, by endpoint and finish reason), "error" or "cancelled";
+        "raised": an ApiError follows, which its handler counts."""
+        if p.settled is not None:
+            return
+        p.settled = outcome
+        inflight.discard(p)
+        p.req.cancelled = True  # no-op when finished; otherwise the scheduler drops it and frees its cache
+        if outcome == "ok":
+            metrics.requests.labels(**labels).inc()
+        elif outcome == "error":
+            metrics.errors.labels(**labels).inc()
+        elif outcome == "cancelled":
+            metrics.cancelled.labels(**labels).inc()
+
+    def abort_all(status: int, message: str) -> None:
+        """End every pending request with `status` (called on the event loop)."""
+        for p in list(inflight):
+            p.events.put_nowait(Aborted(status, message))
+
+    def begin_shutdown() -> None:
+        supervisor.refuse("the server is shutting down")
+        abort_all(503, "the server is shutting down; retry on another instance")
+
+    def fatal(reason: str) -> None:
+        log.error("unrecoverable: %s; exiting with status 1", reason)
+        app.state.exit_code = 1
+        abort_all(503, f"the server cannot serve: {reason}")
+        on_fatal = getattr(app.state, "on_fatal", None)
+        if on_fatal is not None:
+            on_fatal()
+
+    def busy() -> bool:
+        return any(p.at_scheduler for p in inflight)
+
+    supervisor = Supervisor(scheduler, busy, cfg.stuck_after_s, cfg.supervise_every_s, fatal)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         scheduler.start()
+        task = asyncio.create_task(supervisor.run())
         await asyncio.to_thread(engine.gemm_rate)  # measured once now, so predictions never stall a request
         yield
-        scheduler.stop()
+        task.cancel()
+        begin_shutdown()
+        await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="prefill", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.prefix_cache = scheduler, metrics, prefix
+    app.state.supervisor, app.state.begin_shutdown, app.state.exit_code = supervisor, begin_shutdown, 0
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, metrics=metrics)
 
     def refuse(status: int, body: dict) -> JSONResponse:
@@ -166,63 +247,68 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
 
     @app.exception_handler(BadInput)
     async def _bad_input(_r: Request, e: BadInput) -> JSONResponse:
-        return refuse(400, error_body(str(e), "invalid_request_error", None, "invalid_value"))
+        return refuse(400, error_body(str(e), "invalid_request_error", getattr(e, "param", None), "invalid_value"))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_r: Request, e: RequestValidationError) -> JSONResponse:
-        err = e.errors()[0]
+        # A union field (prompt: text | ids | [text]) fails once per member: report our own check's message if one
+        # fired (a lone surrogate), else the first.
+        errors = e.errors()
+        err = next((x for x in errors if x.get("type") == "value_error"), errors[0])
         if err.get("type") == "json_invalid":
             return refuse(400, error_body("the body is not valid JSON", "invalid_request_error", None,
                                           "invalid_json"))  # fmt: skip
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
+        loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
         param = ".".join(loc) or None
         if param is None:  # the body as a whole: not a JSON object (or sent without a JSON content type)
             return refuse(400, error_body("the body must be a JSON object (Content-Type: application/json)",
                                           "invalid_request_error", None, "invalid_json"))  # fmt: skip
-        msg = f"{param}: {err.get('msg', 'invalid value')}"
-        return refuse(400, error_body(msg, "invalid_request_error", param, "invalid_value"))
+        if err.get("type") == "extra_forbidden":
+            msg, code = f"{param}: this server does not know this field; remove it", "unsupported_parameter"
+        else:
+            msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+            msg, code = f"{param}: {msg}", "invalid_value"
+        return refuse(400, error_body(msg, "invalid_request_error", param, code))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_r: Request, e: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if e.status_code == 404 else None
-        return refuse(e.status_code, error_body(str(e.detail), "invalid_request_error", None, code))
+        response = refuse(e.status_code, error_body(str(e.detail), "invalid_request_error", None, code))
+        response.headers.update(e.headers or {})  # e.g. Allow on a 405
+        return response
 
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": cfg.model_id, **scheduler.pool_state()}
+    @app.exception_handler(Exception)
+    async def _bug(_r: Request, e: Exception) -> JSONResponse:
+        log.exception("unexpected error in a request handler")
+        return refuse(500, error_body(f"internal error: {type(e).__name__}", "server_error", None, "internal_error"))
 
-    @app.get("/metrics")
+    @app.get("/health", responses={503: {"model": HealthBody}})
+    async def health() -> JSONResponse:
+        """200 while the worker serves; 503 with the reason when it is dead, stuck or shutting down."""
+        reason = supervisor.problem()
+        body = {"status": "error" if reason else "ok", "reason": reason, "model": cfg.model_id,
+                **scheduler.pool_state()}  # fmt: skip
+        return JSONResponse(body, 503 if reason else 200)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_route() -> Response:
         scheduler._update_gauges()
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    add_tokenizer_routes(app, engine, cfg.model_id)
+    card = {"id": cfg.model_id, "object": "model", "created": 0, "owned_by": "prefill", "max_model_len": context}
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": cfg.model_id, "object": "model", "created": 0, "owned_by": "prefill",
-                "max_model_len": context}  # fmt: skip
         return {"object": "list", "data": [card]}
 
-    def prompts_of(body: CompletionRequest | ChatCompletionRequest, chat: bool) -> list[tuple[list[int], str | None]]:
-        """Token ids of each prompt, with its text where it came as text (what `echo` returns)."""
-        tok = engine.need_tokenizer()
-        if chat:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            return [(tok.encode(tok.render_chat(messages, add_generation_prompt=True)), None)]
-        p = body.prompt
-        items = [p] if isinstance(p, str) or not p or isinstance(p[0], int) else list(p)
-        if len(items) > cfg.max_prompts:
-            raise ApiError(400, f"{len(items)} prompts in one request; at most {cfg.max_prompts}", param="prompt")
-        out = []
-        for item in items:
-            if isinstance(item, str):
-                out.append((tok.encode(item, add_special_tokens=True), item))
-                continue
-            if any(not 0 <= t < engine.spec.vocab_size for t in item):
-                raise ApiError(400, f"token ids must lie in [0, {engine.spec.vocab_size})", param="prompt")
-            out.append((list(item), None))
-        return out
+    @app.get("/v1/models/{model}", responses={404: {"model": ErrorResponse}})
+    async def model_card(model: str) -> dict:
+        if model != cfg.model_id:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {cfg.model_id!r}",
+                           param="model", code="model_not_found")  # fmt: skip
+        return card
 
     def decode_one(token_id: int) -> str:
         return engine.tokenizer.decode([token_id], skip_special=False)
@@ -242,7 +328,13 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return {"content": chat_content(entries, decode_one, k)}
         return CompletionLogprobs(decode_one, k).block(entries)
 
-    def new_job(ids: list[int], body, arrival: float, tokenize_s: float, k: int | None, echo: bool, emit) -> Job:
+    def entries_of(gen: Generation, echo: bool) -> list:
+        """Log-probability entries of a finished request: the prompt's (with echo), then the generated tokens'."""
+        prompt = prompt_entries(gen.prompt_scores) if echo and gen.prompt_scores is not None else []
+        return prompt + generated_entries(gen.logprobs)
+
+    def new_pending(ids: list[int], body, arrival: float, prepared, sampling, k: int | None, echo: bool) -> Pending:
+        """One prompt's request for the scheduler (not yet submitted), after the limits that depend on its length."""
         P = len(ids)
         if P == 0:
             raise ApiError(400, "the prompt is empty", param="prompt")
@@ -253,81 +345,119 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         if requested == 0 and not echo:
             raise ApiError(400, "max_tokens 0 returns nothing without echo: true (a scoring request)",
                            param="max_tokens")  # fmt: skip
-        max_tokens = requested if requested is not None else min(cfg.default_max_tokens, context - P)
+        max_tokens = requested if requested is not None else min(cfg.default_max_tokens, cfg.max_tokens_limit,
+                                                                 context - P)  # fmt: skip
         if max_tokens > cfg.max_tokens_limit or P + max_tokens > context:
             raise ApiError(400, f"max_tokens={max_tokens} is over the limit: at most "
                            f"{min(cfg.max_tokens_limit, context - P)} for this {P}-token prompt "
                            f"(context length {context})", param="max_tokens",
                            code="context_length_exceeded")  # fmt: skip
-        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
-        return Job(ids, max_tokens, sampling, engine.tokenizer, emit, body.stop_strings(), arrival=arrival,
-                   tokenize_s=tokenize_s, ignore_eos=body.ignore_eos, logprobs=k,
-                   prompt_logprobs=k if echo and k is not None else None)  # fmt: skip
+        aio = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        pending: Pending | None = None
 
-    def entries_of(gen: Generation, echo: bool) -> list:
-        """Log-probability entries of a finished request: the prompt's (with echo), then the generated tokens'."""
-        prompt = prompt_entries(gen.prompt_scores) if echo and gen.prompt_scores is not None else []
-        return prompt + generated_entries(gen.logprobs)
+        def deliver(ev) -> None:  # on the event loop
+            if pending.settled is None and isinstance(ev, TokenEvent) and events.qsize() >= cfg.max_unread_events:
+                settle(pending, "cancelled", reason="unread")  # a client that does not read loses its slot
+            pending.at_scheduler = pending.at_scheduler and not isinstance(ev, Generation | Failed)
+            events.put_nowait(ev)
 
-    async def collect(req: Job, events: asyncio.Queue) -> tuple[str, Generation]:
-        parts = []
-        while True:
-            ev = await events.get()
-            if isinstance(ev, TokenEvent):
-                parts.append(ev.text)
-            elif isinstance(ev, Failed):
-                if isinstance(ev.error, BadInput):
-                    raise ApiError(400, ev.message)
-                raise ApiError(500, ev.message, "server_error")
-            else:
-                return "".join(parts), ev
+        req = Job(ids, max_tokens, sampling, engine.tokenizer, lambda ev: aio.call_soon_threadsafe(deliver, ev),
+                  body.stop_strings(), arrival=arrival, tokenize_s=prepared.tokenize_s,
+                  constraint=prepared.constraint, ignore_eos=body.ignore_eos, logprobs=k,
+                  prompt_logprobs=k if echo and k is not None else None)  # fmt: skip
+        pending = Pending(req, events)
+        return pending
+
+    async def collect(pending: Pending, gone: asyncio.Future) -> tuple[str, Generation] | None:
+        """The text and the final Generation of one pending request; None when the client went away."""
+        parts, ev = [], None
+        try:
+            while True:
+                get = asyncio.ensure_future(pending.events.get())
+                await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    settle(pending, "cancelled", reason="disconnect")
+                    return None
+                ev = get.result()
+                if isinstance(ev, TokenEvent):
+                    parts.append(ev.text)
+                elif isinstance(ev, Failed):
+                    settle(pending, "raised")
+                    if isinstance(ev.error, BadInput):
+                        raise ApiError(400, ev.message, param=getattr(ev.error, "param", None))
+                    raise ApiError(500, ev.message, "server_error", code="generation_failed")
+                elif isinstance(ev, Aborted):
+                    settle(pending, "raised")
+                    raise ApiError(ev.status, ev.message, "server_error", code="unavailable")
+                else:
+                    return "".join(parts), ev
+        finally:
+            if pending.settled is None and not isinstance(ev, Generation):  # this handler was cancelled
+                settle(pending, "cancelled", reason="disconnect")
 
     async def handle(request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool):
         arrival = request.scope.get("state", {}).get("arrival", time.perf_counter())
+        if supervisor.problem():
+            raise ApiError(503, f"the server cannot take requests: {supervisor.problem()}", "server_error",
+                           code="unavailable")  # fmt: skip
         if body.model != cfg.model_id:
             raise ApiError(404, f"model {body.model!r} does not exist; this server serves {cfg.model_id!r}",
                            param="model", code="model_not_found")  # fmt: skip
-        t0 = time.perf_counter()
-        prompts = prompts_of(body, chat)
-        tokenize_s = time.perf_counter() - t0
+        sampling = admission.check(body, chat)
         echo, k = (not chat and body.echo), logprobs_k(body, chat)
+        many = not chat and isinstance(body.prompt, list) and not isinstance(body.prompt[0], int)
+        if many and len(body.prompt) > cfg.max_prompts:
+            raise ApiError(400, f"{len(body.prompt)} prompts in one request; at most {cfg.max_prompts}",
+                           param="prompt")  # fmt: skip
+        prepared = await asyncio.to_thread(admission.prepare, body, chat)
+        prompts = prepared.prompts
         scored = sum(len(ids) for ids, _ in prompts)
         if echo and k is not None and scored > cfg.max_echo_tokens:
             raise ApiError(400, f"echo with logprobs of {scored} prompt tokens; at most {cfg.max_echo_tokens} per "
                            "request: send fewer or shorter prompts", param="echo", code="echo_too_long")  # fmt: skip
         if body.stream and len(prompts) > 1:
             raise ApiError(400, "stream one prompt at a time", param="prompt")
-        aio = asyncio.get_running_loop()
-        jobs = []
-        for ids, _ in prompts:
-            events: asyncio.Queue = asyncio.Queue()
-            emit = lambda ev, q=events: aio.call_soon_threadsafe(q.put_nowait, ev)  # noqa: E731
-            jobs.append((new_job(ids, body, arrival, tokenize_s, k, echo, emit), events))
+        pendings = [new_pending(ids, body, arrival, prepared, sampling, k, echo) for ids, _ in prompts]
+        submitted = []
         try:
-            for req, _ in jobs:
-                scheduler.submit(req)
+            for p in pendings:
+                scheduler.submit(p.req)
+                submitted.append(p)
+                inflight.add(p)
         except QueueFull as e:
-            for req, _ in jobs:
-                req.cancelled = True
+            for p in submitted:
+                settle(p, "raised")  # withdrawn: the 429 below is counted once, for the whole request
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from e
         shape = ResponseShape(chat, cfg.model_id)
         endpoint = "chat" if chat else "completions"
+        tools = prepared.tool_call
         echoes = [(text if text is not None else engine.tokenizer.decode(ids, skip_special=False)) if echo else ""
                   for ids, text in prompts]  # fmt: skip
         if body.stream:
-            req, events = jobs[0]
-            return StreamingResponse(stream(req, events, shape, body.stream_options, endpoint, echoes[0], k),
+            return StreamingResponse(stream(pendings[0], shape, body.stream_options, endpoint, tools, echoes[0], k),
                                      media_type="text/event-stream")  # fmt: skip
+        gone = asyncio.ensure_future(disconnected(request))  # nobody waits for this answer any more
+        results = []
         try:
-            results = [await collect(req, events) for req, events in jobs]
+            for p in pendings:
+                result = await collect(p, gone)
+                if result is None:
+                    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+                results.append(result)
         finally:
-            for req, _ in jobs:
-                req.cancelled = True  # no-op when finished; frees the cache if this handler was cancelled
+            gone.cancel()
+            for p in pendings[len(results) :]:
+                settle(p, "cancelled", reason="disconnect")  # no-op for the one that failed (settled as raised)
         choices, totals = [], [0, 0, 0]
-        for i, ((text, gen), echoed) in enumerate(zip(results, echoes, strict=True)):
-            metrics.requests.labels(endpoint=endpoint, finish_reason=gen.finish_reason).inc()
-            choices.append(shape.choice(echoed + text, gen.finish_reason, logprobs_body(chat, k, entries_of(gen, echo)),
-                                        index=i))  # fmt: skip
+        for i, (p, (text, gen), echoed) in enumerate(zip(pendings, results, echoes, strict=True)):
+            finish, calls = gen.finish_reason, None
+            if tools and finish == "stop" and (calls := tool_calls_of(text)):
+                finish = "tool_calls"
+            settle(p, "ok", endpoint=endpoint, finish_reason=finish)
+            logprobs = logprobs_body(chat, k, entries_of(gen, echo))
+            choices.append(shape.choice(echoed + text, finish, logprobs, index=i, tool_calls=calls))
             for j, n in enumerate((gen.P, len(gen.token_ids), gen.cached_tokens)):
                 totals[j] += n
         timings = [final_timings(gen) for _, gen in results]
@@ -349,11 +479,12 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     def kv_formula(tokens: int) -> int:
         return costs.kv_cache_bytes_for(engine.spec, tokens, engine.dtype.itemsize)
 
-    async def stream(req: Job, events: asyncio.Queue, shape: ResponseShape, opts, endpoint: str, echoed: str,
+    async def stream(pending: Pending, shape: ResponseShape, opts, endpoint: str, tools: bool, echoed: str,
                      k: int | None) -> AsyncIterator[str]:  # fmt: skip
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)
         extra = {"usage": None} if include_usage else {}
+        req, events, parts = pending.req, pending.events, []
         fmt = CompletionLogprobs(decode_one, k) if k is not None and not shape.chat else None
         sent = 0  # generated tokens whose log-probabilities went out
 
@@ -367,15 +498,21 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                 yield _sse(shape.chunk("", role=True, **extra))
             if echoed and req.prompt_logprobs is None:  # echo without logprobs: the prompt text first
                 yield _sse(shape.chunk(echoed, **extra))
+                echoed = ""
             while True:
                 ev = await events.get()
-                if echoed and req.prompt_logprobs is not None:  # the prompt's scores are known once it is prefilled
+                if pending.settled == "cancelled":
+                    break  # not read for too long: the request was dropped
+                if echoed and isinstance(ev, TokenEvent | Generation):  # the prompt is scored once prefilled
                     prompt = prompt_entries(req.gen.prompt_scores) if req.gen.prompt_scores is not None else []
                     yield _sse(shape.chunk(echoed, logprobs=logprobs_of(prompt), **extra))
                     echoed = ""
                 if isinstance(ev, TokenEvent):
                     entries = generated_entries([ev])
                     sent += len(entries)
+                    if tools:  # a tool call is sent whole, once it parses
+                        parts.append(ev.text)
+                        continue
                     if not ev.text and not continuous and not entries:
                         continue
                     if continuous:  # vLLM's continuous_usage_stats, plus what the cache holds right now
@@ -385,30 +522,42 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                                              "kv_bytes_formula": kv_formula(ev.kv_tokens)}}  # fmt: skip
                     yield _sse(shape.chunk(ev.text, logprobs=logprobs_of(entries), **extra))
                     continue
-                if isinstance(ev, Failed):
-                    metrics.errors.labels(status="400" if isinstance(ev.error, BadInput) else "500").inc()
-                    yield _sse(error_body(ev.message, "server_error"))
+                if isinstance(ev, Failed | Aborted):
+                    if isinstance(ev, Aborted):
+                        status = str(ev.status)
+                    else:
+                        status = "400" if isinstance(ev.error, BadInput) else "500"
+                    settle(pending, "error", status=status)
+                    yield _sse(error_body(ev.message, "server_error", None, f"http_{status}"))
                     break
-                metrics.requests.labels(endpoint=endpoint, finish_reason=ev.finish_reason).inc()
+                finish, calls = ev.finish_reason, None
+                if tools and finish == "stop" and (calls := tool_calls_of("".join(parts))):
+                    finish = "tool_calls"
+                    yield _sse(shape.chunk(None, tool_calls=calls, **extra))
+                elif tools:
+                    yield _sse(shape.chunk("".join(parts), **extra))
+                settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
                 usage, timings = usage_of(ev), final_timings(ev)
                 rest = logprobs_of(generated_entries(ev.logprobs[sent:]))  # a final EOS token's, never emitted
                 if include_usage:
-                    yield _sse(shape.chunk(None, ev.finish_reason, logprobs=rest,
-                                           usage=usage if continuous else None))  # fmt: skip
+                    yield _sse(shape.chunk(None, finish, logprobs=rest, usage=usage if continuous else None))
                     yield _sse(shape.usage_chunk(usage, timings))
                 else:  # OpenAI clients ignore the extra fields; other clients can read them
-                    yield _sse(shape.chunk(None, ev.finish_reason, logprobs=rest, usage=usage, timings=timings))
+                    yield _sse(shape.chunk(None, finish, logprobs=rest, usage=usage, timings=timings))
                 break
             yield _sse("[DONE]")
         finally:
-            req.cancelled = True  # a disconnected client: the scheduler drops the request and its cache
+            settle(pending, "cancelled", reason="disconnect")  # no-op once settled; else the client went away
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(request: Request, body: CompletionRequest):
         return await handle(request, body, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         return await handle(request, body, chat=True)
 
+    add_lesson_routes(app, engine, cfg.model_id)
+    add_tokenizer_routes(app, engine, cfg.model_id)
+    document_errors(app, cfg.model_id, cfg.max_tokens_limit, vocab)
     return app

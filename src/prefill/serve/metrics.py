@@ -34,6 +34,10 @@ class ServerMetrics:
                                 ["endpoint", "finish_reason"], registry=r)  # fmt: skip
         self.errors = Counter("prefill_errors", "Requests refused or failed, by HTTP status", ["status"],
                               registry=r)  # fmt: skip
+        self.received = Counter("prefill_received_requests", "POSTs to /v1/completions and /v1/chat/completions; "
+                                "received = requests + errors + cancelled", registry=r)  # fmt: skip
+        self.cancelled = Counter("prefill_cancelled", "Requests dropped before their end: the client disconnected "
+                                 "or did not read its stream", ["reason"], registry=r)  # fmt: skip
         self.cached_tokens = Counter("prefill_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
                                      registry=r)  # fmt: skip
         self.scored_tokens = Counter("prefill_scored_prompt_tokens", "Prompt tokens scored with every position's "

@@ -1,4 +1,9 @@
-"""Run an ASGI app with uvicorn: in the foreground (the CLI) or on a background thread (tests, benchmarks)."""
+"""Run an ASGI app with uvicorn: in the foreground (the CLI) or on a background thread (tests, benchmarks).
+
+Shutdown is bounded: on SIGTERM / SIGINT (or a fatal supervisor report) the app's `begin_shutdown` ends every
+pending request at once (503; a stream gets a final error event), then uvicorn waits at most
+`GRACEFUL_SHUTDOWN_S` for connections to close before it cancels them.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import time
 
 import uvicorn
 
+GRACEFUL_SHUTDOWN_S = 5.0
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now."""
@@ -16,19 +23,41 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the app that shutdown began before it waits for the open connections."""
+
+    async def shutdown(self, sockets=None) -> None:
+        begin = getattr(getattr(self.config.app, "state", None), "begin_shutdown", None)
+        if begin is not None:
+            begin()
+        await super().shutdown(sockets)
+
+
+def _server(app, host: str, port: int, log_level: str) -> _Server:
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+    server = _Server(config)
+    if hasattr(app, "state"):  # the supervisor's way to stop the process when the worker cannot serve
+        app.state.on_fatal = lambda: setattr(server, "should_exit", True)
+    return server
+
+
 class BackgroundServer:
     """`with BackgroundServer(app) as url:` serves `app` on a free loopback port until the block ends."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, start_timeout_s: float = 60.0):
         self.host, self.port = host, port or free_port(host)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", lifespan="on")
-        self._server = uvicorn.Server(config)
+        self._server = _server(app, self.host, self.port, "warning")
         self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
         self._start_timeout_s = start_timeout_s
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def __enter__(self) -> str:
         self._thread.start()
@@ -44,6 +73,8 @@ class BackgroundServer:
         self._thread.join(timeout=30)
 
 
-def run_server(app, host: str, port: int) -> None:
-    """Serve in the foreground until Ctrl-C."""
-    uvicorn.run(app, host=host, port=port, log_level="info")
+def run_server(app, host: str, port: int) -> int:
+    """Serve in the foreground until SIGTERM / SIGINT; the exit status: 0, or the app's `exit_code` (1 when the
+    supervisor found the worker dead or stuck)."""
+    _server(app, host, port, "info").run()
+    return int(getattr(getattr(app, "state", None), "exit_code", 0) or 0)

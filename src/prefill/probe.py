@@ -1,0 +1,75 @@
+"""The lesson's probe: the attention weights of one layer and head, A = softmax(mask(Q K^T / sqrt(d_head))).
+
+A separate, explicit computation for the lesson page: it runs the model's own block functions (`qkv_rotary`,
+`causal_attention`, `out_and_mlp`) up to the chosen layer without a KV cache, so the normal prefill path stays
+as it is (the fused kernels there never form the P x P matrix). P is capped: the matrix is P^2 numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from prefill.attention import causal_attention
+from prefill.errors import BadInput
+from prefill.model import Block, Transformer, out_and_mlp, qkv_rotary
+
+MAX_P = 64  # the largest prompt whose attention matrix the page asks for
+
+
+@dataclass(frozen=True)
+class LayerQKV:
+    """Q [1, H_q, P, d_head] and K, V [1, H_kv, P, d_head] of one layer, as the prefill computes them."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def _qkv(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> LayerQKV:
+    qn = None if block.q_norm is None else block.q_norm.weight
+    kn = None if block.k_norm is None else block.k_norm.weight
+    q, k, v = qkv_rotary(x, block.attn_norm.weight, block.eps, block.wqkv.weight, block.wqkv.bias, qn, kn,
+                         cos, sin, block.H_q, block.H_kv)  # fmt: skip
+    return LayerQKV(q, k, v)
+
+
+@torch.inference_mode()
+def layer_qkv(model: Transformer, ids: list[int], layer: int) -> LayerQKV:
+    """Q, K, V of `layer` for the prompt `ids` (positions 0..P-1): the layers before it run in full."""
+    L = len(model.layers)
+    if not 0 <= layer < L:
+        raise BadInput(f"layer must be in [0, {L}), got {layer}")
+    device = model.embed.weight.device
+    x = model.embed(torch.tensor([ids], dtype=torch.long, device=device))  # [1, P, d_model]
+    positions = torch.arange(len(ids), device=device)[None]  # [1, P]: 0..P-1, as a prefill from an empty cache
+    cos, sin = model.rope(positions, x.dtype)  # [1, P, 1, d_head]
+    for block in model.layers[:layer]:
+        t = _qkv(block, x, cos, sin)
+        o = causal_attention(t.q, t.k, t.v, 0)  # [1, H_q, P, d_head]
+        x = out_and_mlp(x, o, block.wo.weight, block.mlp_norm.weight, block.eps, block.w_gate_up.weight,
+                        block.w_down.weight)  # fmt: skip
+    return _qkv(model.layers[layer], x, cos, sin)
+
+
+@torch.inference_mode()
+def attention_weights(model: Transformer, ids: list[int], layer: int, head: int) -> torch.Tensor:
+    """A [P, P] float32 for query head `head` of `layer`: row i is how token i spreads its attention over
+    tokens 0..i. The upper triangle is exactly 0 (the mask) and every row sums to 1 (the softmax).
+
+    Query head h reads K/V head h // (H_q / H_kv), as grouped-query attention does.
+    """
+    spec = model.spec
+    P = len(ids)
+    if not 1 <= P <= MAX_P:
+        raise BadInput(f"attention weights are shown for prompts of 1..{MAX_P} tokens; this one has {P}")
+    if not 0 <= head < spec.H_q:
+        raise BadInput(f"head must be in [0, {spec.H_q}), got {head}")
+    t = layer_qkv(model, ids, layer)
+    q = t.q[0, head].float()  # [P, d_head]
+    k = t.k[0, head // (spec.H_q // spec.H_kv)].float()  # [P, d_head]
+    scores = q @ k.T / math.sqrt(spec.d_head)  # [P, P]
+    future = torch.ones(P, P, dtype=torch.bool, device=scores.device).triu(1)  # [P, P]: column > row
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1).cpu()  # [P, P]

@@ -1,0 +1,53 @@
+// Talking to the server: JSON GET/POST with the server's error message surfaced, and `latest`, which
+// debounces a burst of slider events and cancels the request it replaces, so only the newest answer lands.
+
+export class ApiError extends Error {}
+
+async function parse(res) {
+  const body = await res.json().catch((e) => {
+    if (e.name === "AbortError") throw e; // cancelled while the body was arriving: a newer request replaced it
+    return null;
+  });
+  if (!res.ok || body === null) {
+    throw new ApiError(body?.error?.message ?? `${res.status} ${res.statusText}: not a JSON answer`);
+  }
+  return body;
+}
+
+export async function getJSON(path, params = {}, signal = undefined) {
+  const query = new URLSearchParams(params).toString();
+  return parse(await fetch(query ? `${path}?${query}` : path, { signal }));
+}
+
+export async function postJSON(path, body, signal = undefined) {
+  const res = await fetch(path, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal,
+  });
+  return parse(res);
+}
+
+let toastTimer = null;
+export function report(error) {
+  if (!(error instanceof ApiError)) console.error(error); // a bug, not bad input: tests watch the console
+  const toast = document.getElementById("toast");
+  toast.textContent = error instanceof ApiError ? error.message : `unexpected: ${error}`;
+  toast.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { toast.hidden = true; }, 4000);
+}
+
+// work(signal) runs `delay` ms after the last call; a newer run aborts the older one's fetches.
+export function latest(work, delay = 50) {
+  let timer = null;
+  let ctrl = null;
+  return () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      ctrl?.abort();
+      ctrl = new AbortController();
+      work(ctrl.signal).catch((e) => { if (e.name !== "AbortError") report(e); });
+    }, delay);
+  };
+}
+
+export const $ = (id) => document.getElementById(id);

@@ -1,0 +1,19 @@
+// The lesson page's entry point: fetch the catalog once, then wire each section.
+
+import { $, getJSON, report } from "./api.js";
+import { initCalculator } from "./calculator.js";
+import { initLive } from "./live.js";
+import { initQuiz } from "./quiz.js";
+
+async function main() {
+  initQuiz();
+  const cat = await getJSON("/api/catalog");
+  const own = cat.loaded;
+  $("model-badge").textContent = own
+    ? `this server runs ${own.model_id ?? own.name} (${own.dtype}, L = ${own.L}, H_q = ${own.H_q}, H_kv = ${own.H_kv}, d_head = ${own.d_head})`
+    : "this server has no model loaded: the live section is off";
+  initCalculator(cat);
+  initLive(cat);
+}
+
+main().catch(report);

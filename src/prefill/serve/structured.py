@@ -1,0 +1,152 @@
+"""Structured output: a grammar that every sampled token must follow, so the answer always parses.
+
+`Grammars(tokenizer, vocab_size)` compiles OpenAI's `response_format` (json_object, json_schema) and forced tool
+calls into llguidance grammars for one tokenizer; `Grammars.constraint(grammar)` gives the per-request
+`GrammarConstraint` that the request loop calls each step:
+
+    logits_row = constraint.mask(logits_row)   # [vocab] float32, tokens the grammar forbids set to -inf
+    token = sample(...)
+    constraint.accept(token)
+    if constraint.done(): finish with "stop"   # the grammar is complete: only EOS could follow
+
+JSON is compact (no free whitespace between tokens, ", " and ": " as separators): flexible whitespace lets a
+model pad forever. A generation cut by max_tokens still ends mid-JSON (finish_reason "length"), as in OpenAI.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from prefill.errors import BadInput
+from prefill.loading.tokenizer import Tokenizer
+
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class SchemaError(BadInput):
+    """A response_format or tool schema that cannot be compiled; `param` names the field (HTTP 400)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class GrammarConstraint:
+    """One request's grammar state. Not thread-safe: the scheduler's worker is its only caller."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:
+        self._m = matcher
+        self.vocab_size = vocab_size
+
+    def _allowed(self) -> np.ndarray:
+        bits = np.unpackbits(np.frombuffer(self._m.compute_bitmask(), np.uint8), bitorder="little")
+        return bits[: self.vocab_size].astype(bool)  # [vocab]
+
+    def allowed(self) -> torch.Tensor:
+        """bool [vocab]: the tokens the grammar allows next."""
+        return torch.from_numpy(self._allowed())
+
+    def mask(self, logits_row: torch.Tensor) -> torch.Tensor:
+        """logits_row [vocab] float32 with every token the grammar forbids set to -inf (a new tensor)."""
+        if logits_row.device.type == "cpu":  # numpy: a 0.1 ms op, which torch's thread pool makes 10-50 ms when busy
+            row = logits_row.detach().float().numpy()
+            return torch.from_numpy(np.where(self._allowed(), row, np.float32(-np.inf)))
+        return logits_row.masked_fill(~self.allowed().to(logits_row.device), float("-inf"))
+
+    def accept(self, token_id: int) -> None:
+        """Advance the grammar by the sampled token; a token the mask forbade is a bug, not user input."""
+        if not self._m.consume_token(int(token_id)):
+            raise RuntimeError(f"the grammar refused token {token_id}: {self._m.get_error()}")
+
+    def done(self) -> bool:
+        """The grammar is complete: nothing but EOS may follow, so the request can stop now."""
+        return self._m.is_stopped()
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar (llguidance's serialized form) and what it is for."""
+
+    text: str
+    tool_names: tuple[str, ...] = ()  # a tool-call grammar: the answer is {"name": ..., "arguments": {...}}
+
+
+class Grammars:
+    """Compiles response formats and tool calls into grammars for one tokenizer (built once, ~0.3 s)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self._ll = None
+        self._lock = threading.Lock()
+
+    def _lltokenizer(self):
+        import llguidance
+
+        with self._lock:
+            if self._ll is None:
+                self._ll = llguidance.LLTokenizer(
+                    self.tokenizer.tok.to_str(), n_vocab=self.vocab_size, eos_token=sorted(self.tokenizer.eos_ids)
+                )
+            return self._ll
+
+    def json_schema(self, schema: dict, param: str = "response_format") -> Grammar:
+        """A grammar for JSON matching `schema`; SchemaError (naming `param`) when the schema cannot be compiled."""
+        import llguidance
+
+        try:
+            text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
+        except (ValueError, TypeError) as e:
+            raise SchemaError(f"{param}: the JSON schema is not valid: {e}", param) from None
+        error = llguidance.LLMatcher.validate_grammar(text, self._lltokenizer())
+        if error:
+            raise SchemaError(f"{param}: the JSON schema is not supported: {error}", param)
+        return Grammar(text)
+
+    def json_object(self) -> Grammar:
+        """Any JSON object (response_format {"type": "json_object"})."""
+        return self.json_schema({"type": "object"})
+
+    def tool_call(self, tools: list[dict]) -> Grammar:
+        """One call of one of `tools` ([{"name", "parameters"}]): {"name": <one of them>, "arguments": {...}}."""
+        options = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t["name"]}, "arguments": t.get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        return Grammar(self.json_schema(schema, param="tools").text, tuple(t["name"] for t in tools))
+
+    def constraint(self, grammar: Grammar) -> GrammarConstraint:
+        """A fresh per-request state of `grammar`."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._lltokenizer(), grammar.text, log_level=0)
+        if matcher.is_error():
+            raise BadInput(f"the grammar cannot be used: {matcher.get_error()}")
+        return GrammarConstraint(matcher, self.vocab_size)
+
+
+def tool_calls_of(text: str) -> list[dict] | None:
+    """OpenAI's message.tool_calls from the text a tool-call grammar produced: function.arguments as a JSON string.
+    None when the text is not a whole call (a stop string cut it): the caller answers with the text instead."""
+    try:
+        call = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)},
+        }
+    ]
