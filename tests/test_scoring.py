@@ -131,3 +131,35 @@ def test_windows_follow_the_guide():
 def test_bad_input_is_refused(smollm, call, match):
     with pytest.raises(BadInput, match=match):
         call(smollm)
+
+
+def test_a_scoring_request_runs_in_the_step_loop_beside_a_generation(smollm):
+    """The server's path without HTTP: a scoring request (prompt_logprobs, max_tokens 0) and a generation share one
+    step loop and KV pool; its chunked, all-position scores equal scoring.score and the pool empties."""
+    from prefill.kvcache import KVPool
+    from prefill.loop import StepLoop
+    from prefill.prefix_cache import RadixPrefixCache
+    from prefill.request import Generation, Request
+    from prefill.sampling import SamplingParams
+
+    pool = KVPool.for_tokens(smollm.spec, 1024, smollm.dtype, smollm.device)
+    loop = StepLoop(smollm, pool, RadixPrefixCache(pool, 0), chunk_size=7)
+    ids = smollm.tokenizer.encode(TEXTS[1])
+    done: list[Generation] = []
+    keep = lambda ev: done.append(ev) if isinstance(ev, Generation) else None  # noqa: E731
+    greedy = SamplingParams(temperature=0.0)
+    scoring_req = Request(ids, 0, greedy, smollm.tokenizer, keep, prompt_logprobs=3)
+    chat = Request(smollm.encode_prompt("Name a colour."), 4, greedy, smollm.tokenizer, keep, logprobs=2)
+    loop.add(chat)
+    loop.add(scoring_req)
+    while loop.busy:
+        loop.step()
+    scored = next(g for g in done if g.prompt_scores is not None)
+    direct = scoring.score(smollm, ids, top_k=3)
+    assert scored.token_ids == [] and scored.finish_reason == "length"
+    assert float((scored.prompt_scores.logprobs - direct.logprobs).abs().max()) <= 1e-4
+    assert torch.equal(scored.prompt_scores.top_ids, direct.top_ids)
+    generated = next(g for g in done if g is not scored)
+    assert len(generated.logprobs) >= len(generated.token_ids) >= 1  # each token's logprob (and EOS's, if it came)
+    assert all(len(ev.top_logprobs) == 2 and ev.top_logprobs[0][1] >= ev.logprob for ev in generated.logprobs)
+    assert pool.used_blocks == 0

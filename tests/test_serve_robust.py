@@ -179,7 +179,7 @@ def test_n_as_an_integer_valued_number_and_empty_prompt(server):
 @pytest.mark.parametrize(
     "path,extra,param",
     [
-        ("/v1/completions", {"logprobs": 21}, "logprobs"),
+        ("/v1/completions", {"logprobs": 21}, "logprobs"),  # honoured for 0..20 (tests/test_serve_score.py)
         ("/v1/completions", {"echo": "yes"}, "echo"),
         ("/v1/completions", {"prompt": [[1, 2], [10**9]]}, "prompt"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
@@ -188,6 +188,7 @@ def test_n_as_an_integer_valued_number_and_empty_prompt(server):
         ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/completions", {"no_such_field": 1}, "no_such_field"),
         ("/v1/chat/completions", {"logprobs": 1, "top_logprobs": 2}, "logprobs"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # needs logprobs: true
         ("/v1/chat/completions", {"presence_penalty": -1}, "presence_penalty"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         ("/v1/chat/completions", {"audio": {"voice": "x"}}, "audio"),
