@@ -36,21 +36,24 @@ def test_written_positions_read_back_and_bytes_equal_formula(dtype, b):
 
 
 def test_rows_of_different_lengths_append_at_their_own_positions():
-    pool = make(L=1, H_kv=1, d=2, n_blocks=6, bs=2)
-    a, b = pool.new_seq(5), pool.new_seq(4)
-    KVBatch([a], 3).update(0, torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))
-    a.length = 3
-    KVBatch([b], 1).update(0, torch.full((1, 1, 1, 2), 5.0), torch.full((1, 1, 1, 2), 5.0))
-    b.length = 1
+    pool = make(L=1, H_kv=1, d=2, n_blocks=20, bs=2)
+    a, b, c = pool.new_seq(5), pool.new_seq(4), pool.new_seq(24)
+    for seq, n, value in ((a, 3, 1.0), (b, 1, 5.0), (c, 22, 3.0)):
+        KVBatch([seq], n).update(0, torch.full((1, 1, n, 2), value), torch.full((1, 1, n, 2), value))
+        seq.length = n
+    # Similar lengths (4 and 2): one padded read [B, H_kv, S_max, d_head], the mask marking each row's length.
     step = KVBatch([a, b], 1)
     assert step.positions("cpu").tolist() == [[3], [1]]
-    rows = step.update(0, torch.tensor([7.0, 9.0]).view(2, 1, 1, 1).expand(2, 1, 1, 2), torch.zeros(2, 1, 1, 2))
+    kp, _ = step.update(0, torch.tensor([7.0, 9.0]).view(2, 1, 1, 1).expand(2, 1, 1, 2), torch.zeros(2, 1, 1, 2))
     step.advance()
-    ka, kb = rows[0][0], rows[1][0]
-    assert ka.shape == (1, 1, 4, 2) and kb.shape == (1, 1, 2, 2)
-    assert ka[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 7.0]
-    assert kb[0, 0, :, 0].tolist() == [5.0, 9.0]
+    assert kp.shape == (2, 1, 4, 2) and step.mask[:, 0, 0].tolist() == [[True] * 4, [True, True, False, False]]
+    assert kp[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 7.0] and kp[1, 0, :2, 0].tolist() == [5.0, 9.0]
     assert (a.length, b.length) == (4, 2)
+    # Very different lengths (3, 5 and 23: padding would be over half of the read): each row reads its own.
+    step = KVBatch([b, a, c], 1)
+    rows = step.update(0, torch.full((3, 1, 1, 2), 8.0), torch.zeros(3, 1, 1, 2))
+    assert step.mask is None and [k.shape[2] for k, _ in rows] == [3, 5, 23]
+    assert rows[0][0][0, 0, :, 0].tolist() == [5.0, 9.0, 8.0] and rows[2][0][0, 0, -2:, 0].tolist() == [3.0, 8.0]
 
 
 def test_refcounts_share_blocks_and_free_them_once():
