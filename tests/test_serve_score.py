@@ -156,6 +156,35 @@ def test_limits_get_a_clean_400(server, path, extra, param):
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+def counters(url: str) -> dict[str, float]:
+    """Each counter family of /metrics summed over its labels."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("prefill_") and line.split("{")[0].split()[0].endswith("_total"):
+            family = line.split("{")[0].split()[0]
+            out[family] = out.get(family, 0.0) + float(line.split()[-1])
+    return out
+
+
+def test_a_list_of_prompts_is_one_request_in_the_counters_and_limits_hold_over_the_list(server):
+    url, model = server
+    before = counters(url)
+    r = post(url, "/v1/completions", {"model": model, "prompt": [[1, 2, 3], [4, 5], [6]], "max_tokens": 1})
+    assert r.status_code == 200 and [c["index"] for c in r.json()["choices"]] == [0, 1, 2], r.text
+    refused = [
+        {"prompt": [[1, 2], [10**7]]},  # a token id outside the vocabulary, in the second prompt
+        {"prompt": ["fine", ""]},  # an empty prompt in a list
+        {"prompt": [[7] * 150, [7] * 150], "echo": True, "logprobs": 0, "max_tokens": 0},  # 300 scored > 200
+        {"prompt": ["x"] * 65},  # more prompts than the server takes
+    ]
+    for extra in refused:
+        assert post(url, "/v1/completions", {"model": model, "max_tokens": 1, **extra}).status_code == 400, extra
+    after = counters(url)
+    d = {f: after.get(f, 0) - before.get(f, 0) for f in ("prefill_received_requests_total", "prefill_requests_total",
+                                                          "prefill_errors_total")}  # fmt: skip
+    assert d == {"prefill_received_requests_total": 5, "prefill_requests_total": 1, "prefill_errors_total": 4}
+
+
 def test_tokenizer_endpoints(server, smollm):
     url, _ = server
     ids = post(url, "/tokenize", {"prompt": "Hello world", "add_special_tokens": False}).json()["tokens"]
