@@ -345,3 +345,37 @@ def test_longest_context_with_windows():
     assert kv_cache_bytes_for(gemma, n, 2) <= 2**30 < kv_cache_bytes_for(gemma, n + 1, 2)
     assert costs.max_context_tokens_for(PRESETS["mistral-7b-v0.1"], 2**30, 2) is None  # stops growing at W
     assert costs.max_context_tokens_for(PRESETS["mistral-7b-v0.1"], 2**20, 2) == 2**20 // (2 * 8 * 128 * 2 * 32)
+
+
+# ---- scoring: the unembedding over every position ----------------------------------------------------
+
+
+def test_scoring_flops_of_smollm2_1024_tokens():
+    count = costs.scoring_flops_exact(SMOLLM2, 1024)
+    assert count.linear == 2 * 106_203_456 * 1024 == 217_504_677_888
+    assert count.attention == 4 * 30 * 9 * 64 * 524_800 == 36_274_176_000  # 1024*1025/2 pairs
+    assert count.unembed == 2 * 576 * 49_152 * 1024 == 57_982_058_496  # all 1024 positions, not the last
+    assert count.total == 311_760_912_384
+    assert count.unembed_share == pytest.approx(0.18598, abs=1e-5)
+    # The same prompt prefilled for generation unembeds one position: scoring costs 22.8% more.
+    generation = prefill_flops_exact(SMOLLM2, 1024)
+    assert count.total - generation.total == 2 * 576 * 49_152 * 1023
+    assert count.total / generation.total == pytest.approx(1.2282, abs=1e-4)
+
+
+def test_scoring_unembedding_share_of_smollm2_falls_from_21_percent_as_attention_grows():
+    # 2*d_model*vocab / (2*N_non_embedding + 2*d_model*vocab) per token before attention counts: 21.05%
+    assert costs.scoring_flops_exact(SMOLLM2, 1).unembed_share == pytest.approx(56_623_104 / 269_099_136, rel=1e-3)
+    assert costs.scoring_flops_exact(SMOLLM2, 128).unembed_share == pytest.approx(0.20704, abs=1e-5)
+    assert costs.scoring_flops_exact(SMOLLM2, 8192).unembed_share == pytest.approx(0.10254, abs=1e-5)
+    # Llama-3-8B: a 128k vocabulary, but 7 B body parameters: the unembedding is a small share.
+    assert costs.scoring_flops_exact(LLAMA3_8B, 1024).unembed_share == pytest.approx(0.06877, abs=1e-5)
+
+
+def test_scoring_flops_with_fewer_unembedded_positions_and_a_batch():
+    full, some = costs.scoring_flops_exact(SMOLLM2, 100), costs.scoring_flops_exact(SMOLLM2, 100, unembedded=1)
+    assert some == prefill_flops_exact(SMOLLM2, 100)
+    assert costs.scoring_flops_exact(SMOLLM2, 100, B=3).total == 3 * full.total
+    assert FlopCount(0, 0, 0).unembed_share == 0.0
+    with pytest.raises(ValueError, match="unembedded"):
+        costs.scoring_flops_exact(SMOLLM2, 10, unembedded=11)

@@ -58,7 +58,7 @@ def invalid(model: str, rng: random.Random) -> tuple[str, dict | str]:
         ("/v1/completions", {**ok, "model": "gpt-9"}),
         ("/v1/completions", {**ok, "max_tokens": 100_000}),
         ("/v1/completions", '{"model": '),
-        ("/v1/completions", {**ok, "logprobs": 3}),
+        ("/v1/completions", {**ok, "logprobs": 21}),
         ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "x"}],
                                   "tools": [{"type": "function", "function": {"name": "f"}}]}),
     ])  # fmt: skip

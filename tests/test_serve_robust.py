@@ -107,6 +107,8 @@ def test_seeds_at_the_edges_of_the_range_sample(server):
     [
         ("/v1/completions", '{"model": "M", "prompt": "abc \\ud800 def", "max_tokens": 3}', "prompt"),
         ("/v1/completions", '{"model": "M", "prompt": ["abc \\udc00"], "max_tokens": 3}', "prompt.0"),
+        ("/v1/completions", '{"model": "M", "prompt": ["fine", "abc \\udc00"], "echo": true}', "prompt.1"),
+        ("/tokenize", '{"prompt": "abc \\ud800"}', "prompt"),
         ("/v1/chat/completions", '{"model": "M", "messages": [{"role": "user", "content": "hi \\udfff"}]}',
          "messages.0.content"),
         ("/v1/chat/completions", '{"model": "M", "messages": [{"role": "user", "content": [{"type": "text", '
@@ -177,14 +179,16 @@ def test_n_as_an_integer_valued_number_and_empty_prompt(server):
 @pytest.mark.parametrize(
     "path,extra,param",
     [
-        ("/v1/completions", {"logprobs": 2}, "logprobs"),
-        ("/v1/completions", {"echo": True}, "echo"),
+        ("/v1/completions", {"logprobs": 21}, "logprobs"),  # honoured for 0..20 (tests/test_serve_score.py)
+        ("/v1/completions", {"echo": "yes"}, "echo"),
+        ("/v1/completions", {"prompt": [[1, 2], [10**9]]}, "prompt"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
         ("/v1/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
         ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/completions", {"no_such_field": 1}, "no_such_field"),
-        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ("/v1/chat/completions", {"logprobs": 1, "top_logprobs": 2}, "logprobs"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # needs logprobs: true
         ("/v1/chat/completions", {"presence_penalty": -1}, "presence_penalty"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         ("/v1/chat/completions", {"audio": {"voice": "x"}}, "audio"),
@@ -199,9 +203,9 @@ def test_n_as_an_integer_valued_number_and_empty_prompt(server):
 )  # fmt: skip
 def test_every_field_is_honoured_or_refused_by_name(server, path, extra, param):
     url, model = server
-    body = {"model": model, "max_tokens": 2, **extra}
+    body = {"model": model, "max_tokens": 2}
     body.update({"prompt": "Hi"} if path == "/v1/completions" else {"messages": FRANCE})
-    refused(httpx.post(f"{url}{path}", json=body, timeout=60), param)
+    refused(httpx.post(f"{url}{path}", json={**body, **extra}, timeout=60), param)
 
 
 def test_fields_at_their_no_op_values_are_accepted(server):
@@ -281,6 +285,23 @@ def test_forced_tool_call_comes_back_as_tool_calls(server, client, choice):
     assert len(deltas) == 1 and deltas[0].function.name == call.function.name
     assert json.loads(deltas[0].function.arguments) == json.loads(call.function.arguments)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_a_forced_tool_call_carries_logprobs_full_and_streamed(server, client):
+    _, model = server
+    kw = dict(model=model, messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER],
+              tool_choice="required", max_tokens=80, temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+    r = client.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
+    content = choice.logprobs.content
+    assert len(content) - r.usage.completion_tokens in (0, 1)  # plus EOS's entry when EOS ended the call
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token for c in content)  # greedy
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    streamed = [
+        c.token for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content
+    ]
+    assert streamed == [c.token for c in content]
 
 
 def test_a_stop_string_inside_a_forced_call_gives_text_not_a_500(server):

@@ -32,6 +32,7 @@ from prefill.costs import (
     request_seconds,
     ridge_point,
     ring_allreduce_bytes_per_gpu,
+    scoring_flops_exact,
     tp_allreduce_payload_bytes,
     tp_allreduce_seconds,
     tp_flops_per_gpu,
@@ -58,6 +59,9 @@ _LAZY = {  # torch-backed names, imported on first use so the calculator starts 
     "SeqKV": "prefill.kvcache",
     "StepLoop": "prefill.loop",
     "SamplingParams": "prefill.sampling",
+    "Scores": "prefill.scoring",
+    "perplexity": "prefill.scoring",
+    "score": "prefill.scoring",
     "Transformer": "prefill.model",
 }
 
@@ -78,6 +82,10 @@ __all__ = [
     "SeqKV",
     "StepLoop",
     "SamplingParams",
+    "Scores",
+    "perplexity",
+    "score",
+    "scoring_flops_exact",
     "Transformer",
     "HARDWARE",
     "PRESETS",

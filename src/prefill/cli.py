@@ -780,6 +780,50 @@ def exercise_check(file: str = typer.Argument(..., help="your solution, a .py fi
         raise typer.Exit(1)
 
 
+@app.command()
+def score(
+    file: str = typer.Argument(..., help="A text file, or - for standard input."),
+    model: str = typer.Option(None, "--model", "-m", help=".gguf file or Hugging Face folder (default: SmolLM2)"),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    window: int = typer.Option(None, help="Tokens per window (default: the whole text, up to the context length)"),
+    stride: int = typer.Option(None, help="Tokens between window starts (default: the window)"),
+    chunk_size: int = typer.Option(None, "--chunk-size", help="Prefill each window in chunks of this many tokens"),
+    tokens: bool = typer.Option(False, "--tokens", help="Show every token with its log-probability"),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
+    threads: int = typer.Option(None, help="CPU threads (default: torch's choice)"),
+) -> None:
+    """Perplexity of a text in one prefill per window: every position's log-probability, FLOPs beside time."""
+    import json
+    from pathlib import Path
+
+    from prefill import score_report
+    from prefill.scoring import perplexity
+    from prefill.scoring import score as score_tokens
+
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"cannot read {file}: {e.strerror if isinstance(e, OSError) else e}")
+    if not text.strip():
+        fail(f"{'standard input' if file == '-' else file} is empty: there is no text to score")
+    try:
+        engine = _load_engine(model, dtype, threads)
+        ids = engine.need_tokenizer().encode(text, add_special_tokens=True)
+        score_tokens(engine, ids[:2])  # warm-up: the all-position unembedding's kernels, not timed
+        result = perplexity(engine, ids, window, stride, chunk_size)
+    except PrefillError as e:
+        fail(str(e))
+    r = score_report.summary(engine, ids, result, with_tokens=tokens)
+    if json_out:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    console.print(score_report.summary_table(r))
+    if tokens:
+        pieces = score_report.token_pieces(engine, ids)
+        console.print(score_report.coloured_text(pieces, result.logprobs))
+        console.print(score_report.tokens_table(pieces, ids, result.logprobs))
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning our errors into one line and exit code 2."""
     try:

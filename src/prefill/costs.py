@@ -134,6 +134,11 @@ class FlopCount:
         """All FLOPs of the prefill."""
         return self.linear + self.attention + self.unembed
 
+    @property
+    def unembed_share(self) -> float:
+        """The unembedding's fraction of all FLOPs (0 for an empty count)."""
+        return self.unembed / self.total if self.total else 0.0
+
 
 def _window_prefix_pairs(n: int, window: int | None) -> int:
     """Pairs attended by positions 0..n-1 when each position t sees min(t + 1, W) keys (W None: t + 1)."""
@@ -168,6 +173,18 @@ def prefill_flops_exact(spec: ModelSpec, P: int, past: int = 0, B: int = 1) -> F
         attention=4 * spec.H_q * spec.d_head * B * pairs,
         unembed=2 * spec.d_model * spec.vocab_size * B if P > 0 else 0,
     )
+
+
+def scoring_flops_exact(spec: ModelSpec, P: int, past: int = 0, B: int = 1, unembedded: int | None = None) -> FlopCount:
+    """Exact matmul FLOPs of a scoring prefill: prefill_flops_exact, but the unembedding runs over `unembedded`
+    positions (default all P: each position's logits give the log-probability of the next token) instead of the
+    last one: unembed = 2 * d_model * vocab * B * unembedded. The log-softmax (a few FLOPs per logit, not a
+    matmul) is not counted, like the norms and activations elsewhere."""
+    n = P if unembedded is None else unembedded
+    if not 0 <= n <= P:
+        raise ValueError(f"unembedded positions must lie in [0, P={P}], got {n!r}")
+    count = prefill_flops_exact(spec, P, past, B)
+    return FlopCount(count.linear, count.attention, 2 * spec.d_model * spec.vocab_size * B * n)
 
 
 # ---- KV cache ----------------------------------------------------------------------------------------

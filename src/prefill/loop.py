@@ -25,6 +25,7 @@ from prefill.errors import BadInput
 from prefill.kvcache import KVPool, PoolFull
 from prefill.prefix_cache import PrefixCache
 from prefill.request import Request
+from prefill.scoring import ScoreAccumulator, prefill_scored
 
 
 class StepLoop:
@@ -95,7 +96,8 @@ class StepLoop:
         free even after evicting cached prefixes no request holds."""
         match = None
         if self.prefix_cache is not None:
-            match = self.prefix_cache.match_prefix(req.prompt_ids[:-1])  # the last token must run for logits
+            # The last token must run for logits; a scoring request runs every token (all hidden states needed).
+            match = self.prefix_cache.match_prefix(req.prompt_ids[: -1 if req.prompt_logprobs is None else 0])
         prefix, n = (match.blocks, match.n_tokens) if match else ((), 0)
         need = self.pool.blocks_for(req.capacity) - len(prefix)
         if need > self.pool.free_blocks and self.prefix_cache is not None:
@@ -133,7 +135,9 @@ class StepLoop:
         ids = torch.tensor([req.prompt_ids[start:end]], device=self.engine.device)  # [1, T]
         t0 = time.perf_counter()
         try:
-            logits = self.engine.forward(ids, [req.seq])  # [1, vocab]: the chunk's last position
+            # [1, vocab]: the chunk's last position; a scoring request unembeds every position (prefill.scoring)
+            scoring = req.prompt_logprobs is not None
+            logits = self._score_chunk(req, ids) if scoring else self.engine.forward(ids, [req.seq])
             self.engine.sync()
         except Exception as e:  # noqa: BLE001
             return req.fail(e)
@@ -146,6 +150,17 @@ class StepLoop:
         req.prefilled()
         if not req.done:
             self._accept(req, logits[0])
+
+    def _score_chunk(self, req: Request, ids: torch.Tensor) -> torch.Tensor | None:
+        """Prefill a chunk of a scoring request; at the prompt's end, its scores go to req.gen.prompt_scores and
+        the logits after the last token [1, vocab] come back (for a generated token, if any)."""
+        if req.scorer is None:
+            req.scorer = ScoreAccumulator(req.prompt_ids, self.engine.model.unembed_weight(), req.prompt_logprobs)
+        prefill_scored(self.engine, ids[0].tolist(), req.seq, req.scorer)
+        if req.prefilling:
+            return None
+        req.gen.prompt_scores, req.scorer = req.scorer.result(), None
+        return req.gen.prompt_scores.next_logits[None]
 
     @staticmethod
     def _accept(req: Request, row: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -21,6 +21,9 @@ from prefill.kvcache import SeqKV
 from prefill.loading.tokenizer import Tokenizer
 from prefill.sampling import SamplingParams, sample
 from prefill.streaming import TextStream
+
+if TYPE_CHECKING:
+    from prefill.scoring import ScoreAccumulator, Scores
 
 
 class Constraint(Protocol):
@@ -68,7 +71,8 @@ class Generation:
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache instead of this prefill
     kv_bytes: int = 0  # K/V bytes held right after the prefill (measured off the cache)
     kv_shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # one layer's K as filled then: [B, H_kv, P, d_head]
-    logprobs: list[TokenEvent] = field(default_factory=list)  # per generated token, when asked
+    logprobs: list[TokenEvent] = field(default_factory=list)  # per generated token (EOS too), when asked
+    prompt_scores: Scores | None = None  # every prompt position's log-probability, when asked (echo)
 
     @property
     def P(self) -> int:
@@ -105,6 +109,7 @@ class Request:
     tokenize_s: float = 0.0
     constraint: Constraint | None = None
     logprobs: int | None = None  # record the chosen token's log-probability and this many alternatives
+    prompt_logprobs: int | None = None  # score every prompt position, with this many alternatives (prefill.scoring)
     ignore_eos: bool = False  # keep going past EOS to max_tokens (vLLM's benchmark option)
     cancelled: bool = False  # set by the caller (a client went away); the loop drops the request
     # ---- state, set by the loop ----
@@ -112,6 +117,7 @@ class Request:
     enqueued: float = 0.0
     done: bool = False
     generator: torch.Generator | None = None
+    scorer: ScoreAccumulator | None = None  # collects the prompt's log-probabilities chunk by chunk
     gen: Generation = field(init=False)
     _stream: TextStream | None = field(default=None, init=False)
     _last_token_at: float = field(default=0.0, init=False)
@@ -174,6 +180,9 @@ class Request:
             self.constraint.accept(token)
         eos = self.tokenizer.eos_ids if self.tokenizer is not None and not self.ignore_eos else set()
         if token in eos:
+            if self.logprobs is not None:  # reported as vLLM does (harnesses drop the last entry), never emitted
+                g.logprobs.append(TokenEvent(token, "", now - self.arrival))
+                g.logprobs[-1].logprob, g.logprobs[-1].top_logprobs = _logprobs(logits, token, self.logprobs)
             return self.finish("stop", flush=True)
         g.token_ids.append(token)
         text, stopped = self._stream.add(token) if self._stream else ("", False)

@@ -1,13 +1,15 @@
 """The HTTP app: OpenAI-compatible routes over the scheduler, with OpenAI-style error bodies.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream true or false; streams are server-sent
-events ending in `data: [DONE]`), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics. Every refusal
-is a 4xx (or a JSON 5xx) with {"error": {"message", "type", "param", "code"}} and leaves the server serving.
+events ending in `data: [DONE]`; logprobs, echo and max_tokens 0 score prompts), GET /v1/models,
+GET /v1/models/{id}, GET /health, GET /metrics, and vLLM's POST /tokenize, POST /detokenize, GET /tokenizer_info.
+Every refusal is a 4xx (or a JSON 5xx) with {"error": {"message", "type", "param", "code"}} and leaves the server
+serving.
 
-Every request the app hands to the scheduler is a `Pending` in `inflight` until it ends as exactly one of
-requests (ok), errors or cancelled in /metrics. A supervisor task watches the worker: when it is dead or stuck,
-/health answers 503 with the reason, every pending request gets a 503, and the process is asked to exit non-zero
-(`app.state.exit_code`) so an orchestrator restarts it. On SIGTERM / SIGINT the server (serve.server) calls
+Every request the app hands to the scheduler (one job per prompt) is a `Pending` in `inflight` until it ends as
+exactly one of requests (ok), errors or cancelled in /metrics. A supervisor task watches the worker: when it is dead
+or stuck, /health answers 503 with the reason, every pending request gets a 503, and the process is asked to exit
+non-zero (`app.state.exit_code`) so an orchestrator restarts it. On SIGTERM / SIGINT the server (serve.server) calls
 `app.state.begin_shutdown`: pending requests get a 503 (streams a final error event) and new ones are refused.
 """
 
@@ -36,10 +38,12 @@ from prefill.loop import StepLoop
 from prefill.prefix_cache import RadixPrefixCache
 from prefill.request import Failed, Generation, TokenEvent
 from prefill.request import Request as Job  # fastapi's Request is the HTTP one
-from prefill.serve.admission import Admission
+from prefill.serve.admission import Admission, Limits, Prepared
 from prefill.serve.lesson import add_lesson_routes
+from prefill.serve.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
 from prefill.serve.metrics import ServerMetrics
 from prefill.serve.openai_schema import (
+    MAX_PROMPTS,
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,6 +56,7 @@ from prefill.serve.openapi import GENERATION_RESPONSES, HealthBody, document_err
 from prefill.serve.scheduler import QueueFull, Scheduler
 from prefill.serve.structured import tool_calls_of
 from prefill.serve.supervisor import Supervisor
+from prefill.serve.tokenizer_routes import add_tokenizer_routes
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class ServeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_tokens_limit: int = 4096  # the most tokens one request may ask for
     default_max_tokens: int = 256  # when a request names none (OpenAI's completions default is 16)
+    max_prompts: int = MAX_PROMPTS  # prompts in one /v1/completions request (one choice each), at most MAX_PROMPTS
+    max_echo_tokens: int = 16384  # prompt tokens one request may score (echo with logprobs), all prompts together
     max_unread_events: int = 512  # stream events buffered for a client that does not read; then it is cancelled
     stuck_after_s: float = 120.0  # a busy worker without a loop for this long is stuck: /health 503, exit 1
     supervise_every_s: float = 0.5
@@ -132,12 +139,17 @@ class Aborted:
 
 @dataclass(eq=False)
 class Pending:
-    """A request handed to the scheduler, until it is settled as ok, error or cancelled (exactly once)."""
+    """A request handed to the scheduler (one job and one event queue per prompt), until it is settled as ok,
+    error or cancelled (exactly once)."""
 
-    req: Job
-    events: asyncio.Queue
+    jobs: list[Job]
+    queues: list[asyncio.Queue]
     settled: str | None = None
-    at_scheduler: bool = True  # until its last event (Generation / Failed) arrives: the worker owes it progress
+    open_jobs: int = 0  # jobs whose last event (Generation / Failed) has not arrived: the worker owes them progress
+
+    @property
+    def at_scheduler(self) -> bool:
+        return self.open_jobs > 0
 
 
 def default_kv_cache_bytes(engine: Engine) -> int:
@@ -177,7 +189,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
     loop = StepLoop(engine, pool, prefix, cfg.chunk_size, cfg.max_running)
     scheduler = Scheduler(loop, metrics, cfg.max_queue)
-    admission = Admission(engine)
+    limits = Limits(cfg.max_tokens_limit, cfg.default_max_tokens, cfg.max_prompts, cfg.max_echo_tokens)
+    admission = Admission(engine, limits)
     context, vocab = admission.context, admission.vocab
     inflight: set[Pending] = set()
 
@@ -188,7 +201,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return
         p.settled = outcome
         inflight.discard(p)
-        p.req.cancelled = True  # no-op when finished; otherwise the scheduler drops it and frees its cache
+        for job in p.jobs:
+            job.cancelled = True  # no-op when finished; otherwise the scheduler drops it and frees its cache
         if outcome == "ok":
             metrics.requests.labels(**labels).inc()
         elif outcome == "error":
@@ -199,7 +213,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     def abort_all(status: int, message: str) -> None:
         """End every pending request with `status` (called on the event loop)."""
         for p in list(inflight):
-            p.events.put_nowait(Aborted(status, message))
+            for q in p.queues:
+                q.put_nowait(Aborted(status, message))
 
     def begin_shutdown() -> None:
         supervisor.refuse("the server is shutting down")
@@ -255,8 +270,9 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
             return refuse(400, error_body("the body is not valid JSON", "invalid_request_error", None,
                                           "invalid_json"))  # fmt: skip
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
-        if loc[:1] not in (["query"], ["path"]):  # a query parameter's name is kept as it is (N, P, B)
+        if loc[:1] in (["query"], ["path"]):  # a URL's parameter (e.g. the lesson's ?N=): its name as it is
+            loc = loc[1:2]
+        else:  # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
             loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
         param = ".".join(loc) or None
         if param is None:  # the body as a whole: not a JSON object (or sent without a JSON content type)
@@ -294,6 +310,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         scheduler._update_gauges()
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    add_tokenizer_routes(app, engine, cfg.model_id)
     card = {"id": cfg.model_id, "object": "model", "created": 0, "owned_by": "prefill", "max_model_len": context}
 
     @app.get("/v1/models")
@@ -307,6 +324,22 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                            param="model", code="model_not_found")  # fmt: skip
         return card
 
+    def decode_one(token_id: int) -> str:
+        return engine.tokenizer.decode([token_id], skip_special=False)
+
+    def logprobs_body(chat: bool, k: int | None, entries: list) -> dict | None:
+        """`choices[].logprobs` of a full answer (prefill.serve.logprobs), or None when none was asked for."""
+        if k is None:
+            return None
+        if chat:
+            return {"content": chat_content(entries, decode_one, k)}
+        return CompletionLogprobs(decode_one, k).block(entries)
+
+    def entries_of(gen: Generation, scored: bool) -> list:
+        """Log-probability entries of a finished job: the prompt's (echo with logprobs), then the generated tokens'."""
+        prompt = prompt_entries(gen.prompt_scores) if scored and gen.prompt_scores is not None else []
+        return prompt + generated_entries(gen.logprobs)
+
     async def handle(request: Request, body: CompletionRequest | ChatCompletionRequest, chat: bool):
         arrival = request.scope.get("state", {}).get("arrival", time.perf_counter())
         if supervisor.problem():
@@ -317,79 +350,82 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                            param="model", code="model_not_found")  # fmt: skip
         sampling = admission.check(body, chat)
         prepared = await asyncio.to_thread(admission.prepare, body, chat)
-        ids = prepared.ids
-        P = len(ids)
-        if P == 0:
-            raise ApiError(400, "the prompt is empty", param="prompt")
-        if P >= context:  # noqa: SIM300 - P is the prompt length, not a constant
-            raise ApiError(400, f"the prompt has {P} tokens; this model's context length is {context}; "
-                           "shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
-        requested = body.requested_max_tokens()
-        max_tokens = requested if requested is not None else min(cfg.default_max_tokens, cfg.max_tokens_limit,
-                                                                 context - P)  # fmt: skip
-        if max_tokens > cfg.max_tokens_limit or P + max_tokens > context:
-            raise ApiError(400, f"max_tokens={max_tokens} is over the limit: at most "
-                           f"{min(cfg.max_tokens_limit, context - P)} for this {P}-token prompt "
-                           f"(context length {context})", param="max_tokens",
-                           code="context_length_exceeded")  # fmt: skip
+        k = prepared.logprobs
         aio = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        pending: Pending | None = None
+        pending = Pending([], [])
 
-        def deliver(ev) -> None:  # on the event loop
-            if pending.settled is None and isinstance(ev, TokenEvent) and events.qsize() >= cfg.max_unread_events:
+        def deliver(q: asyncio.Queue, ev) -> None:  # on the event loop
+            unread = body.stream and isinstance(ev, TokenEvent) and q.qsize() >= cfg.max_unread_events
+            if pending.settled is None and unread:
                 settle(pending, "cancelled", reason="unread")  # a client that does not read loses its slot
-            pending.at_scheduler = pending.at_scheduler and not isinstance(ev, Generation | Failed)
-            events.put_nowait(ev)
+            pending.open_jobs -= isinstance(ev, Generation | Failed)
+            q.put_nowait(ev)
 
-        req = Job(ids, max_tokens, sampling, engine.tokenizer, lambda ev: aio.call_soon_threadsafe(deliver, ev),
-                  body.stop_strings(), arrival=arrival, tokenize_s=prepared.tokenize_s,
-                  constraint=prepared.constraint, ignore_eos=body.ignore_eos)  # fmt: skip
-        pending = Pending(req, events)
+        for ids, max_tokens in zip(prepared.prompts, prepared.max_tokens, strict=True):
+            q: asyncio.Queue = asyncio.Queue()
+            job = Job(ids, max_tokens, sampling, engine.tokenizer,
+                      lambda ev, q=q: aio.call_soon_threadsafe(deliver, q, ev), body.stop_strings(), arrival=arrival,
+                      tokenize_s=prepared.tokenize_s, constraint=prepared.constraint, ignore_eos=body.ignore_eos,
+                      logprobs=k, prompt_logprobs=k if prepared.scored else None)  # fmt: skip
+            pending.jobs.append(job)
+            pending.queues.append(q)
+        pending.open_jobs = len(pending.jobs)
         try:
-            scheduler.submit(req)
+            for job in pending.jobs:
+                scheduler.submit(job)
         except QueueFull as e:
+            for job in pending.jobs:
+                job.cancelled = True  # the ones already queued are dropped
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from e
         inflight.add(pending)
         shape = ResponseShape(chat, cfg.model_id)
         endpoint = "chat" if chat else "completions"
         tools = prepared.tool_call
         if body.stream:
-            return StreamingResponse(stream(pending, shape, body.stream_options, endpoint, tools),
+            return StreamingResponse(stream(pending, shape, body.stream_options, endpoint, tools, prepared),
                                      media_type="text/event-stream")  # fmt: skip
-        ev = None
+        results: list[tuple[str, Generation]] = []
         gone = asyncio.ensure_future(disconnected(request))  # nobody waits for this answer any more
         try:
-            parts = []
-            while True:
-                get = asyncio.ensure_future(events.get())
-                await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    settle(pending, "cancelled", reason="disconnect")
-                    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-                ev = get.result()
-                if isinstance(ev, TokenEvent):
-                    parts.append(ev.text)
-                elif isinstance(ev, Failed):
-                    settle(pending, "raised")
-                    if isinstance(ev.error, BadInput):
-                        raise ApiError(400, ev.message, param=getattr(ev.error, "param", None))
-                    raise ApiError(500, ev.message, "server_error", code="generation_failed")
-                elif isinstance(ev, Aborted):
-                    settle(pending, "raised")
-                    raise ApiError(ev.status, ev.message, "server_error", code="unavailable")
-                else:
-                    break
+            for events in pending.queues:
+                parts = []
+                while True:
+                    get = asyncio.ensure_future(events.get())
+                    await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+                    if not get.done():
+                        get.cancel()
+                        settle(pending, "cancelled", reason="disconnect")
+                        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+                    ev = get.result()
+                    if isinstance(ev, TokenEvent):
+                        parts.append(ev.text)
+                    elif isinstance(ev, Failed):
+                        settle(pending, "raised")
+                        if isinstance(ev.error, BadInput):
+                            raise ApiError(400, ev.message, param=getattr(ev.error, "param", None))
+                        raise ApiError(500, ev.message, "server_error", code="generation_failed")
+                    elif isinstance(ev, Aborted):
+                        settle(pending, "raised")
+                        raise ApiError(ev.status, ev.message, "server_error", code="unavailable")
+                    else:
+                        results.append(("".join(parts), ev))
+                        break
         finally:
             gone.cancel()
-            if pending.settled is None and not isinstance(ev, Generation):  # this handler was cancelled
+            if pending.settled is None and len(results) < len(pending.jobs):  # this handler was cancelled
                 settle(pending, "cancelled", reason="disconnect")
-        text, finish, calls = "".join(parts), ev.finish_reason, None
-        if tools and finish == "stop" and (calls := tool_calls_of(text)):
-            finish = "tool_calls"
-        settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
-        return shape.full(text, finish, usage_of(ev), final_timings(ev), tool_calls=calls)
+        choices, totals = [], [0, 0, 0]
+        for i, ((text, gen), echoed) in enumerate(zip(results, prepared.echoes, strict=True)):
+            finish, calls = gen.finish_reason, None
+            if tools and finish == "stop" and (calls := tool_calls_of(text)):
+                finish = "tool_calls"
+            lp = logprobs_body(chat, k, entries_of(gen, prepared.scored))
+            choices.append(shape.choice(echoed + text, finish, lp, index=i, tool_calls=calls))
+            for j, n in enumerate((gen.P, len(gen.token_ids), gen.cached_tokens)):
+                totals[j] += n
+        settle(pending, "ok", endpoint=endpoint, finish_reason=choices[0]["finish_reason"])
+        timings = [final_timings(gen) for _, gen in results]
+        return shape.full_choices(choices, usage_body(*totals), timings[0] if len(timings) == 1 else timings)
 
     def usage_of(gen: Generation) -> dict:
         return usage_body(gen.P, len(gen.token_ids), gen.cached_tokens)
@@ -397,36 +433,60 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     def final_timings(gen: Generation) -> dict:
         """The server's measured timings, with the cost model's prediction of the prefill beside them."""
         predicted, how = engine.predict_prefill_seconds(gen.P - gen.cached_tokens, gen.cached_tokens, cfg.chunk_size)
-        return {**gen.timings(), "predicted_prefill_s": predicted, "predicted_by": how,
-                "kv_bytes": gen.kv_bytes, "kv_bytes_formula": kv_formula(gen.P)}  # fmt: skip
+        out = {**gen.timings(), "predicted_prefill_s": predicted, "predicted_by": how,
+               "kv_bytes": gen.kv_bytes, "kv_bytes_formula": kv_formula(gen.P)}  # fmt: skip
+        if gen.prompt_scores is not None:  # a scoring prefill: every position unembedded
+            count = costs.scoring_flops_exact(engine.spec, gen.P)
+            out.update(scoring_flops=count.total, scoring_unembed_share=count.unembed_share)
+        return out
 
     def kv_formula(tokens: int) -> int:
         return costs.kv_cache_bytes_for(engine.spec, tokens, engine.dtype.itemsize)
 
-    async def stream(pending: Pending, shape: ResponseShape, opts, endpoint: str, tools: bool) -> AsyncIterator[str]:
+    async def stream(pending: Pending, shape: ResponseShape, opts, endpoint: str, tools: bool,
+                     prepared: Prepared) -> AsyncIterator[str]:  # fmt: skip
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts.continuous_usage_stats)
         extra = {"usage": None} if include_usage else {}
-        req, events, parts = pending.req, pending.events, []
+        req, events, parts = pending.jobs[0], pending.queues[0], []
+        k, echoed = prepared.logprobs, prepared.echoes[0]
+        fmt = CompletionLogprobs(decode_one, k) if k is not None and not shape.chat else None
+        sent, held = 0, []  # generated tokens whose log-probabilities were taken; those a tool call holds back
+
+        def logprobs_of(entries: list) -> dict | None:
+            if k is None or not entries:
+                return None
+            return fmt.block(entries) if fmt is not None else {"content": chat_content(entries, decode_one, k)}
+
         try:
             if shape.chat:
                 yield _sse(shape.chunk("", role=True, **extra))
+            if echoed and not prepared.scored:  # echo without logprobs: the prompt text first
+                yield _sse(shape.chunk(echoed, **extra))
+                echoed = ""
             while True:
                 ev = await events.get()
                 if pending.settled == "cancelled":
                     break  # not read for too long: the request was dropped
+                if echoed and isinstance(ev, TokenEvent | Generation):  # the prompt's scores: known once prefilled
+                    prompt = prompt_entries(req.gen.prompt_scores) if req.gen.prompt_scores is not None else []
+                    yield _sse(shape.chunk(echoed, logprobs=logprobs_of(prompt), **extra))
+                    echoed = ""
                 if isinstance(ev, TokenEvent):
+                    entries = generated_entries([ev])
+                    sent += len(entries)
                     if tools:  # a tool call is sent whole, once it parses
                         parts.append(ev.text)
+                        held += entries
                         continue
-                    if not ev.text and not continuous:
+                    if not ev.text and not continuous and not entries:
                         continue
                     if continuous:  # vLLM's continuous_usage_stats, plus what the cache holds right now
                         n = len(req.gen.token_ids)
                         extra = {"usage": usage_body(req.P, n, req.gen.cached_tokens),
                                  "timings": {"t_s": ev.t, "kv_bytes": ev.kv_bytes, "kv_tokens": ev.kv_tokens,
                                              "kv_bytes_formula": kv_formula(ev.kv_tokens)}}  # fmt: skip
-                    yield _sse(shape.chunk(ev.text, **extra))
+                    yield _sse(shape.chunk(ev.text, logprobs=logprobs_of(entries), **extra))
                     continue
                 if isinstance(ev, Failed | Aborted):
                     if isinstance(ev, Aborted):
@@ -437,18 +497,22 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
                     yield _sse(error_body(ev.message, "server_error", None, f"http_{status}"))
                     break
                 finish, calls = ev.finish_reason, None
+                rest = held + generated_entries(ev.logprobs[sent:])  # held back, and a final EOS's (never emitted)
                 if tools and finish == "stop" and (calls := tool_calls_of("".join(parts))):
                     finish = "tool_calls"
-                    yield _sse(shape.chunk(None, tool_calls=calls, **extra))
+                    yield _sse(shape.chunk(None, tool_calls=calls, logprobs=logprobs_of(rest), **extra))
+                    rest = []
                 elif tools:
-                    yield _sse(shape.chunk("".join(parts), **extra))
+                    yield _sse(shape.chunk("".join(parts), logprobs=logprobs_of(rest), **extra))
+                    rest = []
                 settle(pending, "ok", endpoint=endpoint, finish_reason=finish)
                 usage, timings = usage_of(ev), final_timings(ev)
                 if include_usage:
-                    yield _sse(shape.chunk(None, finish, usage=usage if continuous else None))
+                    yield _sse(shape.chunk(None, finish, logprobs=logprobs_of(rest),
+                                           usage=usage if continuous else None))  # fmt: skip
                     yield _sse(shape.usage_chunk(usage, timings))
                 else:  # OpenAI clients ignore the extra fields; other clients can read them
-                    yield _sse(shape.chunk(None, finish, usage=usage, timings=timings))
+                    yield _sse(shape.chunk(None, finish, logprobs=logprobs_of(rest), usage=usage, timings=timings))
                 break
             yield _sse("[DONE]")
         finally:
@@ -463,5 +527,5 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         return await handle(request, body, chat=True)
 
     add_lesson_routes(app, engine, cfg.model_id)
-    document_errors(app, cfg.model_id, cfg.max_tokens_limit, vocab)
+    document_errors(app, cfg.model_id, cfg.max_tokens_limit, vocab, cfg.max_prompts)
     return app

@@ -40,6 +40,8 @@ class ServerMetrics:
                                  "or did not read its stream", ["reason"], registry=r)  # fmt: skip
         self.cached_tokens = Counter("prefill_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
                                      registry=r)  # fmt: skip
+        self.scored_tokens = Counter("prefill_scored_prompt_tokens", "Prompt tokens scored with every position's "
+                                     "log-probability (echo with logprobs)", registry=r)  # fmt: skip
         self.queued = Gauge("prefill_queued_requests", "Requests waiting for the scheduler", registry=r)
         self.running = Gauge("prefill_running_requests", "Requests being prefilled or decoded", registry=r)
         self.kv_bytes = Gauge("prefill_kv_cache_bytes", "K/V bytes the running requests hold (filled positions)",

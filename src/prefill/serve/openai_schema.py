@@ -27,13 +27,11 @@ from pydantic import (
 )
 
 from prefill.sampling import LOGIT_BIAS_MAX, SEED_MAX, SEED_MIN
+from prefill.serve.logprobs import MAX_TOP_LOGPROBS
 
 # OpenAI fields this server does not implement, each with its no-op test: a request that sets one to anything
 # else is refused with a 400 naming it. Implementing a field = modelling it above and deleting it here.
 NOT_SUPPORTED: dict[str, tuple] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "frequency_penalty": (None, 0),
@@ -112,7 +110,7 @@ class NamedToolChoice(_Body):
 
 class _Sampling(_Body):
     model: StrictStr
-    max_tokens: Int | None = Field(default=None, ge=1)
+    max_tokens: Int | None = Field(default=None, ge=0, description="0 only with echo: a scoring request")
     max_completion_tokens: Int | None = Field(default=None, ge=1)
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0, description="below 1e-5: greedy, as in vLLM")
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
@@ -134,8 +132,6 @@ class _Sampling(_Body):
     safety_identifier: Any = None
     verbosity: Any = None
     # Refused unless at their no-op value (see NOT_SUPPORTED).
-    logprobs: Any = None
-    top_logprobs: Any = None
     frequency_penalty: Any = None
     presence_penalty: Any = None
 
@@ -163,12 +159,19 @@ class _Sampling(_Body):
         return tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
 
 
-class CompletionRequest(_Sampling):
-    """POST /v1/completions: one prompt, as text or as token ids (never empty)."""
+MAX_PROMPTS = 64  # prompts in one /v1/completions request (one choice each); ServeConfig.max_prompts may lower it
+_Prompt = Annotated[Text, Field(min_length=1)]
+_Ids = Annotated[list[Int], Field(min_length=1)]
 
-    prompt: Annotated[Text, Field(min_length=1)] | Annotated[list[Int], Field(min_length=1)] | Annotated[
-        list[Annotated[Text, Field(min_length=1)]], Field(min_length=1, max_length=1)]  # fmt: skip
-    echo: Any = None
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions: a prompt as text or token ids, or a list of them (one choice each); never empty."""
+
+    prompt: _Prompt | _Ids | Annotated[list[_Prompt], Field(min_length=1, max_length=MAX_PROMPTS)] | Annotated[
+        list[_Ids], Field(min_length=1, max_length=MAX_PROMPTS)]  # fmt: skip
+    echo: StrictBool = Field(default=False, description="the prompt before the answer (with logprobs: scored)")
+    logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="log-probabilities of the "
+                                 "tokens and of the k most likely at each position")  # fmt: skip
     best_of: Any = None
     suffix: Any = None
 
@@ -191,6 +194,8 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: StrictBool | None = False
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(default=None, max_length=64)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -257,27 +262,35 @@ class ResponseShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices, **extra}  # fmt: skip
 
-    def full(self, text: str, finish_reason: str, usage: dict, timings: dict, tool_calls: list | None = None) -> dict:
+    def choice(self, text: str, finish_reason: str, logprobs: dict | None = None, index: int = 0,
+               tool_calls: list | None = None) -> dict:  # fmt: skip
+        """One choice of a full response; `logprobs` as prefill.serve.logprobs builds it, or None."""
         if self.chat:
             message = {"role": "assistant", "content": None if tool_calls else text}
             if tool_calls:
                 message["tool_calls"] = tool_calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-            return self._envelope("chat.completion", [choice], usage=usage, timings=timings)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [choice], usage=usage, timings=timings)
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def full(self, text: str, finish_reason: str, usage: dict, timings: dict, tool_calls: list | None = None,
+             logprobs: dict | None = None) -> dict:  # fmt: skip
+        return self.full_choices([self.choice(text, finish_reason, logprobs, tool_calls=tool_calls)], usage, timings)
+
+    def full_choices(self, choices: list[dict], usage: dict, timings: dict | list[dict]) -> dict:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return self._envelope(obj, choices, usage=usage, timings=timings)
 
     def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
-              tool_calls: list | None = None, **extra) -> dict:  # fmt: skip
+              tool_calls: list | None = None, logprobs: dict | None = None, **extra) -> dict:  # fmt: skip
         if self.chat:
             delta: dict = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(tool_calls)]
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [choice], **extra)
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice], **extra)
 
     def usage_chunk(self, usage: dict, timings: dict) -> dict:

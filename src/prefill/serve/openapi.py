@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from prefill.serve.openai_schema import NOT_SUPPORTED, ErrorResponse
+from prefill.serve.openai_schema import MAX_PROMPTS, NOT_SUPPORTED, ErrorResponse
 
 
 class HealthBody(BaseModel):
@@ -37,9 +37,11 @@ GENERATION_RESPONSES: dict = {
 }
 
 
-def document_errors(app: FastAPI, model_id: str, max_tokens_limit: int, vocab_size: int) -> None:
+def document_errors(app: FastAPI, model_id: str, max_tokens_limit: int, vocab_size: int,
+                    max_prompts: int = MAX_PROMPTS) -> None:  # fmt: skip
     """Replace FastAPI's 422 (this server answers 400) and its validation-error schemas in app.openapi(); state
-    this server's own limits in the request schemas: the one model it serves, its max_tokens limit, token ids."""
+    this server's own limits in the request schemas: the one model it serves, its max_tokens limit, token ids
+    (in a prompt, in a list of prompts, in /detokenize), the number of prompts."""
     build = app.openapi
 
     def openapi() -> dict:
@@ -65,12 +67,20 @@ def document_errors(app: FastAPI, model_id: str, max_tokens_limit: int, vocab_si
             if "model" in props:
                 props["model"]["enum"] = [model_id]  # any other name is a 404
             for option in props.get("prompt", {}).get("anyOf", []):
-                if option.get("items", {}).get("type") == "integer":
-                    option["items"].update(minimum=0, maximum=vocab_size - 1)
+                items = option.get("items", {})
+                if items.get("type") == "integer":
+                    items.update(minimum=0, maximum=vocab_size - 1)
+                if items.get("type") == "array" and items.get("items", {}).get("type") == "integer":
+                    items["items"].update(minimum=0, maximum=vocab_size - 1)
+                if "maxItems" in option and items.get("type") != "integer":  # a list of prompts
+                    option["maxItems"] = max_prompts
             for field in ("max_tokens", "max_completion_tokens"):
                 for option in props.get(field, {}).get("anyOf", []):
                     if option.get("type") == "integer":
                         option["maximum"] = max_tokens_limit
+        tokens = schemas.get("DetokenizeRequest", {}).get("properties", {}).get("tokens", {})
+        if tokens.get("items", {}).get("type") == "integer":
+            tokens["items"].update(minimum=0, maximum=vocab_size - 1)
         app.openapi_schema = doc
         return doc
 

@@ -134,6 +134,8 @@ class Scheduler:
             m.prompt_tokens.observe(ev.P)
             m.generated_tokens.observe(len(ev.token_ids))
             m.cached_tokens.inc(ev.cached_tokens)
+            if ev.prompt_scores is not None:
+                m.scored_tokens.inc(ev.P)
 
     def _update_gauges(self) -> None:
         s = self.pool_state()

@@ -1,0 +1,70 @@
+"""`prefill score` through the console script: perplexity, FLOPs, the per-token view, JSON, and one-line errors."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PREFILL = Path(sys.executable).parent / "prefill"
+TEXT = "The quick brown fox jumps over the lazy dog. Paris is the capital of France.\n"
+
+
+def cli(*args, stdin=None, timeout=600):
+    env = {**os.environ, "COLUMNS": "160"}
+    return subprocess.run([str(PREFILL), *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          input=stdin)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_score_json_from_stdin(smollm):
+    r = cli("score", "-", "--json", "--tokens", stdin=TEXT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    ids = smollm.tokenizer.encode(TEXT, add_special_tokens=True)
+    assert out["tokens"] == len(ids) == 18 and out["windows"] == 1 and out["scored_tokens"] == 17
+    lps = [t["logprob"] for t in out["token_logprobs"]]
+    assert lps[0] is None and [t["id"] for t in out["token_logprobs"]] == ids
+    assert out["perplexity"] == pytest.approx(math.exp(-sum(lps[1:]) / 17), rel=1e-9)
+    assert 5 < out["perplexity"] < 100
+    # FLOPs from the cost model: 18 positions unembedded (2 * 576 * 49152 each)
+    assert out["flops"]["unembed"] == 18 * 2 * 576 * 49_152
+    assert out["flops"]["unembed_share"] == pytest.approx(0.20996, abs=1e-5)
+    assert out["seconds"] > 0 and out["tokens_per_s"] == pytest.approx(18 / out["seconds"])
+
+
+@pytest.mark.slow
+def test_score_file_with_window_and_stride_prints_the_tables(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT * 3)
+    r = cli("score", str(path), "--window", "24", "--stride", "12", "--tokens")
+    assert r.returncode == 0, r.stderr
+    for part in ("perplexity", "windows of 24 every 12", "unembedding share", "tokens/s", "' Paris'"):
+        assert part in r.stdout, part
+
+
+@pytest.mark.parametrize(
+    "args,stdin,match",
+    [
+        (("score", "/no/such/file.txt"), None, "cannot read /no/such/file.txt"),
+        (("score", "-"), "  \n", "standard input is empty"),
+    ],
+)
+def test_bad_input_is_one_error_line(args, stdin, match):
+    r = cli(*args, stdin=stdin)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error:") and match in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,match",
+    [(("--window", "8", "--stride", "9"), "larger than the window"), (("--window", "9000"), "context length 8192")],
+)
+def test_bad_window_is_one_error_line(args, match):
+    r = cli("score", "-", *args, stdin=TEXT)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error:") and match in r.stderr and "Traceback" not in r.stderr
