@@ -155,7 +155,7 @@ class StepLoop:
         """Prefill a chunk of a scoring request; at the prompt's end, its scores go to req.gen.prompt_scores and
         the logits after the last token [1, vocab] come back (for a generated token, if any)."""
         if req.scorer is None:
-            req.scorer = ScoreAccumulator(req.prompt_ids, self.engine.model.unembed_weight(), req.prompt_logprobs)
+            req.scorer = ScoreAccumulator(req.prompt_ids, self.engine.model, req.prompt_logprobs)
         prefill_scored(self.engine, ids[0].tolist(), req.seq, req.scorer)
         if req.prefilling:
             return None

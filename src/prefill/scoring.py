@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from prefill.errors import BadInput
 from prefill.kvcache import SeqKV
@@ -55,14 +54,16 @@ class Scores:
 class ScoreAccumulator:
     """Collects the scores of one sequence as its hidden states arrive, chunk by chunk (engine or scheduler)."""
 
-    def __init__(self, ids: list[int], unembed_w: torch.Tensor, top_k: int = 0, start: int = 1, slice_size=SLICE):
+    def __init__(self, ids: list[int], model, top_k: int = 0, start: int = 1, slice_size=SLICE):
         P = len(ids)
+        unembed_w = model.unembed_weight()  # [vocab, d_model]
         if not 1 <= start <= P:
             raise BadInput(f"the first scored position must lie in [1, {P}], got {start}")
         if top_k < 0 or top_k > unembed_w.shape[0]:
             raise BadInput(f"top_k must lie in [0, {unembed_w.shape[0]}], got {top_k}")
         self.ids, self.start, self.top_k, self.slice = list(ids), start, top_k, max(1, slice_size)
         self.w = unembed_w  # [vocab, d_model]
+        self.to_logits = model.logits  # the model's one unembedding (with Gemma's soft-cap where it has one)
         self.targets = torch.tensor(self.ids, dtype=torch.long, device=unembed_w.device)  # [P]
         self._lp, self._am, self._ti, self._tl = [], [], [], []
         self.next_logits: torch.Tensor | None = None
@@ -74,7 +75,7 @@ class ScoreAccumulator:
         lo = max(pos0, self.start - 1)  # position start-1 predicts the first scored token
         for a in range(lo, hi, self.slice):
             b = min(a + self.slice, hi)
-            logits = F.linear(h[a - pos0 : b - pos0], self.w).float()  # [S, vocab]
+            logits = self.to_logits(h[a - pos0 : b - pos0])  # [S, vocab] float32
             if b == P:
                 self.next_logits = logits[-1].clone()  # [vocab]
             n = min(b, P - 1) - a  # rows that predict a token of the sequence (the last position predicts none)
@@ -141,7 +142,7 @@ def score(
     check_ids(engine, ids)
     if chunk_size is not None and chunk_size < 1:
         raise BadInput(f"chunk size must be >= 1, got {chunk_size}")
-    acc = ScoreAccumulator(ids, engine.model.unembed_weight(), top_k, start, slice_size)
+    acc = ScoreAccumulator(ids, engine.model, top_k, start, slice_size)
     t0 = time.perf_counter()
     cache = engine.new_cache(len(ids))
     step = chunk_size or len(ids)
