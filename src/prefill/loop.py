@@ -42,15 +42,15 @@ class StepLoop:
         self.steps = 0  # forwards run so far (a supervisor watches it move)
 
     # ---- requests in ----
-    def fits(self, req: Request) -> bool:
-        """Whether the pool could ever hold this request (otherwise it would wait forever)."""
-        return self.pool.blocks_for(req.capacity) <= self.pool.n_blocks
-
-    def add(self, req: Request) -> None:
-        if not self.fits(req):
+    def check_fits(self, req: Request) -> None:
+        """BadInput when the pool could never hold this request (it would wait forever)."""
+        if self.pool.blocks_for(req.capacity) > self.pool.n_blocks:
             held = self.pool.n_blocks * self.pool.block_size
             raise BadInput(f"the request needs {req.capacity} cache positions; the KV pool holds {held} "
                            "(raise --kv-cache-mb or ask for fewer tokens)")  # fmt: skip
+
+    def add(self, req: Request) -> None:
+        self.check_fits(req)
         req.enqueued = time.perf_counter()
         self.waiting.append(req)
 

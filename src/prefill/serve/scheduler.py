@@ -62,14 +62,14 @@ class Scheduler:
 
     def submit(self, req: Request) -> None:
         """Queue a request; QueueFull when --max-queue requests already wait, BadInput when it can never fit."""
-        if not self.loop.fits(req):
-            self.loop.add(req)  # raises the BadInput that says why
+        self.loop.check_fits(req)
         with self._cond:
             if len(self._inbox) + len(self.loop.waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._inbox) + len(self.loop.waiting)} requests are queued (--max-queue); "
                                 "retry later")  # fmt: skip
             user_emit = req.emit
             req.emit = lambda ev: (self._observe(req, ev), user_emit(ev))
+            req.enqueued = time.perf_counter()  # queue_s counts from here, not from the HTTP arrival
             self._inbox.append(req)
             self.metrics.queued.set(len(self._inbox) + len(self.loop.waiting))
             self._cond.notify()
