@@ -29,7 +29,7 @@ def test_chat_prompt_tokens_match_the_reference_tokenizer(smollm):
 
 def test_parallel_prefill_equals_sequential(smollm):
     ids = smollm.encode_prompt(QUESTION)
-    checks = verify.parallel_vs_sequential(smollm, ids, tol=1e-4)
+    checks = verify.parallel_vs_sequential(smollm, ids)
     assert all(c.ok for c in checks), checks
     assert all(c.measured > 0 or c.measured == 0 for c in checks)
 

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 def test_logits_kv_and_greedy_tokens_match_transformers(smollm, smollm_reference):
     ids = smollm.encode_prompt("What is the capital of France?")
-    checks = verify.parity_with_reference(smollm, smollm_reference, ids, new_tokens=8, tol=1e-3)
+    checks = verify.parity_with_reference(smollm, smollm_reference, ids, new_tokens=8)
     names = [c.name for c in checks]
     assert any("K and V" in n for n in names)
     for c in checks:

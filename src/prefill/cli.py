@@ -703,6 +703,10 @@ def verify(
                 ref = proofs.load_reference(engine.source)
             checks += proofs.parity_with_reference(engine, ref, ids)
     table = Table(title=f"proofs on {engine.source} (P = {len(ids)} tokens, float32)", title_justify="left")
+    table.caption = (
+        "tolerance = u * sqrt(K) * L * max|values compared| (float32 roundoff, longest GEMM inner "
+        "dimension, layers): what two correct runs summing in another order may differ by"
+    )
     for col in ("check", "max |difference|", "tolerance", "result"):
         table.add_column(col)
     for c in checks:
