@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from prefill.serve.loadtest import LoadTestConfig, PromptLengths, RequestRecord, one_request, run_load_test
-from prefill.serve.loadtest_report import summarize
-from prefill.serve.server import free_port
+from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord, one_request, run_load_test
+from prefill.bench.loadtest_report import summarize
+from prefill.server.server import free_port
 
 WORDS = ("the", "river", "runs", "past", "the", "old", "mill", "and", "under", "the", "stone", "bridge", "near", "town")
 RULES = ("rule", "one", "answer", "in", "one", "short", "sentence", "and", "check", "every", "fact", "with", "care")
@@ -35,7 +35,8 @@ RULES = ("rule", "one", "answer", "in", "one", "short", "sentence", "and", "chec
 
 def start_server(dtype: str, chunk_size: int, threads: int | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-c", "from prefill.cli import main; main()", "serve", "--port", str(port), "--dtype", dtype,
+    cmd = [sys.executable, "-c", "from prefill.cli.main import main; main()", "serve", "--port", str(port),
+           "--dtype", dtype,
            "--chunk-size", str(chunk_size), "--kv-cache-mb", "1024"]  # fmt: skip
     if threads:
         cmd += ["--threads", str(threads)]

@@ -14,8 +14,8 @@ import time
 import torch
 
 from prefill.bench.peers import TransformersPeer
-from prefill.costs import prefill_flops_exact
-from prefill.engine import Engine
+from prefill.costmodel.costs import prefill_flops_exact
+from prefill.engine.engine import Engine
 from prefill.loading.resolve import default_model_path
 
 

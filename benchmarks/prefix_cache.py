@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from prefill.engine import Engine
-from prefill.serve.app import ServeConfig, create_app, model_id_of
-from prefill.serve.loadtest import LoadTestConfig, RequestRecord, one_request
-from prefill.serve.server import BackgroundServer
+from prefill.bench.loadtest import LoadTestConfig, RequestRecord, one_request
+from prefill.engine.engine import Engine
+from prefill.server.app import ServeConfig, create_app, model_id_of
+from prefill.server.server import BackgroundServer
 
 QUESTIONS = [
     "What is the capital of France?",

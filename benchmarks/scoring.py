@@ -1,7 +1,7 @@
 """Scoring prefill vs generation prefill on the embedded model: what the all-position unembedding costs.
 
 For each P, times (median of --repeats, after a warm-up) a generation prefill (logits of the last position) and a
-scoring prefill (every position unembedded and log-softmaxed in slices, prefill.scoring) on the same tokens, and
+scoring prefill (every position unembedded and log-softmaxed in slices, prefill.engine.scoring) on the same tokens, and
 prints both beside the cost model's FLOPs: the predicted extra cost is the unembedding of P - 1 more positions.
 
     .venv/bin/python benchmarks/scoring.py [--prompt-lengths 128,512,1024] [--dtype float32] [--repeats 3]
@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from prefill import costs
-from prefill.engine import Engine
-from prefill.scoring import score
+from prefill.costmodel import costs
+from prefill.engine.engine import Engine
+from prefill.engine.scoring import score
 
 
 def median_seconds(fn, repeats: int) -> float:

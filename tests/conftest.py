@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm():
     """The embedded SmolLM2-135M-Instruct in float32 on the CPU."""
-    from prefill.engine import Engine
+    from prefill.engine.engine import Engine
 
     return Engine.load(None, dtype="float32", progress=False)
 
@@ -16,7 +16,7 @@ def smollm():
 @pytest.fixture(scope="session")
 def smollm_reference(smollm):
     """The same GGUF weights in Hugging Face transformers (float32), the reference implementation."""
-    from prefill.verify import load_reference
+    from prefill.engine.proofs import load_reference
 
     return load_reference(smollm.source)
 

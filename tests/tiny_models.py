@@ -76,7 +76,7 @@ def write_gguf_from_hf(path: Path, model, arch: str, style: str, chat_template: 
     written the way llama.cpp's converter writes it (Gemma norms as 1 + w, Llama Q/K rows permuted)."""
     import gguf
 
-    from prefill.families import family_of
+    from prefill.costmodel.families import family_of
 
     c = model.config
     fam = family_of(arch)

@@ -3,8 +3,8 @@
 The cost model, the causal rule and model specs import no torch, so `import prefill` stays fast.
 """
 
-from prefill.causal import causal_mask, causal_pairs, prefill_matches_sequential
-from prefill.costs import (
+from prefill.costmodel.causal import causal_mask, causal_pairs, prefill_matches_sequential
+from prefill.costmodel.costs import (
     Calibration,
     FlopCount,
     attended_pairs,
@@ -40,8 +40,7 @@ from prefill.costs import (
     ttft_seconds,
     weight_reuse_intensity,
 )
-from prefill.errors import BadInput, ModelFileError, PrefillError
-from prefill.hardware import (
+from prefill.costmodel.hardware import (
     HARDWARE,
     Hardware,
     get_hardware,
@@ -49,20 +48,21 @@ from prefill.hardware import (
     measure_gemm_rate,
     save_calibration,
 )
-from prefill.specs import PRESETS, ModelSpec, load_spec
+from prefill.costmodel.specs import PRESETS, ModelSpec, load_spec
+from prefill.errors import BadInput, ModelFileError, PrefillError
 
 _LAZY = {  # torch-backed names, imported on first use so the calculator starts fast
-    "Engine": "prefill.engine",
-    "Generation": "prefill.request",
-    "KVPool": "prefill.kvcache",
-    "Request": "prefill.request",
-    "SeqKV": "prefill.kvcache",
-    "StepLoop": "prefill.loop",
-    "SamplingParams": "prefill.sampling",
-    "Scores": "prefill.scoring",
-    "perplexity": "prefill.scoring",
-    "score": "prefill.scoring",
-    "Transformer": "prefill.model",
+    "Engine": "prefill.engine.engine",
+    "Generation": "prefill.engine.request",
+    "KVPool": "prefill.engine.kvcache",
+    "Request": "prefill.engine.request",
+    "SeqKV": "prefill.engine.kvcache",
+    "StepLoop": "prefill.engine.loop",
+    "SamplingParams": "prefill.engine.sampling",
+    "Scores": "prefill.engine.scoring",
+    "perplexity": "prefill.engine.scoring",
+    "score": "prefill.engine.scoring",
+    "Transformer": "prefill.model.transformer",
 }
 
 

@@ -1,6 +1,6 @@
 """Fit this machine's prefill efficiency from measurements, then predict every other prompt length.
 
-The model (prefill.costs.calibrated_prefill_seconds) has three unknowns:
+The model (prefill.costmodel.costs.calibrated_prefill_seconds) has three unknowns:
 
     t = overhead_s + (linear + unembed) / R_lin + attention / R_attn
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefill.costs import Calibration, FlopCount, calibrated_prefill_seconds
+from prefill.costmodel.costs import Calibration, FlopCount, calibrated_prefill_seconds
 from prefill.errors import BadInput
 
 

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prefill.bench.timing import measure_peak_memory, time_call
-from prefill.costs import bytes_to_mib, mfu, prefill_flops_exact
+from prefill.costmodel.costs import bytes_to_mib, mfu, prefill_flops_exact
+from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
-from prefill.specs import ModelSpec
 
 # Llama-3-8B's layout shrunk to two layers, for CPU runs of this script: GQA (H_q = 2 H_kv), SwiGLU, untied.
 TINY = ModelSpec(
@@ -70,7 +70,7 @@ def build_pair(spec: ModelSpec, device: str, dtype: str = "bfloat16", seed: int 
     from transformers import LlamaForCausalLM
 
     from prefill.bench.peers import TransformersPeer
-    from prefill.engine import Engine, torch_dtype
+    from prefill.engine.engine import Engine, torch_dtype
 
     torch.manual_seed(seed)
     dt = torch_dtype(dtype)
@@ -95,7 +95,7 @@ def run(spec: ModelSpec, lengths: tuple[int, ...], device: str, repeats: int, pe
     """Time ours (and transformers) at each P; returns a JSON-ready dict with the GEMM rate and every point."""
     import torch
 
-    from prefill.hardware import measure_gemm_rate
+    from prefill.costmodel.hardware import measure_gemm_rate
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BadInput("no CUDA device here: run with --device cpu --preset tiny for the CPU variant")

@@ -1,8 +1,8 @@
 """What a sweep will run, and for how long, decided before it starts.
 
-- dtypes: by default the ones this device runs natively (prefill.native); a dtype asked for explicitly that is
+- dtypes: by default the ones this device runs natively (prefill.machine.native); a dtype asked for explicitly that is
   emulated here is measured at the smallest P only, with a note, unless --force.
-- duration: every timed call's exact FLOPs (prefill.costs) at the probe's GEMM rate, divided by a rough
+- duration: every timed call's exact FLOPs (prefill.costmodel.costs) at the probe's GEMM rate, divided by a rough
   efficiency per engine, plus loading and compiling; printed before the sweep and used to weigh the progress
   bar's steps, so its time-left column counts seconds, not points.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefill.costs import prefill_flops_exact
-from prefill.native import AUTO, AUTO_CANDIDATES, Capability
-from prefill.specs import ModelSpec
+from prefill.costmodel.costs import prefill_flops_exact
+from prefill.costmodel.specs import ModelSpec
+from prefill.machine.native import AUTO, AUTO_CANDIDATES, Capability
 
 # Rough fraction of the probe's GEMM rate each engine reaches in a whole prefill (measured on 2-core CPUs:
 # ours 0.6-1.0, transformers 0.5-1.0, llama.cpp 0.2-0.5); an estimate only needs the right order.

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from prefill.bench.runner import OURS, BenchResult
-from prefill.costs import (
+from prefill.costmodel.costs import (
     bytes_to_mib,
     calibrated_prefill_seconds,
     compute_seconds,

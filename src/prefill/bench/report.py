@@ -11,7 +11,7 @@ from rich.table import Table
 
 from prefill.bench.calibrate import CalibrationReport
 from prefill.bench.runner import LLAMA_DENSE, OURS, OURS_COMPILED, BenchResult
-from prefill.costs import bytes_to_mib
+from prefill.costmodel.costs import bytes_to_mib
 
 
 def short(dtype: str) -> str:
@@ -21,7 +21,7 @@ def short(dtype: str) -> str:
 
 def device_line(device: str = "cpu") -> str:
     """The first line of a bench: the processor, its matrix capability and the dtypes native on it."""
-    from prefill.native import capability
+    from prefill.machine.native import capability
 
     cap = capability("cuda" if device.startswith("cuda") else "cpu")
     return f"{cap.name}: {cap.kind} (torch CPU capability {cap.isa}); native dtypes: {', '.join(cap.native_dtypes())}"

@@ -19,9 +19,9 @@ from typing import Any
 from prefill.bench import calibrate, plan
 from prefill.bench.peers import LlamaCppPeer, TransformersPeer, llamacpp_available, transformers_version
 from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call, time_interleaved
-from prefill.costs import FlopCount, canonical_dtype, compute_seconds, mfu, prefill_flops_exact
+from prefill.costmodel.costs import FlopCount, canonical_dtype, compute_seconds, mfu, prefill_flops_exact
+from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
-from prefill.specs import ModelSpec
 
 DEFAULT_PROMPT_LENGTHS = (32, 128, 512, 1024, 2048, 4096)
 DEFAULT_DTYPES = ("auto",)  # the dtypes native on this device (plan.default_dtypes)
@@ -129,7 +129,7 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     and the estimated duration from the cost model at the probe's GEMM rates. Returns the config with
     concrete dtypes, the plan, the spec and the model path."""
     from prefill.loading.resolve import default_model_path
-    from prefill.native import capability, gemm_rates
+    from prefill.machine.native import capability, gemm_rates
 
     model_path = str(default_model_path()) if config.model is None else config.model
     spec = _spec_of(model_path)
@@ -161,8 +161,8 @@ def run_bench(
     """Run the sweep; `on_step(description, estimated seconds of that point)` is called after each timed point."""
     import torch
 
-    from prefill.engine import Engine
-    from prefill.hardware import measure_gemm_rate
+    from prefill.costmodel.hardware import measure_gemm_rate
+    from prefill.engine.engine import Engine
 
     config, the_plan, _spec, model_path = prepare(config) if prepared is None else (config, prepared, None, None)
     if model_path is None:
@@ -462,7 +462,7 @@ def _load_llamacpp(config: BenchConfig, model_path: str, dtype: str, first: bool
 
 def _save_compile_verdicts(result: BenchResult, config: BenchConfig) -> None:
     """Remember, per dtype, whether compiling beat eager at the P nearest VERDICT_P (for `run --compile`)."""
-    from prefill.native import CompileVerdict, save_compile_verdict
+    from prefill.machine.native import CompileVerdict, save_compile_verdict
 
     for dt in config.dtypes:
         pairs = [(m, result.find(OURS_COMPILED, dt, m.P)) for m in result.measurements
@@ -491,7 +491,7 @@ def _spec_of(model_path: str) -> ModelSpec:
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
     import torch
 
-    from prefill.native import capability
+    from prefill.machine.native import capability
 
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
     machine = {

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from prefill.costmodel.families import Family, family_of
+from prefill.costmodel.specs import ModelSpec
 from prefill.errors import ModelFileError
-from prefill.families import Family, family_of
-from prefill.specs import ModelSpec
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

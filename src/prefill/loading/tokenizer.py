@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prefill.costmodel.families import TOKENIZER_KINDS, family_of
 from prefill.errors import BadInput, ModelFileError
-from prefill.families import TOKENIZER_KINDS, family_of
 
 # Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre` (the regexes of the original tokenizers).
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -250,7 +250,7 @@ def tokenizer_from_folder(folder: Path, eos_ids_from_config: set[int]) -> Tokeni
 
 def default_tokenize(text: str) -> list[str]:
     """The prompt split as the embedded model (SmolLM2) tokenizes it: one printable piece per token."""
+    from prefill.costmodel.specs import open_gguf
     from prefill.loading.resolve import default_model_path
-    from prefill.specs import open_gguf
 
     return tokenizer_from_gguf(open_gguf(default_model_path())).pieces(text)

@@ -1,0 +1,234 @@
+"""One request's life, and the one place where a token is accepted.
+
+A `Request` holds the prompt ids, the generated ids, the sampling parameters and their seeded generator, the
+stop rule, the streaming detokenizer, the timings and the finish reason. Whoever runs the forward passes (the
+step loop, for `prefill run` and the server alike) hands each new logits row to `Request.accept`, which
+applies the request's constraint, samples, and decides: emit text, stop (EOS, a stop string, the token limit,
+a finished grammar), or go on. Events go out through the request's `emit` callback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from prefill.engine.kvcache import SeqKV
+from prefill.engine.sampling import SamplingParams, sample
+from prefill.engine.streaming import TextStream
+from prefill.errors import BadInput
+from prefill.loading.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from prefill.engine.scoring import ScoreAccumulator, Scores
+
+
+class Constraint(Protocol):
+    """A rule on which tokens may come next (a grammar for structured output)."""
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [vocab] float32 -> the same with forbidden tokens at -inf."""
+
+    def accept(self, token_id: int) -> None:
+        """Advance past the chosen token."""
+
+    def done(self) -> bool:
+        """True when the output is complete (the request stops)."""
+
+
+@dataclass
+class TokenEvent:
+    """One generated token: its id, the text it adds (after stop-string hold-back), seconds since arrival, the
+    K/V bytes the request holds at that moment, and its log-probability (with top alternatives) when asked."""
+
+    token_id: int
+    text: str
+    t: float
+    kv_bytes: int = 0
+    kv_tokens: int = 0  # positions the request's cache holds at that moment
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class Generation:
+    """A finished request with its measured timings (seconds)."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = "length"  # "stop" (EOS, stop string, finished grammar) | "length"
+    queue_s: float = 0.0
+    tokenize_s: float = 0.0
+    prefill_s: float = 0.0  # compute seconds of this request's prefill forwards
+    first_token_s: float = 0.0  # sampling the first token from the prefill's logits
+    ttft_s: float = 0.0  # arrival -> first token ready
+    itl_s: list[float] = field(default_factory=list)
+    total_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache instead of this prefill
+    kv_bytes: int = 0  # K/V bytes held right after the prefill (measured off the cache)
+    kv_shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # one layer's K as filled then: [B, H_kv, P, d_head]
+    logprobs: list[TokenEvent] = field(default_factory=list)  # per generated token (EOS too), when asked
+    prompt_scores: Scores | None = None  # every prompt position's log-probability, when asked (echo)
+
+    @property
+    def P(self) -> int:
+        return len(self.prompt_ids)
+
+    def timings(self) -> dict[str, float | list[float]]:
+        return {"queue_s": self.queue_s, "tokenize_s": self.tokenize_s, "prefill_s": self.prefill_s,
+                "first_token_s": self.first_token_s, "ttft_s": self.ttft_s, "total_s": self.total_s,
+                "itl_s": list(self.itl_s)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request could not be served; `error` is the exception (a BadInput is the client's fault)."""
+
+    message: str
+    error: BaseException | None = None
+
+
+Event = TokenEvent | Generation | Failed
+
+
+@dataclass(eq=False)
+class Request:
+    """A generation request as the step loop sees it. `emit` is called from whichever thread runs the loop."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    tokenizer: Tokenizer | None
+    emit: Callable[[Event], None]
+    stop: tuple[str, ...] = ()
+    arrival: float = field(default_factory=time.perf_counter)
+    tokenize_s: float = 0.0
+    constraint: Constraint | None = None
+    logprobs: int | None = None  # record the chosen token's log-probability and this many alternatives
+    prompt_logprobs: int | None = None  # score every prompt position, with this many alternatives (engine.scoring)
+    ignore_eos: bool = False  # keep going past EOS to max_tokens (vLLM's benchmark option)
+    cancelled: bool = False  # set by the caller (a client went away); the loop drops the request
+    # ---- state, set by the loop ----
+    seq: SeqKV | None = None
+    enqueued: float = 0.0
+    done: bool = False
+    generator: torch.Generator | None = None
+    scorer: ScoreAccumulator | None = None  # collects the prompt's log-probabilities chunk by chunk
+    gen: Generation = field(init=False)
+    _stream: TextStream | None = field(default=None, init=False)
+    _last_token_at: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise BadInput(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if not self.prompt_ids:
+            raise BadInput("the prompt is empty: at least one token is needed")
+        self.gen = Generation(prompt_ids=list(self.prompt_ids), tokenize_s=self.tokenize_s)
+
+    # ---- what the loop asks ----
+    @property
+    def P(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def capacity(self) -> int:
+        """Cache positions this request may need: the prompt and every generated token but the last."""
+        return self.P + max(0, self.max_tokens - 1)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.seq is not None and self.seq.length < self.P
+
+    def start(self, seq: SeqKV, device) -> None:
+        """Admitted: the request now holds `seq` (its first `seq.length` positions already cached)."""
+        self.seq = seq
+        self.gen.cached_tokens = seq.length
+        self.gen.queue_s = time.perf_counter() - (self.enqueued or self.arrival)
+        self.generator = self.sampling.generator(device)
+        if self.tokenizer is not None:
+            self._stream = TextStream(self.tokenizer, self.stop)
+
+    def next_input(self) -> int:
+        """The token to feed in the next decode step: the last one accepted."""
+        return self.gen.token_ids[-1]
+
+    def prefilled(self) -> None:
+        """The whole prompt is in the cache: note what it holds (measured)."""
+        self.gen.kv_bytes, self.gen.kv_shape = self.seq.nbytes(), self.seq.shape()
+        if self.max_tokens == 0:
+            self.finish("length")
+
+    # ---- the one place a token is accepted ----
+    def accept(self, logits: torch.Tensor) -> None:
+        """Take the next-token logits [vocab] (float32): sample, then emit, stop or go on."""
+        t0 = time.perf_counter()
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
+        token = int(sample(logits[None], self.sampling, self.generator)[0])  # [1, vocab] -> one id
+        now = time.perf_counter()
+        g = self.gen
+        if not g.token_ids and g.ttft_s == 0.0:
+            g.first_token_s, g.ttft_s = now - t0, now - self.arrival
+        else:
+            g.itl_s.append(now - self._last_token_at)
+        self._last_token_at = now
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        eos = self.tokenizer.eos_ids if self.tokenizer is not None and not self.ignore_eos else set()
+        if token in eos:
+            if self.logprobs is not None:  # reported as vLLM does (harnesses drop the last entry), never emitted
+                g.logprobs.append(TokenEvent(token, "", now - self.arrival))
+                g.logprobs[-1].logprob, g.logprobs[-1].top_logprobs = _logprobs(logits, token, self.logprobs)
+            return self.finish("stop", flush=True)
+        g.token_ids.append(token)
+        text, stopped = self._stream.add(token) if self._stream else ("", False)
+        seq = self.seq
+        event = TokenEvent(token, text, now - self.arrival, seq.nbytes() if seq else 0, seq.length if seq else 0)
+        if self.logprobs is not None:
+            event.logprob, event.top_logprobs = _logprobs(logits, token, self.logprobs)
+            g.logprobs.append(event)
+        if stopped:
+            self.emit(event)
+            return self.finish("stop")
+        at_limit = len(g.token_ids) >= self.max_tokens
+        if at_limit and self._stream:
+            event.text += self._stream.flush()
+        self.emit(event)
+        if at_limit:
+            self.finish("length")
+        elif self.constraint is not None and self.constraint.done():
+            self.finish("stop", flush=True)
+
+    def finish(self, reason: str, flush: bool = False) -> None:
+        """The request ends: send text held back (when no stop string claimed it) and the summary."""
+        if self.done:
+            return
+        if flush and self._stream is not None:
+            tail = self._stream.flush()
+            if tail:
+                self.emit(TokenEvent(-1, tail, time.perf_counter() - self.arrival))
+        g = self.gen
+        g.finish_reason = reason
+        g.text = self._stream.sent if self._stream else ""
+        g.total_s = time.perf_counter() - self.arrival
+        self.done = True
+        self.emit(g)
+
+    def fail(self, error: BaseException) -> None:
+        """This request alone failed; the loop goes on with the others."""
+        if not self.done:
+            self.done = True
+            self.emit(Failed(f"{type(error).__name__}: {error}" if not isinstance(error, BadInput) else str(error),
+                             error))  # fmt: skip
+
+
+def _logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """log p(token) and the top-k (id, log p) under the distribution the token was drawn from (logits [vocab])."""
+    lp = torch.log_softmax(logits.float(), dim=-1)  # [vocab]
+    top = torch.topk(lp, k) if k > 0 else None
+    alts = [] if top is None else [(int(i), float(v)) for v, i in zip(top.values, top.indices, strict=True)]
+    return float(lp[token]), alts

@@ -1,0 +1,229 @@
+"""Scoring: the log-probability of every token of a text given the tokens before it, in one prefill.
+
+Generation unembeds the last position only; scoring is the same parallel pass with the unembedding applied to
+every position (position j's hidden state predicts token j + 1). The model returns its final-normed hidden states
+[1, P, d_model]; they are unembedded and log-softmaxed `slice_size` positions at a time, so at most
+[slice_size, vocab] logits exist at once, never [P, vocab]. Long texts are prefilled in chunks against the growing
+cache, with the same results.
+
+Perplexity over texts longer than a window follows Hugging Face's "Perplexity of fixed-length models" guide: windows
+of `window` tokens every `stride` tokens, each window scoring only the tokens the previous one did not.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from prefill.engine.kvcache import SeqKV
+from prefill.errors import BadInput
+
+if TYPE_CHECKING:  # the engine imports the request, which holds a ScoreAccumulator
+    from prefill.engine.engine import Engine
+
+SLICE = 256  # positions unembedded at once: [256, 49152] float32 logits = 48 MiB for SmolLM2
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Log-probabilities of ids[start:], each given the tokens before it (natural log, float32)."""
+
+    ids: list[int]  # the whole sequence, P tokens
+    start: int  # first scored position (>= 1: position 0 has no context)
+    logprobs: torch.Tensor  # [P - start]: log p(ids[j] | ids[:j]) for j = start .. P-1
+    is_argmax: torch.Tensor  # [P - start] bool: ids[j] was the most likely token there
+    top_ids: torch.Tensor  # [P - start, k]: the k most likely tokens at j (k = top_k, may be 0)
+    top_logprobs: torch.Tensor  # [P - start, k]: their log-probabilities
+    next_logits: torch.Tensor  # [vocab]: logits after the last token (what a generated token is sampled from)
+    seconds: float = 0.0  # the prefill and the unembedding, measured
+
+    @property
+    def P(self) -> int:
+        return len(self.ids)
+
+    @property
+    def nll(self) -> float:
+        """Sum of -log p over the scored tokens (nats)."""
+        return -float(self.logprobs.double().sum())
+
+
+class ScoreAccumulator:
+    """Collects the scores of one sequence as its hidden states arrive, chunk by chunk (engine or scheduler)."""
+
+    def __init__(self, ids: list[int], model, top_k: int = 0, start: int = 1, slice_size=SLICE):
+        P = len(ids)
+        unembed_w = model.unembed_weight()  # [vocab, d_model]
+        if not 1 <= start <= P:
+            raise BadInput(f"the first scored position must lie in [1, {P}], got {start}")
+        if top_k < 0 or top_k > unembed_w.shape[0]:
+            raise BadInput(f"top_k must lie in [0, {unembed_w.shape[0]}], got {top_k}")
+        self.ids, self.start, self.top_k, self.slice = list(ids), start, top_k, max(1, slice_size)
+        self.w = unembed_w  # [vocab, d_model]
+        self.to_logits = model.logits  # the model's one unembedding (with Gemma's soft-cap where it has one)
+        self.targets = torch.tensor(self.ids, dtype=torch.long, device=unembed_w.device)  # [P]
+        self._lp, self._am, self._ti, self._tl = [], [], [], []
+        self.next_logits: torch.Tensor | None = None
+
+    def add(self, h: torch.Tensor, pos0: int) -> None:
+        """h [C, d_model]: final-normed hidden states of positions pos0 .. pos0 + C - 1, in order."""
+        P = len(self.ids)
+        hi = pos0 + h.shape[0]  # positions pos0 .. hi-1 arrived
+        lo = max(pos0, self.start - 1)  # position start-1 predicts the first scored token
+        for a in range(lo, hi, self.slice):
+            b = min(a + self.slice, hi)
+            logits = self.to_logits(h[a - pos0 : b - pos0])  # [S, vocab] float32
+            if b == P:
+                self.next_logits = logits[-1].clone()  # [vocab]
+            n = min(b, P - 1) - a  # rows that predict a token of the sequence (the last position predicts none)
+            if n <= 0:
+                continue
+            lp = torch.log_softmax(logits[:n], dim=-1)  # [n, vocab]
+            target = self.targets[a + 1 : a + 1 + n]  # [n]
+            self._lp.append(lp.gather(1, target[:, None])[:, 0])  # [n]
+            self._am.append(lp.argmax(-1) == target)  # [n]
+            if self.top_k:
+                values, indices = lp.topk(self.top_k, dim=-1)  # [n, k] each
+                self._ti.append(indices)
+                self._tl.append(values)
+
+    def result(self, seconds: float = 0.0) -> Scores:
+        if self.next_logits is None:
+            raise RuntimeError("the last position's hidden state never arrived")
+        k, dev = self.top_k, self.w.device
+        cat = lambda parts, empty: torch.cat(parts) if parts else empty  # noqa: E731
+        return Scores(
+            self.ids,
+            self.start,
+            cat(self._lp, torch.zeros(0, device=dev)),
+            cat(self._am, torch.zeros(0, dtype=torch.bool, device=dev)),
+            cat(self._ti, torch.zeros(0, k, dtype=torch.long, device=dev)),
+            cat(self._tl, torch.zeros(0, k, device=dev)),
+            self.next_logits,
+            seconds,
+        )
+
+
+@torch.inference_mode()
+def prefill_scored(engine: Engine, ids: list[int], seq: SeqKV, acc: ScoreAccumulator) -> None:
+    """Prefill `ids` at positions seq.length.. (one chunk) and hand their hidden states to `acc`."""
+    pos0 = seq.length
+    x = torch.tensor([ids], dtype=torch.long, device=engine.device)  # [1, C]
+    h = engine.forward(x, [seq], output="hidden")  # [1, C, d_model]
+    acc.add(h[0], pos0)
+
+
+def check_ids(engine: Engine, ids: list[int], least: int = 1, windowed: bool = False) -> None:
+    """Refuse sequences that are too short, too long (unless scored in windows) or hold ids outside the vocabulary."""
+    if len(ids) < least:
+        raise BadInput(f"scoring needs at least {least} tokens, got {len(ids)}")
+    if not windowed and len(ids) > engine.spec.context_length:
+        raise BadInput(f"{len(ids)} tokens exceed the model's context length {engine.spec.context_length}; "
+                       "use a window (--window) and a stride")  # fmt: skip
+    if min(ids) < 0 or max(ids) >= engine.spec.vocab_size:
+        raise BadInput(f"token ids must lie in [0, {engine.spec.vocab_size})")
+
+
+def score(
+    engine: Engine,
+    ids: list[int],
+    *,
+    top_k: int = 0,
+    start: int = 1,
+    chunk_size: int | None = None,
+    slice_size: int = SLICE,
+) -> Scores:
+    """Score ids [P] in one prefill (or chunks of `chunk_size` against the growing cache): for every position
+    j >= start, log p(ids[j] | ids[:j]), whether ids[j] was the argmax, and the top_k alternatives."""
+    ids = [int(i) for i in ids]
+    check_ids(engine, ids)
+    if chunk_size is not None and chunk_size < 1:
+        raise BadInput(f"chunk size must be >= 1, got {chunk_size}")
+    acc = ScoreAccumulator(ids, engine.model, top_k, start, slice_size)
+    t0 = time.perf_counter()
+    cache = engine.new_cache(len(ids))
+    step = chunk_size or len(ids)
+    for s in range(0, len(ids), step):
+        prefill_scored(engine, ids[s : s + step], cache, acc)
+    engine.sync()
+    return acc.result(time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of a sliding-window evaluation: tokens [begin, end), of which the last `new` are targets."""
+
+    begin: int
+    end: int
+    new: int  # the guide's trg_len: end - previous end
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    """Sliding-window perplexity as Hugging Face's guide computes it, with every scored token's log-probability."""
+
+    ppl: float
+    nll: float  # the guide's average negative log-likelihood per token (nats): log(ppl)
+    tokens: int  # the guide's n_tokens: sum over windows of (new - 1)
+    logprobs: list[float | None]  # [P]: log p of each token in the window that scored it; None for token 0
+    windows: list[Window]
+    seconds: float  # all windows' prefills, measured
+    window: int
+    stride: int
+
+
+def windows(P: int, window: int, stride: int) -> list[Window]:
+    """The guide's loop: begin = 0, stride, 2*stride, ...; end = min(begin + window, P); stop once end == P."""
+    if window < 1 or stride < 1:
+        raise BadInput(f"window and stride must be >= 1, got {window} and {stride}")
+    if stride > window:
+        raise BadInput(f"stride {stride} is larger than the window {window}: tokens between windows would be skipped")
+    out, prev_end = [], 0
+    for begin in range(0, P, stride):
+        end = min(begin + window, P)
+        out.append(Window(begin, end, end - prev_end))
+        prev_end = end
+        if end == P:
+            break
+    return out
+
+
+def perplexity(
+    engine: Engine, ids: list[int], window: int | None = None, stride: int | None = None, chunk_size: int | None = None
+) -> Perplexity:
+    """Perplexity of ids with windows of `window` tokens (default: the whole text, up to the context length) every
+    `stride` tokens (default: the window).
+
+    Exactly the guide's arithmetic: each window's mean NLL over its targets (its last `new` tokens, the first token of
+    the first window excepted) is weighted by new - 1 (the guide's num_valid_tokens - batch_size), and
+    ppl = exp(sum of weighted means / sum of weights). For one window, or windows that do not overlap, that is the
+    plain mean over every token but the first; for overlapping windows the guide weights each later window by one
+    token less than it scores, and so do we, so that the numbers match.
+    """
+    ids = [int(i) for i in ids]
+    ctx = engine.spec.context_length
+    window = window or min(len(ids), ctx)
+    stride = stride or window
+    if window > ctx:
+        raise BadInput(f"window {window} is larger than the model's context length {ctx}")
+    check_ids(engine, ids, least=2, windowed=True)
+    logprobs: list[float | None] = [None] * len(ids)
+    nll_sum, n_tokens, seconds = 0.0, 0, 0.0
+    plan = windows(len(ids), window, stride)
+    for w in plan:
+        first = max(1, (w.end - w.begin) - w.new)  # first target, within the window
+        if first >= w.end - w.begin:
+            continue  # a one-token window scores nothing (the guide would add 0 x NaN)
+        s = score(engine, ids[w.begin : w.end], start=first, chunk_size=chunk_size)
+        seconds += s.seconds
+        lp = s.logprobs.double()
+        logprobs[w.begin + first : w.end] = lp.tolist()
+        nll_sum += float(-lp.mean()) * (w.new - 1)
+        n_tokens += w.new - 1
+    if n_tokens == 0:
+        raise BadInput("nothing to score: the text needs at least 2 tokens")
+    nll = nll_sum / n_tokens
+    return Perplexity(math.exp(nll), nll, n_tokens, logprobs, plan, seconds, window, stride)

@@ -1,0 +1,311 @@
+"""The lesson page's calculator API: every number the page shows, computed by `prefill.costmodel.costs`.
+
+GET /api/catalog, /api/estimate, /api/mask, /api/kv, /api/request and POST /api/answer. Pure arithmetic (no
+model, no torch), so a slider's request is answered in about a millisecond. Bad input is a 400 with one
+clear message, in the same OpenAI-style error body as the /v1 routes.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from prefill.costmodel import costs
+from prefill.costmodel.causal import causal_mask, causal_pairs
+from prefill.costmodel.hardware import HARDWARE
+from prefill.costmodel.specs import PRESETS, ModelSpec
+from prefill.errors import BadInput
+from prefill.lesson.exercise import FUNCTIONS, skeleton
+from prefill.lesson.quiz import check_answer
+
+MAX_N = 1e14  # parameters: far past any model built, small enough to catch a slip of the exponent
+MAX_P = 10_000_000  # prompt tokens
+MAX_PEAK = 1e19  # FLOP/s
+MAX_MASK_P = 256  # the largest grid /api/mask draws
+MAX_BANDWIDTH = 1e16  # bytes/s
+MAX_B = 4096  # sequences
+MAX_S = 3600.0  # seconds of one request phase
+MAX_N_OUT = 1_000_000  # output tokens
+LOADED = "loaded"  # the model name that means the server's own model
+
+
+@contextmanager
+def bad_input():
+    """Turn the ValueErrors of costmodel.costs into BadInput, which the app answers with a 400; so too arithmetic
+    that leaves float64 (a peak of 5e-324 FLOP/s times 0.5 is 0)."""
+    try:
+        yield
+    except BadInput:
+        raise
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    except ArithmeticError:
+        raise BadInput("these values leave the range of float64 (a division by an underflowed 0, or an overflow); "
+                       "use realistic sizes") from None  # fmt: skip
+
+
+def finite(body: dict) -> dict:
+    """`body`, or BadInput if any number in it is inf or NaN (JSON has no such numbers)."""
+
+    def walk(x) -> bool:
+        if isinstance(x, float):
+            return math.isfinite(x)
+        if isinstance(x, dict):
+            return all(walk(v) for v in x.values())
+        if isinstance(x, list):
+            return all(walk(v) for v in x)
+        return True
+
+    if not walk(body):
+        raise BadInput("the result overflows float64 for these values; use realistic sizes")
+    return body
+
+
+def in_range(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    """`value`, or BadInput saying the allowed range (lo excluded when lo_open)."""
+    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+        left = "(" if lo_open else "["
+        raise BadInput(f"{name} must be in {left}{lo:g}, {hi:g}], got {value:g}")
+    return value
+
+
+def bounds(lo: float, hi: float, lo_open: bool = False) -> dict:
+    """The range in_range checks, written into the OpenAPI schema (so the document says what is accepted)."""
+    return {"exclusiveMinimum" if lo_open else "minimum": lo, "maximum": hi}
+
+
+DTYPES = ["float32", "bfloat16", "float16", "fp8", "int8"]
+
+
+# ---- display: the seed's notation --------------------------------------------------------------------
+
+
+def short_sci(x: float) -> str:
+    """7e9 -> '7e9', 1.35e8 -> '1.35e8', 500 -> '500': the lesson's compact way of writing N."""
+    if abs(x) < 1e4:
+        return f"{x:.3g}"
+    mantissa, exp = f"{x:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exp)}"
+
+
+def human(x: float, unit: str) -> str:
+    """1.4e13, 'FLOP' -> '14 TFLOP'; 0.0933, 's' -> '93.3 ms'; bytes and rates alike."""
+    if unit == "s":
+        if x == 0 or x >= 1:
+            return f"{x:.3g} s"
+        return f"{x * 1e3:.3g} ms" if x >= 1e-3 else f"{x * 1e6:.3g} µs"
+    for power, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if abs(x) >= 10**power:
+            return f"{x / 10**power:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def seed_lines(N: float, P: float, flops: float, rate: float, seconds: float) -> dict[str, str]:
+    """The seed's two lines: 'FLOPs ≈ 2 · N · P = 2 · 7e9 · 1,000 = 1.40e+13' and 'time ≈ … = 0.28 s'."""
+    return {
+        "flops": f"FLOPs ≈ 2 · N · P = 2 · {short_sci(N)} · {P:,.0f} = {flops:.2e}",
+        "time": f"time ≈ {flops:.2e} / {rate:.1e} = {seconds:.3g} s",
+    }
+
+
+# ---- the routes --------------------------------------------------------------------------------------
+
+
+def spec_named(model: str | None, loaded: ModelSpec | None) -> ModelSpec | None:
+    """A preset by key, the server's model for 'loaded', or None for '' / None (only N known)."""
+    if not model:
+        return None
+    if model == LOADED:
+        if loaded is None:
+            raise BadInput("no model is loaded in this server; choose a preset")
+        return loaded
+    if model not in PRESETS:
+        raise BadInput(f"unknown model {model!r}; choose one of: {LOADED}, {', '.join(PRESETS)}")
+    return PRESETS[model]
+
+
+def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1) -> dict:
+    """KV-cache bytes of `spec` after P tokens, with the formula written out and the per-layer shape."""
+    b = costs.dtype_bytes(dtype)
+    n = costs.kv_cache_bytes_for(spec, P, b, B)
+    return {
+        "bytes": n,
+        "per_token": costs.kv_cache_bytes_for(spec, 1, b, B),
+        "text": costs.format_bytes(n),
+        "mib": costs.bytes_to_mib(n),
+        "mb": costs.bytes_to_mb(n),
+        "shape": [B, spec.H_kv, P, spec.d_head],
+        "L": spec.L,
+        "formula": f"2 · L · B · H_kv · P · d_head · b = 2 · {spec.L} · {B} · {spec.H_kv} · {P:,} · "
+        f"{spec.d_head} · {b} = {n:,} B",
+    }
+
+
+def roofline_body(spec: ModelSpec | None, P: int, b: int, peak: float, bandwidth: float) -> dict:
+    """Intensities of this prefill and of one decode step against the ridge point, and the roof's points."""
+    ridge = costs.ridge_point(peak, bandwidth)
+    prefill_i = costs.prefill_intensity(spec, P, b) if P > 0 else 0.0
+    decode_i = costs.decode_intensity(b)
+    xs = [10 ** (k / 8) for k in range(-8, 8 * 5 + 1)]  # 0.1 .. 1e5 FLOP/B
+    return {
+        "prefill_intensity": prefill_i,
+        "decode_intensity": decode_i,
+        "ridge": ridge,
+        "prefill_bound": costs.bound(prefill_i, ridge),
+        "decode_bound": costs.bound(decode_i, ridge),
+        "prefill_attainable": costs.attainable_flops_per_s(prefill_i, peak, bandwidth),
+        "decode_attainable": costs.attainable_flops_per_s(decode_i, peak, bandwidth),
+        "compute_bound_from_P": costs.compute_bound_prompt_length(spec, b, ridge),
+        "roof": {"intensity": xs, "flops_per_s": [costs.attainable_flops_per_s(x, peak, bandwidth) for x in xs]},
+        "peak": peak,
+        "bandwidth": bandwidth,
+    }
+
+
+class AnswerBody(BaseModel):
+    """A typed answer to one of the lesson's questions; reveal asks for the answer itself."""
+
+    model_config = ConfigDict(extra="forbid")
+    question: Literal["flops", "seconds", "pairs"]
+    answer: StrictStr = Field("", max_length=200)
+    reveal: StrictBool = False
+
+
+def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_id: str | None = None) -> APIRouter:
+    """The calculator routes; `loaded` is the server's model spec (None when the server has none) and `model_id`
+    the name its OpenAI routes answer to."""
+    router = APIRouter(prefix="/api", tags=["lesson: calculator"])
+    models = ["", *([LOADED] if loaded is not None else []), *PRESETS]
+
+    @router.get("/catalog")
+    def catalog() -> dict:
+        """Hardware (datasheet peaks and bandwidth), model presets, dtypes, and the server's own model."""
+        hardware = [{"key": k, "name": h.name, "peak_flops": h.peak_flops, "bandwidth": h.bandwidth_bytes_per_s,
+                     "memory": h.memory_bytes} for k, h in HARDWARE.items()]  # fmt: skip
+        models = [{"key": k, "name": s.name, "N": s.N, "L": s.L, "H_q": s.H_q, "H_kv": s.H_kv, "d_head": s.d_head}
+                  for k, s in PRESETS.items()]  # fmt: skip
+        own = None
+        if loaded is not None:
+            own = {"key": LOADED, "name": loaded.name, "N": loaded.N, "L": loaded.L, "H_q": loaded.H_q,
+                   "H_kv": loaded.H_kv, "d_head": loaded.d_head, "dtype": loaded_dtype, "model_id": model_id,
+                   "context_length": loaded.context_length}  # fmt: skip
+        return {"hardware": hardware, "models": models, "dtypes": ["bfloat16", "float16", "float32", "fp8"],
+                "loaded": own}  # fmt: skip
+
+    @router.get("/estimate")
+    def estimate(
+        N: float = Query(7e9, description="parameters, e.g. 7e9", json_schema_extra=bounds(0, MAX_N, True)),
+        P: int = Query(1000, description="prompt tokens", json_schema_extra=bounds(0, MAX_P)),
+        peak: float = Query(1e14, description="peak FLOP/s", json_schema_extra=bounds(0, MAX_PEAK, True)),
+        mfu: float = Query(0.5, description="utilisation of the peak", json_schema_extra=bounds(0, 1, True)),
+        bandwidth: float = Query(
+            2e12,
+            description="memory bandwidth, bytes/s (for compute- or memory-bound)",
+            json_schema_extra=bounds(0, MAX_BANDWIDTH, True),
+        ),
+        model: str = Query(
+            "", description="a preset key, 'loaded', or empty for N only", json_schema_extra={"enum": models}
+        ),
+        dtype: str = Query(
+            "bfloat16", description="bytes per element of weights and KV cache", json_schema_extra={"enum": DTYPES}
+        ),
+    ) -> dict:
+        """Prefill FLOPs (2·N·P and exact), seconds, KV-cache bytes and the roofline at one setting."""
+        in_range("N", N, 0, MAX_N, lo_open=True)
+        in_range("P", P, 0, MAX_P)
+        in_range("peak", peak, 0, MAX_PEAK, lo_open=True)
+        in_range("mfu", mfu, 0, 1, lo_open=True)
+        in_range("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
+        with bad_input():
+            spec = spec_named(model, loaded)
+            b = costs.dtype_bytes(dtype)
+            flops = costs.prefill_flops(N, P)
+            seconds = costs.prefill_seconds(N, P, peak, mfu)
+            body = {
+                "N": N, "P": P, "peak": peak, "mfu": mfu, "effective_flops_per_s": peak * mfu,
+                "flops": flops, "seconds": seconds,
+                "lines": seed_lines(N, P, flops, peak * mfu, seconds),
+                "human": {"flops": human(flops, "FLOP"), "seconds": human(seconds, "s"),
+                          "effective": human(peak * mfu, "FLOP/s")},
+                "exact": None, "kv": None,
+                "roofline": roofline_body(spec, P, b, peak, bandwidth),
+            }  # fmt: skip
+            if spec is not None:
+                count = costs.prefill_flops_exact(spec, P)
+                exact_s = costs.compute_seconds(count.total, peak, mfu)
+                body["exact"] = {
+                    "model": spec.name, "N": spec.N, "linear": count.linear, "attention": count.attention,
+                    "unembed": count.unembed, "total": count.total, "seconds": exact_s,
+                    "human": {"total": human(count.total, "FLOP"), "seconds": human(exact_s, "s"),
+                              "attention": human(count.attention, "FLOP"), "unembed": human(count.unembed, "FLOP")},
+                }  # fmt: skip
+                body["kv"] = kv_body(spec, P, dtype)
+        return finite(body)
+
+    @router.get("/mask")
+    def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds(0, MAX_MASK_P))) -> dict:
+        """The causal mask as rows of '1' (may attend) and '0' (masked), with the pair counts."""
+        in_range("P", P, 0, MAX_MASK_P)
+        grid = causal_mask(P)  # [P, P]
+        pairs = causal_pairs(P)
+        return {"P": P, "allowed": pairs, "masked": P * P - pairs, "rows": ["".join("1" if c else "0" for c in row)
+                for row in grid], "caption": f"{pairs} pairs for {P} tokens"}  # fmt: skip
+
+    @router.get("/kv")
+    def kv(
+        P: int = Query(1000, description="tokens held", json_schema_extra=bounds(0, MAX_P)),
+        model: str = Query(LOADED, description="a preset key or 'loaded'", json_schema_extra={"enum": models}),
+        dtype: str = Query(
+            "",
+            description="element type (default: the loaded model's, else bfloat16)",
+            json_schema_extra={"enum": ["", *DTYPES]},
+        ),
+        B: int = Query(1, description="sequences", json_schema_extra=bounds(1, MAX_B)),
+    ) -> dict:
+        """KV-cache bytes after P tokens: 2·L·B·H_kv·P·d_head·b, written out, and the per-layer shape."""
+        in_range("P", P, 0, MAX_P)
+        in_range("B", B, 1, MAX_B)
+        with bad_input():
+            spec = spec_named(model or LOADED, loaded)
+            own = model in ("", LOADED) and loaded_dtype
+            return kv_body(spec, P, dtype or (own or "bfloat16"), B)
+
+    @router.get("/request")
+    def request_time(
+        ttft: float = Query(0.2, description="time to first token, seconds", json_schema_extra=bounds(0, MAX_S)),
+        itl: float = Query(0.05, description="inter-token latency, seconds", json_schema_extra=bounds(0, MAX_S, True)),
+        n: int = Query(5, description="output tokens", json_schema_extra=bounds(1, MAX_N_OUT)),
+    ) -> dict:
+        """The chapter's worked example: request time TTFT + (n−1)·ITL, decode rate 1/ITL, output rate n/time."""
+        in_range("ttft", ttft, 0, MAX_S)
+        in_range("itl", itl, 0, MAX_S, lo_open=True)
+        in_range("n", n, 1, MAX_N_OUT)
+        with bad_input():
+            total = costs.request_seconds(ttft, n, itl)
+            decode = costs.decode_rate(itl)
+            output = costs.request_output_rate(n, total)
+        return finite({
+            "request_s": total, "decode_rate": decode, "output_rate": output,
+            "lines": {"request": f"{ttft:.2f} + {n - 1} × {itl:.2f} = {total:.2f} s",
+                      "decode": f"1 / {itl:.2f} = {decode:.3g} tokens/s",
+                      "output": f"{n} / {total:.2f} = {output:.3g} tokens/s"},
+        })  # fmt: skip
+
+    @router.get("/exercise")
+    def exercise() -> dict:
+        """The coding exercise's skeleton, as `prefill exercise` writes it (the page shows it; nothing runs here)."""
+        return {"functions": list(FUNCTIONS), "skeleton": skeleton(), "write": "prefill exercise",
+                "check": "prefill exercise check prefill_exercise.py"}  # fmt: skip
+
+    @router.post("/answer")
+    def answer(body: AnswerBody) -> dict:
+        """Check a typed answer ('1.4e13', '14e12', '1.4 × 10^13' all read): right, or a hint until reveal."""
+        v = check_answer(body.question, body.answer, body.reveal)
+        return {"correct": v.correct, "message": v.message, "answer": v.answer}
+
+    return router

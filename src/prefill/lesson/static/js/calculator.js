@@ -1,0 +1,137 @@
+// Part 1's live numbers: the prefill calculator, the causal-mask demo and the worked example.
+// Every number shown comes from the API (prefill.costmodel.costs); this file only moves values between inputs and text.
+
+import { $, getJSON, latest } from "./api.js";
+import { drawGrid } from "./grid.js";
+
+const TERA = 1e12;
+let catalog = null;
+
+// A range slider and its number box, kept in step; onChange fires on either.
+function pairUp(rangeId, numId, onChange) {
+  const range = $(rangeId);
+  const num = $(numId);
+  range.addEventListener("input", () => { num.value = range.value; onChange(); });
+  num.addEventListener("input", () => {
+    if (num.value !== "" && Number.isFinite(+num.value)) {
+      range.value = num.value;
+      onChange();
+    }
+  });
+  return { get: () => +num.value, set: (v) => { num.value = v; range.value = v; } };
+}
+
+function peakOf(hw, dtype) {
+  return hw.peak_flops[dtype] ?? hw.peak_flops.bfloat16;
+}
+
+export function initCalculator(cat) {
+  catalog = cat;
+  const update = latest(refresh, 30);
+  const N = pairUp("n-range", "n-num", update);
+  const P = pairUp("p-range", "p-num", update);
+  const U = pairUp("u-range", "u-num", update);
+  const peak = pairUp("peak-range", "peak-num", update);
+  const hwSel = $("hw-select");
+  const modelSel = $("model-select");
+  const dtypeSel = $("dtype-select");
+  for (const h of cat.hardware) hwSel.append(new Option(h.name, h.key));
+  for (const d of cat.dtypes) dtypeSel.append(new Option(d, d));
+  if (cat.loaded) modelSel.append(new Option(`this server's model (${cat.loaded.name})`, cat.loaded.key));
+  for (const m of cat.models) modelSel.append(new Option(m.name, m.key));
+
+  const applyHardware = () => {
+    const hw = cat.hardware.find((h) => h.key === hwSel.value);
+    peak.set(hw ? +(peakOf(hw, dtypeSel.value) / TERA).toPrecision(6) : 100);
+    $("bw-num").value = hw ? +(hw.bandwidth / TERA).toPrecision(6) : 2;
+  };
+  hwSel.addEventListener("change", () => { applyHardware(); update(); });
+  dtypeSel.addEventListener("change", () => { if (hwSel.value) applyHardware(); update(); });
+  modelSel.addEventListener("change", () => {
+    const m = cat.models.find((x) => x.key === modelSel.value) ?? (cat.loaded?.key === modelSel.value ? cat.loaded : null);
+    if (m) N.set(+(m.N / 1e9).toPrecision(4));
+    update();
+  });
+  $("bw-num").addEventListener("input", update);
+
+  async function refresh(signal) {
+    const body = await getJSON("/api/estimate", {
+      N: N.get() * 1e9, P: P.get(), mfu: U.get(), peak: peak.get() * TERA, bandwidth: +$("bw-num").value * TERA,
+      model: modelSel.value, dtype: dtypeSel.value,
+    }, signal);
+    show(body);
+  }
+  update();
+  initMask();
+  initExample();
+}
+
+function show(r) {
+  $("line-flops").textContent = r.lines.flops;
+  $("line-time").textContent = r.lines.time;
+  $("out-flops").textContent = r.human.flops;
+  $("out-seconds").textContent = r.human.seconds;
+  if (r.exact) {
+    const e = r.exact;
+    $("out-exact").textContent = `${e.human.total} · ${e.human.seconds}`;
+    $("out-exact-sub").textContent = `${e.model}: attention over the causal triangle ${e.human.attention}, `
+      + `logits of the last position only ${e.human.unembed}`;
+  } else {
+    $("out-exact").textContent = "choose a model";
+    $("out-exact-sub").textContent = "the exact count needs the model's shapes";
+  }
+  if (r.kv) {
+    $("out-kv").textContent = r.kv.text;
+    $("out-kv-sub").textContent = `${r.kv.L} layers × K and V of [${r.kv.shape.join(", ")}]; ${r.kv.per_token.toLocaleString("en-US")} B per token`;
+  } else {
+    $("out-kv").textContent = "choose a model";
+    $("out-kv-sub").textContent = "KV bytes need L, H_kv and d_head";
+  }
+  const rf = r.roofline;
+  const out = $("out-bound");
+  out.textContent = `prefill: ${rf.prefill_bound} · one decode step: ${rf.decode_bound}`;
+  out.className = `t-value ${rf.prefill_bound === "compute-bound" ? "bound-compute" : "bound-memory"}`;
+  const from = rf.compute_bound_from_P ? `prefill turns compute-bound from P ≈ ${rf.compute_bound_from_P.toLocaleString("en-US")} tokens` : "";
+  $("out-bound-sub").textContent = `intensity ${rf.prefill_intensity.toFixed(1)} FLOP/B (decode ${rf.decode_intensity.toFixed(1)}) `
+    + `vs the ridge point ${rf.ridge.toFixed(1)} FLOP/B = peak / bandwidth${from ? "; " + from : ""}`
+    + (r.exact ? "" : " (weights only: choose a model to count activations and KV)");
+}
+
+// ---- the causal mask demo ----
+
+export function maskCell(rows) {
+  return (i, j) => ({ cls: rows[i][j] === "1" ? "allowed" : "masked" });
+}
+
+function initMask() {
+  const range = $("demo-range");
+  const draw = latest(async (signal) => {
+    const m = await getJSON("/api/mask", { P: range.value }, signal);
+    $("demo-out").textContent = m.P;
+    $("mask-caption").textContent = m.caption;
+    const labels = Array.from({ length: m.P }, (_, k) => String(k + 1));
+    drawGrid($("mask-grid"), {
+      P: m.P, labels, cell: maskCell(m.rows), hover: $("mask-hover"),
+      describe: (i, j) => (m.rows[i][j] === "1" ? `token ${i + 1} may use token ${j + 1}`
+        : `masked: ${j + 1} is in ${i + 1}'s future`),
+    });
+  }, 20);
+  range.addEventListener("input", draw);
+  draw();
+}
+
+// ---- the worked example ----
+
+function initExample() {
+  const ids = ["ex-ttft", "ex-itl", "ex-n"];
+  const update = latest(async (signal) => {
+    const [ttft, itl, n] = ids.map((id) => $(id).value);
+    if ([ttft, itl, n].some((v) => v === "")) return;
+    const r = await getJSON("/api/request", { ttft, itl, n }, signal);
+    $("ex-request").textContent = r.lines.request;
+    $("ex-decode").textContent = r.lines.decode;
+    $("ex-output").textContent = r.lines.output;
+  });
+  for (const id of ids) $(id).addEventListener("input", update);
+  update();
+}

@@ -1,0 +1,218 @@
+"""From a validated request body to what the scheduler needs: sampling parameters, each prompt's token ids and
+max_tokens, the log-probabilities asked for (logprobs, echo), and the grammar the answer must follow
+(response_format or a forced tool call), or an ApiError that names the field.
+
+`check` is cheap and runs on the event loop; `prepare` tokenizes and compiles the grammar and runs on a worker
+thread (a long prompt takes a second to tokenize; the tokenizer releases the GIL meanwhile).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from prefill.engine.engine import Engine
+from prefill.engine.sampling import SamplingParams
+from prefill.server.openai_schema import MAX_PROMPTS, ApiError, ChatCompletionRequest, CompletionRequest
+from prefill.server.structured import Grammar, GrammarConstraint, Grammars
+
+Body = CompletionRequest | ChatCompletionRequest
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for. Tokens."""
+
+    max_tokens_limit: int = 4096  # the most tokens one request may generate
+    default_max_tokens: int = 256  # when a request names none (OpenAI's completions default is 16)
+    max_prompts: int = MAX_PROMPTS  # prompts in one /v1/completions request (one choice each)
+    max_echo_tokens: int = 16384  # prompt tokens one request may score (echo with logprobs), all prompts together
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for the scheduler: one job per prompt. Seconds."""
+
+    prompts: list[list[int]]  # token ids of each prompt
+    max_tokens: list[int]  # of each prompt
+    echoes: list[str]  # what each choice starts with: its prompt's text with echo, else ""
+    logprobs: int | None  # k alternatives per token, or None: no log-probabilities asked for
+    scored: bool  # echo with logprobs: every prompt position's log-probability (prefill.engine.scoring)
+    constraint: GrammarConstraint | None
+    grammar: Grammar | None
+    tokenize_s: float
+
+    @property
+    def tool_call(self) -> bool:
+        return self.grammar is not None and bool(self.grammar.tool_names)
+
+
+class Admission:
+    """What one engine accepts: its vocabulary, its context, its grammars."""
+
+    def __init__(self, engine: Engine, limits: Limits | None = None) -> None:
+        self.engine, self.limits = engine, limits or Limits()
+        self.context, self.vocab = engine.spec.context_length, engine.spec.vocab_size
+        tok = engine.tokenizer
+        self.grammars = Grammars(tok, self.vocab) if tok is not None else None
+        # No token is longer than this many characters, so a text longer than context * this cannot fit: it is
+        # refused before it is tokenized.
+        self.max_token_chars = max((len(t) for t in tok.tok.get_vocab()), default=1) if tok is not None else 1
+
+    def check(self, body: Body, chat: bool) -> SamplingParams:
+        """The cheap checks (on the event loop): refused fields, logit_bias ids, logprobs, echo and the number of
+        prompts, each prompt's size in characters."""
+        refused = body.refused_field()
+        if refused:
+            raise ApiError(400, f"{refused}: not supported by this server; remove it or send its default",
+                           param=refused, code="unsupported_parameter")  # fmt: skip
+        bias = body.logit_bias_pairs()
+        if any(t >= self.vocab for t, _ in bias):
+            raise ApiError(400, f"logit_bias: token ids must lie in [0, {self.vocab})", param="logit_bias")
+        self.logprobs_k(body, chat)
+        if body.requested_max_tokens() == 0 and not echo_of(body, chat):
+            raise ApiError(400, "max_tokens 0 returns nothing without echo: true (a scoring request)",
+                           param="max_tokens")  # fmt: skip
+        n = 1 if chat else len(_prompt_items(body.prompt))
+        if n > self.limits.max_prompts:
+            raise ApiError(400, f"{n} prompts in one request; at most {self.limits.max_prompts}", param="prompt")
+        if body.stream and n > 1:
+            raise ApiError(400, "stream one prompt at a time", param="prompt")
+        chars = sum(len(m.text()) for m in body.messages) if chat else _prompt_chars(body.prompt)
+        if chars > self.context * self.max_token_chars:
+            raise ApiError(400, f"the prompt has {chars} characters, more than {self.context} tokens of this "
+                           "model's context can hold; shorten it", param="prompt",
+                           code="context_length_exceeded")  # fmt: skip
+        return SamplingParams(temperature=float(body.temperature), top_k=body.top_k, top_p=float(body.top_p),
+                              seed=body.seed, logit_bias=bias)  # fmt: skip
+
+    def prepare(self, body: Body, chat: bool) -> Prepared:
+        """Tokenize, check each prompt's length, and compile the grammar (on a worker thread)."""
+        t0 = time.perf_counter()
+        prompts = self.prompt_ids(body, chat)
+        tokenize_s = time.perf_counter() - t0
+        max_tokens = [self.max_tokens_for(len(ids), body) for ids in prompts]
+        echo, k = echo_of(body, chat), self.logprobs_k(body, chat)
+        scored = echo and k is not None
+        n_scored = sum(len(ids) for ids in prompts)
+        if scored and n_scored > self.limits.max_echo_tokens:
+            raise ApiError(400, f"echo with logprobs of {n_scored} prompt tokens; at most {self.limits.max_echo_tokens}"
+                           " per request: send fewer or shorter prompts", param="echo",
+                           code="echo_too_long")  # fmt: skip
+        echoes = [""] * len(prompts)
+        if echo:
+            texts = _prompt_items(body.prompt)
+            tok = self.engine.need_tokenizer()
+            echoes = [t if isinstance(t, str) else tok.decode(ids, skip_special=False)
+                      for t, ids in zip(texts, prompts, strict=True)]  # fmt: skip
+        grammar = self.grammar_of(body) if chat else None
+        constraint = self.grammars.constraint(grammar) if grammar is not None else None
+        return Prepared(prompts, max_tokens, echoes, k, scored, constraint, grammar, tokenize_s)
+
+    def prompt_ids(self, body: Body, chat: bool) -> list[list[int]]:
+        """Token ids of each prompt (one for chat)."""
+        tok = self.engine.need_tokenizer()
+        if chat:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            if _tools_forced(body):
+                messages = with_tools_described(messages, body.tools)
+            return [tok.encode(tok.render_chat(messages, add_generation_prompt=True))]
+        out = []
+        for item in _prompt_items(body.prompt):
+            if isinstance(item, str):
+                out.append(tok.encode(item, add_special_tokens=True))
+            elif any(not 0 <= t < self.vocab for t in item):
+                raise ApiError(400, f"token ids must lie in [0, {self.vocab})", param="prompt")
+            else:
+                out.append(list(item))
+        return out
+
+    def max_tokens_for(self, P: int, body: Body) -> int:
+        """max_tokens for a P-token prompt: the request's, or the default that fits; a 400 when it cannot fit."""
+        if P == 0:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        if P >= self.context:  # noqa: SIM300 - P is the prompt length, not a constant
+            raise ApiError(400, f"the prompt has {P} tokens; this model's context length is {self.context}; "
+                           "shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
+        lim, requested = self.limits, body.requested_max_tokens()
+        max_tokens = requested if requested is not None else min(lim.default_max_tokens, lim.max_tokens_limit,
+                                                                 self.context - P)  # fmt: skip
+        if max_tokens > lim.max_tokens_limit or P + max_tokens > self.context:
+            raise ApiError(400, f"max_tokens={max_tokens} is over the limit: at most "
+                           f"{min(lim.max_tokens_limit, self.context - P)} for this {P}-token prompt "
+                           f"(context length {self.context})", param="max_tokens",
+                           code="context_length_exceeded")  # fmt: skip
+        return max_tokens
+
+    @staticmethod
+    def logprobs_k(body: Body, chat: bool) -> int | None:
+        """k alternatives per token, or None when the request asks for no log-probabilities."""
+        if not chat:
+            return body.logprobs
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else None
+
+    def grammar_of(self, body: ChatCompletionRequest) -> Grammar | None:
+        """The grammar the answer must follow: response_format or a forced tool call; None for free text.
+
+        tool_choice "none" ignores the tools; "auto" (the default when tools are given) is refused: this server
+        cannot let the model choose between text and a call."""
+        tools, choice, fmt = body.tools, body.tool_choice, body.response_format
+        if choice == "none" or (choice is None and not tools):
+            tools = None
+        elif not tools:
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        elif choice in (None, "auto"):
+            raise ApiError(400, "tool_choice 'auto' (the default when tools are given) is not supported: this server "
+                           "cannot let the model choose between text and a call; pass tool_choice 'required', "
+                           "{'type': 'function', 'function': {'name': ...}} or 'none'", param="tool_choice",
+                           code="unsupported_value")  # fmt: skip
+        elif choice != "required":
+            tools = [t for t in tools if t.function.name == choice.function.name]
+            if not tools:
+                raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not in tools",
+                               param="tool_choice")  # fmt: skip
+        if tools and fmt is not None and fmt.type != "text":
+            raise ApiError(400, "response_format cannot be combined with a forced tool call", param="response_format")
+        if self.grammars is None or (not tools and (fmt is None or fmt.type == "text")):
+            return None
+        if tools:
+            specs = [{"name": t.function.name, "parameters": t.function.parameters} for t in tools]
+            return self.grammars.tool_call(specs)
+        if fmt.type == "json_object":
+            return self.grammars.json_object()
+        if fmt.json_schema is None:
+            raise ApiError(400, "response_format of type json_schema needs json_schema", param="response_format")
+        return self.grammars.json_schema(fmt.json_schema.schema_)
+
+
+def echo_of(body: Body, chat: bool) -> bool:
+    return not chat and body.echo
+
+
+def _prompt_items(prompt) -> list:
+    """The prompts of a completions request: one text, one list of ids, or a list of either."""
+    return [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else list(prompt)
+
+
+def _prompt_chars(prompt) -> int:
+    """Characters of the longest text prompt (each must fit the context on its own)."""
+    return max((len(p) for p in _prompt_items(prompt) if isinstance(p, str)), default=0)
+
+
+def _tools_forced(body: ChatCompletionRequest) -> bool:
+    return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
+
+
+def with_tools_described(messages: list[dict], tools) -> list[dict]:
+    """The chat with the tools described in its system message: the chat templates we read take no `tools`, and a
+    model asked for a call it was never told about calls it blindly."""
+    specs = [{"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
+             for t in tools]  # fmt: skip
+    note = ("You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
+            'with JSON: {"name": <function name>, "arguments": <its arguments>}.')  # fmt: skip
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]

@@ -1,0 +1,148 @@
+"""The server's scheduler: a bounded queue in front of the step loop, and the one worker thread that runs it.
+
+HTTP handlers `submit` requests (prefill.engine.request.Request) from the event loop; the worker thread moves them
+into the step loop (prefill.engine.loop.StepLoop: admission against the shared KV pool, one batched decode forward
+for every running stream, one prefill chunk) and steps it while there is work. Requests send their events
+through their own `emit` callback; the scheduler observes them on the way for the metrics.
+
+The worker cannot die of a request: the step loop fails the requests a step touched, and anything that still
+escapes a step fails every running request and the worker goes on. `alive()` and `last_step_at` let a
+supervisor notice a worker that died or stalls anyway.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+import torch
+
+from prefill.engine.loop import StepLoop
+from prefill.engine.request import Event, Generation, Request, TokenEvent
+from prefill.errors import PrefillError
+from prefill.server.metrics import ServerMetrics
+
+log = logging.getLogger("prefill.serve")
+
+
+class QueueFull(PrefillError):
+    """The scheduler's queue is at --max-queue; the client should retry later (HTTP 429)."""
+
+
+class Scheduler:
+    """Owns the engine while running: every forward happens on its worker thread."""
+
+    def __init__(self, loop: StepLoop, metrics: ServerMetrics, max_queue: int = 64) -> None:
+        if max_queue < 1:
+            raise ValueError("max_queue must be >= 1")
+        self.loop, self.metrics, self.max_queue = loop, metrics, max_queue
+        self.engine = loop.engine
+        self._inbox: collections.deque[Request] = collections.deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self.last_step_at = time.monotonic()  # moves on every loop turn, idle or not
+        self.died: str | None = None  # why the worker thread ended, if it did on its own
+        self._thread = threading.Thread(target=self._run, name="prefill-scheduler", daemon=True)
+
+    # ---- the HTTP side ----
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the worker: running and queued requests get a final error."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=timeout_s)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.died is None
+
+    def submit(self, req: Request) -> None:
+        """Queue a request; QueueFull when --max-queue requests already wait, BadInput when it can never fit."""
+        self.loop.check_fits(req)
+        with self._cond:
+            if len(self._inbox) + len(self.loop.waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._inbox) + len(self.loop.waiting)} requests are queued (--max-queue); "
+                                "retry later")  # fmt: skip
+            user_emit = req.emit
+            req.emit = lambda ev: (self._observe(req, ev), user_emit(ev))
+            req.enqueued = time.perf_counter()  # queue_s counts from here, not from the HTTP arrival
+            self._inbox.append(req)
+            self.metrics.queued.set(len(self._inbox) + len(self.loop.waiting))
+            self._cond.notify()
+
+    def pool_state(self) -> dict:
+        """How full the shared KV pool is: blocks and bytes (reserved, and filled by running requests)."""
+        pool, prefix = self.loop.pool, self.loop.prefix_cache
+        running = list(self.loop.running)
+        return {
+            "kv_blocks_total": pool.n_blocks,
+            "kv_blocks_used": pool.used_blocks,
+            "kv_block_tokens": pool.block_size,
+            "kv_pool_bytes": pool.allocated_bytes(),
+            "kv_used_bytes": pool.used_blocks * pool.bytes_per_block,
+            "kv_held_bytes": sum(r.seq.nbytes() for r in running if r.seq is not None and r.seq.blocks),
+            "prefix_cache_bytes": prefix.nbytes if prefix is not None else 0,
+            "running": len(running),
+            "queued": len(self._inbox) + len(self.loop.waiting),
+        }
+
+    # ---- the worker thread ----
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while self._turn():
+                    pass
+        except BaseException as e:  # noqa: BLE001 - recorded for /health, then the thread ends
+            self.died = f"{type(e).__name__}: {e}"
+            log.exception("the scheduler's worker died")
+        finally:
+            self.loop.close()
+
+    def _turn(self) -> bool:
+        with self._cond:
+            while not self._stop and not self._inbox and not self.loop.busy:
+                self.last_step_at = time.monotonic()
+                self._cond.wait(timeout=1.0)
+            if self._stop:
+                return False
+            while self._inbox:
+                self.loop.waiting.append(self._inbox.popleft())
+        try:
+            self.loop.step()
+        except Exception as e:  # noqa: BLE001 - a bug in a step: fail what it touched, keep serving
+            log.exception("a scheduler step failed")
+            for req in list(self.loop.running):
+                req.fail(e)
+        self.last_step_at = time.monotonic()
+        self._update_gauges()
+        return True
+
+    def _observe(self, req: Request, ev: Event) -> None:
+        m = self.metrics
+        if isinstance(ev, TokenEvent):
+            if ev.token_id >= 0 and req.gen.itl_s:
+                m.itl.observe(req.gen.itl_s[-1])
+        elif isinstance(ev, Generation):
+            m.queue.observe(ev.queue_s)
+            if ev.ttft_s:
+                m.ttft.observe(ev.ttft_s)
+            m.prefill.observe(ev.prefill_s)
+            m.prompt_tokens.observe(ev.P)
+            m.generated_tokens.observe(len(ev.token_ids))
+            m.cached_tokens.inc(ev.cached_tokens)
+            if ev.prompt_scores is not None:
+                m.scored_tokens.inc(ev.P)
+
+    def _update_gauges(self) -> None:
+        s = self.pool_state()
+        m = self.metrics
+        m.queued.set(s["queued"])
+        m.running.set(s["running"])
+        m.kv_bytes.set(s["kv_held_bytes"])
+        m.kv_used_bytes.set(s["kv_used_bytes"])
+        m.kv_pool_bytes.set(s["kv_pool_bytes"])
+        m.prefix_bytes.set(s["prefix_cache_bytes"])

@@ -1,0 +1,51 @@
+"""vLLM's tokenizer endpoints: POST /tokenize, POST /detokenize, GET /tokenizer_info.
+
+Evaluation harnesses (lm-eval's `tokenizer_backend=remote`) count context and continuation tokens with the
+server's own tokenizer through them, so nothing has to be downloaded on the client side. Text is checked as the
+generation routes check it (valid Unicode); tokenizing runs on a worker thread, as theirs does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, StrictBool
+
+from prefill.engine.engine import Engine
+from prefill.errors import BadInput
+from prefill.server.openai_schema import Int, Text
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    prompt: Text
+    add_special_tokens: StrictBool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[Int]
+
+
+def add_tokenizer_routes(app: FastAPI, engine: Engine, model_id: str) -> None:
+    """Add the three routes to `app` (errors become the app's OpenAI-style 400s)."""
+    context = engine.spec.context_length
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        tok = engine.need_tokenizer()
+        ids = await asyncio.to_thread(tok.encode, body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": context}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        if any(not 0 <= t < engine.spec.vocab_size for t in body.tokens):
+            raise BadInput(f"token ids must lie in [0, {engine.spec.vocab_size})")
+        return {"prompt": engine.need_tokenizer().decode(body.tokens, skip_special=False)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict:
+        tok = engine.need_tokenizer()
+        return {"model": model_id, "eos_token": tok.eos_token or None, "bos_token": tok.bos_token or None,
+                "pad_token": None, "chat_template": tok.chat_template, "model_max_length": context}  # fmt: skip

@@ -1,0 +1,38 @@
+"""benchmarks/gpu.sh on the CPU with tiny shapes: both engines on the same random weights, every point timed."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_gpu_script_runs_on_cpu_with_the_tiny_preset(tmp_path):
+    cmd = [str(ROOT / "benchmarks" / "gpu.sh"), "--device", "cpu", "--preset", "tiny", "--prompt-lengths",
+           "32,128", "--repeats", "2", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "gpu.json").read_text())
+    assert result["spec"]["name"] == "tiny-llama" and result["device"] == "cpu"
+    assert [(p["engine"], p["P"]) for p in result["points"]] == [
+        ("prefill", 32),
+        ("transformers", 32),
+        ("prefill", 128),
+        ("transformers", 128),
+    ]
+    assert all(p["mfu"] > 0 for p in result["points"])
+    # the same weights: bf16 logits of ours and transformers agree to bf16 rounding
+    assert result["logits_rel_gap_vs_transformers"] < 0.05
+    assert result["bf16_gemm_flops_per_s"] > 0
+
+
+def test_gpu_script_refuses_cuda_without_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    from prefill.bench.gpu import main
+
+    assert main(["--device", "cuda", "--out", str(tmp_path)]) == 2

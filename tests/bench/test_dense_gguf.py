@@ -1,0 +1,62 @@
+"""The F32 and BF16 GGUFs written for the like-for-like llama.cpp peer hold exactly the source's weights."""
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from prefill.bench.dense_gguf import dense_gguf
+    from prefill.loading.resolve import default_model_path
+
+    out = tmp_path_factory.mktemp("dense")
+    src = default_model_path()
+    return src, {dt: dense_gguf(src, dt, out / f"{dt}.gguf") for dt in ("float32", "bfloat16")}
+
+
+def test_f32_gguf_gives_the_same_logits_as_the_original(files):
+    from prefill.engine.engine import Engine
+
+    src, dense = files
+    a = Engine.load(str(src), dtype="float32", progress=False)
+    b = Engine.load(str(dense["float32"]), dtype="float32", progress=False)
+    assert b.spec == a.spec
+    for name, w in a.model.state_dict().items():
+        assert torch.equal(w, b.model.state_dict()[name]), name
+    ids = a.encode_prompt("What is the capital of France?")
+    assert b.encode_prompt("What is the capital of France?") == ids  # same tokenizer and chat template
+    la, _ = a.prefill(ids)
+    lb, _ = b.prefill(ids)
+    assert (la - lb).abs().max().item() <= 1e-5
+
+
+def test_metadata_copied_and_types_changed(files):
+    import gguf
+
+    src, dense = files
+    r0 = gguf.GGUFReader(src)
+    for dt, ftype, matrix_type in (("float32", 0, "F32"), ("bfloat16", 32, "BF16")):
+        r = gguf.GGUFReader(dense[dt])
+        assert r.fields["general.file_type"].contents() == ftype
+        keys = set(r0.fields) - {"general.alignment"}
+        assert keys <= set(r.fields)
+        for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.chat_template", "llama.rope.freq_base"):
+            assert r.fields[k].contents() == r0.fields[k].contents(), k
+        assert [t.name for t in r.tensors] == [t.name for t in r0.tensors]
+        types = {t.name: t.tensor_type.name for t in r.tensors}
+        assert types["blk.0.ffn_up.weight"] == matrix_type and types["blk.0.attn_norm.weight"] == "F32"
+
+
+def test_bf16_gguf_holds_the_rounded_weights(files):
+    import gguf
+    from gguf.quants import dequantize
+
+    src, dense = files
+    t0 = {t.name: t for t in gguf.GGUFReader(src).tensors}
+    for t in gguf.GGUFReader(dense["bfloat16"]).tensors[:12]:
+        want = torch.from_numpy(np.asarray(dequantize(t0[t.name].data, t0[t.name].tensor_type), dtype=np.float32))
+        got = torch.from_numpy(np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        assert torch.equal(got.reshape(want.shape), want.to(torch.bfloat16).float()), t.name

@@ -1,0 +1,174 @@
+"""The load-test client: its arithmetic on hand-made timings, and its protocol handling against a scripted
+SSE server written here (known delays, known chunk counts). The real check runs against our own server in
+tests/test_serve.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord, run_load_test, synthetic_prompt
+from prefill.bench.loadtest_report import plot, summarize, tpot, write_json
+from prefill.errors import BadInput
+from prefill.server.server import BackgroundServer
+
+
+def test_summary_arithmetic_on_known_timings():
+    # Request A: sent at 0, content chunks at 0.2, 0.25, 0.30, 0.35, 0.40 -> TTFT 0.2, E2E 0.4, n_out 5,
+    # TPOT (0.4 - 0.2) / 4 = 0.05 (the lesson's worked request). Request B: TTFT 0.5, 3 tokens, E2E 0.9.
+    a = RequestRecord(0, 10, 0.0, 0.2, [0.2, 0.25, 0.30, 0.35, 0.40], 0.4, 5, 5, 12)
+    b = RequestRecord(1, 10, 1.0, 1.5, [1.5, 1.7, 1.9], 1.9, 3, None, None)
+    c = RequestRecord(2, 10, 2.0, error="HTTP 500: boom")
+    assert tpot(a) == pytest.approx(0.05)
+    assert tpot(b) == pytest.approx(0.2)
+    s = summarize([a, b, c], wall_s=2.0, slo_ttft_s=0.3, slo_tpot_s=0.1)
+    assert (s["requests"], s["successful"], s["failed"]) == (3, 2, 1)
+    assert s["output_tokens"] == 8
+    assert s["throughput_req_per_s"] == pytest.approx(1.0)
+    assert s["throughput_output_tok_per_s"] == pytest.approx(4.0)
+    assert s["goodput_req_per_s"] == pytest.approx(0.5)  # only A meets both SLOs
+    assert s["latency"]["ttft_s"]["mean"] == pytest.approx(0.35)
+    assert s["latency"]["ttft_s"]["p50"] == pytest.approx(0.35)
+    assert s["latency"]["e2e_s"]["p90"] == pytest.approx(0.4 + 0.9 * 0.5)
+    assert s["latency"]["itl_s"]["n"] == 6  # 4 gaps in A, 2 in B
+    assert s["latency"]["itl_s"]["mean"] == pytest.approx((4 * 0.05 + 2 * 0.2) / 6)
+    assert s["errors"] == {"HTTP 500: boom": 1}
+    assert "TTFT" in s["definitions"] and "n_out - 1" in s["definitions"]["TPOT"]
+
+
+def test_prompt_lengths_parse(tmp_path):
+    rng = random.Random(0)
+    assert PromptLengths.parse("128").sample(rng) == 128
+    u = PromptLengths.parse("10:20")
+    assert all(10 <= u.sample(rng) <= 20 for _ in range(50))
+    f = tmp_path / "lengths.txt"
+    f.write_text("5\n7\n9\n")
+    assert {PromptLengths.parse(f"@{f}").sample(rng) for _ in range(60)} == {5, 7, 9}
+    for bad in ("0", "20:10", "abc", f"@{tmp_path / 'missing.txt'}"):
+        with pytest.raises(BadInput):
+            PromptLengths.parse(bad)
+    assert len(synthetic_prompt(30, rng).split()) == 30
+
+
+# A scripted server: waits FIRST_S, sends one empty chunk (which must not count as the first token), then
+# N_CHUNKS content chunks GAP_S apart, then a finish chunk and (when asked) a usage chunk saying N_CHUNKS.
+FIRST_S, GAP_S, N_CHUNKS = 0.05, 0.02, 4
+
+
+def scripted_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+
+    async def events(chat: bool, include_usage: bool):
+        def chunk(text, finish=None):
+            if chat:
+                return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+            return {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+
+        await asyncio.sleep(FIRST_S)
+        yield f"data: {json.dumps(chunk(''))}\n\n"
+        for i in range(N_CHUNKS):
+            if i:
+                await asyncio.sleep(GAP_S)
+            yield f"data: {json.dumps(chunk(f'w{i} '))}\n\n"
+        yield f"data: {json.dumps(chunk('', 'length'))}\n\n"
+        if include_usage:
+            usage = {"prompt_tokens": 7, "completion_tokens": N_CHUNKS, "prompt_tokens_details": {"cached_tokens": 3}}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def route(request: Request, chat: bool):
+        body = await request.json()
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        assert body["stream"] is True and body["model"] == "scripted"
+        return StreamingResponse(events(chat, usage), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await route(request, False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await route(request, True)
+
+    return app
+
+
+@pytest.mark.parametrize("chat,include_usage,rate", [(False, True, None), (True, False, None), (False, True, 50.0)])
+def test_client_against_scripted_server(tmp_path, chat, include_usage, rate):
+    with BackgroundServer(scripted_app()) as url:
+        cfg = LoadTestConfig(url, chat=chat, concurrency=3, rate=rate, duration_s=30, max_requests=7,
+                             prompt_lengths=PromptLengths(4, 8), max_tokens=4, include_usage=include_usage)  # fmt: skip
+        records, wall, model = asyncio.run(run_load_test(cfg))
+    assert model == "scripted"
+    assert len(records) == 7 and all(r.ok for r in records), [r.error for r in records]
+    for r in records:
+        assert r.n_out == N_CHUNKS and r.n_chunks == N_CHUNKS
+        assert r.first_content - r.start >= FIRST_S  # the empty chunk did not count as the first token
+        assert len(r.chunk_times) == N_CHUNKS
+        assert r.finish_reason == "length"
+        assert r.cached_tokens == (3 if include_usage else None)
+    s = summarize(records, wall, slo_ttft_s=60.0, slo_tpot_s=60.0)
+    assert s["output_tokens"] == 7 * N_CHUNKS
+    assert s["goodput_req_per_s"] == pytest.approx(s["throughput_req_per_s"])
+    assert s["latency"]["itl_s"]["n"] == 7 * (N_CHUNKS - 1)
+    write_json(tmp_path / "out.json", {"url": url}, s, records)
+    assert json.loads((tmp_path / "out.json").read_text())["summary"]["successful"] == 7
+    plot(tmp_path / "out.png", records, "scripted")
+    assert (tmp_path / "out.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_client_reports_http_errors():
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"data": [{"id": "m"}]}
+
+    @app.post("/v1/completions")
+    async def refuse():
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"error": {"message": "queue full"}}, status_code=429)
+
+    with BackgroundServer(app) as url:
+        records, _, _ = asyncio.run(run_load_test(LoadTestConfig(url, concurrency=2, max_requests=3)))
+    assert len(records) == 3 and not any(r.ok for r in records)
+    assert all(r.error.startswith("HTTP 429") for r in records)
+
+
+def test_loadtest_command_prints_table_and_writes_files(tmp_path):
+    from typer.testing import CliRunner
+
+    from prefill.cli.main import app
+
+    with BackgroundServer(scripted_app()) as url:
+        args = ["loadtest", "--url", url, "--requests", "3", "--concurrency", "2", "--prompt-len", "5",
+                "--max-tokens", "4", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
+                "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for word in ("TTFT", "ITL", "TPOT", "E2E", "goodput", "definitions", "3/3 requests ok"):
+        assert word in result.output
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["output_tokens"] == 3 * N_CHUNKS
+    assert (tmp_path / "r.png").exists()
+
+
+def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prefill = Path(sys.executable).parent / "prefill"
+    r = subprocess.run([str(prefill), "loadtest", "--prompt-len", "20:10"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error:") and "Traceback" not in r.stderr

@@ -1,0 +1,216 @@
+"""The lesson page's JSON API on the real server: every /api route, its numbers checked against prefill.costmodel.costs,
+and bad input answered 400 with one clear message (the server keeps serving). No browser here."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from prefill.costmodel import costs
+from prefill.costmodel.causal import causal_pairs
+from prefill.costmodel.specs import PRESETS
+from prefill.lesson.api import human, seed_lines, short_sci
+from prefill.server.app import ServeConfig, create_app, model_id_of
+from prefill.server.server import BackgroundServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def url(smollm):
+    with BackgroundServer(create_app(smollm, ServeConfig(model_id_of(smollm), kv_cache_mb=64))) as root:
+        yield root
+
+
+def get(url: str, path: str, **params) -> httpx.Response:
+    return httpx.get(f"{url}{path}", params=params, timeout=120)
+
+
+def ok(url: str, path: str, **params) -> dict:
+    r = get(url, path, **params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def refused(r: httpx.Response, *words: str) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert all(w in err["message"] for w in words), err["message"]
+
+
+def test_display_helpers_write_the_seed_lines():
+    assert short_sci(7e9) == "7e9" and short_sci(1.35e8) == "1.35e8" and short_sci(500) == "500"
+    assert human(1.4e13, "FLOP") == "14 TFLOP" and human(0.09333, "s") == "93.3 ms" and human(2.5, "s") == "2.5 s"
+    assert seed_lines(7e9, 1000, 1.4e13, 5e13, 0.28) == {
+        "flops": "FLOPs ≈ 2 · N · P = 2 · 7e9 · 1,000 = 1.40e+13",
+        "time": "time ≈ 1.40e+13 / 5.0e+13 = 0.28 s",
+    }
+
+
+def test_page_static_files_and_openapi_are_served(url):
+    page = httpx.get(f"{url}/")
+    assert page.status_code == 200 and "<title>Prefill" in page.text
+    for path in ("/static/js/main.js", "/static/lesson.css", "/static/vendor/uplot/uPlot.esm.js"):
+        r = httpx.get(f"{url}{path}")
+        assert r.status_code == 200 and len(r.content) > 100, path
+    assert "javascript" in httpx.get(f"{url}/static/js/main.js").headers["content-type"]
+    assert "http" not in page.text.replace("http-equiv", "")  # nothing fetched from the network
+    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    for route in ("/api/estimate", "/api/mask", "/api/kv", "/api/request", "/api/answer", "/api/catalog",
+                  "/api/exercise", "/api/tokens", "/api/attention", "/api/predict", "/api/roofline"):  # fmt: skip
+        assert route in paths, route
+
+
+def test_estimate_gives_the_seed_numbers(url):
+    r = ok(url, "/api/estimate", N=7e9, P=1000, peak=1e14, mfu=0.5)
+    assert r["lines"]["flops"] == "FLOPs ≈ 2 · N · P = 2 · 7e9 · 1,000 = 1.40e+13"
+    assert r["lines"]["time"] == "time ≈ 1.40e+13 / 5.0e+13 = 0.28 s"
+    assert r["flops"] == costs.prefill_flops(7e9, 1000) and r["seconds"] == pytest.approx(0.28)
+    assert r["exact"] is None and r["kv"] is None
+    fast = ok(url, "/api/estimate", N=7e9, P=1000, peak=3e14, mfu=0.5)
+    assert fast["human"] == {"flops": "14 TFLOP", "seconds": "93.3 ms", "effective": "150 TFLOP/s"}
+
+
+def test_estimate_with_a_preset_has_exact_flops_kv_and_the_roofline(url):
+    spec = PRESETS["llama-3-8b"]
+    r = ok(url, "/api/estimate", N=spec.N, P=4096, peak=989.4e12, mfu=0.5, bandwidth=3.35e12, model="llama-3-8b")
+    count = costs.prefill_flops_exact(spec, 4096)
+    assert r["exact"]["total"] == count.total and r["exact"]["attention"] == count.attention
+    assert r["kv"]["bytes"] == costs.kv_cache_bytes_for(spec, 4096, 2) == 536_870_912
+    assert r["kv"]["text"] == "536,870,912 B = 512.0 MiB = 536.9 MB" and r["kv"]["shape"] == [1, 8, 4096, 128]
+    rf = r["roofline"]
+    assert rf["ridge"] == pytest.approx(989.4e12 / 3.35e12)
+    assert rf["prefill_bound"] == "compute-bound" and rf["decode_bound"] == "memory-bound"
+    assert rf["decode_intensity"] == costs.decode_intensity(2) == 1.0
+    assert rf["compute_bound_from_P"] == costs.compute_bound_prompt_length(spec, 2, rf["ridge"])
+    roof = rf["roof"]
+    assert max(roof["flops_per_s"]) == 989.4e12 and roof["flops_per_s"][0] == pytest.approx(0.1 * 3.35e12)
+
+
+@pytest.mark.parametrize(
+    "params,words",
+    [({"N": 0}, ("N must be in (0",)), ({"N": -7e9}, ("N must be",)), ({"N": 1e20}, ("N must be",)),
+     ({"P": -1}, ("P must be in [0",)), ({"P": 10**9}, ("P must be",)), ({"mfu": 0}, ("mfu must be in (0, 1]",)),
+     ({"mfu": 1.5}, ("mfu",)), ({"peak": 0}, ("peak",)), ({"N": "abc"}, ("N", "valid number")),
+     ({"model": "gpt-9"}, ("unknown model", "llama-3-8b")), ({"dtype": "int3"}, ("unknown dtype",)),
+     ({"N": "nan"}, ("N must be",)), ({"bandwidth": -1}, ("bandwidth",)),
+     ({"peak": 5e-324}, ("float64",)), ({"mfu": 1e-320, "peak": 1e-10}, ("float64",))],
+)  # fmt: skip
+def test_estimate_refuses_bad_input_with_a_clear_message(url, params, words):
+    refused(get(url, "/api/estimate", **params), *words)
+
+
+def test_mask_rows_and_counts(url):
+    r = ok(url, "/api/mask", P=5)
+    assert r["rows"] == ["10000", "11000", "11100", "11110", "11111"]
+    assert (r["allowed"], r["masked"], r["caption"]) == (15, 10, "15 pairs for 5 tokens")
+    assert ok(url, "/api/mask", P=0)["rows"] == []
+    big = ok(url, "/api/mask", P=256)
+    assert big["allowed"] == causal_pairs(256) and sum(row.count("1") for row in big["rows"]) == causal_pairs(256)
+    refused(get(url, "/api/mask", P=-1), "P must be in [0, 256]")
+    refused(get(url, "/api/mask", P=257), "P must be in [0, 256]")
+
+
+def test_kv_of_the_loaded_model_and_of_a_preset(url, smollm):
+    s = smollm.spec
+    r = ok(url, "/api/kv", P=3)
+    assert r["bytes"] == costs.kv_cache_bytes(s.L, s.H_kv, s.d_head, 3, 4) == 138_240  # float32 engine
+    assert r["formula"] == "2 · L · B · H_kv · P · d_head · b = 2 · 30 · 1 · 3 · 3 · 64 · 4 = 138,240 B"
+    assert r["shape"] == [1, 3, 3, 64]
+    assert ok(url, "/api/kv", P=1000, model="llama-2-7b", dtype="fp16")["bytes"] == 524_288_000
+    refused(get(url, "/api/kv", P=-5), "P must be")
+    refused(get(url, "/api/kv", P=5, B=0), "B must be")
+    refused(get(url, "/api/kv", P=5, model="nope"), "unknown model")
+
+
+def test_request_is_the_worked_example(url):
+    r = ok(url, "/api/request", ttft=0.2, itl=0.05, n=5)
+    assert r["lines"] == {"request": "0.20 + 4 × 0.05 = 0.40 s", "decode": "1 / 0.05 = 20 tokens/s",
+                          "output": "5 / 0.40 = 12.5 tokens/s"}  # fmt: skip
+    assert r["request_s"] == pytest.approx(0.4) and r["output_rate"] == pytest.approx(12.5)
+    refused(get(url, "/api/request", ttft=0.2, itl=0, n=5), "itl must be in (0")
+    refused(get(url, "/api/request", ttft=-1, itl=0.05, n=5), "ttft")
+    refused(get(url, "/api/request", ttft=0.2, itl=0.05, n=0), "n must be in [1")
+    refused(get(url, "/api/request", ttft=0.2, itl=5e-324, n=5), "float64")
+
+
+def test_answer_checks_hints_and_reveals(url):
+    post = lambda body: httpx.post(f"{url}/api/answer", json=body)  # noqa: E731
+    assert post({"question": "flops", "answer": "1.4 × 10^13"}).json()["correct"] is True
+    wrong = post({"question": "flops", "answer": "7e12"}).json()
+    assert wrong["correct"] is False and wrong["answer"] is None and "1.4e+13" not in wrong["message"]
+    assert post({"question": "pairs", "reveal": True}).json()["answer"] == 10
+    assert "write it like" in post({"question": "seconds", "answer": "fast"}).json()["message"]
+    refused(post({"question": "nope", "answer": "1"}), "question", "'flops', 'seconds' or 'pairs'")
+    refused(post({"question": "flops", "answer": 14}), "answer")
+    refused(post({"question": "flops", "code": "import os"}), "code")  # extra fields refused: nothing is run
+
+
+def test_exercise_skeleton_is_the_one_the_cli_writes(url):
+    from prefill.lesson.exercise import skeleton
+
+    r = ok(url, "/api/exercise")
+    assert r["skeleton"] == skeleton() and len(r["functions"]) == 5
+
+
+def test_catalog_lists_hardware_presets_and_the_loaded_model(url, smollm):
+    r = ok(url, "/api/catalog")
+    assert {h["key"] for h in r["hardware"]} >= {"h100-sxm", "a100-80gb", "l4"}
+    assert {m["key"] for m in r["models"]} == set(PRESETS)
+    assert (
+        r["loaded"]["model_id"] == model_id_of(smollm) and r["loaded"]["L"] == 30 and r["loaded"]["dtype"] == "float32"
+    )
+
+
+def test_tokens_label_each_id(url):
+    r = ok(url, "/api/tokens", text="AI is fast", chat=0)
+    assert r["labels"] == ["AI", " is", " fast"] and r["P"] == 3 and r["kv"]["shape"] == [1, 3, 3, 64]
+    chat = ok(url, "/api/tokens", text="AI is fast", chat=1)
+    assert chat["labels"][0] == "<|im_start|>" and chat["P"] > 3
+    refused(get(url, "/api/tokens", text="   "), "empty")
+    refused(get(url, "/api/tokens", text="x", chat=2), "chat must be in [0, 1]")
+    refused(get(url, "/api/tokens", text="x" * 20_001), "at most 20000 characters")
+
+
+def test_attention_is_a_causal_softmax(url):
+    r = httpx.post(f"{url}/api/attention", json={"text": "AI is fast", "layer": 3, "head": 5}, timeout=60)
+    assert r.status_code == 200, r.text
+    a = r.json()
+    A = a["weights"]
+    assert a["P"] == 3 and a["labels"] == ["AI", " is", " fast"] and a["kv_head"] == 5 // 3
+    assert all(A[i][j] == 0 for i in range(3) for j in range(i + 1, 3)) and a["upper_max"] == 0
+    assert all(abs(sum(row) - 1) < 1e-5 for row in A)
+    bad = lambda body: httpx.post(f"{url}/api/attention", json=body)  # noqa: E731
+    refused(bad({"text": "AI", "layer": 30, "head": 0}), "layer must be in [0, 29]")
+    refused(bad({"text": "AI", "layer": 0, "head": 9}), "head must be in [0, 8]")
+    refused(bad({"text": "word " * 80, "layer": 0, "head": 0}), "1..64 tokens")
+    refused(bad({"text": "", "layer": 0, "head": 0}), "text")
+    refused(bad({"text": "AI", "layer": "0", "head": 0}), "layer")
+
+
+def test_predict_and_roofline_use_the_measured_rates(url, smollm):
+    p = ok(url, "/api/predict", P=3, prefill_s=0.01, tokenize_s=0.001)
+    count = costs.prefill_flops_exact(smollm.spec, 3)
+    assert p["flops"] == count.total and p["gemm_rate"] > 1e8
+    assert p["mfu"] == pytest.approx(costs.mfu(count.total, 0.01, p["gemm_rate"]))
+    assert p["predicted_ttft_s"] == pytest.approx(p["predicted_prefill_s"] + 0.001)
+    r = ok(url, "/api/roofline", P=3)
+    assert r["peak"] == p["gemm_rate"]  # measured once per server: the same rate in both routes
+    assert r["ridge"] == pytest.approx(r["peak"] / r["bandwidth"])
+    assert r["prefill_intensity"] == pytest.approx(costs.prefill_intensity(smollm.spec, 3, 4))
+    assert r["decode_bound"] == "memory-bound" and r["decode_intensity"] == costs.decode_intensity(4)
+    cached = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.01)
+    assert cached["flops"] == costs.prefill_flops_exact(smollm.spec, 8, 32).total  # only the 8 new tokens run
+    refused(get(url, "/api/predict", P=40, cached=40), "cached must be in [0, 39]")
+    refused(get(url, "/api/predict", P=0), "P must be in [1")
+    refused(get(url, "/api/predict", P=3, prefill_s=0), "prefill_s")
+    refused(get(url, "/api/predict", P=3, prefill_s=5e-324), "float64")
+    refused(get(url, "/api/roofline", P=10**6), "P must be in [1, 8192]")
+
+
+def test_the_server_keeps_serving_after_bad_input(url):
+    for _ in range(3):
+        get(url, "/api/estimate", N=-1)
+    assert ok(url, "/api/mask", P=2)["rows"] == ["10", "11"]
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"

@@ -1,0 +1,303 @@
+"""The lesson page in a real browser: Debian's Chromium driven by Playwright against the real server with the
+embedded model. One server and one browser for the module; the tests run in file order on one page, as a
+student would use it, and the last one checks that nothing failed along the way.
+
+Screenshots land in docs/ (the README shows them)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from prefill.costmodel import costs
+from prefill.server.app import ServeConfig, create_app, model_id_of
+from prefill.server.server import BackgroundServer
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("no Chromium found: install the Debian package `chromium` (make test does as root)",
+                allow_module_level=True)  # fmt: skip
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def url(smollm):
+    cfg = ServeConfig(model_id_of(smollm), max_tokens_limit=512, kv_cache_mb=64)
+    smollm.warmup()  # as `prefill lab` does: the page's timeline shows the steady state, not first-call set-up
+    with BackgroundServer(create_app(smollm, cfg)) as root:
+        yield root
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def problems():
+    """Everything that went wrong in the browser during the module: console errors, page errors, failed requests."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def page(browser, url, problems):
+    pg = browser.new_page(viewport={"width": 1280, "height": 800})
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    pg.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    # A fetch the page cancels on purpose (a newer slider value replaced it) is not a failure.
+    pg.on("requestfailed", lambda r: None if r.failure == "net::ERR_ABORTED" else problems.append(
+        f"request failed: {r.url} {r.failure}"))  # fmt: skip
+    pg.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    pg.goto(url + "/")
+    pg.wait_for_function("document.getElementById('model-badge').textContent.startsWith('this server runs')")
+    yield pg
+    pg.close()
+
+
+def text(page, selector: str) -> str:
+    return page.locator(selector).inner_text()
+
+
+def wait_text(page, selector: str, expected: str) -> None:
+    page.wait_for_function(
+        "([s, t]) => document.querySelector(s).textContent.includes(t)", arg=[selector, expected], timeout=10_000
+    )
+
+
+def slide(page, selector: str, value) -> None:
+    """Move a range slider (or type into a number box) as a user would: the page sees an input event."""
+    page.locator(selector).fill(str(value))
+
+
+def test_first_paint_shows_the_seed_lines(page):
+    assert text(page, "#line-flops") == "FLOPs ≈ 2 · N · P = 2 · 7e9 · 1,000 = 1.40e+13"
+    assert text(page, "#line-time") == "time ≈ 1.40e+13 / 5.0e+13 = 0.28 s"
+
+
+def test_sliders_give_the_seed_worked_numbers(page):
+    slide(page, "#n-range", 70)
+    slide(page, "#p-range", 4000)
+    slide(page, "#u-range", 0.2)
+    wait_text(page, "#line-flops", "2 · 7e10 · 4,000 = 5.60e+14")
+    slide(page, "#n-range", 7)
+    slide(page, "#p-range", 1000)
+    slide(page, "#u-range", 0.5)
+    wait_text(page, "#line-time", "time ≈ 1.40e+13 / 5.0e+13 = 0.28 s")
+    assert text(page, "#line-flops") == "FLOPs ≈ 2 · N · P = 2 · 7e9 · 1,000 = 1.40e+13"
+    slide(page, "#peak-num", 300)
+    wait_text(page, "#out-seconds", "93.3 ms")
+    assert text(page, "#out-flops") == "14 TFLOP"
+    assert text(page, "#line-time") == "time ≈ 1.40e+13 / 1.5e+14 = 0.0933 s"
+
+
+def test_choosing_a_model_and_hardware_shows_exact_flops_kv_and_the_bound(page):
+    page.select_option("#model-select", "llama-3-8b")
+    page.select_option("#hw-select", "h100-sxm")
+    wait_text(page, "#out-kv", "MiB")
+    P = int(page.locator("#p-num").input_value())
+    from prefill.costmodel.specs import PRESETS
+
+    assert text(page, "#out-kv") == costs.format_bytes(costs.kv_cache_bytes_for(PRESETS["llama-3-8b"], P, 2))
+    assert "compute-bound" in text(page, "#out-bound") and "memory-bound" in text(page, "#out-bound")
+    assert page.locator("#peak-num").input_value() == "989.4"
+    page.select_option("#model-select", "")
+    page.select_option("#hw-select", "")
+    slide(page, "#n-num", 7)
+    wait_text(page, "#line-time", "time ≈ 1.40e+13 / 5.0e+13 = 0.28 s")
+
+
+def test_mask_grid_at_demo_length_5(page):
+    slide(page, "#demo-range", 9)
+    wait_text(page, "#mask-caption", "45 pairs for 9 tokens")
+    slide(page, "#demo-range", 5)
+    wait_text(page, "#mask-caption", "15 pairs for 5 tokens")
+    assert page.locator("#mask-grid .cell.allowed").count() == 15
+    assert page.locator("#mask-grid .cell.masked").count() == 10
+    page.hover("#mask-grid .cell[data-i='2'][data-j='0']")
+    assert text(page, "#mask-hover") == "token 3 may use token 1"
+    page.hover("#mask-grid .cell[data-i='1'][data-j='3']")
+    assert text(page, "#mask-hover") == "masked: 4 is in 2's future"
+
+
+def answer(page, question: str, typed: str) -> str:
+    form = page.locator(f"form[data-question='{question}']")
+    form.locator("input").fill(typed)
+    form.locator("input").press("Enter")
+    feedback = form.locator(".feedback")
+    sync_api.expect(feedback).not_to_have_text("")
+    msg = feedback.inner_text()
+    feedback.evaluate("e => { e.textContent = '' }")  # so the next answer's reply is seen afresh
+    return msg
+
+
+def test_typed_answers_right_wrong_and_revealed(page):
+    hint = answer(page, "flops", "7e12")
+    assert hint.startswith("Not quite") and "1.4e+13" not in hint
+    assert page.locator("form[data-question='flops'] .reveal").is_visible()
+    assert answer(page, "flops", "1.4 × 10^13").startswith("Right")
+    assert answer(page, "flops", "14e12").startswith("Right")
+    assert answer(page, "seconds", "0.28").startswith("Right")
+    assert answer(page, "pairs", "16").startswith("Not quite")
+    form = page.locator("form[data-question='pairs']")
+    form.locator(".reveal").click()
+    sync_api.expect(form.locator(".feedback")).to_have_text("The answer is 10 pairs.")
+
+
+def test_predict_first_and_check_your_understanding(page):
+    page.click("[data-quiz='predict'] [data-choice='A']")
+    sync_api.expect(page.locator("#predict .feedback")).to_contain_text("Not quite")
+    page.click("[data-quiz='understand'] [data-choice='B']")
+    sync_api.expect(page.locator("#understand .feedback")).to_contain_text("Right: No.")
+
+
+def test_worked_example_calculator(page):
+    assert text(page, "#ex-request") == "0.20 + 4 × 0.05 = 0.40 s"
+    assert text(page, "#ex-decode") == "1 / 0.05 = 20 tokens/s"
+    assert text(page, "#ex-output") == "5 / 0.40 = 12.5 tokens/s"
+    page.locator("#ex-n").fill("9")
+    wait_text(page, "#ex-request", "0.20 + 8 × 0.05 = 0.60 s")
+    page.locator("#ex-n").fill("5")
+
+
+def test_keyboard_only_sliders_and_answer_boxes(page):
+    page.focus("#demo-range")
+    page.keyboard.press("ArrowRight")
+    wait_text(page, "#mask-caption", "21 pairs for 6 tokens")
+    page.keyboard.press("ArrowLeft")
+    wait_text(page, "#mask-caption", "15 pairs for 5 tokens")
+    page.focus("#n-range")
+    page.keyboard.press("ArrowRight")
+    wait_text(page, "#line-flops", "2 · 7.1e9 · 1,000")
+    page.keyboard.press("ArrowLeft")
+    wait_text(page, "#line-flops", "2 · 7e9 · 1,000 = 1.40e+13")
+    page.focus("#a-pairs")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("10")
+    page.keyboard.press("Enter")
+    sync_api.expect(page.locator("form[data-question='pairs'] .feedback")).to_contain_text("Right")
+    page.keyboard.press("Tab")  # from the answer box to its Check button
+    assert page.evaluate("document.activeElement.textContent") == "Check"
+
+
+def test_live_prefill_of_ai_is_fast(page, smollm):
+    page.locator("#prompt").fill("AI is fast")
+    page.locator("#max-tokens").fill("12")
+    with page.expect_response("**/api/attention") as attention:
+        page.click("#prefill-btn")
+        page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    labels = page.locator("#token-grid .row-lbl").all_text_contents()
+    assert labels == ["AI", " is", " fast"]
+    assert page.locator("#token-grid .cell.allowed").count() == 6
+    a = attention.value.json()
+    A = a["weights"]
+    assert a["labels"] == ["AI", " is", " fast"]
+    assert all(A[i][j] == 0 for i in range(3) for j in range(i + 1, 3))
+    assert all(abs(sum(row) - 1) < 1e-5 for row in A)
+    assert page.locator("#attn-grid .cell.masked").count() == 3
+    assert page.locator("#answer").inner_text().strip() != ""
+    for tile in ("#tl-ttft", "#tl-pred", "#tl-total", "#tl-model", "#tl-mfu"):
+        assert text(page, tile) not in ("…", "–", ""), tile
+    assert "compute-bound" in text(page, "#roof-text") or "memory-bound" in text(page, "#roof-text")
+    assert page.locator("#roof-chart canvas").count() == 1 and page.locator("#timeline-chart canvas").count() == 1
+
+
+def test_streamed_kv_bytes_equal_the_formula(page, smollm):
+    import re
+
+    s = smollm.spec
+    n = int(text(page, "#live-status").split(",")[1].split()[0])  # "done: 3 prompt tokens, 12 answer tokens."
+    held = int(re.search(r"= \[1, 3, (\d+), 64\]", text(page, "#kv-shape")).group(1))
+    assert 3 <= held <= 3 + n  # the prompt and the answer so far (the newest token's K/V lands next step)
+    formula = costs.kv_cache_bytes(s.L, s.H_kv, s.d_head, held, 4)
+    assert text(page, "#kv-formula") == f"{formula:,} B"
+    measured = text(page, "#kv-measured")
+    if measured == "not reported":
+        pytest.skip("this server's chunks do not carry timings.kv_bytes yet")
+    assert measured == f"{formula:,} B"
+
+
+def test_changing_layer_and_head_redraws_the_attention(page):
+    with page.expect_response("**/api/attention") as attention:
+        page.select_option("#head-select", "7")
+    a = attention.value.json()
+    assert a["head"] == 7 and a["kv_head"] == 2
+    sync_api.expect(page.locator("#attn-check")).to_contain_text("query head 7")
+
+
+def test_screenshots_for_the_readme(page):
+    DOCS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=DOCS / "lesson.png")
+    page.locator("#calc").screenshot(path=DOCS / "lesson-calculator.png")
+    page.check("#chat")  # the chat template: a longer prompt, its attention as a heat map with real labels
+    page.locator("#max-tokens").fill("16")
+    page.click("#prefill-btn")
+    page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    assert page.locator("#token-grid .row-lbl").first.inner_text() == "<|im_start|>"
+    page.locator("#live").screenshot(path=DOCS / "lesson-live.png")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=DOCS / "lesson-phone.png")
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0, f"the page is {overflow}px wider than a 390px phone"
+    page.locator("#mask").screenshot(path=DOCS / "lesson-phone-mask.png")
+    page.set_viewport_size({"width": 1280, "height": 800})
+    for name in ("lesson.png", "lesson-calculator.png", "lesson-live.png", "lesson-phone.png", "lesson-phone-mask.png"):
+        assert (DOCS / name).stat().st_size > 10_000
+
+
+def test_a_second_tab_works_while_api_clients_stream(browser, url, smollm, problems):
+    import threading
+
+    import httpx
+
+    answers = []
+
+    def api_client():
+        body = {"model": model_id_of(smollm), "prompt": "Count: one, two,", "max_tokens": 8, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+            answers.append((r.status_code, "".join(r.iter_text())))
+
+    clients = [threading.Thread(target=api_client) for _ in range(2)]
+    for c in clients:
+        c.start()
+    tab = browser.new_page()
+    tab.on("pageerror", lambda e: problems.append(f"second tab: {e}"))
+    tab.goto(url + "/")
+    tab.locator("#prompt").fill("Hello")
+    tab.locator("#max-tokens").fill("4")
+    tab.click("#prefill-btn")
+    tab.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    assert tab.locator("#token-grid .row-lbl").all_text_contents() == ["Hello"]
+    tab.close()
+    for c in clients:
+        c.join(timeout=120)
+    assert [status for status, _ in answers] == [200, 200]
+    assert all(text.rstrip().endswith("data: [DONE]") for _, text in answers)
+
+
+def test_a_long_prompt_is_drawn_scaled_and_its_attention_is_capped(page):
+    page.uncheck("#chat")
+    page.locator("#prompt").fill(" ".join(["tokens"] * 100))
+    page.locator("#max-tokens").fill("2")
+    page.click("#prefill-btn")
+    page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    assert page.locator("#token-grid canvas").count() == 1  # a scaled heat map, not 10,000 cells
+    assert page.locator("#token-grid .cell").count() == 0
+    sync_api.expect(page.locator("#attn-check")).to_contain_text("up to 64 tokens")
+
+
+def test_no_console_errors_and_no_failed_requests(problems):
+    assert problems == []

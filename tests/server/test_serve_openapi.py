@@ -1,0 +1,30 @@
+"""schemathesis against the running server's /openapi.json, bounded (fixed seed, few examples per operation, the
+real model name pinned by the document itself, max_tokens at most 8): zero 5xx, zero hangs, zero responses that
+contradict the document."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefill.server.app import ServeConfig, create_app, model_id_of
+from prefill.server.server import BackgroundServer
+
+pytestmark = pytest.mark.slow
+CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+
+
+def test_schemathesis_finds_nothing(smollm, tmp_path):
+    engine = smollm
+    cfg = ServeConfig(model_id_of(engine), max_tokens_limit=8, chunk_size=64, max_body_bytes=256 * 1024,
+                      kv_cache_mb=256)  # fmt: skip
+    st = Path(sys.executable).parent / "st"
+    with BackgroundServer(create_app(engine, cfg)) as url:
+        cmd = [str(st), "run", f"{url}/openapi.json", "--checks", CHECKS, "--max-examples", "25", "--seed", "13",
+               "--request-timeout", "30", "--workers", "1", "--report-dir", str(tmp_path)]  # fmt: skip
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache goes there
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "FAILURES" not in run.stdout and " passed" in run.stdout, run.stdout[-6000:]
