@@ -15,7 +15,7 @@ import torch
 
 from prefill.bench.peers import TransformersPeer
 from prefill.costmodel.costs import prefill_flops_exact
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.loading.resolve import default_model_path
 
 

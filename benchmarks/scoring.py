@@ -17,7 +17,7 @@ import time
 import torch
 
 from prefill.costmodel import costs
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.engine.scoring import score
 
 

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm():
     """The embedded SmolLM2-135M-Instruct in float32 on the CPU."""
-    from prefill.engine.engine import Engine
+    from prefill.engine.llm import Engine
 
     return Engine.load(None, dtype="float32", progress=False)
 

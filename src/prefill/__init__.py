@@ -52,7 +52,7 @@ from prefill.costmodel.specs import PRESETS, ModelSpec, load_spec
 from prefill.errors import BadInput, ModelFileError, PrefillError
 
 _LAZY = {  # torch-backed names, imported on first use so the calculator starts fast
-    "Engine": "prefill.engine.engine",
+    "Engine": "prefill.engine.llm",
     "Generation": "prefill.engine.request",
     "KVPool": "prefill.engine.kvcache",
     "Request": "prefill.engine.request",

@@ -18,7 +18,7 @@ def files(tmp_path_factory):
 
 
 def test_f32_gguf_gives_the_same_logits_as_the_original(files):
-    from prefill.engine.engine import Engine
+    from prefill.engine.llm import Engine
 
     src, dense = files
     a = Engine.load(str(src), dtype="float32", progress=False)

@@ -94,7 +94,7 @@ def test_seeded_sampling_in_a_batch_equals_alone(smollm):
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s) for s in (1, 2, 3)]
     alone = [smollm.complete(p, max_new_tokens=6, sampling=sp).token_ids for p, sp in zip(prompts, params, strict=True)]
     done: dict[int, Generation] = {}
-    loop = StepLoop(smollm, smollm.new_pool(3 * 64), chunk_size=None)
+    loop = StepLoop(smollm.runner, smollm.new_pool(3 * 64), chunk_size=None)
 
     def keep(i: int):
         return lambda ev: done.__setitem__(i, ev) if isinstance(ev, Generation) else None
@@ -134,7 +134,7 @@ def test_seeded_sampling_is_reproducible(smollm):
 
 
 def test_bfloat16_agrees_with_float32_within_bf16_error(smollm):
-    from prefill.engine.engine import Engine
+    from prefill.engine.llm import Engine
 
     bf16 = Engine.load(None, dtype="bfloat16", progress=False)
     ids = smollm.encode_prompt(QUESTION)

@@ -143,7 +143,7 @@ def test_a_scoring_request_runs_in_the_step_loop_beside_a_generation(smollm):
     from prefill.engine.sampling import SamplingParams
 
     pool = KVPool.for_tokens(smollm.spec, 1024, smollm.dtype, smollm.device)
-    loop = StepLoop(smollm, pool, RadixPrefixCache(pool, 0), chunk_size=7)
+    loop = StepLoop(smollm.runner, pool, RadixPrefixCache(pool, 0), chunk_size=7)
     ids = smollm.tokenizer.encode(TEXTS[1])
     done: list[Generation] = []
     keep = lambda ev: done.append(ev) if isinstance(ev, Generation) else None  # noqa: E731

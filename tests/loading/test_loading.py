@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from prefill.costmodel.families import family_of
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.errors import ModelFileError
 from prefill.loading import default_model_path
 from prefill.loading.gguf import hf_name, unpermute_qk

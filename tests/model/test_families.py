@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 
 pytestmark = pytest.mark.slow
 

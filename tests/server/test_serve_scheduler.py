@@ -28,7 +28,7 @@ def engine(smollm):
 
 def scheduler_of(engine, pool_tokens: int, chunk_size: int = 16, prefix_mb: float = 0.0) -> Scheduler:
     pool = KVPool.for_tokens(engine.spec, pool_tokens, engine.dtype, engine.device)
-    loop = StepLoop(engine, pool, RadixPrefixCache(pool, int(prefix_mb * 1024**2)), chunk_size)
+    loop = StepLoop(engine.runner, pool, RadixPrefixCache(pool, int(prefix_mb * 1024**2)), chunk_size)
     return Scheduler(loop, ServerMetrics())
 
 

@@ -70,7 +70,8 @@ def build_pair(spec: ModelSpec, device: str, dtype: str = "bfloat16", seed: int 
     from transformers import LlamaForCausalLM
 
     from prefill.bench.peers import TransformersPeer
-    from prefill.engine.engine import Engine, torch_dtype
+    from prefill.engine.llm import Engine
+    from prefill.engine.runner import torch_dtype
 
     torch.manual_seed(seed)
     dt = torch_dtype(dtype)

@@ -162,7 +162,7 @@ def run_bench(
     import torch
 
     from prefill.costmodel.hardware import measure_gemm_rate
-    from prefill.engine.engine import Engine
+    from prefill.engine.llm import Engine
 
     config, the_plan, _spec, model_path = prepare(config) if prepared is None else (config, prepared, None, None)
     if model_path is None:

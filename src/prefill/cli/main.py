@@ -368,18 +368,19 @@ def mask(
 ) -> None:
     """The causal mask of a prompt: which key positions each query position attends (1) or not (0)."""
     from prefill.costmodel.causal import causal_mask, causal_pairs
+    from prefill.engine.prompt import check_text
     from prefill.errors import BadInput
 
     if (text is None) == (tokens is None):
         raise BadInput('give either a prompt ("AI is fast") or --tokens P')
-    if text is not None and not text.strip():
-        raise BadInput("the prompt is empty; give some text or --tokens P")
+    if text is not None:
+        check_text(text)
     if text is None:
         labels = [""] * tokens
     elif whitespace:
         labels = text.split()
     else:
-        from prefill.loading.tokenizer import default_tokenize
+        from prefill.loading.resolve import default_tokenize
 
         labels = default_tokenize(text)  # the embedded SmolLM2's tokenizer
     P = len(labels)
@@ -509,7 +510,7 @@ def serve(
     threads: int = typer.Option(None, help="torch CPU threads"),
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    from prefill.engine.engine import Engine
+    from prefill.engine.llm import Engine
     from prefill.machine.native import resolve_dtype
     from prefill.server.app import ServeConfig, create_app, model_id_of
     from prefill.server.server import run_server
@@ -610,7 +611,7 @@ def _echo(line: str) -> None:
 
 
 def _load_engine(model: str | None, dtype: str, threads: int | None, device: str = "cpu", compile: bool = False):
-    from prefill.engine.engine import Engine
+    from prefill.engine.llm import Engine
     from prefill.machine.native import keep_compile, resolve_dtype
 
     dtype = resolve_dtype(dtype, device, echo=_echo)  # "auto" -> the fastest native dtype, said in one line

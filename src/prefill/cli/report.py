@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prefill.costmodel import costs
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.engine.request import Generation
 
 

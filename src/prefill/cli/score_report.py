@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from prefill.costmodel import costs
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.engine.scoring import Perplexity
 
 # Surprise (-log p, nats) -> colour: expected, plausible, surprising, very surprising.

@@ -190,6 +190,13 @@ def scoring_flops_exact(spec: ModelSpec, P: int, past: int = 0, B: int = 1, unem
 # ---- KV cache ----------------------------------------------------------------------------------------
 
 
+def prefill_chunks(P: int, chunk_size: int | None, start: int = 0) -> list[tuple[int, int]]:
+    """The spans [start, end) in which a prefill of positions start..P-1 runs: chunks of `chunk_size` tokens (the
+    last one shorter), or one span when chunk_size is None. Each chunk attends to every position before it."""
+    step = chunk_size or max(1, P - start)
+    return [(s, min(P, s + step)) for s in range(start, P, step)]
+
+
 def kv_cache_bytes(L: int, H_kv: int, d_head: int, P: int, bytes_per_element: int, B: int = 1) -> int:
     """Bytes of the K and V caches after P tokens: 2 * L * B * H_kv * P * d_head * bytes_per_element."""
     for name, value in (

@@ -18,40 +18,51 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 
 import torch
 
+from prefill.costmodel import costs
 from prefill.engine.kvcache import KVPool, PoolFull
 from prefill.engine.prefix_cache import PrefixCache
-from prefill.engine.request import Request
+from prefill.engine.prompt import check_chunk_size, check_prompt
+from prefill.engine.request import Event, Request
+from prefill.engine.runner import ModelRunner
 from prefill.engine.scoring import ScoreAccumulator, prefill_scored
 from prefill.errors import BadInput
 
 
 class StepLoop:
-    """Waiting and running requests over one engine and one KV pool. Not thread-safe: one thread calls it."""
+    """Waiting and running requests over one model runner and one KV pool. Not thread-safe: one thread calls it.
 
-    def __init__(self, engine, pool: KVPool, prefix_cache: PrefixCache | None = None,
-                 chunk_size: int | None = None, max_running: int = 64) -> None:  # fmt: skip
-        if chunk_size is not None and chunk_size < 1:
-            raise BadInput(f"chunk size must be >= 1, got {chunk_size}")
-        self.engine, self.pool, self.prefix_cache = engine, pool, prefix_cache
-        self.chunk_size, self.max_running = chunk_size, max_running
+    `observer(req, event)`, if given, sees every event of every request before the request's own `emit` does
+    (the server's metrics).
+    """
+
+    def __init__(self, runner: ModelRunner, pool: KVPool, prefix_cache: PrefixCache | None = None,
+                 chunk_size: int | None = None, max_running: int = 64,
+                 observer: Callable[[Request, Event], None] | None = None) -> None:  # fmt: skip
+        check_chunk_size(chunk_size)
+        self.runner, self.pool, self.prefix_cache = runner, pool, prefix_cache
+        self.chunk_size, self.max_running, self.observer = chunk_size, max_running, observer
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
-        self.steps = 0  # forwards run so far (a supervisor watches it move)
 
     # ---- requests in ----
-    def check_fits(self, req: Request) -> None:
-        """BadInput when the pool could never hold this request (it would wait forever)."""
+    def check(self, req: Request) -> None:
+        """BadInput when the request can never run: its prompt (prefill.engine.prompt), or more cache positions
+        than the pool holds (it would wait forever). Reads nothing that changes: safe from any thread."""
+        check_prompt(req.prompt_ids, self.runner.spec, max_tokens=req.max_tokens)
         if self.pool.blocks_for(req.capacity) > self.pool.n_blocks:
             held = self.pool.n_blocks * self.pool.block_size
             raise BadInput(f"the request needs {req.capacity} cache positions; the KV pool holds {held} "
                            "(raise --kv-cache-mb or ask for fewer tokens)")  # fmt: skip
 
     def add(self, req: Request) -> None:
-        self.check_fits(req)
-        req.enqueued = time.perf_counter()
+        """The only way in: check the request, then queue it (admitted at a later step, first come first served)."""
+        self.check(req)
+        req.observer = self.observer
+        req.enqueued = req.enqueued or time.perf_counter()
         self.waiting.append(req)
 
     @property
@@ -87,7 +98,7 @@ class StepLoop:
             self.waiting.popleft()
             self.running.append(req)
             try:
-                req.start(seq, self.engine.device)
+                req.start(seq, self.runner.device)
             except Exception as e:  # noqa: BLE001 - e.g. a seed the generator refuses
                 req.fail(e)
 
@@ -118,31 +129,28 @@ class StepLoop:
 
     # ---- the forwards ----
     def _decode(self, reqs: list[Request]) -> None:
-        ids = torch.tensor([[r.next_input()] for r in reqs], device=self.engine.device)  # [B, 1]
+        ids = torch.tensor([[r.next_input()] for r in reqs])  # [B, 1]
         try:
-            logits = self.engine.forward(ids, [r.seq for r in reqs])  # [B, vocab]
+            logits = self.runner.forward(ids, [r.seq for r in reqs])  # [B, vocab]
         except Exception as e:  # noqa: BLE001
             for r in reqs:
                 r.fail(e)
             return
-        self.steps += 1
         for r, row in zip(reqs, logits, strict=True):
             self._accept(r, row)
 
     def _prefill_chunk(self, req: Request) -> None:
-        start = req.seq.length
-        end = req.P if self.chunk_size is None else min(req.P, start + self.chunk_size)
-        ids = torch.tensor([req.prompt_ids[start:end]], device=self.engine.device)  # [1, T]
+        start, end = costs.prefill_chunks(req.P, self.chunk_size, req.seq.length)[0]
+        ids = torch.tensor([req.prompt_ids[start:end]])  # [1, T]
         t0 = time.perf_counter()
         try:
-            # [1, vocab]: the chunk's last position; a scoring request unembeds every position (prefill.engine.scoring)
+            # [1, vocab]: the chunk's last position; a scoring request unembeds every position (engine.scoring)
             scoring = req.prompt_logprobs is not None
-            logits = self._score_chunk(req, ids) if scoring else self.engine.forward(ids, [req.seq])
-            self.engine.sync()
+            logits = self._score_chunk(req, ids) if scoring else self.runner.forward(ids, [req.seq])
+            self.runner.sync()
         except Exception as e:  # noqa: BLE001
             return req.fail(e)
         req.gen.prefill_s += time.perf_counter() - t0
-        self.steps += 1
         if req.prefilling:
             return
         if self.prefix_cache is not None:
@@ -155,8 +163,8 @@ class StepLoop:
         """Prefill a chunk of a scoring request; at the prompt's end, its scores go to req.gen.prompt_scores and
         the logits after the last token [1, vocab] come back (for a generated token, if any)."""
         if req.scorer is None:
-            req.scorer = ScoreAccumulator(req.prompt_ids, self.engine.model, req.prompt_logprobs)
-        prefill_scored(self.engine, ids[0].tolist(), req.seq, req.scorer)
+            req.scorer = ScoreAccumulator(req.prompt_ids, self.runner.model, req.prompt_logprobs)
+        prefill_scored(self.runner, ids[0].tolist(), req.seq, req.scorer)
         if req.prefilling:
             return None
         req.gen.prompt_scores, req.scorer = req.scorer.result(), None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prefill.costmodel import costs
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ class Request:
     ignore_eos: bool = False  # keep going past EOS to max_tokens (vLLM's benchmark option)
     cancelled: bool = False  # set by the caller (a client went away); the loop drops the request
     # ---- state, set by the loop ----
+    observer: Callable[[Request, Event], None] | None = None  # the loop's sink: sees each event before `emit`
     seq: SeqKV | None = None
     enqueued: float = 0.0
     done: bool = False
@@ -123,11 +124,12 @@ class Request:
     _last_token_at: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 0:
-            raise BadInput(f"max_tokens must be >= 0, got {self.max_tokens}")
-        if not self.prompt_ids:
-            raise BadInput("the prompt is empty: at least one token is needed")
         self.gen = Generation(prompt_ids=list(self.prompt_ids), tokenize_s=self.tokenize_s)
+
+    def _send(self, event: Event) -> None:
+        if self.observer is not None:
+            self.observer(self, event)
+        self.emit(event)
 
     # ---- what the loop asks ----
     @property
@@ -192,12 +194,12 @@ class Request:
             event.logprob, event.top_logprobs = _logprobs(logits, token, self.logprobs)
             g.logprobs.append(event)
         if stopped:
-            self.emit(event)
+            self._send(event)
             return self.finish("stop")
         at_limit = len(g.token_ids) >= self.max_tokens
         if at_limit and self._stream:
             event.text += self._stream.flush()
-        self.emit(event)
+        self._send(event)
         if at_limit:
             self.finish("length")
         elif self.constraint is not None and self.constraint.done():
@@ -210,19 +212,19 @@ class Request:
         if flush and self._stream is not None:
             tail = self._stream.flush()
             if tail:
-                self.emit(TokenEvent(-1, tail, time.perf_counter() - self.arrival))
+                self._send(TokenEvent(-1, tail, time.perf_counter() - self.arrival))
         g = self.gen
         g.finish_reason = reason
         g.text = self._stream.sent if self._stream else ""
         g.total_s = time.perf_counter() - self.arrival
         self.done = True
-        self.emit(g)
+        self._send(g)
 
     def fail(self, error: BaseException) -> None:
         """This request alone failed; the loop goes on with the others."""
         if not self.done:
             self.done = True
-            self.emit(Failed(f"{type(error).__name__}: {error}" if not isinstance(error, BadInput) else str(error),
+            self._send(Failed(f"{type(error).__name__}: {error}" if not isinstance(error, BadInput) else str(error),
                              error))  # fmt: skip
 
 

@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from prefill.costmodel import costs
 from prefill.engine.kvcache import SeqKV
+from prefill.engine.prompt import check_chunk_size, check_prompt
 from prefill.errors import BadInput
 
-if TYPE_CHECKING:  # the engine imports the request, which holds a ScoreAccumulator
-    from prefill.engine.engine import Engine
+if TYPE_CHECKING:
+    from prefill.engine.runner import ModelRunner
 
 SLICE = 256  # positions unembedded at once: [256, 49152] float32 logits = 48 MiB for SmolLM2
 
@@ -108,27 +110,28 @@ class ScoreAccumulator:
 
 
 @torch.inference_mode()
-def prefill_scored(engine: Engine, ids: list[int], seq: SeqKV, acc: ScoreAccumulator) -> None:
+def prefill_scored(runner: ModelRunner, ids: list[int], seq: SeqKV, acc: ScoreAccumulator) -> None:
     """Prefill `ids` at positions seq.length.. (one chunk) and hand their hidden states to `acc`."""
     pos0 = seq.length
-    x = torch.tensor([ids], dtype=torch.long, device=engine.device)  # [1, C]
-    h = engine.forward(x, [seq], output="hidden")  # [1, C, d_model]
+    x = torch.tensor([ids], dtype=torch.long)  # [1, C]
+    h = runner.forward(x, [seq], output="hidden")  # [1, C, d_model]
     acc.add(h[0], pos0)
 
 
-def check_ids(engine: Engine, ids: list[int], least: int = 1, windowed: bool = False) -> None:
-    """Refuse sequences that are too short, too long (unless scored in windows) or hold ids outside the vocabulary."""
+def check_ids(runner: ModelRunner, ids: list[int], least: int = 1, windowed: bool = False) -> None:
+    """Refuse sequences that are too short, too long (unless scored in windows: a hint says so) or hold ids outside
+    the vocabulary (prefill.engine.prompt)."""
     if len(ids) < least:
         raise BadInput(f"scoring needs at least {least} tokens, got {len(ids)}")
-    if not windowed and len(ids) > engine.spec.context_length:
-        raise BadInput(f"{len(ids)} tokens exceed the model's context length {engine.spec.context_length}; "
-                       "use a window (--window) and a stride")  # fmt: skip
-    if min(ids) < 0 or max(ids) >= engine.spec.vocab_size:
-        raise BadInput(f"token ids must lie in [0, {engine.spec.vocab_size})")
+    try:
+        check_prompt(ids, runner.spec, within_context=not windowed)
+    except BadInput as e:
+        hint = "; use a window (--window) and a stride" if "context length" in str(e) else ""
+        raise BadInput(f"{e}{hint}") from None
 
 
 def score(
-    engine: Engine,
+    runner: ModelRunner,
     ids: list[int],
     *,
     top_k: int = 0,
@@ -139,16 +142,14 @@ def score(
     """Score ids [P] in one prefill (or chunks of `chunk_size` against the growing cache): for every position
     j >= start, log p(ids[j] | ids[:j]), whether ids[j] was the argmax, and the top_k alternatives."""
     ids = [int(i) for i in ids]
-    check_ids(engine, ids)
-    if chunk_size is not None and chunk_size < 1:
-        raise BadInput(f"chunk size must be >= 1, got {chunk_size}")
-    acc = ScoreAccumulator(ids, engine.model, top_k, start, slice_size)
+    check_ids(runner, ids)
+    check_chunk_size(chunk_size)
+    acc = ScoreAccumulator(ids, runner.model, top_k, start, slice_size)
     t0 = time.perf_counter()
-    cache = engine.new_cache(len(ids))
-    step = chunk_size or len(ids)
-    for s in range(0, len(ids), step):
-        prefill_scored(engine, ids[s : s + step], cache, acc)
-    engine.sync()
+    cache = runner.new_cache(len(ids))
+    for s, e in costs.prefill_chunks(len(ids), chunk_size):
+        prefill_scored(runner, ids[s:e], cache, acc)
+    runner.sync()
     return acc.result(time.perf_counter() - t0)
 
 
@@ -192,7 +193,11 @@ def windows(P: int, window: int, stride: int) -> list[Window]:
 
 
 def perplexity(
-    engine: Engine, ids: list[int], window: int | None = None, stride: int | None = None, chunk_size: int | None = None
+    runner: ModelRunner,
+    ids: list[int],
+    window: int | None = None,
+    stride: int | None = None,
+    chunk_size: int | None = None,
 ) -> Perplexity:
     """Perplexity of ids with windows of `window` tokens (default: the whole text, up to the context length) every
     `stride` tokens (default: the window).
@@ -204,12 +209,12 @@ def perplexity(
     token less than it scores, and so do we, so that the numbers match.
     """
     ids = [int(i) for i in ids]
-    ctx = engine.spec.context_length
+    ctx = runner.spec.context_length
     window = window or min(len(ids), ctx)
     stride = stride or window
     if window > ctx:
         raise BadInput(f"window {window} is larger than the model's context length {ctx}")
-    check_ids(engine, ids, least=2, windowed=True)
+    check_ids(runner, ids, least=2, windowed=True)
     logprobs: list[float | None] = [None] * len(ids)
     nll_sum, n_tokens, seconds = 0.0, 0, 0.0
     plan = windows(len(ids), window, stride)
@@ -217,7 +222,7 @@ def perplexity(
         first = max(1, (w.end - w.begin) - w.new)  # first target, within the window
         if first >= w.end - w.begin:
             continue  # a one-token window scores nothing (the guide would add 0 x NaN)
-        s = score(engine, ids[w.begin : w.end], start=first, chunk_size=chunk_size)
+        s = score(runner, ids[w.begin : w.end], start=first, chunk_size=chunk_size)
         seconds += s.seconds
         lp = s.logprobs.double()
         logprobs[w.begin + first : w.end] = lp.tolist()

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from prefill.costmodel import costs
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.errors import BadInput
 from prefill.lesson.api import MAX_S, bad_input, bounds, finite, human, in_range, kv_body, roofline_body
 

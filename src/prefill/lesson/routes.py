@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.lesson.api import calculator_router
 from prefill.lesson.live import live_router
 

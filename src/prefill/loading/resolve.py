@@ -78,3 +78,11 @@ def load_model_files(
     check(spec)
     sd = load_gguf_state_dict(reader, spec, dtype, progress)
     return LoadedModel(spec, sd, tokenizer_from_gguf(reader), str(path))
+
+
+def default_tokenize(text: str) -> list[str]:
+    """The prompt split as the embedded model (SmolLM2) tokenizes it: one printable piece per token."""
+    from prefill.costmodel.specs import open_gguf
+    from prefill.loading.tokenizer import tokenizer_from_gguf
+
+    return tokenizer_from_gguf(open_gguf(default_model_path())).pieces(text)

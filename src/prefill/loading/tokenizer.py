@@ -246,11 +246,3 @@ def tokenizer_from_folder(folder: Path, eos_ids_from_config: set[int]) -> Tokeni
         eos_token=eos_token,
         eos_ids=eos_ids,
     )
-
-
-def default_tokenize(text: str) -> list[str]:
-    """The prompt split as the embedded model (SmolLM2) tokenizes it: one printable piece per token."""
-    from prefill.costmodel.specs import open_gguf
-    from prefill.loading.resolve import default_model_path
-
-    return tokenizer_from_gguf(open_gguf(default_model_path())).pieces(text)

@@ -12,8 +12,10 @@ import json
 import time
 from dataclasses import dataclass
 
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
+from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
+from prefill.errors import BadInput
 from prefill.server.openai_schema import MAX_PROMPTS, ApiError, ChatCompletionRequest, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
 
@@ -92,8 +94,8 @@ class Admission:
         t0 = time.perf_counter()
         prompts = self.prompt_ids(body, chat)
         tokenize_s = time.perf_counter() - t0
-        max_tokens = [self.max_tokens_for(len(ids), body) for ids in prompts]
         echo, k = echo_of(body, chat), self.logprobs_k(body, chat)
+        max_tokens = [self.max_tokens_for(ids, body, echo) for ids in prompts]
         scored = echo and k is not None
         n_scored = sum(len(ids) for ids in prompts)
         if scored and n_scored > self.limits.max_echo_tokens:
@@ -120,29 +122,28 @@ class Admission:
             return [tok.encode(tok.render_chat(messages, add_generation_prompt=True))]
         out = []
         for item in _prompt_items(body.prompt):
-            if isinstance(item, str):
-                out.append(tok.encode(item, add_special_tokens=True))
-            elif any(not 0 <= t < self.vocab for t in item):
-                raise ApiError(400, f"token ids must lie in [0, {self.vocab})", param="prompt")
-            else:
-                out.append(list(item))
+            out.append(tok.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item))
         return out
 
-    def max_tokens_for(self, P: int, body: Body) -> int:
-        """max_tokens for a P-token prompt: the request's, or the default that fits; a 400 when it cannot fit."""
-        if P == 0:
-            raise ApiError(400, "the prompt is empty", param="prompt")
-        if P >= self.context:  # noqa: SIM300 - P is the prompt length, not a constant
-            raise ApiError(400, f"the prompt has {P} tokens; this model's context length is {self.context}; "
+    def max_tokens_for(self, ids: list[int], body: Body, echo: bool) -> int:
+        """max_tokens for a prompt: the request's, or the default that fits; a 400 when it cannot run (the one
+        prompt rule, prefill.engine.prompt: P + max_tokens <= context length)."""
+        lim, requested, P = self.limits, body.requested_max_tokens(), len(ids)
+        room = self.context - P
+        max_tokens = requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit,
+                                                                         room))  # fmt: skip
+        if max_tokens > lim.max_tokens_limit:
+            raise ApiError(400, f"max_tokens={max_tokens} is over this server's limit {lim.max_tokens_limit}",
+                           param="max_tokens", code="context_length_exceeded")  # fmt: skip
+        if requested is None and room < 1 and not echo:  # nothing left to generate, and nothing to echo
+            raise ApiError(400, f"the prompt has {P} tokens and fills this model's context length {self.context}: "
                            "shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
-        lim, requested = self.limits, body.requested_max_tokens()
-        max_tokens = requested if requested is not None else min(lim.default_max_tokens, lim.max_tokens_limit,
-                                                                 self.context - P)  # fmt: skip
-        if max_tokens > lim.max_tokens_limit or P + max_tokens > self.context:
-            raise ApiError(400, f"max_tokens={max_tokens} is over the limit: at most "
-                           f"{min(lim.max_tokens_limit, self.context - P)} for this {P}-token prompt "
-                           f"(context length {self.context})", param="max_tokens",
-                           code="context_length_exceeded")  # fmt: skip
+        try:
+            check_prompt(ids, self.engine.spec, max_tokens=max_tokens)
+        except BadInput as e:
+            over = "context length" in str(e)
+            raise ApiError(400, str(e), param="max_tokens" if over and requested and room > 0 else "prompt",
+                           code="context_length_exceeded" if over else None) from None  # fmt: skip
         return max_tokens
 
     @staticmethod

@@ -31,8 +31,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prefill.costmodel import costs
-from prefill.engine.engine import Engine
 from prefill.engine.kvcache import KVPool
+from prefill.engine.llm import Engine
 from prefill.engine.loop import StepLoop
 from prefill.engine.prefix_cache import RadixPrefixCache
 from prefill.engine.request import Failed, Generation, TokenEvent
@@ -187,7 +187,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     kv_bytes = default_kv_cache_bytes(engine) if cfg.kv_cache_mb is None else int(cfg.kv_cache_mb * 1024**2)
     pool = KVPool.for_bytes(engine.spec, kv_bytes, engine.dtype, engine.device)
     prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
-    loop = StepLoop(engine, pool, prefix, cfg.chunk_size, cfg.max_running)
+    loop = StepLoop(engine.runner, pool, prefix, cfg.chunk_size, cfg.max_running)
     scheduler = Scheduler(loop, metrics, cfg.max_queue)
     limits = Limits(cfg.max_tokens_limit, cfg.default_max_tokens, cfg.max_prompts, cfg.max_echo_tokens)
     admission = Admission(engine, limits)

@@ -38,7 +38,7 @@ class Scheduler:
         if max_queue < 1:
             raise ValueError("max_queue must be >= 1")
         self.loop, self.metrics, self.max_queue = loop, metrics, max_queue
-        self.engine = loop.engine
+        loop.observer = self._observe  # every request's events pass the metrics on their way out
         self._inbox: collections.deque[Request] = collections.deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -62,13 +62,11 @@ class Scheduler:
 
     def submit(self, req: Request) -> None:
         """Queue a request; QueueFull when --max-queue requests already wait, BadInput when it can never fit."""
-        self.loop.check_fits(req)
+        self.loop.check(req)
         with self._cond:
             if len(self._inbox) + len(self.loop.waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._inbox) + len(self.loop.waiting)} requests are queued (--max-queue); "
                                 "retry later")  # fmt: skip
-            user_emit = req.emit
-            req.emit = lambda ev: (self._observe(req, ev), user_emit(ev))
             req.enqueued = time.perf_counter()  # queue_s counts from here, not from the HTTP arrival
             self._inbox.append(req)
             self.metrics.queued.set(len(self._inbox) + len(self.loop.waiting))
@@ -110,7 +108,7 @@ class Scheduler:
             if self._stop:
                 return False
             while self._inbox:
-                self.loop.waiting.append(self._inbox.popleft())
+                self.loop.add(self._inbox.popleft())
         try:
             self.loop.step()
         except Exception as e:  # noqa: BLE001 - a bug in a step: fail what it touched, keep serving

@@ -12,7 +12,7 @@ import asyncio
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from prefill.engine.engine import Engine
+from prefill.engine.llm import Engine
 from prefill.errors import BadInput
 from prefill.server.openai_schema import Int, Text
 

@@ -1,0 +1,214 @@
+"""The engine's front: a model runner and its tokenizer, with generate / complete / score over the step loop.
+
+`Engine` drives; `ModelRunner` (prefill.engine.runner) is driven. `generate` runs the same step loop as the
+server (prefill.engine.loop) for one request in a KV pool of its own; `prefill` and `decode_step` are the
+runner's forward under the one chunking rule, for the proofs and the benchmark. Predictions come from the cost
+model (prefill.costmodel), never from a formula written here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from prefill.costmodel import costs
+from prefill.engine.kvcache import KVPool, SeqKV
+from prefill.engine.loop import StepLoop
+from prefill.engine.prompt import check_prompt, check_text
+from prefill.engine.request import Failed, Generation, Request, TokenEvent
+from prefill.engine.runner import ModelRunner, torch_dtype
+from prefill.engine.sampling import SamplingParams
+from prefill.errors import BadInput
+from prefill.loading import load_model_files
+from prefill.loading.tokenizer import Tokenizer
+from prefill.model.transformer import check_supported
+
+
+class Engine:
+    """A loaded model and its tokenizer, ready to generate, score, prefill and decode."""
+
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer | None, source: str = "") -> None:
+        self.runner, self.tokenizer = runner, tokenizer
+        self.spec, self.dtype, self.device = runner.spec, runner.dtype, runner.device
+        self.model = runner.model
+        self.source = source or runner.spec.name
+        self._gemm_rate: float | None = None
+
+    # ---- construction ----
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        dtype: str | torch.dtype = "float32",
+        device: str = "cpu",
+        threads: int | None = None,
+        progress: bool | Callable[[int, int], None] = True,
+    ) -> Engine:
+        """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct."""
+        if threads is not None:
+            if threads < 1:
+                raise BadInput(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        dt = torch_dtype(dtype)
+        callback = _progress_bar("loading weights") if progress is True else (progress or None)
+        try:
+            files = load_model_files(model, dt, callback, check=check_supported)
+        finally:
+            if progress is True:
+                callback(-1, -1)
+        return cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
+
+    @classmethod
+    def from_state_dict(cls, spec, state_dict, tokenizer=None, dtype="float32", device="cpu", source="") -> Engine:
+        """An engine over weights already in memory, named as in a Hugging Face checkpoint."""
+        return cls(ModelRunner.from_state_dict(spec, state_dict, dtype, device), tokenizer, source)
+
+    # ---- the runner's forward, for the proofs and the benchmark ----
+    def new_pool(self, tokens: int) -> KVPool:
+        return self.runner.new_pool(tokens)
+
+    def new_cache(self, capacity: int) -> SeqKV:
+        return self.runner.new_cache(capacity)
+
+    def forward(self, ids: torch.Tensor, seqs: list[SeqKV], output: str = "last") -> torch.Tensor:
+        return self.runner.forward(ids, seqs, output)
+
+    def prefill(self, ids, cache: SeqKV | None = None, chunk_size: int | None = None):
+        """All P prompt tokens in one forward (or in chunks of `chunk_size` against the growing cache, as the step
+        loop runs them). Writes cache positions cache.length .. + P - 1; returns (logits [1, vocab], cache)."""
+        x = ids if isinstance(ids, torch.Tensor) else torch.tensor([list(ids)], dtype=torch.long)
+        x = x if x.dim() == 2 else x[None]  # [1, P]
+        if x.shape[0] != 1:
+            raise BadInput(f"prefill takes one sequence at a time, got B = {x.shape[0]}")
+        past = 0 if cache is None else cache.length
+        check_prompt(x[0].tolist(), self.spec, past=past, chunk_size=chunk_size)
+        cache = cache or self.new_cache(x.shape[1])
+        for start, end in costs.prefill_chunks(x.shape[1], chunk_size):
+            logits = self.runner.forward(x[:, start:end], [cache])  # [1, vocab]
+        return logits, cache
+
+    def decode_step(self, token_ids: torch.Tensor, caches: SeqKV | list[SeqKV]) -> torch.Tensor:
+        """One new position per sequence: token_ids [B] -> logits [B, vocab], reading and extending each cache."""
+        seqs = [caches] if isinstance(caches, SeqKV) else list(caches)
+        return self.runner.forward(token_ids.reshape(-1, 1), seqs)
+
+    def sync(self) -> None:
+        self.runner.sync()
+
+    def threads(self) -> int:
+        return self.runner.threads()
+
+    def compile(self) -> float:
+        """Compile the per-block functions (see ModelRunner.compile); seconds it took."""
+        return self.runner.compile()
+
+    def warmup(self) -> None:
+        """One short request through the step loop, as the server runs it (and the chat template's compilation),
+        so that kernel selection, thread start-up and template parsing are not timed later."""
+        self.complete(self.encode_prompt("warm-up") if self.tokenizer else list(range(1, 17)), max_new_tokens=2)
+        self.sync()
+
+    # ---- prompts and generation ----
+    def need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise BadInput(f"{self.source} has no tokenizer (tokenizer.json): pass token ids instead of text")
+        return self.tokenizer
+
+    def encode_prompt(self, prompt: str | list[int], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: the chat template applied when asked and available, else the raw text."""
+        if not isinstance(prompt, str):
+            return [int(i) for i in prompt]
+        check_text(prompt)
+        tok = self.need_tokenizer()
+        if chat and tok.chat_template:
+            return tok.encode(tok.render_chat([{"role": "user", "content": prompt}]))
+        return tok.encode(prompt, add_special_tokens=True)
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        *,
+        chat: bool = True,
+        max_new_tokens: int = 64,
+        sampling: SamplingParams | None = None,
+        stop: tuple[str, ...] | list[str] = (),
+        chunk_size: int | None = None,
+    ) -> Iterator[TokenEvent | Generation]:
+        """Stream TokenEvents as tokens are decoded, then yield the finished Generation last.
+
+        The same step loop as the server's, run for one request in a KV pool of its own.
+        """
+        t0 = time.perf_counter()
+        ids = self.encode_prompt(prompt, chat)
+        tokenize_s = time.perf_counter() - t0
+        check_prompt(ids, self.spec, max_tokens=max_new_tokens, chunk_size=chunk_size, max_tokens_name="max_new_tokens")
+        events: list = []
+        req = Request(ids, max_new_tokens, sampling or SamplingParams(), self.tokenizer, events.append, tuple(stop),
+                      arrival=t0, tokenize_s=tokenize_s)  # fmt: skip
+        loop = StepLoop(self.runner, self.new_pool(req.capacity), chunk_size=chunk_size)
+        loop.add(req)
+        return _drain(loop, req, events)
+
+    def complete(self, prompt, **kw) -> Generation:
+        """Run generate() to the end and return the Generation."""
+        *_, gen = self.generate(prompt, **kw)
+        return gen
+
+    # ---- predictions (from the cost model) ----
+    def gemm_rate(self) -> float:
+        """This device's GEMM rate in the engine's dtype (FLOP/s), measured once and remembered."""
+        if self._gemm_rate is None:
+            from prefill.costmodel.hardware import measure_gemm_rate
+
+            self._gemm_rate = measure_gemm_rate(str(self.dtype).removeprefix("torch."), str(self.device))
+        return self._gemm_rate
+
+    def predict_prefill_seconds(self, P: int, past: int = 0, chunk_size: int | None = None) -> tuple[float, str]:
+        """Predicted seconds of a prefill of P tokens after `past` cached ones (in chunks, if given), and how:
+        a saved calibration for this dtype and thread count if any, else exact FLOPs at the measured GEMM rate."""
+        from prefill.costmodel.hardware import load_calibration
+
+        dtype = str(self.dtype).removeprefix("torch.")
+        cal = load_calibration() if self.device.type == "cpu" else None
+        use_cal = cal is not None and cal.dtype == dtype and cal.threads == torch.get_num_threads()
+        seconds = 0.0
+        for start, end in costs.prefill_chunks(P, chunk_size):  # each chunk attends to everything before it
+            count = costs.prefill_flops_exact(self.spec, end - start, past + start)
+            if use_cal:
+                seconds += costs.calibrated_prefill_seconds(count, cal)
+            else:
+                seconds += costs.compute_seconds(count.total, self.gemm_rate())
+        return seconds, "calibrated" if use_cal else "exact FLOPs / measured GEMM rate"
+
+
+def _drain(loop: StepLoop, req: Request, events: list) -> Iterator[TokenEvent | Generation]:
+    while not req.done or events:
+        if not events:
+            loop.step()
+        while events:
+            ev = events.pop(0)
+            if isinstance(ev, Failed):
+                raise ev.error if ev.error is not None else RuntimeError(ev.message)
+            yield ev
+
+
+def _progress_bar(label: str) -> Callable[[int, int], None]:
+    """A rich progress bar driven by (done, total) calls; (-1, -1) closes it."""
+    from rich.progress import Progress
+
+    bar = Progress(transient=True)
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if done < 0:
+            bar.stop()
+            return
+        if task is None:
+            bar.start()
+            task = bar.add_task(label, total=total)
+        bar.update(task, completed=done)
+
+    return update

@@ -1,0 +1,87 @@
+"""The model runner: a loaded Transformer on a device, and the one forward the step loop drives.
+
+It knows weights, devices and kernels; nothing of requests, tokenizers or sampling. The step loop
+(prefill.engine.loop) calls `forward` for every prefill chunk and every batched decode step; the proofs, the
+benchmark and the warm-up call the same `forward`, so what they measure is what serves.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from prefill.costmodel import costs
+from prefill.costmodel.specs import ModelSpec
+from prefill.engine.kvcache import KVBatch, KVPool, SeqKV
+from prefill.model.transformer import Transformer
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """torch dtype from 'float32' / 'fp32' / 'bfloat16' / 'bf16' / 'float16' / 'fp16'."""
+    if isinstance(name, torch.dtype):
+        return name
+    return getattr(torch, costs.canonical_dtype(name))
+
+
+class ModelRunner:
+    """A Transformer with its weights loaded, on one device, in one dtype."""
+
+    def __init__(self, model: Transformer, dtype: torch.dtype, device) -> None:
+        self.model, self.dtype, self.device = model, dtype, torch.device(device)
+        self.spec: ModelSpec = model.spec
+
+    @classmethod
+    def from_state_dict(cls, spec: ModelSpec, state_dict, dtype="float32", device="cpu") -> ModelRunner:
+        """A runner over weights already in memory, named as in a Hugging Face checkpoint."""
+        dt = torch_dtype(dtype)
+        with torch.device("meta"):
+            model = Transformer(spec)
+        model = model.materialize(device, dt)
+        model.load_hf_state_dict(state_dict)
+        model.eval().requires_grad_(False)
+        return cls(model, dt, device)
+
+    # ---- the cache ----
+    def new_pool(self, tokens: int) -> KVPool:
+        """A private KV pool big enough for `tokens` positions."""
+        return KVPool.for_tokens(self.spec, tokens, self.dtype, self.device)
+
+    def new_cache(self, capacity: int) -> SeqKV:
+        """An empty cache for one sequence of up to `capacity` tokens, in a pool of its own."""
+        return self.new_pool(capacity).new_seq(capacity)
+
+    # ---- the forward ----
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, seqs: list[SeqKV], output: str = "last") -> torch.Tensor:
+        """ids [B, T]: row b's T new tokens continue sequence seqs[b] at its own length; returns the model's
+        `output` (float32 logits [B, vocab] of each row's last position by default) and advances every seq."""
+        batch = KVBatch(seqs, ids.shape[1])
+        return self.model(ids.to(self.device), batch.positions(self.device), batch, output)
+
+    def sync(self) -> None:
+        """Wait for the device (CUDA runs asynchronously; a CPU forward has finished when it returns)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    @staticmethod
+    def threads() -> int:
+        """Threads torch uses for the CPU kernels."""
+        return torch.get_num_threads()
+
+    # ---- set-up ----
+    def compile(self) -> float:
+        """Compile the per-block functions with torch.compile and build their graphs (one prefill and one decode
+        step: any P after that reuses them); returns the seconds it took."""
+        t = time.perf_counter()
+        self.model.compile()
+        self.warmup()
+        return time.perf_counter() - t
+
+    def warmup(self, P: int = 16) -> None:
+        """One P-token prefill and one decode step through `forward`, so that kernel selection, thread start-up
+        and (compiled) graph building are not timed later."""
+        cache = self.new_cache(P + 1)
+        logits = self.forward(torch.arange(1, P + 1)[None], [cache])  # [1, vocab]
+        self.forward(logits.argmax(-1)[:, None], [cache])
+        self.sync()
