@@ -1,15 +1,19 @@
-"""The block pool: slots, reference counts, gathered per-layer views and bytes equal to the formula."""
+"""The block pool: blocks allocated as tokens arrive, contiguous runs read in place, windows given back, reference
+counts, and bytes held equal to the formula."""
 
 import pytest
 import torch
 
-from prefill.costmodel.costs import kv_cache_bytes
-from prefill.engine.kvcache import KVBatch, KVPool, PoolFull
+from prefill.costmodel.costs import kv_cache_bytes, kv_cache_bytes_held
+from prefill.costmodel.specs import ModelSpec
+from prefill.engine.batch import forward_batch
+from prefill.engine.blocks import BlockManager
+from prefill.engine.kvcache import KVPool, PoolFull, layer_groups
 from prefill.errors import BadInput
 
 
-def make(L=3, H_kv=4, d=8, n_blocks=8, bs=4, dtype=torch.float32):
-    return KVPool(L, H_kv, d, n_blocks, dtype, "cpu", block_size=bs)
+def make(L=3, H_kv=4, d=8, n_blocks=8, bs=4, dtype=torch.float32, windows=()):
+    return KVPool(L, H_kv, d, n_blocks, dtype, "cpu", block_size=bs, windows=windows)
 
 
 def test_pool_shape_and_bytes():
@@ -17,63 +21,124 @@ def test_pool_shape_and_bytes():
     assert len(pool.k) == len(pool.v) == 3
     assert pool.k[0].shape == (4, 8 * 4, 8)  # [H_kv, n_blocks * block_size, d_head]
     assert pool.allocated_bytes() == kv_cache_bytes(3, 4, 8, 32, 4)
-    assert pool.bytes_per_block == kv_cache_bytes(3, 4, 8, 4, 4)
+    assert pool.bytes_per_block(0) == kv_cache_bytes(3, 4, 8, 4, 4)
+
+
+def test_blocks_are_allocated_as_tokens_arrive_and_given_back():
+    pool = make()
+    seq = pool.new_seq()
+    assert pool.used_blocks == 0
+    seq.reserve(5)  # positions 0..4: two blocks of 4
+    assert len(seq.blocks) == 2 and pool.free_blocks == 6
+    seq.reserve(8)  # still two
+    assert len(seq.blocks) == 2
+    seq.reserve(9)
+    assert seq.blocks == [0, 1, 2]  # the block after the last one: one contiguous run
+    seq.free()
+    assert pool.free_blocks == 8
+
+
+def test_block_manager_prefers_contiguous_runs():
+    m = BlockManager(10)
+    a = m.allocate(3)  # 0, 1, 2
+    b = m.allocate(2)  # 3, 4
+    assert (a, b) == ([0, 1, 2], [3, 4])
+    assert m.allocate(1, after=2) == [5]  # 3 is taken: the lowest free run instead
+    m.release([3, 4])
+    assert m.allocate(2, after=2) == [3, 4]  # right after block 2 again
+    m.release([0, 1])
+    assert m.allocate(3) == [6, 7, 8]  # a run of 3 exists above; 0 and 1 are only 2
+    assert m.allocate(2) == [0, 1]
+    assert m.free_blocks == 1
+    with pytest.raises(PoolFull):
+        m.allocate(2)
 
 
 @pytest.mark.parametrize("dtype,b", [(torch.float32, 4), (torch.bfloat16, 2)])
 def test_written_positions_read_back_and_bytes_equal_formula(dtype, b):
     pool = make(dtype=dtype)
-    seq = pool.new_seq(capacity=10)  # 3 blocks of 4
-    assert len(seq.blocks) == 3 and pool.free_blocks == 5
-    batch = KVBatch([seq], 5)
-    k = torch.arange(4 * 5 * 8, dtype=dtype).view(1, 4, 5, 8)  # [B, H_kv, T, d_head]
+    seq = pool.new_seq()
+    seq.reserve(5)
+    batch = forward_batch(pool, [(seq, 5)], "cpu")
+    k = torch.arange(4 * 5 * 8, dtype=dtype).view(1, 4, 5, 8)  # [1, H_kv, N, d_head]
     for layer in range(3):
-        assert batch.update(layer, k, -k) is None  # nothing was cached: attention reads the new k, v
-    batch.advance()
-    assert seq.length == 5 and seq.shape() == (1, 4, 5, 8)
+        batch.store(layer, k, -k)
+    seq.length += 5
+    assert seq.shape() == (1, 4, 5, 8)
     assert torch.equal(seq.k(2), k) and torch.equal(seq.v(0), -k)
     assert seq.nbytes() == kv_cache_bytes(3, 4, 8, 5, b) == 2 * 3 * 4 * 5 * 8 * b
+    assert seq.reserved_bytes() == 2 * pool.bytes_per_block(0)
 
 
-def test_rows_of_different_lengths_append_at_their_own_positions():
+def test_rows_read_their_past_as_runs_of_slots():
     pool = make(L=1, H_kv=1, d=2, n_blocks=20, bs=2)
-    a, b, c = pool.new_seq(5), pool.new_seq(4), pool.new_seq(24)
-    for seq, n, value in ((a, 3, 1.0), (b, 1, 5.0), (c, 22, 3.0)):
-        KVBatch([seq], n).update(0, torch.full((1, 1, n, 2), value), torch.full((1, 1, n, 2), value))
-        seq.length = n
-    # Similar lengths (4 and 2): one padded read [B, H_kv, S_max, d_head], the mask marking each row's length.
-    step = KVBatch([a, b], 1)
-    assert step.positions("cpu").tolist() == [[3], [1]]
-    kp, _ = step.update(0, torch.tensor([7.0, 9.0]).view(2, 1, 1, 1).expand(2, 1, 1, 2), torch.zeros(2, 1, 1, 2))
-    step.advance()
-    assert kp.shape == (2, 1, 4, 2) and step.mask[:, 0, 0].tolist() == [[True] * 4, [True, True, False, False]]
-    assert kp[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 7.0] and kp[1, 0, :2, 0].tolist() == [5.0, 9.0]
-    assert (a.length, b.length) == (4, 2)
-    # Very different lengths (3, 5 and 23: padding would be over half of the read): each row reads its own.
-    step = KVBatch([b, a, c], 1)
-    rows = step.update(0, torch.full((3, 1, 1, 2), 8.0), torch.zeros(3, 1, 1, 2))
-    assert step.mask is None and [k.shape[2] for k, _ in rows] == [3, 5, 23]
-    assert rows[0][0][0, 0, :, 0].tolist() == [5.0, 9.0, 8.0] and rows[2][0][0, 0, -2:, 0].tolist() == [3.0, 8.0]
+    a, b = pool.new_seq(), pool.new_seq()
+    a.reserve(3)  # blocks 0, 1
+    b.reserve(2)  # block 2
+    a.length, b.length = 3, 2
+    a.reserve(5)  # block 2 is b's: a continues at block 3
+    assert a.blocks == [0, 1, 3] and a.runs(0, 0, 5) == [(0, 4), (6, 7)]
+    b.reserve(6)  # block 3 is a's now: b's next run starts at block 4
+    assert b.blocks == [2, 4, 5]
+    batch = forward_batch(pool, [(a, 1), (b, 4)], "cpu")  # a decode row and a 4-token chunk
+    assert batch.positions.tolist() == [3, 2, 3, 4, 5]
+    ra, rb = batch.rows
+    assert (ra.offset, ra.T, ra.start, ra.runs[0]) == (0, 1, 3, ((0, 4),))  # its own position 3 read back
+    assert (rb.offset, rb.T, rb.start, rb.runs[0]) == (1, 4, 2, ((4, 6),))  # the past only: 0..1
+    assert batch.write[0].tolist() == [3, 8, 9, 10, 11]
+
+
+def test_windowed_layers_give_back_blocks_and_hold_the_formula():
+    spec = ModelSpec(
+        name="w",
+        arch="gemma3",
+        L=3,
+        d_model=8,
+        H_q=2,
+        H_kv=1,
+        d_head=4,
+        d_ff=8,
+        vocab_size=10,
+        context_length=4096,
+        tied_embeddings=True,
+        rope_theta=1e4,
+        norm_eps=1e-6,
+        windows=(6, 6, None),
+    )
+    assert [g.window for g in layer_groups(spec.windows)] == [None, 6]
+    pool = KVPool(3, 1, 4, 64, torch.float32, "cpu", block_size=4, windows=spec.windows)
+    seq = pool.new_seq()
+    for P in range(1, 60):
+        seq.reserve(P)
+        seq.length = P
+        seq.trim()
+        assert seq.nbytes() == kv_cache_bytes_held(spec, P, 4, block_size=4)
+        assert len(seq.tables[1]) <= 3  # the window's 6 positions never span more than 3 blocks of 4
+    assert len(seq.tables[0]) == 15  # the full-attention layer keeps all 59 positions
+    assert seq.first_held(1) == 52 and seq.held_positions(0) == 7  # 54..58 visible next, from block 13 on
 
 
 def test_refcounts_share_blocks_and_free_them_once():
     pool = make(n_blocks=4)
-    a = pool.new_seq(8)  # 2 blocks
-    b = pool.new_seq(12, prefix=a.blocks, prefix_tokens=8)  # shares a's 2 blocks, owns 1 more
+    a = pool.new_seq()
+    a.reserve(8)  # 2 blocks
+    a.length = 8
+    b = pool.new_seq([a.blocks], prefix_tokens=8)  # shares a's 2 blocks
+    b.reserve(12)  # and owns 1 more
     assert b.blocks[:2] == a.blocks and pool.used_blocks == 3
-    assert [pool.refs[i] for i in a.blocks] == [2, 2]
+    assert [pool.managers[0].refs[i] for i in a.blocks] == [2, 2]
     a.free()
     assert pool.used_blocks == 3  # b still holds the shared blocks
     b.free()
     assert pool.used_blocks == 0 and pool.free_blocks == 4
 
 
-def test_full_pool_and_overflow_are_refused():
-    pool = make(n_blocks=2)
-    seq = pool.new_seq(8)
+def test_a_full_pool_refuses_and_allocates_nothing():
+    pool = make(n_blocks=2, windows=(None, 2, 2))
+    seq = pool.new_seq()
+    seq.reserve(8)
     with pytest.raises(PoolFull):
-        pool.new_seq(1)
-    with pytest.raises(BadInput, match="holds 8 tokens"):
-        KVBatch([seq], 9)
+        seq.reserve(9)
+    assert [len(t) for t in seq.tables] == [2, 2] and pool.free_blocks == 0
     with pytest.raises(BadInput):
         seq.truncate(1)  # nothing filled yet

@@ -522,7 +522,7 @@ def serve(
     cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, kv_cache_mb, max_queue, max_running, chunk_size)
     app = create_app(engine, cfg)
     pool = app.state.scheduler.loop.pool
-    tokens = pool.n_blocks * pool.block_size
+    tokens = pool.max_tokens()
     console.print(f"KV pool: {pool.allocated_bytes() / 1024**2:,.0f} MiB = {pool.n_blocks:,} blocks of "
                   f"{pool.block_size} tokens ({tokens:,} tokens)", highlight=False)  # fmt: skip
     console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)

@@ -225,6 +225,20 @@ def kv_cache_bytes_for(spec: ModelSpec, P: int, bytes_per_element: int, B: int =
     return kv_cache_bytes(1, H_kv or spec.H_kv, spec.d_head, cached_positions(spec, P), bytes_per_element, B)
 
 
+def kv_positions_held(spec: ModelSpec, P: int, block_size: int = 16) -> int:
+    """Positions an engine with a block pool holds over all layers after P tokens: all P in a full-attention
+    layer; in a layer with a window of W, from the start of the block holding position P - W + 1 on (the next
+    position sees P - W + 1 .. P; the blocks wholly before that are given back). Whole blocks at the low end."""
+    _non_negative("P", P)
+    return sum(P if w is None else P - max(0, P - w + 1) // block_size * block_size for w in spec.windows)
+
+
+def kv_cache_bytes_held(spec: ModelSpec, P: int, bytes_per_element: int, block_size: int = 16, B: int = 1) -> int:
+    """Bytes of K and V an engine with a block pool holds for P tokens (kv_positions_held): the window-aware
+    formula of what is physically kept, which equals kv_cache_bytes_for without windows."""
+    return kv_cache_bytes(1, spec.H_kv, spec.d_head, kv_positions_held(spec, P, block_size), bytes_per_element, B)
+
+
 def max_context_tokens_for(spec: ModelSpec, memory_bytes: float, bytes_per_element: int, B: int = 1) -> int | None:
     """The longest context (tokens per sequence) whose KV cache of `spec` fits `memory_bytes`; None when every
     layer is windowed and the largest window fits (the cache stops growing: any length fits).

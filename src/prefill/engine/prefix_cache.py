@@ -2,8 +2,10 @@
 
 A request whose prompt starts with tokens seen before (a system prompt, a chat history) starts its block table
 with the cached blocks of that prefix (no copy: the pool counts one more holder) and prefills only the rest.
-K and V at a position depend only on the tokens up to it, so the result equals a cold prefill (tests check
-float32 logits within 1e-4). Blocks of `block_size` tokens form a tree (a radix tree over blocks, as in SGLang's
+K and V at a position depend only on the tokens up to it, so the result equals a cold prefill (the proofs'
+tolerance). It shares the blocks of full-attention layers; a model with sliding-window layers (whose blocks are
+given back as they leave the window) is served without it. Blocks of `block_size` tokens form a tree (a radix
+tree over blocks, as in SGLang's
 RadixAttention and vLLM's block hashing): a child extends its parent's prefix by one block. The tree's share of
 the pool is bounded; least-recently-used leaves that no request holds are evicted first.
 
@@ -71,8 +73,10 @@ class RadixPrefixCache(PrefixCache):
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         self.pool = pool
+        self.blocks = pool.managers[0]  # the full-attention group's blocks
         self.block_size = pool.block_size
-        self.max_blocks = capacity_bytes // pool.bytes_per_block
+        self.enabled = len(pool.groups) == 1
+        self.max_blocks = capacity_bytes // pool.bytes_per_block(0) if self.enabled else 0
         self._root = _Node((), None)
         self._clock = itertools.count(1)
         self._n_blocks = 0
@@ -83,7 +87,7 @@ class RadixPrefixCache(PrefixCache):
 
     @property
     def nbytes(self) -> int:
-        return self._n_blocks * self.pool.bytes_per_block
+        return self._n_blocks * self.pool.bytes_per_block(0)
 
     def _keys(self, ids: list[int]) -> list[tuple[int, ...]]:
         bs = self.block_size
@@ -109,7 +113,7 @@ class RadixPrefixCache(PrefixCache):
                 if self._n_blocks >= self.max_blocks and self.evict(1) == 0:
                     break  # full of blocks that running requests still hold
                 child = _Node(key, node, seq.blocks[i])
-                self.pool.retain([child.block])  # the tree is one more holder: no copy
+                self.blocks.retain([child.block])  # the tree is one more holder: no copy
                 node.children[key] = child
                 self._n_blocks += 1
                 added += self.block_size
@@ -123,7 +127,7 @@ class RadixPrefixCache(PrefixCache):
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
-            if not node.children and node is not self._root and self.pool.refs[node.block] == 1:
+            if not node.children and node is not self._root and self.blocks.refs[node.block] == 1:
                 out.append(node)
         return out
 
@@ -136,11 +140,7 @@ class RadixPrefixCache(PrefixCache):
             # Oldest leaves first; removing a leaf may expose its parent as the next candidate.
             for leaf in sorted(leaves, key=lambda b: b.last_used)[: n_blocks - freed]:
                 del leaf.parent.children[leaf.tokens]
-                self.pool.release([leaf.block])
+                self.blocks.release([leaf.block])
                 self._n_blocks -= 1
                 freed += 1
         return freed
-
-    def clear(self) -> None:
-        """Drop every block no request holds."""
-        self.evict(self._n_blocks)

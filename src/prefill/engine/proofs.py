@@ -197,7 +197,7 @@ def batched_vs_alone(engine: Engine, prompts: list[list[int]], new_tokens: int =
         return rows
 
     pool = KVPool.for_tokens(engine.spec, sum(len(p) + new_tokens + 16 for p in prompts), engine.dtype, engine.device)
-    seqs = [pool.new_seq(len(p) + new_tokens) for p in prompts]
+    seqs = [pool.new_seq() for _ in prompts]
     last = torch.stack([engine.prefill(p, s)[0][0] for p, s in zip(prompts, seqs, strict=True)])  # [B, vocab]
     rows: list[list[torch.Tensor]] = [[] for _ in prompts]
     for _ in range(new_tokens):

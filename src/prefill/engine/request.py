@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from prefill.engine.kvcache import SeqKV
-from prefill.engine.sampling import SamplingParams, sample
+from prefill.engine.sampling import SamplingParams
 from prefill.engine.streaming import TextStream
 from prefill.errors import BadInput
 from prefill.loading.tokenizer import Tokenizer
@@ -119,6 +119,7 @@ class Request:
     done: bool = False
     generator: torch.Generator | None = None
     scorer: ScoreAccumulator | None = None  # collects the prompt's log-probabilities chunk by chunk
+    n_preemptions: int = 0
     gen: Generation = field(init=False)
     _stream: TextStream | None = field(default=None, init=False)
     _last_token_at: float = field(default=0.0, init=False)
@@ -131,7 +132,7 @@ class Request:
             self.observer(self, event)
         self.emit(event)
 
-    # ---- what the loop asks ----
+    # ---- what the scheduler asks ----
     @property
     def P(self) -> int:
         return len(self.prompt_ids)
@@ -142,21 +143,50 @@ class Request:
         return self.P + max(0, self.max_tokens - 1)
 
     @property
-    def prefilling(self) -> bool:
-        return self.seq is not None and self.seq.length < self.P
+    def cached_target(self) -> int:
+        """Positions that must be in the cache before the next decode step: the prompt, and after a preemption
+        also every generated token but the last (which is the next step's input)."""
+        return self.P + max(0, len(self.gen.token_ids) - 1)
 
-    def start(self, seq: SeqKV, device) -> None:
+    @property
+    def prefilling(self) -> bool:
+        return self.seq is not None and self.seq.length < self.cached_target
+
+    def all_ids(self) -> list[int]:
+        """Prompt and generated tokens: position p holds all_ids()[p]."""
+        return self.prompt_ids + self.gen.token_ids
+
+    def reusable_ids(self) -> list[int]:
+        """The tokens whose K/V may come from the prefix cache: none for a scoring request (every position's
+        hidden state is needed), all but the last prompt token for a new request (its logits give the first
+        token), everything cached before a preemption for a resumed one."""
+        if self.prompt_logprobs is not None and not self.gen.token_ids:
+            return []
+        return self.all_ids()[: self.cached_target] if self.gen.token_ids else self.prompt_ids[:-1]
+
+    def start(self, seq: SeqKV) -> None:
         """Admitted: the request now holds `seq` (its first `seq.length` positions already cached)."""
         self.seq = seq
+        if self.n_preemptions:
+            return  # resumed: its generator, stream and timings go on where they were
         self.gen.cached_tokens = seq.length
         self.gen.queue_s = time.perf_counter() - (self.enqueued or self.arrival)
-        self.generator = self.sampling.generator(device)
+        self.generator = self.sampling.generator("cpu")  # drawn on the CPU for every device (prefill.engine.sampling)
         if self.tokenizer is not None:
             self._stream = TextStream(self.tokenizer, self.stop)
+
+    def preempted(self) -> None:
+        """Its blocks were taken back: it waits again and recomputes its cache when readmitted."""
+        self.seq, self.scorer = None, None
+        self.n_preemptions += 1
 
     def next_input(self) -> int:
         """The token to feed in the next decode step: the last one accepted."""
         return self.gen.token_ids[-1]
+
+    def chunk_ids(self, n: int) -> list[int]:
+        """The next n tokens to prefill (from the prompt, or after a preemption also the generated ones)."""
+        return self.all_ids()[self.seq.length : self.seq.length + n]
 
     def prefilled(self) -> None:
         """The whole prompt is in the cache: note what it holds (measured)."""
@@ -165,16 +195,13 @@ class Request:
             self.finish("length")
 
     # ---- the one place a token is accepted ----
-    def accept(self, logits: torch.Tensor) -> None:
-        """Take the next-token logits [vocab] (float32): sample, then emit, stop or go on."""
-        t0 = time.perf_counter()
-        if self.constraint is not None:
-            logits = self.constraint.mask(logits)
-        token = int(sample(logits[None], self.sampling, self.generator)[0])  # [1, vocab] -> one id
+    def accept(self, token: int, logits: torch.Tensor, logits_ready: float) -> None:
+        """Take the token sampled from next-token logits [vocab] (float32, after this request's constraint; ready
+        at perf_counter time `logits_ready`): record it, then emit, stop or go on."""
         now = time.perf_counter()
         g = self.gen
         if not g.token_ids and g.ttft_s == 0.0:
-            g.first_token_s, g.ttft_s = now - t0, now - self.arrival
+            g.first_token_s, g.ttft_s = now - logits_ready, now - self.arrival
         else:
             g.itl_s.append(now - self._last_token_at)
         self._last_token_at = now

@@ -13,7 +13,8 @@ import torch
 
 from prefill.costmodel import costs
 from prefill.costmodel.specs import ModelSpec
-from prefill.engine.kvcache import KVBatch, KVPool, SeqKV
+from prefill.engine.batch import forward_batch
+from prefill.engine.kvcache import KVPool, SeqKV
 from prefill.model.transformer import Transformer
 
 
@@ -49,15 +50,33 @@ class ModelRunner:
 
     def new_cache(self, capacity: int) -> SeqKV:
         """An empty cache for one sequence of up to `capacity` tokens, in a pool of its own."""
-        return self.new_pool(capacity).new_seq(capacity)
+        return self.new_pool(capacity).new_seq()
 
     # ---- the forward ----
     @torch.inference_mode()
+    def run(self, rows: list[tuple[SeqKV, list[int]]], output: str = "last") -> torch.Tensor:
+        """One forward over rows [(seq, new token ids)] of any lengths (decode rows and prefill chunks together):
+        each row's tokens continue its sequence at its own length. Returns the model's `output` (float32 logits
+        [R, vocab] of each row's last token by default; "all" [N, vocab]; "hidden" [N, d_model]) and advances
+        every seq (blocks for the new positions are reserved here if the scheduler has not already)."""
+        for seq, ids in rows:
+            seq.reserve(seq.length + len(ids))
+        pool = rows[0][0].pool
+        batch = forward_batch(pool, [(seq, len(ids)) for seq, ids in rows], self.device)
+        flat = torch.tensor([t for _, ids in rows for t in ids], dtype=torch.long, device=self.device)  # [N]
+        out = self.model(flat, batch, output)
+        for seq, ids in rows:
+            seq.length += len(ids)
+            seq.trim()  # a windowed group lets go of what left its window
+        return out
+
     def forward(self, ids: torch.Tensor, seqs: list[SeqKV], output: str = "last") -> torch.Tensor:
         """ids [B, T]: row b's T new tokens continue sequence seqs[b] at its own length; returns the model's
-        `output` (float32 logits [B, vocab] of each row's last position by default) and advances every seq."""
-        batch = KVBatch(seqs, ids.shape[1])
-        return self.model(ids.to(self.device), batch.positions(self.device), batch, output)
+        `output`: float32 logits [B, vocab] of each row's last position, "all" [B, T, vocab], "hidden"
+        [B, T, d_model]. The rectangular form of `run`, for the proofs and the benchmark."""
+        B, T = ids.shape
+        out = self.run(list(zip(seqs, ids.tolist(), strict=True)), output)
+        return out if output == "last" else out.view(B, T, -1)
 
     def sync(self) -> None:
         """Wait for the device (CUDA runs asynchronously; a CPU forward has finished when it returns)."""

@@ -73,26 +73,64 @@ def apply_logit_bias(logits: torch.Tensor, bias: tuple[tuple[int, float], ...]) 
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Token ids [B] drawn from float32 logits [B, vocab]; raises NothingToSample when a row has no finite logit."""
-    logits = apply_logit_bias(logits.float(), params.logit_bias)
-    logits = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))  # NaN never wins
-    if not bool((logits > float("-inf")).any(dim=-1).all()):
+    """Token ids [B] drawn from float32 logits [B, vocab] under one set of parameters; raises NothingToSample when a
+    row has no finite logit."""
+    tokens, ok = sample_rows(logits, [params] * logits.shape[0], [generator] * logits.shape[0])
+    if not bool(ok.all()):
         raise NothingToSample("no token can be sampled: every token is banned (logit_bias, grammar) or NaN")
-    posinf = logits == float("inf")  # [B, vocab]
-    if params.greedy or bool(posinf.any()):
-        # +inf logits: a sure pick among them (softmax of inf is NaN); greedy: argmax
-        return torch.where(posinf.any(-1), posinf.float().argmax(-1), logits.argmax(-1))
+    return tokens
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]):
+    """Every row's token in one pass: logits [R, vocab] float32, row r under params[r] with generators[r] (its own
+    seeded generator, or None: torch's global one). Returns (tokens [R] long, ok [R] bool); ok is False for a row
+    with nothing to draw (every logit banned or NaN), whose token is meaningless. Nothing here waits for the
+    device: the caller reads both with one host sync.
+
+    Sampled rows use the Gumbel-max trick: argmax(logits / T + g) with g = -log(-log(u)), u ~ U(0, 1), draws from
+    softmax(logits / T) exactly, so rows with different temperatures, cuts and generators share one argmax."""
+    logits = logits.float()
+    for r, p in enumerate(params):
+        if p.logit_bias:
+            logits[r : r + 1] = apply_logit_bias(logits[r : r + 1], p.logit_bias)
+    logits = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))  # NaN never wins
+    ok = (logits > float("-inf")).any(dim=-1)  # [R]
+    posinf = logits == float("inf")  # [R, vocab]: a sure pick among them (softmax of inf is NaN)
+    sure = posinf.any(-1)  # [R]
+    best = torch.where(sure, posinf.float().argmax(-1), logits.argmax(-1))  # [R]: the greedy choice
+    hot = [r for r, p in enumerate(params) if not p.greedy]
+    if not hot:
+        return best, ok
+    idx = torch.tensor(hot, device=logits.device)
+    x = logits[idx]  # [H, vocab]
     # Subtract each row's best first: the best becomes 0 and stays finite however small the temperature.
-    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature  # [B, vocab], <= 0
-    if params.top_k:
-        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, vocab]
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs >= params.top_p  # keep the smallest set reaching top_p
+    temps = torch.tensor([params[r].temperature for r in hot], device=x.device)[:, None]  # [H, 1]
+    x = (x - x.max(dim=-1, keepdim=True).values) / temps
+    x = _cut(x, [params[r] for r in hot])
+    noise = torch.stack([_gumbel(x.shape[-1], generators[r]) for r in hot]).to(x.device)  # [H, vocab]
+    drawn = torch.where(sure[idx], best[idx], (x + noise).argmax(-1))
+    return best.index_copy(0, idx, drawn), ok
+
+
+def _cut(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Scaled logits [H, vocab] with each row's top-k and top-p cuts applied (-inf outside)."""
+    V = x.shape[-1]
+    ks = [min(p.top_k, V) if p.top_k else V for p in params]
+    if min(ks) < V:
+        top = torch.topk(x, max(k for k in ks if k < V), dim=-1).values  # [H, k_max]
+        kth = torch.stack([top[r, k - 1] if k < V else x.new_tensor(float("-inf")) for r, k in enumerate(ks)])
+        x = x.masked_fill(x < kth[:, None], float("-inf"))
+    tops = torch.tensor([p.top_p for p in params], device=x.device)[:, None]  # [H, 1]
+    if bool((tops < 1.0).any()):
+        sorted_x, order = x.sort(dim=-1, descending=True)  # [H, vocab]
+        probs = sorted_x.softmax(-1)
+        drop = (probs.cumsum(-1) - probs >= tops) & (tops < 1.0)  # keep the smallest set reaching top_p
         drop[:, 0] = False  # the best token always stays (a top_p that rounds to 0 in float32 would drop all)
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+        x = torch.full_like(x, float("-inf")).scatter(-1, order, sorted_x.masked_fill(drop, float("-inf")))
+    return x
+
+
+def _gumbel(V: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Gumbel(0, 1) noise [V] float32 from `generator` (on the CPU, so a seed draws the same on every device)."""
+    u = torch.rand(V, generator=generator)
+    return -torch.log(-torch.log(u))

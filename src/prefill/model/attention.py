@@ -1,4 +1,11 @@
-"""Causal attention for a prefill: the fused SDPA kernel, or a blocked GEMM form that is faster on CPUs.
+"""Attention: where the queries of one forward meet the KV pool, and the kernels that compute it.
+
+`attend` is the one place attention meets the cache. It stores the forward's new K/V in the pool, then gives
+each row its attention over its own past, read where it lies in the pool (runs of consecutive slots, each a
+view: no copy of a row's history, whatever its length), plus, for a chunk of several new tokens, the chunk's
+own K/V under the causal mask. Pieces are merged by their log-sum-exp, as FlashAttention merges key blocks:
+out = sum_i exp(lse_i - lse) * out_i with lse = log sum_i exp(lse_i). A prefill with nothing cached before it
+(the usual one) is a single piece, computed as below.
 
 On a CPU, PyTorch's flash-attention kernel runs its inner products one query head at a time with d_head-long
 dot products, and scales poorly past one thread. The blocked form instead walks the queries in blocks of
@@ -16,6 +23,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from prefill.model.batch import ForwardBatch, Row
 
 BLOCK = 64  # query positions per block: scores are [B, H_kv, G, BLOCK, keys]
 SDPA_BAND = 512  # least queries per SDPA call when a window cuts a long prompt into bands
@@ -97,3 +106,71 @@ def causal_attention(q, k, v, start: int, window=None, scale=None) -> torch.Tens
     if q.device.type == "cpu" and q.dtype != torch.float32 and q.shape[2] > 1:
         return blocked_causal(q, k, v, start, window, scale)
     return sdpa_causal(q, k, v, start, window, scale)
+
+
+def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: float) -> torch.Tensor:
+    """Store the new k, v [1, H_kv, N, d_head] in the pool, then each row's queries attend causally over that
+    row's positions: all up to itself, or in a windowed layer its last `window` (itself included).
+    q [1, H_q, N, d_head] -> [1, H_q, N, d_head]."""
+    batch.store(layer, k, v)
+    if batch.fresh:  # one prompt, nothing cached: the new K/V are all there is
+        return causal_attention(q, k, v, 0, window, scale)
+    out = [_row(q, k, v, batch, layer, row, window, scale) for row in batch.rows]
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def _row(q, k, v, batch: ForwardBatch, layer: int, row: Row, window: int | None, scale: float) -> torch.Tensor:
+    """One row's attention: its T queries [1, H_q, T, d] over its past (pool views) and, for T > 1, its own
+    new K/V (causal), merged by log-sum-exp."""
+    s, e = row.offset, row.offset + row.T
+    qr = q[:, :, s:e]  # [1, H_q, T, d_head]
+    parts = [_piece(qr, kp, vp, row.start, p0, window, scale) for kp, vp, p0 in batch.past(layer, row)]
+    if not row.decode:  # the chunk's own K/V: causal within it (a square, so top-left causal is right)
+        if parts:
+            parts.append(_piece(qr, k[:, :, s:e], v[:, :, s:e], row.start, row.start, window, scale))
+        else:
+            return causal_attention(qr, k[:, :, s:e], v[:, :, s:e], row.start, window, scale)
+    return merge(parts)
+
+
+def _piece(q, k, v, start: int, first: int, window: int | None, scale: float):
+    """Attention of queries at positions start.. over keys at positions first.. (all of them before the queries,
+    or the queries' own, causal): (out [1, H_q, T, d], lse [1, H_q, T])."""
+    T, S = q.shape[2], k.shape[2]
+    rows = torch.arange(start, start + T, device=q.device)[:, None]  # [T, 1]
+    cols = torch.arange(first, first + S, device=q.device)[None, :]  # [1, S]
+    own = first == start
+    need_mask = (window is not None and start + T - window > first) or (own and T > 1)
+    mask = visible(rows, cols, window) if need_mask else None  # [T, S]
+    return with_lse(q, k, v, mask, scale)
+
+
+def with_lse(q, k, v, mask: torch.Tensor | None, scale: float):
+    """Attention and its log-sum-exp: q [1, H_q, T, d], k, v [1, H_kv, S, d] (GQA), mask [T, S] bool or None ->
+    (out [1, H_q, T, d], lse [1, H_q, T] float32; -inf where a query sees no key, and out 0 there)."""
+    if q.device.type == "cpu":
+        bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias,
+                                                                             scale=scale)  # fmt: skip
+    else:
+        B, H_q, T, d = q.shape
+        H_kv = k.shape[1]
+        qg = q.view(B, H_kv, H_q // H_kv * T, d)  # GQA: a K/V head's G query heads as more query rows
+        scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)).view(B, H_q, T, -1) * scale  # [B, H_q, T, S]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # [B, H_q, T]
+        p = torch.exp(scores - lse[..., None]).nan_to_num(0.0).view(B, H_kv, -1, scores.shape[-1])
+        out = torch.matmul(p.to(v.dtype), v).view(B, H_q, T, d)
+    if mask is not None:
+        lse = lse.masked_fill(~mask.any(-1), float("-inf"))  # the kernel reports 0 for a query with no key
+    return out, lse
+
+
+def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Attention over the union of disjoint key sets from each set's (out [1, H_q, T, d], lse [1, H_q, T])."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lse = torch.stack([p[1] for p in parts]).logsumexp(0)  # [1, H_q, T]
+    out = sum(o.float() * torch.exp(l - lse).nan_to_num(0.0)[..., None] for o, l in parts)
+    return out.to(parts[0][0].dtype)

@@ -21,9 +21,9 @@ from torch import nn
 
 from prefill.costmodel.families import check_runnable
 from prefill.costmodel.specs import ModelSpec
-from prefill.engine.kvcache import KVBatch
 from prefill.errors import ModelFileError
-from prefill.model.attention import causal_attention
+from prefill.model.attention import attend
+from prefill.model.batch import ForwardBatch
 
 
 def check_supported(spec: ModelSpec) -> None:
@@ -122,23 +122,6 @@ class Kernels:
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
 
 
-def attend(q, k, v, batch: KVBatch, layer: int, window: int | None, scale: float) -> torch.Tensor:
-    """Store K, V [B, H_kv, T, d_head] in the cache, then let each row's T new queries attend causally over that
-    row's positions: all up to itself, or in a windowed layer its last `window` (itself included).
-    q [B, H_q, T, d_head] -> [B, H_q, T, d_head]."""
-    rows = batch.update(layer, k, v, window)
-    if rows is None:  # every row started empty: the new K/V are all there is, and the rows have equal lengths
-        return causal_attention(q, k, v, 0, window, scale)
-    if batch.mask is not None:  # decode rows padded to one length: one call, padding (and old keys) masked out
-        k_all, v_all = rows
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=batch.read_mask(window), scale=scale,
-                                              enable_gqa=True)  # fmt: skip
-    out = []
-    for b, (k_all, v_all) in enumerate(rows):  # rows of different lengths: each reads only its own blocks
-        out.append(causal_attention(q[b : b + 1], k_all, v_all, batch.starts[b], window, scale))
-    return out[0] if len(out) == 1 else torch.cat(out)  # [B, H_q, T, d_head]
-
-
 class Block(nn.Module):
     """Residual block with grouped-query attention (H_q query heads share H_kv K/V heads) and a gated MLP.
 
@@ -178,7 +161,7 @@ class Block(nn.Module):
             _weight(self.attn_post_norm), _weight(self.mlp_post_norm), self.gelu,
         )  # fmt: skip
 
-    def forward(self, x, cos, sin, batch: KVBatch, layer: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, batch: ForwardBatch, layer: int) -> torch.Tensor:
         q, k, v = self.qkv(x, cos, sin)
         return self.finish(x, attend(q, k, v, batch, layer, self.window, self.scale))
 
@@ -233,22 +216,21 @@ class Transformer(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [B, T, 1, d_head]: broadcast over heads
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: KVBatch, output: str = "last") -> torch.Tensor:
-        """Run ids [B, T] at `positions` [B, T] (each row its own), writing K/V through `batch`.
+    def forward(self, ids: torch.Tensor, batch: ForwardBatch, output: str = "last") -> torch.Tensor:
+        """Run the N new tokens ids [N] of the batch's rows at their positions, writing K/V through `batch`.
 
-        `output`: "last" -> float32 logits [B, vocab] of each row's last position (the next token's; the only
-        unembedding a generation needs); "all" -> logits [B, T, vocab] (the proofs); "hidden" -> the final-normed
-        hidden states [B, T, d_model] (scoring unembeds them in slices, see prefill.engine.scoring).
+        `output`: "last" -> float32 logits [R, vocab] of each row's last token (the next token's; the only
+        unembedding a generation needs); "all" -> logits [N, vocab] (the proofs); "hidden" -> the final-normed
+        hidden states [N, d_model] (scoring unembeds them in slices, see prefill.engine.scoring).
         """
-        x = self.embed_tokens(ids)  # [B, T, d_model]
-        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_tables(positions, x.dtype), strict=True)):
+        x = self.embed_tokens(ids[None])  # [1, N, d_model]: the rows' tokens side by side
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_tables(batch.positions[None], x.dtype),
+                                                    strict=True)):  # fmt: skip
             x = layer(x, cos, sin, batch, i)
-        batch.advance()
         if output == "hidden":
-            return self.norm(x)  # [B, T, d_model]
-        h = x if output == "all" else x[:, -1:, :]  # [B, 1, d_model]: only the last position predicts
-        logits = self.logits(self.norm(h))  # [B, 1 or T, vocab]
-        return logits if output == "all" else logits[:, 0]
+            return self.norm(x[0])  # [N, d_model]
+        h = x[0] if output == "all" else x[0, batch.last]  # [R, d_model]: only each row's last position predicts
+        return self.logits(self.norm(h))  # [R or N, vocab]
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [B, T, d_model] of ids [B, T], times sqrt(d_model) in Gemma (rounded to the dtype

@@ -81,7 +81,7 @@ class Scheduler:
             "kv_blocks_used": pool.used_blocks,
             "kv_block_tokens": pool.block_size,
             "kv_pool_bytes": pool.allocated_bytes(),
-            "kv_used_bytes": pool.used_blocks * pool.bytes_per_block,
+            "kv_used_bytes": pool.used_bytes(),
             "kv_held_bytes": sum(r.seq.nbytes() for r in running if r.seq is not None and r.seq.blocks),
             "prefix_cache_bytes": prefix.nbytes if prefix is not None else 0,
             "running": len(running),

@@ -1,0 +1,76 @@
+"""What one forward needs to know of the KV cache: where each new token's K/V goes and where each row's past lies.
+
+A forward runs N tokens flattened from R rows: row r's T_r new tokens continue its sequence at positions
+start_r .. start_r + T_r - 1 (a prefill chunk, or T_r = 1 for a decode step), so the projections and the MLP
+are one GEMM over all N tokens whatever mix of prefill and decode the step holds. Attention is per row, over
+that row's past read where it lies in the pool (`Row.runs`: runs of consecutive slots, each read as a view, no
+copy) and, for a chunk of several tokens, its own new K/V under the causal mask. The engine builds the batch
+from its block tables (prefill.engine.batch); the model only reads it, so it knows nothing of blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a forward: its tokens offset .. offset + T - 1 of the batch, at positions start .. start + T - 1.
+
+    runs[g]: for layer group g, the past this row's queries may read, as runs of pool slots [(slot, slot_end)]
+    covering positions first[g] .. past_end - 1 in order; past_end is start + 1 for a decode row (its own new
+    K/V is read from the pool after it is written) and start for a chunk (its own K/V comes fresh).
+    """
+
+    offset: int
+    T: int
+    start: int
+    runs: tuple[tuple[tuple[int, int], ...], ...]
+    first: tuple[int, ...]
+
+    @property
+    def decode(self) -> bool:
+        return self.T == 1
+
+
+@dataclass
+class ForwardBatch:
+    """The cache as one forward sees it: pool tensors, where to write, and each row's reads."""
+
+    k: list[torch.Tensor]  # per layer [H_kv, n_slots, d_head]
+    v: list[torch.Tensor]
+    group_of: list[int]  # layer -> group
+    windows: list[int | None]  # group -> its window
+    positions: torch.Tensor  # [N] long: each new token's position
+    write: list[torch.Tensor]  # per group [N] long: each new token's slot
+    rows: list[Row]
+    last: torch.Tensor = field(init=False)  # [R] long: each row's last token in the batch
+
+    def __post_init__(self) -> None:
+        self.last = torch.tensor([r.offset + r.T - 1 for r in self.rows], device=self.positions.device)
+
+    @property
+    def N(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def fresh(self) -> bool:
+        """One row and nothing cached before it: attention needs only the new K/V."""
+        return len(self.rows) == 1 and self.rows[0].start == 0
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new tokens' k, v [1, H_kv, N, d_head] to their slots in the pool."""
+        slots = self.write[self.group_of[layer]]
+        self.k[layer].index_copy_(1, slots, k[0])
+        self.v[layer].index_copy_(1, slots, v[0])
+
+    def past(self, layer: int, row: Row) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """The row's past in `layer` as views of the pool: [(K [1, H_kv, S, d_head], V, first position)]."""
+        g, out = self.group_of[layer], []
+        pos = row.first[g]
+        for a, b in row.runs[g]:
+            out.append((self.k[layer][None, :, a:b], self.v[layer][None, :, a:b], pos))
+            pos += b - a
+        return out
