@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs.",
@@ -115,3 +116,43 @@ def write_gguf_from_hf(path: Path, model, arch: str, style: str, chat_template: 
         w.add_tensor(g, a)
     finish(w)
     return path
+
+
+GEMMA3_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+
+
+def gemma3_config(window: int, softcaps: bool = False, **kw):
+    """A tiny Gemma 3 text config: 4 layers (local, global, local, local) with windows of `window` tokens."""
+    from transformers import Gemma3TextConfig
+
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}}  # fmt: skip
+    base = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=24, max_position_embeddings=256, rms_norm_eps=1e-6,
+                sliding_window=window, layer_types=GEMMA3_TYPES, rope_parameters=rope, query_pre_attn_scalar=20,
+                attn_logit_softcapping=30.0 if softcaps else None, final_logit_softcapping=3.0 if softcaps else None,
+                pad_token_id=0, bos_token_id=2, eos_token_id=1)  # fmt: skip
+    return Gemma3TextConfig(**{**base, **kw})
+
+
+def random_gemma3(config):
+    """A transformers Gemma 3 with random weights; norms perturbed so that 1 + w is not 1."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.5)
+            elif "embed" in name:
+                p.normal_(0.0, 0.2)  # sqrt(d_model) scales these: keep the activations moderate
+    return model
+
+
+def random_gemma3_engine(folder: Path, window: int, context: int):
+    """Our engine over a random tiny Gemma 3 saved by transformers in `folder` (windows of `window` tokens)."""
+    from prefill.engine.llm import Engine
+
+    random_gemma3(gemma3_config(window, max_position_embeddings=context)).save_pretrained(folder)
+    return Engine.load(str(folder), progress=False)

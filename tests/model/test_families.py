@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from prefill.engine.llm import Engine
+from tiny_models import gemma3_config, random_gemma3
 
 pytestmark = pytest.mark.slow
 
@@ -86,36 +87,6 @@ def test_tiny_family_batched_decode_equals_transformers_greedy(saved):
 
 
 # ---- Gemma 3: sliding windows, local and global layers -----------------------------------------------
-
-GEMMA3_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
-
-
-def gemma3_config(window: int, softcaps: bool = False, **kw):
-    from transformers import Gemma3TextConfig
-
-    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}}  # fmt: skip
-    base = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=24, max_position_embeddings=256, rms_norm_eps=1e-6,
-                sliding_window=window, layer_types=GEMMA3_TYPES, rope_parameters=rope, query_pre_attn_scalar=20,
-                attn_logit_softcapping=30.0 if softcaps else None, final_logit_softcapping=3.0 if softcaps else None,
-                pad_token_id=0, bos_token_id=2, eos_token_id=1)  # fmt: skip
-    return Gemma3TextConfig(**{**base, **kw})
-
-
-def random_gemma3(config):
-    """A transformers Gemma 3 with random weights; norms perturbed so that 1 + w is not 1."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0, 0.5)
-            elif "embed" in name:
-                p.normal_(0.0, 0.2)  # sqrt(d_model) scales these: keep the activations moderate
-    return model
 
 
 @pytest.fixture(scope="module", params=[(5, False), (12, False), (8, True)], ids=["W5", "W12", "W8-softcaps"])

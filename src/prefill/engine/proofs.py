@@ -75,12 +75,15 @@ def greedy_agreement(ours: list[torch.Tensor], ref: list[torch.Tensor], tol: flo
 
 
 def _max_cache_diff(a, b, n: int) -> float:
-    """Largest |difference| of K and V over positions 0..n-1 of every layer of two SeqKV caches."""
-    return max(
-        max(float((a.k(i)[:, :, :n] - b.k(i)[:, :, :n]).abs().max()),
-            float((a.v(i)[:, :, :n] - b.v(i)[:, :, :n]).abs().max()))
-        for i in range(len(a.pool.k))
-    )  # fmt: skip
+    """Largest |difference| of K and V of two SeqKV caches over the last positions below n that both still hold,
+    in every layer (a windowed layer holds only its window's blocks)."""
+    worst = 0.0
+    for i in range(len(a.pool.k)):
+        m = min(a.held_positions(i), b.held_positions(i), n)
+        if m:
+            for x, y in ((a.k(i), b.k(i)), (a.v(i), b.v(i))):  # [1, H_kv, held, d_head]
+                worst = max(worst, float((x[:, :, -m:] - y[:, :, -m:]).abs().max()))
+    return worst
 
 
 @torch.inference_mode()
@@ -115,10 +118,10 @@ def chunked_vs_single(engine: Engine, ids: list[int], chunk_size: int, tol: floa
 
 
 def kv_bytes_match_formula(engine: Engine, P: int) -> Check:
-    """The bytes the cache holds for P tokens against the sum over layers of 2 * B * H_kv * min(P, W_l) * d_head
-    * bytes_per_element (2 * L * B * H_kv * P * d_head * b without windows)."""
+    """The bytes the cache holds for P tokens against the formula: 2 * L * B * H_kv * P * d_head * b without
+    windows; a windowed layer holds its window's blocks only (costs.kv_cache_bytes_held)."""
     _, cache = engine.prefill(list(range(1, P + 1)))
-    expected = costs.kv_cache_bytes_for(engine.spec, P, engine.dtype.itemsize)
+    expected = costs.kv_cache_bytes_held(engine.spec, P, engine.dtype.itemsize, cache.pool.block_size)
     return Check(
         "KV-cache bytes held vs formula", abs(cache.nbytes() - expected), 0, f"{cache.nbytes():,} vs {expected:,} B"
     )
@@ -152,16 +155,17 @@ def parity_with_reference(engine: Engine, reference, ids: list[int], new_tokens:
     logits_tol = tol or _logits_tolerance(engine, ref_logits)
     checks = [Check("last-position logits vs transformers", float((ours - ref_logits).abs().max()), logits_tol)]
     if layers is not None:
-        P = len(ids)  # a windowed layer of the reference keeps only its last W - 1 positions: compare those
+        # A windowed layer keeps only the positions its window may still see: compare those.
+        n = [min(lay.keys.shape[2], cache.held_positions(i)) for i, lay in enumerate(layers)]
         kv = max(
             max(
-                float((cache.k(i)[:, :, P - lay.keys.shape[2] :] - lay.keys).abs().max()),
-                float((cache.v(i)[:, :, P - lay.values.shape[2] :] - lay.values).abs().max()),
+                float((cache.k(i)[:, :, -m:] - lay.keys[:, :, -m:]).abs().max()),
+                float((cache.v(i)[:, :, -m:] - lay.values[:, :, -m:]).abs().max()),
             )
-            for i, lay in enumerate(layers)
+            for i, (lay, m) in enumerate(zip(layers, n, strict=True))
         )
         checks.append(Check("K and V of every layer (a windowed one's window) vs transformers", kv,
-                            tol or _cache_tolerance(engine, cache, P)))  # fmt: skip
+                            tol or _cache_tolerance(engine, cache, len(ids))))  # fmt: skip
     # Greedy continuation, EOS not special: the reference recomputes the whole sequence each step.
     seq, ref_rows = x, []
     for _ in range(new_tokens):
