@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from prefill.engine.kvcache import KVPool, SeqKV
-from prefill.model.batch import ForwardBatch, Row
+from prefill.model.batch import DecodeRows, ForwardBatch, Row
 
 
 def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device) -> ForwardBatch:
@@ -29,6 +29,7 @@ def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device) -> Forwar
             first.append(lo)
         out.append(Row(offset, T, start, tuple(runs), tuple(first)))
         offset += T
+    decoding = [(seq, row) for (seq, _), row in zip(rows, out, strict=True) if row.decode]
     return ForwardBatch(
         k=pool.k,
         v=pool.v,
@@ -37,4 +38,21 @@ def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device) -> Forwar
         positions=torch.cat(positions).to(device),  # [N]
         write=[torch.cat(w).to(device) for w in writes],  # per group [N]
         rows=out,
+        decode=_decode_rows(pool, decoding, device) if decoding else None,
     )
+
+
+def _decode_rows(pool: KVPool, decoding: list[tuple[SeqKV, Row]], device) -> DecodeRows:
+    """Block tables of the decode rows, one padded [R_dec, T] table per layer group."""
+    tables = []
+    for g in range(len(pool.groups)):
+        width = max(len(seq.tables[g]) for seq, _ in decoding)
+        table = torch.full((len(decoding), width), -1, dtype=torch.long)
+        for i, (seq, _) in enumerate(decoding):
+            table[i, : len(seq.tables[g])] = torch.tensor(seq.tables[g], dtype=torch.long)
+        first_block = torch.tensor([seq.first[g] for seq, _ in decoding])
+        first = torch.tensor([row.first[g] for _, row in decoding])
+        end = torch.tensor([row.start + 1 for _, row in decoding])
+        tables.append((table.to(device), first_block.to(device), first.to(device), end.to(device)))
+    index = torch.tensor([row.offset for _, row in decoding], device=device)
+    return DecodeRows(index, tables, pool.block_size)

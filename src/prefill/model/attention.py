@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from prefill.model import kernels
 from prefill.model.batch import ForwardBatch, Row
 
 BLOCK = 64  # query positions per block: scores are [B, H_kv, G, BLOCK, keys]
@@ -115,8 +116,20 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
     batch.store(layer, k, v)
     if batch.fresh:  # one prompt, nothing cached: the new K/V are all there is
         return causal_attention(q, k, v, 0, window, scale)
-    out = [_row(q, k, v, batch, layer, row, window, scale) for row in batch.rows]
-    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    out = torch.empty_like(q)  # [1, H_q, N, d_head]
+    rows = batch.rows
+    dec = batch.decode
+    if dec is not None and q.device.type == "cpu" and q.dtype == torch.float32 and kernels.available():
+        # Every decode row in one call: each query reads its past where it lies (prefill.model.kernels).
+        qd = q[0, :, dec.index].transpose(0, 1).contiguous()  # [R_dec, H_q, d_head]
+        table, first_block, first, end = dec.tables[batch.group_of[layer]]
+        od = kernels.paged_attention(qd, batch.k[layer], batch.v[layer], table, first_block, first, end,
+                                     dec.block_size, scale)  # fmt: skip
+        out[0, :, dec.index] = od.transpose(0, 1)
+        rows = [r for r in rows if not r.decode]
+    for row in rows:
+        out[:, :, row.offset : row.offset + row.T] = _row(q, k, v, batch, layer, row, window, scale)
+    return out
 
 
 def _row(q, k, v, batch: ForwardBatch, layer: int, row: Row, window: int | None, scale: float) -> torch.Tensor:

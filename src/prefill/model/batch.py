@@ -35,6 +35,17 @@ class Row:
         return self.T == 1
 
 
+@dataclass(frozen=True)
+class DecodeRows:
+    """The decode rows of a forward, for the paged attention kernel (prefill.model.kernels): which of the N
+    tokens they are, and per layer group each row's block table and the positions its query reads."""
+
+    index: torch.Tensor  # [R_dec] long: the rows' tokens in the batch
+    tables: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]  # per group: table [R_dec, T]
+    # (block ids, -1 padded), first_block [R_dec], first [R_dec] and end [R_dec] positions
+    block_size: int
+
+
 @dataclass
 class ForwardBatch:
     """The cache as one forward sees it: pool tensors, where to write, and each row's reads."""
@@ -46,6 +57,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [N] long: each new token's position
     write: list[torch.Tensor]  # per group [N] long: each new token's slot
     rows: list[Row]
+    decode: DecodeRows | None = None
     last: torch.Tensor = field(init=False)  # [R] long: each row's last token in the batch
 
     def __post_init__(self) -> None:

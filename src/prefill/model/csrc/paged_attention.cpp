@@ -1,0 +1,190 @@
+// Paged attention over the KV pool, read in place: every query of a forward (a decode row's one query, or in
+// deterministic mode every query of a prefill chunk) attends to positions [first, end) of its sequence through
+// its block table, in the pool's blocks, with an online softmax over blocks of block_size keys.
+//
+// Each query's keys are visited in the same order, block by block at fixed positions, whatever the other
+// queries of the call, the block table's layout or the thread count: so a query's output is bitwise the same
+// alone, in a batch, or in a chunk of any size (the batch-invariant mode). The K/V of a KV head are read once for
+// its G query heads (GQA), and nothing is copied out of the pool.
+//
+//   q      [R, H_q, D] float32, contiguous        out [R, H_q, D] float32
+//   k, v   [H_kv, n_slots, D] float32, D contiguous (the pool's per-layer tensors)
+//   table  [R, T] int64: block ids; table[r][j] holds positions (j + first_block[r]) * bs ...
+//   first_block, first, end  [R] int64: the table's first block; the first and one-past-last positions read
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define PA_AVX2 __attribute__((target("avx2,fma")))
+#define PA_HAVE_X86 1
+#endif
+
+namespace {
+
+constexpr int64_t kMaxBlock = 64;  // block_size bound (the pool uses 16)
+constexpr int64_t kMaxG = 16;      // query heads per KV head bound
+
+// The scalar path: any CPU, the same visiting order as the AVX2 one (results may differ in the last bits
+// between the two paths, never within one).
+void query_block_scalar(const float* q, int64_t G, int64_t D, const float* kb, const float* vb, int64_t n,
+                        float scale, float* m, float* l, float* acc) {
+  float s[kMaxBlock];
+  for (int64_t g = 0; g < G; g++) {
+    const float* qg = q + g * D;
+    float mx = m[g];
+    for (int64_t t = 0; t < n; t++) {
+      float d = 0.f;
+      for (int64_t i = 0; i < D; i++) d += qg[i] * kb[t * D + i];
+      s[t] = d * scale;
+      mx = s[t] > mx ? s[t] : mx;
+    }
+    const float corr = std::exp(m[g] - mx);
+    float sum = l[g] * corr;
+    float* a = acc + g * D;
+    for (int64_t i = 0; i < D; i++) a[i] *= corr;
+    for (int64_t t = 0; t < n; t++) {
+      const float p = std::exp(s[t] - mx);
+      sum += p;
+      for (int64_t i = 0; i < D; i++) a[i] += p * vb[t * D + i];
+    }
+    m[g] = mx;
+    l[g] = sum;
+  }
+}
+
+#ifdef PA_HAVE_X86
+PA_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// exp(x) for 8 lanes (Cephes' single-precision polynomial, about 1 ulp); x <= 0 here, -inf gives 0.
+PA_AVX2 inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f), log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.f);
+  const __m256 zero_mask = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, log2e, half));
+  x = _mm256_fnmadd_ps(fx, c1, x);
+  x = _mm256_fnmadd_ps(fx, c2, x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, half);
+  y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, one));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// One block of n keys for the G query heads of one KV head (D a multiple of 8).
+PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const float* kb, const float* vb, int64_t n,
+                              float scale, float* m, float* l, float* acc) {
+  alignas(32) float s[kMaxBlock];
+  for (int64_t g = 0; g < G; g++) {
+    const float* qg = q + g * D;
+    for (int64_t t = 0; t < n; t++) {
+      __m256 d = _mm256_setzero_ps();
+      for (int64_t i = 0; i < D; i += 8)
+        d = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(kb + t * D + i), d);
+      s[t] = hsum(d) * scale;
+    }
+    float mx = m[g];
+    for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+    for (int64_t t = n; t < (n + 7) / 8 * 8; t++) s[t] = -INFINITY;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    for (int64_t t = 0; t < n; t += 8) _mm256_store_ps(s + t, exp8(_mm256_sub_ps(_mm256_load_ps(s + t), vmx)));
+    const float corr = std::isinf(m[g]) ? 0.f : std::exp(m[g] - mx);
+    float sum = l[g] * corr;
+    for (int64_t t = 0; t < n; t++) sum += s[t];
+    float* a = acc + g * D;
+    const __m256 vc = _mm256_set1_ps(corr);
+    for (int64_t i = 0; i < D; i += 8) {
+      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(a + i), vc);
+      for (int64_t t = 0; t < n; t++) x = _mm256_fmadd_ps(_mm256_set1_ps(s[t]), _mm256_loadu_ps(vb + t * D + i), x);
+      _mm256_storeu_ps(a + i, x);
+    }
+    m[g] = mx;
+    l[g] = sum;
+  }
+}
+
+bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#else
+bool cpu_has_avx2() { return false; }
+#endif
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                           const at::Tensor& first_block, const at::Tensor& first, const at::Tensor& end,
+                           int64_t block_size, double scale, bool allow_simd) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [R, H_q, D] float32");
+  TORCH_CHECK(k.dim() == 3 && k.scalar_type() == at::kFloat && k.stride(2) == 1 && k.stride(1) == k.size(2),
+              "k must be [H_kv, n_slots, D] float32 with D contiguous");
+  TORCH_CHECK(v.sizes() == k.sizes() && v.strides() == k.strides() && v.scalar_type() == at::kFloat, "v like k");
+  TORCH_CHECK(block_size >= 1 && block_size <= kMaxBlock, "block_size must be in [1, 64]");
+  const int64_t R = q.size(0), H_q = q.size(1), D = q.size(2), H_kv = k.size(0), n_slots = k.size(1);
+  TORCH_CHECK(H_q % H_kv == 0 && H_q / H_kv <= kMaxG && k.size(2) == D, "head counts or widths do not fit");
+  TORCH_CHECK(table.dim() == 2 && table.size(0) == R && table.scalar_type() == at::kLong, "table must be [R, T] long");
+  const int64_t G = H_q / H_kv, T = table.size(1);
+  auto out = at::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const int64_t* tp = table.data_ptr<int64_t>();
+  const int64_t *fb = first_block.data_ptr<int64_t>(), *fp = first.data_ptr<int64_t>(), *ep = end.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t khs = k.stride(0);
+  const bool simd = allow_simd && cpu_has_avx2() && D % 8 == 0;
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, R * H_kv, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> acc(G * D);
+    float m[kMaxG], l[kMaxG];
+    for (int64_t w = lo; w < hi; w++) {
+      const int64_t r = w / H_kv, h = w % H_kv;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
+      const float* qrh = qp + (r * H_q + h * G) * D;
+      for (int64_t pos = fp[r]; pos < ep[r];) {
+        const int64_t j = pos / block_size - fb[r];
+        TORCH_CHECK(j >= 0 && j < T, "position outside the block table");
+        const int64_t stop = std::min(ep[r], (pos / block_size + 1) * block_size);
+        const int64_t slot = tp[r * T + j] * block_size + pos % block_size;
+        TORCH_CHECK(slot >= 0 && slot + (stop - pos) <= n_slots, "block id outside the pool");
+        const float* kb = kp + h * khs + slot * D;
+        const float* vb = vp + h * khs + slot * D;
+#ifdef PA_HAVE_X86
+        if (simd)
+          query_block_avx2(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc.data());
+        else
+#endif
+          query_block_scalar(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc.data());
+        pos = stop;
+      }
+      for (int64_t g = 0; g < G; g++) {
+        float* o = op + (r * H_q + h * G + g) * D;
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+        for (int64_t i = 0; i < D; i++) o[i] = acc[g * D + i] * inv;
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(prefill_kernels, m) {
+  m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor first_block, Tensor first, Tensor end, "
+        "int block_size, float scale, bool allow_simd) -> Tensor");
+  m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
+}
