@@ -10,12 +10,13 @@ from __future__ import annotations
 import torch
 
 from prefill.engine.kvcache import KVPool, SeqKV
-from prefill.model.batch import DecodeRows, ForwardBatch, Row
+from prefill.model.batch import ForwardBatch, PagedQueries, Row
 
 
-def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device) -> ForwardBatch:
+def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device, every_token: bool = False) -> ForwardBatch:
     """The batch of rows [(seq, T)]: seq's T new tokens at positions seq.length .. seq.length + T - 1. Every
-    seq must hold blocks for them (SeqKV.reserve)."""
+    seq must hold blocks for them (SeqKV.reserve). The paged kernel answers the decode rows' queries, or with
+    `every_token` (the batch-invariant mode) every token's."""
     positions, writes, out, offset = [], [[] for _ in pool.groups], [], 0
     for seq, T in rows:
         start = seq.length
@@ -29,7 +30,8 @@ def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device) -> Forwar
             first.append(lo)
         out.append(Row(offset, T, start, tuple(runs), tuple(first)))
         offset += T
-    decoding = [(seq, row) for (seq, _), row in zip(rows, out, strict=True) if row.decode]
+    queries = [(seq, row, p) for (seq, _), row in zip(rows, out, strict=True) if every_token or row.decode
+               for p in range(row.start, row.start + row.T)]  # fmt: skip
     return ForwardBatch(
         k=pool.k,
         v=pool.v,
@@ -38,21 +40,23 @@ def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device) -> Forwar
         positions=torch.cat(positions).to(device),  # [N]
         write=[torch.cat(w).to(device) for w in writes],  # per group [N]
         rows=out,
-        decode=_decode_rows(pool, decoding, device) if decoding else None,
+        paged=_paged_queries(pool, queries, device, every_token) if queries else None,
     )
 
 
-def _decode_rows(pool: KVPool, decoding: list[tuple[SeqKV, Row]], device) -> DecodeRows:
-    """Block tables of the decode rows, one padded [R_dec, T] table per layer group."""
+def _paged_queries(pool: KVPool, queries: list[tuple[SeqKV, Row, int]], device, every_token: bool) -> PagedQueries:
+    """Block tables of the queries [(seq, row, position)], one padded [Q, T] table per layer group; a query at
+    position p reads first .. p (its window's start in a windowed group)."""
     tables = []
-    for g in range(len(pool.groups)):
-        width = max(len(seq.tables[g]) for seq, _ in decoding)
-        table = torch.full((len(decoding), width), -1, dtype=torch.long)
-        for i, (seq, _) in enumerate(decoding):
+    for g, group in enumerate(pool.groups):
+        width = max(len(seq.tables[g]) for seq, _, _ in queries)
+        table = torch.full((len(queries), width), -1, dtype=torch.long)
+        for i, (seq, _, _) in enumerate(queries):
             table[i, : len(seq.tables[g])] = torch.tensor(seq.tables[g], dtype=torch.long)
-        first_block = torch.tensor([seq.first[g] for seq, _ in decoding])
-        first = torch.tensor([row.first[g] for _, row in decoding])
-        end = torch.tensor([row.start + 1 for _, row in decoding])
-        tables.append((table.to(device), first_block.to(device), first.to(device), end.to(device)))
-    index = torch.tensor([row.offset for _, row in decoding], device=device)
-    return DecodeRows(index, tables, pool.block_size)
+        first_block = torch.tensor([seq.first[g] for seq, _, _ in queries])
+        lows = [seq.first_held(g) if group.window is None else max(seq.first_held(g), p - group.window + 1)
+                for seq, _, p in queries]  # fmt: skip
+        end = torch.tensor([p + 1 for _, _, p in queries])
+        tables.append((table.to(device), first_block.to(device), torch.tensor(lows).to(device), end.to(device)))
+    index = torch.tensor([row.offset + p - row.start for _, row, p in queries], device=device)
+    return PagedQueries(index, tables, pool.block_size, every_token)

@@ -45,8 +45,10 @@ class Engine:
         device: str = "cpu",
         threads: int | None = None,
         progress: bool | Callable[[int, int], None] = True,
+        deterministic: bool = False,
     ) -> Engine:
-        """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct."""
+        """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct.
+        `deterministic`: the batch-invariant mode (ModelRunner.set_deterministic)."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
@@ -58,7 +60,10 @@ class Engine:
         finally:
             if progress is True:
                 callback(-1, -1)
-        return cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
+        engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
+        if deterministic:
+            engine.runner.set_deterministic()
+        return engine
 
     @classmethod
     def from_state_dict(cls, spec, state_dict, tokenizer=None, dtype="float32", device="cpu", source="") -> Engine:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prefill.costmodel import costs
+from prefill.engine.kvcache import KVPool
 from prefill.engine.llm import Engine
 
 
@@ -190,7 +191,6 @@ def batched_vs_alone(engine: Engine, prompts: list[list[int]], new_tokens: int =
     agree within `rounding_tolerance` of their magnitude (unless `tol` is given), and the greedy tokens agree
     except where the lone run's top-2 margin is below that tolerance (a near-tie; reported, and that row is
     compared up to it)."""
-    from prefill.engine.kvcache import KVPool
 
     def alone(ids: list[int]) -> list[torch.Tensor]:
         logits, cache = engine.prefill(ids, engine.new_cache(len(ids) + new_tokens))
@@ -227,3 +227,37 @@ def batched_vs_alone(engine: Engine, prompts: list[list[int]], new_tokens: int =
         Check(f"batched decode (B = {B}) vs alone: logits over {new_tokens} steps", diff, tol,
               f"tolerance = u * sqrt(K) * L * max|logits| ({engine.dtype})"),
     ]  # fmt: skip
+
+
+@torch.inference_mode()
+def batch_invariance(engine: Engine, prompts: list[list[int]], new_tokens: int = 4, chunks=(16, 64)) -> list[Check]:
+    """The batch-invariant mode's promise, bitwise (tolerance 0): each prompt's logits after its prefill and at
+    every decode step are the same alone, decoded in batches of 1 .. B rows, and prefilled in chunks."""
+
+    def decode(batch: list[list[int]]) -> list[list[torch.Tensor]]:
+        pool = KVPool.for_tokens(engine.spec, sum(len(p) + new_tokens + 16 for p in batch), engine.dtype,
+                                 engine.device)  # fmt: skip
+        seqs = [pool.new_seq() for _ in batch]
+        last = torch.stack([engine.prefill(p, s)[0][0] for p, s in zip(batch, seqs, strict=True)])  # [B, vocab]
+        rows = [[] for _ in batch]
+        for _ in range(new_tokens):
+            for b in range(len(batch)):
+                rows[b].append(last[b])
+            last = engine.decode_step(last.argmax(-1), seqs)
+        return rows
+
+    alone = [decode([p])[0] for p in prompts]
+    worst = 0.0
+    for B in range(2, len(prompts) + 1):
+        for rows, ref in zip(decode(prompts[:B]), alone, strict=False):
+            worst = max(worst, max(float((a - b).abs().max()) for a, b in zip(rows, ref, strict=True)))
+    chunked = 0.0
+    for p, ref in zip(prompts, alone, strict=True):
+        for c in chunks:
+            chunked = max(chunked, float((engine.prefill(p, chunk_size=c)[0][0] - ref[0]).abs().max()))
+    return [
+        Check(f"batch-invariant: decode in batches of 1..{len(prompts)} vs alone (bitwise)", worst, 0.0),
+        Check(
+            f"batch-invariant: prefill in chunks of {', '.join(map(str, chunks))} vs one pass (bitwise)", chunked, 0.0
+        ),
+    ]

@@ -28,9 +28,12 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
 class ModelRunner:
     """A Transformer with its weights loaded, on one device, in one dtype."""
 
-    def __init__(self, model: Transformer, dtype: torch.dtype, device) -> None:
+    def __init__(self, model: Transformer, dtype: torch.dtype, device, deterministic: bool = False) -> None:
         self.model, self.dtype, self.device = model, dtype, torch.device(device)
         self.spec: ModelSpec = model.spec
+        self.deterministic = False
+        if deterministic:
+            self.set_deterministic()
 
     @classmethod
     def from_state_dict(cls, spec: ModelSpec, state_dict, dtype="float32", device="cpu") -> ModelRunner:
@@ -62,7 +65,7 @@ class ModelRunner:
         for seq, ids in rows:
             seq.reserve(seq.length + len(ids))
         pool = rows[0][0].pool
-        batch = forward_batch(pool, [(seq, len(ids)) for seq, ids in rows], self.device)
+        batch = forward_batch(pool, [(seq, len(ids)) for seq, ids in rows], self.device, self.deterministic)
         flat = torch.tensor([t for _, ids in rows for t in ids], dtype=torch.long, device=self.device)  # [N]
         out = self.model(flat, batch, output)
         for seq, ids in rows:
@@ -87,6 +90,21 @@ class ModelRunner:
     def threads() -> int:
         """Threads torch uses for the CPU kernels."""
         return torch.get_num_threads()
+
+    def set_deterministic(self) -> None:
+        """The batch-invariant mode: every GEMM and every query's attention sums in one fixed order whatever the
+        batch, so a request's logits are bitwise the same alone, in any batch, at any chunk size (the C++
+        kernels of prefill.model.kernels; float32 on the CPU)."""
+        from prefill.errors import BadInput
+        from prefill.model import kernels
+
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            raise BadInput("--deterministic runs float32 on the CPU (use --dtype float32)")
+        if not kernels.available():
+            raise BadInput("--deterministic needs the engine's C++ kernels, which could not be built here "
+                           "(install a C++ compiler, then run make install)")  # fmt: skip
+        self.deterministic = True
+        self.model.kernels.set_deterministic()
 
     # ---- set-up ----
     def compile(self) -> float:

@@ -114,18 +114,20 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
     row's positions: all up to itself, or in a windowed layer its last `window` (itself included).
     q [1, H_q, N, d_head] -> [1, H_q, N, d_head]."""
     batch.store(layer, k, v)
-    if batch.fresh:  # one prompt, nothing cached: the new K/V are all there is
+    paged = batch.paged
+    if batch.fresh and (paged is None or not paged.every_token):  # one prompt, nothing cached before it
         return causal_attention(q, k, v, 0, window, scale)
     out = torch.empty_like(q)  # [1, H_q, N, d_head]
     rows = batch.rows
-    dec = batch.decode
-    if dec is not None and q.device.type == "cpu" and q.dtype == torch.float32 and kernels.available():
-        # Every decode row in one call: each query reads its past where it lies (prefill.model.kernels).
-        qd = q[0, :, dec.index].transpose(0, 1).contiguous()  # [R_dec, H_q, d_head]
-        table, first_block, first, end = dec.tables[batch.group_of[layer]]
-        od = kernels.paged_attention(qd, batch.k[layer], batch.v[layer], table, first_block, first, end,
-                                     dec.block_size, scale)  # fmt: skip
-        out[0, :, dec.index] = od.transpose(0, 1)
+    if paged is not None and (paged.every_token or kernels.usable(q)):
+        # Every decode row (or every token) in one call, each query reading its past where it lies.
+        qp = q[0, :, paged.index].transpose(0, 1).contiguous()  # [Q, H_q, d_head]
+        table, first_block, first, end = paged.tables[batch.group_of[layer]]
+        op = kernels.paged_attention(qp, batch.k[layer], batch.v[layer], table, first_block, first, end,
+                                     paged.block_size, scale)  # fmt: skip
+        out[0, :, paged.index] = op.transpose(0, 1)
+        if paged.every_token:
+            return out
         rows = [r for r in rows if not r.decode]
     for row in rows:
         out[:, :, row.offset : row.offset + row.T] = _row(q, k, v, batch, layer, row, window, scale)

@@ -36,14 +36,16 @@ class Row:
 
 
 @dataclass(frozen=True)
-class DecodeRows:
-    """The decode rows of a forward, for the paged attention kernel (prefill.model.kernels): which of the N
-    tokens they are, and per layer group each row's block table and the positions its query reads."""
+class PagedQueries:
+    """Queries the paged attention kernel answers (prefill.model.kernels): every decode row's, or in the
+    batch-invariant mode every token's. Which of the N tokens they are, and per layer group each query's block
+    table and the positions it reads."""
 
-    index: torch.Tensor  # [R_dec] long: the rows' tokens in the batch
-    tables: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]  # per group: table [R_dec, T]
-    # (block ids, -1 padded), first_block [R_dec], first [R_dec] and end [R_dec] positions
+    index: torch.Tensor  # [Q] long: the queries' tokens in the batch
+    tables: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]  # per group: table [Q, T]
+    # (block ids, -1 padded), first_block [Q], first [Q] and end [Q] positions
     block_size: int
+    every_token: bool  # all N tokens (the batch-invariant mode), not only the decode rows
 
 
 @dataclass
@@ -57,7 +59,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [N] long: each new token's position
     write: list[torch.Tensor]  # per group [N] long: each new token's slot
     rows: list[Row]
-    decode: DecodeRows | None = None
+    paged: PagedQueries | None = None
     last: torch.Tensor = field(init=False)  # [R] long: each row's last token in the batch
 
     def __post_init__(self) -> None:

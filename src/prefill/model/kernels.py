@@ -36,6 +36,11 @@ def available() -> bool:
         return False
 
 
+def usable(t: torch.Tensor) -> bool:
+    """Do the kernels apply to this tensor (float32 on the CPU) and are they built?"""
+    return t.device.type == "cpu" and t.dtype == torch.float32 and available()
+
+
 def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T in float32, each element summed in one fixed order (batch-invariant)."""
     return torch.ops.prefill_kernels.linear_f32(x, w, True)

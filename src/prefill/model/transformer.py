@@ -74,15 +74,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q: int, H_kv: int):
+def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q: int, H_kv: int, lin=F.linear):
     """RMSNorm, the Q/K/V projection in one GEMM, and rotary on Q and K: the work before attention.
 
     x [B, P, d_model] -> q [B, H_q, P, d_head], k and v [B, H_kv, P, d_head]. A pure function of its tensors, so
-    one compiled graph (Transformer.compile) serves every layer.
+    one compiled graph (Transformer.compile) serves every layer. `lin` is the GEMM (F.linear, or the
+    batch-invariant one: Kernels).
     """
     B, P, _ = x.shape
     h = F.rms_norm(x, norm_w.shape, norm_w, eps)  # [B, P, d_model]
-    qkv = F.linear(h, w_qkv, b_qkv)  # [B, P, (H_q + 2 H_kv) d_head]
+    qkv = lin(h, w_qkv, b_qkv)  # [B, P, (H_q + 2 H_kv) d_head]
     qkv = qkv.view(B, P, H_q + 2 * H_kv, -1)  # [B, P, H_q + 2 H_kv, d_head]
     qk, v = qkv[:, :, : H_q + H_kv], qkv[:, :, H_q + H_kv :]  # [B, P, H_q + H_kv, d_head], [B, P, H_kv, d_head]
     if q_norm_w is not None:  # Qwen3: RMSNorm of each head's q and k
@@ -94,7 +95,9 @@ def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin
     return q, k, v.transpose(1, 2)
 
 
-def out_and_mlp(x, o, w_o, norm_w, eps: float, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False):
+def out_and_mlp(
+    x, o, w_o, norm_w, eps: float, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=F.linear
+):
     """The work after attention: output projection and residual, then RMSNorm, gated MLP and residual.
 
     x [B, P, d_model], o [B, H_q, P, d_head] -> [B, P, d_model]. Gemma's extra norms (`post_attn_w` on the
@@ -102,24 +105,39 @@ def out_and_mlp(x, o, w_o, norm_w, eps: float, w_gate_up, w_down, post_attn_w=No
     (`gelu`) are arguments, so one function serves every family.
     """
     B, H_q, P, d = o.shape
-    a = F.linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
+    a = lin(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
     if post_attn_w is not None:
         a = F.rms_norm(a, post_attn_w.shape, post_attn_w, eps)
     x = x + a
     h = F.rms_norm(x, norm_w.shape, norm_w, eps)
-    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
+    gate, up = lin(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
     gate = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
-    m = F.linear(gate * up, w_down)  # [B, P, d_model]
+    m = lin(gate * up, w_down)  # [B, P, d_model]
     if post_mlp_w is not None:
         m = F.rms_norm(m, post_mlp_w.shape, post_mlp_w, eps)
     return x + m
 
 
 class Kernels:
-    """The two pure functions a block runs around attention, eager or compiled (shared by all layers)."""
+    """The two pure functions a block runs around attention, eager or compiled (shared by all layers), and the
+    GEMM they call: F.linear, or in the batch-invariant mode the one that sums every element in one fixed order
+    whatever the number of rows (prefill.model.kernels.linear_f32)."""
 
     def __init__(self):
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
+        self.linear = F.linear
+        self.deterministic = False
+
+    def set_deterministic(self) -> None:
+        self.deterministic, self.linear = True, invariant_linear
+
+
+def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear with every element summed in one fixed order: x [..., K] @ w [N, K]^T (+ b)."""
+    from prefill.model import kernels
+
+    y = kernels.linear_f32(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+    return y if b is None else y + b
 
 
 class Block(nn.Module):
@@ -151,14 +169,14 @@ class Block(nn.Module):
         """The work before attention: x [B, T, d_model] -> q [B, H_q, T, d_head], k, v [B, H_kv, T, d_head]."""
         return self.kernels.qkv_rotary(
             x, self.attn_norm.weight, self.eps, self.wqkv.weight, self.wqkv.bias, _weight(self.q_norm),
-            _weight(self.k_norm), cos, sin, self.H_q, self.H_kv,
+            _weight(self.k_norm), cos, sin, self.H_q, self.H_kv, self.kernels.linear,
         )  # fmt: skip
 
     def finish(self, x, o) -> torch.Tensor:
         """The work after attention: x [B, T, d_model], o [B, H_q, T, d_head] -> [B, T, d_model]."""
         return self.kernels.out_and_mlp(
             x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight,
-            _weight(self.attn_post_norm), _weight(self.mlp_post_norm), self.gelu,
+            _weight(self.attn_post_norm), _weight(self.mlp_post_norm), self.gelu, self.kernels.linear,
         )  # fmt: skip
 
     def forward(self, x, cos, sin, batch: ForwardBatch, layer: int) -> torch.Tensor:
@@ -246,7 +264,7 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., vocab] of final-normed hidden states h [..., d_model], soft-capped to
         final_softcap * tanh(logits / final_softcap) when the model has a cap (Gemma)."""
-        logits = F.linear(h, self.unembed_weight()).float()
+        logits = self.kernels.linear(h, self.unembed_weight()).float()
         cap = self.spec.final_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 

@@ -1,0 +1,60 @@
+"""The batch-invariant mode (--deterministic) on the real embedded model: a request's logits are bitwise the
+same alone, in batches of any size, at any chunk size and after a preemption; the default mode is not (which is
+why it is a mode, and why the default proofs use a rounding tolerance)."""
+
+import pytest
+
+from prefill.engine import proofs
+from prefill.engine.kvcache import KVPool
+from prefill.engine.loop import StepLoop
+from prefill.engine.request import Generation, Request
+from prefill.engine.sampling import SamplingParams
+from prefill.model import kernels
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not kernels.available(), reason="C++ kernels not built")]
+
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "Two plus two?",
+             "Tell me a story about a dragon and a knight who became friends."]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def deterministic():
+    from prefill.engine.llm import Engine
+
+    return Engine.load(None, dtype="float32", progress=False, deterministic=True)
+
+
+def test_logits_are_bitwise_the_same_alone_batched_and_chunked(deterministic):
+    prompts = [deterministic.encode_prompt(q) for q in QUESTIONS]
+    checks = proofs.batch_invariance(deterministic, prompts, new_tokens=3, chunks=(16, 17, 64))
+    assert all(c.ok and c.measured == 0.0 for c in checks), checks
+
+
+def test_the_default_mode_is_not_bitwise(smollm):
+    prompts = [smollm.encode_prompt(q) for q in QUESTIONS]
+    checks = proofs.batch_invariance(smollm, prompts, new_tokens=2, chunks=(7,))
+    assert any(c.measured > 0 for c in checks)  # the check can fail: MKL sums in another order for another M
+
+
+def test_preempted_requests_resume_bitwise(deterministic):
+    """Logprobs (from the logits) of 8 requests through a pool too small for all: equal to each alone, exactly."""
+    prompts = [deterministic.encode_prompt(f"Write a line about {t}.") for t in ("owls", "tea", "snow", "ink")] * 2
+    n = 12
+
+    def run(loop: StepLoop, batch) -> list[Generation]:
+        done = {}
+        for i, p in enumerate(batch):
+            keep = (lambda i: lambda ev: done.__setitem__(i, ev) if isinstance(ev, Generation) else None)(i)
+            loop.add(Request(p, n, SamplingParams(), deterministic.tokenizer, keep, logprobs=1))
+        while loop.busy:
+            loop.step()
+        return [done[i] for i in range(len(batch))]
+
+    alone = [run(StepLoop(deterministic.runner, deterministic.new_pool(len(p) + n)), [p])[0] for p in prompts]
+    pool = KVPool.for_tokens(deterministic.spec, 3 * (max(map(len, prompts)) + n), deterministic.dtype, "cpu")
+    loop = StepLoop(deterministic.runner, pool, chunk_size=16)
+    together = run(loop, prompts)
+    assert loop.scheduler.preemptions > 0
+    for a, t in zip(alone, together, strict=True):
+        assert a.token_ids == t.token_ids
+        assert [e.logprob for e in a.logprobs] == [e.logprob for e in t.logprobs]
