@@ -4,11 +4,11 @@ why it is a mode, and why the default proofs use a rounding tolerance)."""
 
 import pytest
 
+from loop_runs import run_requests
 from prefill.engine import proofs
 from prefill.engine.kvcache import KVPool
 from prefill.engine.loop import StepLoop
-from prefill.engine.request import Generation, Request
-from prefill.engine.sampling import SamplingParams
+from prefill.engine.request import Generation
 from prefill.model import kernels
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not kernels.available(), reason="C++ kernels not built")]
@@ -42,13 +42,7 @@ def test_preempted_requests_resume_bitwise(deterministic):
     n = 12
 
     def run(loop: StepLoop, batch) -> list[Generation]:
-        done = {}
-        for i, p in enumerate(batch):
-            keep = (lambda i: lambda ev: done.__setitem__(i, ev) if isinstance(ev, Generation) else None)(i)
-            loop.add(Request(p, n, SamplingParams(), deterministic.tokenizer, keep, logprobs=1))
-        while loop.busy:
-            loop.step()
-        return [done[i] for i in range(len(batch))]
+        return run_requests(loop, batch, n, deterministic.tokenizer, logprobs=1)
 
     alone = [run(StepLoop(deterministic.runner, deterministic.new_pool(len(p) + n)), [p])[0] for p in prompts]
     pool = KVPool.for_tokens(deterministic.spec, 3 * (max(map(len, prompts)) + n), deterministic.dtype, "cpu")

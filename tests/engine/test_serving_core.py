@@ -4,6 +4,7 @@ pool, windowed layers holding only their window."""
 import pytest
 import torch
 
+from loop_runs import run_requests
 from prefill.engine.kvcache import KVPool
 from prefill.engine.loop import StepLoop
 from prefill.engine.proofs import rounding_tolerance
@@ -21,19 +22,7 @@ def prompts(engine) -> list[list[int]]:
 
 
 def run_all(engine, loop: StepLoop, ids: list[list[int]], max_tokens: int) -> list[Generation]:
-    done: dict[int, Generation] = {}
-
-    def keep(i: int):
-        return lambda ev: done.__setitem__(i, ev) if isinstance(ev, Generation) else None
-
-    for i, p in enumerate(ids):
-        loop.add(Request(p, max_tokens, SamplingParams(), engine.tokenizer, keep(i), logprobs=2))
-    for _ in range(2000):
-        if not loop.busy:
-            break
-        loop.step()
-    assert not loop.busy
-    return [done[i] for i in range(len(ids))]
+    return run_requests(loop, ids, max_tokens, engine.tokenizer, logprobs=2)
 
 
 def agree(ours: Generation, ref: Generation, tol: float) -> bool:
