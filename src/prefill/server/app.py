@@ -39,7 +39,7 @@ from prefill.engine.request import Failed, Generation, TokenEvent
 from prefill.engine.request import Request as Job  # fastapi's Request is the HTTP one
 from prefill.errors import BadInput
 from prefill.lesson.routes import add_lesson_routes
-from prefill.server.admission import Admission, Limits, Prepared
+from prefill.server.intake import Admission, Limits, Prepared
 from prefill.server.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
 from prefill.server.metrics import ServerMetrics
 from prefill.server.openai_schema import (
@@ -53,10 +53,10 @@ from prefill.server.openai_schema import (
     usage_body,
 )
 from prefill.server.openapi import GENERATION_RESPONSES, HealthBody, document_errors
-from prefill.server.scheduler import QueueFull, Scheduler
 from prefill.server.structured import tool_calls_of
 from prefill.server.supervisor import Supervisor
 from prefill.server.tokenizer_routes import add_tokenizer_routes
+from prefill.server.worker import QueueFull, Scheduler
 
 
 @dataclass(frozen=True)

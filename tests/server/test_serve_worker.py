@@ -15,7 +15,7 @@ from prefill.engine.request import Generation, Request, TokenEvent
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
 from prefill.server.metrics import ServerMetrics
-from prefill.server.scheduler import Scheduler
+from prefill.server.worker import Scheduler
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(temperature=0.0)
