@@ -56,7 +56,7 @@ from prefill.server.openapi import GENERATION_RESPONSES, HealthBody, document_er
 from prefill.server.structured import tool_calls_of
 from prefill.server.supervisor import Supervisor
 from prefill.server.tokenizer_routes import add_tokenizer_routes
-from prefill.server.worker import QueueFull, Scheduler
+from prefill.server.worker import QueueFull, Worker
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     pool = KVPool.for_bytes(engine.spec, kv_bytes, engine.dtype, engine.device)
     prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
     loop = StepLoop(engine.runner, pool, prefix, cfg.chunk_size, cfg.max_running)
-    scheduler = Scheduler(loop, metrics, cfg.max_queue)
+    scheduler = Worker(loop, metrics, cfg.max_queue)
     limits = Limits(cfg.max_tokens_limit, cfg.default_max_tokens, cfg.max_prompts, cfg.max_echo_tokens)
     admission = Admission(engine, limits)
     context, vocab = admission.context, admission.vocab
@@ -307,7 +307,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_route() -> Response:
-        scheduler._update_gauges()
+        scheduler.update_gauges()
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     add_tokenizer_routes(app, engine, cfg.model_id)
