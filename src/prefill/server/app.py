@@ -22,7 +22,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,11 +38,11 @@ from prefill.engine.request import Failed, Generation, TokenEvent
 from prefill.engine.request import Request as Job  # fastapi's Request is the HTTP one
 from prefill.errors import BadInput
 from prefill.lesson.routes import add_lesson_routes
-from prefill.server.intake import Admission, Limits, Prepared
+from prefill.server.config import ServeConfig, model_id_of
+from prefill.server.intake import Intake, Prepared
 from prefill.server.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
 from prefill.server.metrics import ServerMetrics
 from prefill.server.openai_schema import (
-    MAX_PROMPTS,
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -58,25 +57,7 @@ from prefill.server.supervisor import Supervisor
 from prefill.server.tokenizer_routes import add_tokenizer_routes
 from prefill.server.worker import QueueFull, Worker
 
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """Limits and sizes of one server. Bytes, tokens."""
-
-    model_id: str
-    prefix_cache_mb: float = 256.0
-    kv_cache_mb: float | None = None  # the shared KV pool; None: default_kv_cache_bytes()
-    max_queue: int = 64
-    max_running: int = 32
-    chunk_size: int = 256
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_tokens_limit: int = 4096  # the most tokens one request may ask for
-    default_max_tokens: int = 256  # when a request names none (OpenAI's completions default is 16)
-    max_prompts: int = MAX_PROMPTS  # prompts in one /v1/completions request (one choice each), at most MAX_PROMPTS
-    max_echo_tokens: int = 16384  # prompt tokens one request may score (echo with logprobs), all prompts together
-    max_unread_events: int = 512  # stream events buffered for a client that does not read; then it is cancelled
-    stuck_after_s: float = 120.0  # a busy worker without a loop for this long is stuck: /health 503, exit 1
-    supervise_every_s: float = 0.5
+__all__ = ["ServeConfig", "create_app", "model_id_of"]  # the server's face: tests, benchmarks and the CLI
 
 
 class BodyLimit:
@@ -152,25 +133,6 @@ class Pending:
         return self.open_jobs > 0
 
 
-def default_kv_cache_bytes(engine: Engine) -> int:
-    """A quarter of the memory free now on the engine's device, at most 2 GiB (pages are touched only as used)."""
-    if engine.device.type == "cuda":
-        import torch
-
-        free = torch.cuda.mem_get_info(engine.device)[0]
-    else:
-        import psutil
-
-        free = psutil.virtual_memory().available
-    return int(min(free // 4, 2 * 1024**3))
-
-
-def model_id_of(engine: Engine) -> str:
-    """The id clients name in `model`: the weights file or folder name, e.g. SmolLM2-135M-Instruct.Q4_1."""
-    name = Path(engine.source).name
-    return name.removesuffix(".gguf") or engine.spec.name
-
-
 async def disconnected(request: Request) -> None:
     """Returns when the client closes the connection (the body was read already, so only http.disconnect comes)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -184,13 +146,12 @@ def _sse(obj: dict | str) -> str:
 def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     """The app, with its scheduler and supervisor started and stopped by the app's lifespan."""
     metrics = ServerMetrics()
-    kv_bytes = default_kv_cache_bytes(engine) if cfg.kv_cache_mb is None else int(cfg.kv_cache_mb * 1024**2)
+    kv_bytes = cfg.kv_pool_bytes(engine)
     pool = KVPool.for_bytes(engine.spec, kv_bytes, engine.dtype, engine.device)
     prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
     loop = StepLoop(engine.runner, pool, prefix, cfg.chunk_size, cfg.max_running)
     scheduler = Worker(loop, metrics, cfg.max_queue)
-    limits = Limits(cfg.max_tokens_limit, cfg.default_max_tokens, cfg.max_prompts, cfg.max_echo_tokens)
-    admission = Admission(engine, limits)
+    admission = Intake(engine, cfg)
     context, vocab = admission.context, admission.vocab
     inflight: set[Pending] = set()
 

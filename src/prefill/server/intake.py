@@ -1,4 +1,4 @@
-"""From a validated request body to what the scheduler needs: sampling parameters, each prompt's token ids and
+"""From a validated request body to what the worker needs: sampling parameters, each prompt's token ids and
 max_tokens, the log-probabilities asked for (logprobs, echo), and the grammar the answer must follow
 (response_format or a forced tool call), or an ApiError that names the field.
 
@@ -16,25 +16,16 @@ from prefill.engine.llm import Engine
 from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
-from prefill.server.openai_schema import MAX_PROMPTS, ApiError, ChatCompletionRequest, CompletionRequest
+from prefill.server.config import ServeConfig
+from prefill.server.openai_schema import ApiError, ChatCompletionRequest, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
 
 Body = CompletionRequest | ChatCompletionRequest
 
 
 @dataclass(frozen=True)
-class Limits:
-    """What one request may ask for. Tokens."""
-
-    max_tokens_limit: int = 4096  # the most tokens one request may generate
-    default_max_tokens: int = 256  # when a request names none (OpenAI's completions default is 16)
-    max_prompts: int = MAX_PROMPTS  # prompts in one /v1/completions request (one choice each)
-    max_echo_tokens: int = 16384  # prompt tokens one request may score (echo with logprobs), all prompts together
-
-
-@dataclass(frozen=True)
 class Prepared:
-    """A request ready for the scheduler: one job per prompt. Seconds."""
+    """A request ready for the worker: one job per prompt. Seconds."""
 
     prompts: list[list[int]]  # token ids of each prompt
     max_tokens: list[int]  # of each prompt
@@ -50,11 +41,12 @@ class Prepared:
         return self.grammar is not None and bool(self.grammar.tool_names)
 
 
-class Admission:
-    """What one engine accepts: its vocabulary, its context, its grammars."""
+class Intake:
+    """What one engine accepts, within one server's limits (ServeConfig): its vocabulary, its context, its
+    grammars."""
 
-    def __init__(self, engine: Engine, limits: Limits | None = None) -> None:
-        self.engine, self.limits = engine, limits or Limits()
+    def __init__(self, engine: Engine, cfg: ServeConfig) -> None:
+        self.engine, self.cfg = engine, cfg
         self.context, self.vocab = engine.spec.context_length, engine.spec.vocab_size
         tok = engine.tokenizer
         self.grammars = Grammars(tok, self.vocab) if tok is not None else None
@@ -77,8 +69,8 @@ class Admission:
             raise ApiError(400, "max_tokens 0 returns nothing without echo: true (a scoring request)",
                            param="max_tokens")  # fmt: skip
         n = 1 if chat else len(_prompt_items(body.prompt))
-        if n > self.limits.max_prompts:
-            raise ApiError(400, f"{n} prompts in one request; at most {self.limits.max_prompts}", param="prompt")
+        if n > self.cfg.max_prompts:
+            raise ApiError(400, f"{n} prompts in one request; at most {self.cfg.max_prompts}", param="prompt")
         if body.stream and n > 1:
             raise ApiError(400, "stream one prompt at a time", param="prompt")
         chars = sum(len(m.text()) for m in body.messages) if chat else _prompt_chars(body.prompt)
@@ -98,8 +90,8 @@ class Admission:
         max_tokens = [self.max_tokens_for(ids, body, echo) for ids in prompts]
         scored = echo and k is not None
         n_scored = sum(len(ids) for ids in prompts)
-        if scored and n_scored > self.limits.max_echo_tokens:
-            raise ApiError(400, f"echo with logprobs of {n_scored} prompt tokens; at most {self.limits.max_echo_tokens}"
+        if scored and n_scored > self.cfg.max_echo_tokens:
+            raise ApiError(400, f"echo with logprobs of {n_scored} prompt tokens; at most {self.cfg.max_echo_tokens}"
                            " per request: send fewer or shorter prompts", param="echo",
                            code="echo_too_long")  # fmt: skip
         echoes = [""] * len(prompts)
@@ -128,7 +120,7 @@ class Admission:
     def max_tokens_for(self, ids: list[int], body: Body, echo: bool) -> int:
         """max_tokens for a prompt: the request's, or the default that fits; a 400 when it cannot run (the one
         prompt rule, prefill.engine.prompt: P + max_tokens <= context length)."""
-        lim, requested, P = self.limits, body.requested_max_tokens(), len(ids)
+        lim, requested, P = self.cfg, body.requested_max_tokens(), len(ids)
         room = self.context - P
         max_tokens = requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit,
                                                                          room))  # fmt: skip
