@@ -199,6 +199,7 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
         scheduler.start()
         task = asyncio.create_task(supervisor.run())
         await asyncio.to_thread(engine.gemm_rate)  # measured once now, so predictions never stall a request
+        await asyncio.to_thread(engine.calibration)  # read once now, not from disk for every response
         yield
         task.cancel()
         begin_shutdown()
