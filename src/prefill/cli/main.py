@@ -521,7 +521,7 @@ def serve(
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, kv_cache_mb, max_queue, max_running, chunk_size)
     app = create_app(engine, cfg)
-    pool = app.state.scheduler.loop.pool
+    pool = app.state.server.worker.loop.pool
     tokens = pool.n_blocks * pool.block_size
     console.print(f"KV pool: {pool.allocated_bytes() / 1024**2:,.0f} MiB = {pool.n_blocks:,} blocks of "
                   f"{pool.block_size} tokens ({tokens:,} tokens)", highlight=False)  # fmt: skip
