@@ -18,7 +18,9 @@ from functools import partial
 from fastapi import FastAPI
 
 from prefill.engine.llm import Engine
+from prefill.lesson.live import document_context
 from prefill.lesson.routes import add_lesson_routes
+from prefill.lesson.state import LessonState
 from prefill.server import completions, info, tokenizer_routes
 from prefill.server.config import ServeConfig, model_id_of
 from prefill.server.error_handlers import add_error_handlers
@@ -53,6 +55,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     add_error_handlers(app)
     for module in (info, tokenizer_routes, completions):
         app.include_router(module.router)
-    add_lesson_routes(app, engine, cfg.model_id)
-    document(app, refusals_are_400, partial(server_limits, cfg=cfg, vocab_size=engine.spec.vocab_size))
+    add_lesson_routes(app, LessonState(engine, cfg.model_id, state.worker.call))
+    spec = engine.spec
+    limits = partial(server_limits, cfg=cfg, vocab_size=spec.vocab_size)
+    document(app, refusals_are_400, limits, partial(document_context, context=spec.context_length))
     return app
