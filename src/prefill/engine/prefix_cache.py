@@ -140,7 +140,3 @@ class RadixPrefixCache(PrefixCache):
                 self._n_blocks -= 1
                 freed += 1
         return freed
-
-    def clear(self) -> None:
-        """Drop every block no request holds."""
-        self.evict(self._n_blocks)

@@ -272,10 +272,6 @@ class ResponseShape:
             return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def full(self, text: str, finish_reason: str, usage: dict, timings: dict, tool_calls: list | None = None,
-             logprobs: dict | None = None) -> dict:  # fmt: skip
-        return self.full_choices([self.choice(text, finish_reason, logprobs, tool_calls=tool_calls)], usage, timings)
-
     def full_choices(self, choices: list[dict], usage: dict, timings: dict | list[dict]) -> dict:
         obj = "chat.completion" if self.chat else "text_completion"
         return self._envelope(obj, choices, usage=usage, timings=timings)
