@@ -45,8 +45,10 @@ def bad_input():
     except ValueError as e:
         raise BadInput(str(e)) from None
     except ArithmeticError:
-        raise BadInput("these values leave the range of float64 (a division by an underflowed 0, or an overflow); "
-                       "use realistic sizes") from None  # fmt: skip
+        raise BadInput(
+            "these values leave the range of float64 (a division by an underflowed 0, or an overflow); "
+            "use realistic sizes"
+        ) from None
 
 
 def finite(body: dict) -> dict:
@@ -185,19 +187,32 @@ def catalog(request: Request) -> dict:
     lesson = lesson_of(request)
     loaded = lesson.spec
     hardware = [
-        {"key": k, "name": h.name, "peak_flops": h.peak_flops, "bandwidth": h.bandwidth_bytes_per_s,
-         "memory": h.memory_bytes}
+        {
+            "key": k,
+            "name": h.name,
+            "peak_flops": h.peak_flops,
+            "bandwidth": h.bandwidth_bytes_per_s,
+            "memory": h.memory_bytes,
+        }
         for k, h in HARDWARE.items()
     ]
     models = [
         {"key": k, "name": s.name, "N": s.N, "L": s.L, "H_q": s.H_q, "H_kv": s.H_kv, "d_head": s.d_head}
         for k, s in PRESETS.items()
     ]
-    own = {"key": LOADED, "name": loaded.name, "N": loaded.N, "L": loaded.L, "H_q": loaded.H_q, "H_kv": loaded.H_kv,
-           "d_head": loaded.d_head, "dtype": lesson.dtype, "model_id": lesson.model_id,
-           "context_length": loaded.context_length}
-    return {"hardware": hardware, "models": models, "dtypes": ["bfloat16", "float16", "float32", "fp8"],
-            "loaded": own}
+    own = {
+        "key": LOADED,
+        "name": loaded.name,
+        "N": loaded.N,
+        "L": loaded.L,
+        "H_q": loaded.H_q,
+        "H_kv": loaded.H_kv,
+        "d_head": loaded.d_head,
+        "dtype": lesson.dtype,
+        "model_id": lesson.model_id,
+        "context_length": loaded.context_length,
+    }
+    return {"hardware": hardware, "models": models, "dtypes": ["bfloat16", "float16", "float32", "fp8"], "loaded": own}
 
 
 @router.get("/estimate")
@@ -231,12 +246,21 @@ def estimate(
         flops = costs.prefill_flops(N, P)
         seconds = costs.prefill_seconds(N, P, peak, mfu)
         body = {
-            "N": N, "P": P, "peak": peak, "mfu": mfu, "effective_flops_per_s": peak * mfu,
-            "flops": flops, "seconds": seconds,
+            "N": N,
+            "P": P,
+            "peak": peak,
+            "mfu": mfu,
+            "effective_flops_per_s": peak * mfu,
+            "flops": flops,
+            "seconds": seconds,
             "lines": seed_lines(N, P, flops, peak * mfu, seconds),
-            "human": {"flops": human(flops, "FLOP"), "seconds": human(seconds, "s"),
-                      "effective": human(peak * mfu, "FLOP/s")},
-            "exact": None, "kv": None,
+            "human": {
+                "flops": human(flops, "FLOP"),
+                "seconds": human(seconds, "s"),
+                "effective": human(peak * mfu, "FLOP/s"),
+            },
+            "exact": None,
+            "kv": None,
             "roofline": roofline_body(spec, P, b, peak, bandwidth),
         }
         if spec is not None:
@@ -250,10 +274,19 @@ def exact_body(spec: ModelSpec, P: int, peak: float, mfu: float) -> dict:
     count = costs.prefill_flops_exact(spec, P)
     exact_s = costs.compute_seconds(count.total, peak, mfu)
     return {
-        "model": spec.name, "N": spec.N, "linear": count.linear, "attention": count.attention,
-        "unembed": count.unembed, "total": count.total, "seconds": exact_s,
-        "human": {"total": human(count.total, "FLOP"), "seconds": human(exact_s, "s"),
-                  "attention": human(count.attention, "FLOP"), "unembed": human(count.unembed, "FLOP")},
+        "model": spec.name,
+        "N": spec.N,
+        "linear": count.linear,
+        "attention": count.attention,
+        "unembed": count.unembed,
+        "total": count.total,
+        "seconds": exact_s,
+        "human": {
+            "total": human(count.total, "FLOP"),
+            "seconds": human(exact_s, "s"),
+            "attention": human(count.attention, "FLOP"),
+            "unembed": human(count.unembed, "FLOP"),
+        },
     }
 
 
@@ -314,8 +347,12 @@ def request_time(
 @router.get("/exercise")
 def exercise() -> dict:
     """The coding exercise's skeleton, as `prefill exercise` writes it (the page shows it; nothing runs here)."""
-    return {"functions": list(FUNCTIONS), "skeleton": skeleton(), "write": "prefill exercise",
-            "check": "prefill exercise check prefill_exercise.py"}
+    return {
+        "functions": list(FUNCTIONS),
+        "skeleton": skeleton(),
+        "write": "prefill exercise",
+        "check": "prefill exercise check prefill_exercise.py",
+    }
 
 
 @router.post("/answer")

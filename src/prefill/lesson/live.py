@@ -66,8 +66,14 @@ def tokens(
     in_range("chat", chat, 0, 1)
     lesson = lesson_of(request)
     ids = encode(lesson.engine, text, bool(chat))
-    return {"P": len(ids), "ids": ids, "labels": labels(lesson.engine, ids), "chat": bool(chat),
-            "max_attention_P": MAX_P, "kv": kv_body(lesson.spec, len(ids), lesson.dtype)}
+    return {
+        "P": len(ids),
+        "ids": ids,
+        "labels": labels(lesson.engine, ids),
+        "chat": bool(chat),
+        "max_attention_P": MAX_P,
+        "kv": kv_body(lesson.spec, len(ids), lesson.dtype),
+    }
 
 
 @router.post("/attention")
@@ -82,9 +88,16 @@ async def attention(request: Request, body: AttentionBody) -> dict:
     in_range("head", body.head, 0, spec.H_q - 1)
     A = await lesson.run(partial(attention_weights, engine.model, ids, body.layer, body.head))  # [P, P]
     upper = A.triu(1)  # [P, P]: the masked future, exactly 0
-    return {"P": len(ids), "layer": body.layer, "head": body.head, "labels": labels(engine, ids),
-            "kv_head": body.head // (spec.H_q // spec.H_kv), "weights": A.tolist(),
-            "row_sums": A.sum(-1).tolist(), "upper_max": float(upper.abs().max())}
+    return {
+        "P": len(ids),
+        "layer": body.layer,
+        "head": body.head,
+        "labels": labels(engine, ids),
+        "kv_head": body.head // (spec.H_q // spec.H_kv),
+        "weights": A.tolist(),
+        "row_sums": A.sum(-1).tolist(),
+        "upper_max": float(upper.abs().max()),
+    }
 
 
 @router.get("/predict")
@@ -120,10 +133,24 @@ async def predict(
         mfu = None
         if prefill_s is not None:
             mfu = costs.mfu(count.total, in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True), gemm)
-    human_body = {"predicted": human(seconds, "s"), "flops": human(count.total, "FLOP"),
-                  "gemm_rate": human(gemm, "FLOP/s")}
-    return finite({"P": P, "predicted_prefill_s": seconds, "predicted_ttft_s": ttft, "method": how,
-                   "flops": count.total, "gemm_rate": gemm, "gemm_source": source, "mfu": mfu, "human": human_body})
+    human_body = {
+        "predicted": human(seconds, "s"),
+        "flops": human(count.total, "FLOP"),
+        "gemm_rate": human(gemm, "FLOP/s"),
+    }
+    return finite(
+        {
+            "P": P,
+            "predicted_prefill_s": seconds,
+            "predicted_ttft_s": ttft,
+            "method": how,
+            "flops": count.total,
+            "gemm_rate": gemm,
+            "gemm_source": source,
+            "mfu": mfu,
+            "human": human_body,
+        }
+    )
 
 
 @router.get("/roofline")

@@ -46,8 +46,7 @@ async def generate(request: Request, body: Body, chat: bool):
     return await full_reply(request, reply)
 
 
-def pending_of(state: ServerState, body: Body, prepared: Prepared, sampling: SamplingParams,
-               arrival: float) -> Pending:
+def pending_of(state: ServerState, body: Body, prepared: Prepared, sampling: SamplingParams, arrival: float) -> Pending:
     """One job per prompt, each sending its events (from the worker thread) to its own queue on this loop."""
     aio = asyncio.get_running_loop()
     pending = Pending([], [], stream=body.stream)
@@ -55,9 +54,20 @@ def pending_of(state: ServerState, body: Body, prepared: Prepared, sampling: Sam
     for ids, max_tokens in zip(prepared.prompts, prepared.max_tokens, strict=True):
         queue: asyncio.Queue = asyncio.Queue()
         emit = partial(aio.call_soon_threadsafe, state.deliver, pending, queue)
-        job = Job(ids, max_tokens, sampling, state.engine.tokenizer, emit, body.stop_strings(), arrival=arrival,
-                  tokenize_s=prepared.tokenize_s, constraint=prepared.constraint, ignore_eos=body.ignore_eos,
-                  logprobs=k, prompt_logprobs=k if prepared.scored else None)
+        job = Job(
+            ids,
+            max_tokens,
+            sampling,
+            state.engine.tokenizer,
+            emit,
+            body.stop_strings(),
+            arrival=arrival,
+            tokenize_s=prepared.tokenize_s,
+            constraint=prepared.constraint,
+            ignore_eos=body.ignore_eos,
+            logprobs=k,
+            prompt_logprobs=k if prepared.scored else None,
+        )
         pending.jobs.append(job)
         pending.queues.append(queue)
     return pending

@@ -38,8 +38,9 @@ async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
     errors = e.errors()
     err = next((x for x in errors if x.get("type") == "value_error"), errors[0])
     if err.get("type") == "json_invalid":
-        return refuse(request, 400, error_body("the body is not valid JSON", "invalid_request_error", None,
-                                               "invalid_json"))
+        return refuse(
+            request, 400, error_body("the body is not valid JSON", "invalid_request_error", None, "invalid_json")
+        )
     param = param_of(err.get("loc", ()))
     if param is None:  # the body as a whole: not a JSON object (or sent without a JSON content type)
         msg = "the body must be a JSON object (Content-Type: application/json)"
@@ -76,6 +77,11 @@ async def bug(request: Request, e: Exception) -> JSONResponse:
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    for kind, handler in ((ApiError, api_error), (BadInput, bad_input), (RequestValidationError, invalid),
-                          (StarletteHTTPException, http_error), (Exception, bug)):
+    for kind, handler in (
+        (ApiError, api_error),
+        (BadInput, bad_input),
+        (RequestValidationError, invalid),
+        (StarletteHTTPException, http_error),
+        (Exception, bug),
+    ):
         app.add_exception_handler(kind, handler)

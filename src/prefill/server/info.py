@@ -19,8 +19,12 @@ async def health(request: Request) -> JSONResponse:
     """200 while the worker serves; 503 with the reason when it is dead, stuck or shutting down."""
     state = state_of(request)
     reason = state.supervisor.problem()
-    body = {"status": "error" if reason else "ok", "reason": reason, "model": state.cfg.model_id,
-            **state.worker.pool_state()}
+    body = {
+        "status": "error" if reason else "ok",
+        "reason": reason,
+        "model": state.cfg.model_id,
+        **state.worker.pool_state(),
+    }
     return JSONResponse(body, 503 if reason else 200)
 
 
@@ -33,8 +37,13 @@ async def metrics_route(request: Request) -> Response:
 
 def card_of(state: ServerState) -> dict:
     """The one model this server serves, as OpenAI lists it (with vLLM's max_model_len)."""
-    return {"id": state.cfg.model_id, "object": "model", "created": 0, "owned_by": "prefill",
-            "max_model_len": state.engine.spec.context_length}
+    return {
+        "id": state.cfg.model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "prefill",
+        "max_model_len": state.engine.spec.context_length,
+    }
 
 
 @router.get("/v1/models")

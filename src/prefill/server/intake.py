@@ -59,15 +59,20 @@ class Intake:
         prompts, each prompt's size in characters."""
         refused = body.refused_field()
         if refused:
-            raise ApiError(400, f"{refused}: not supported by this server; remove it or send its default",
-                           param=refused, code="unsupported_parameter")  # fmt: skip
+            raise ApiError(
+                400,
+                f"{refused}: not supported by this server; remove it or send its default",
+                param=refused,
+                code="unsupported_parameter",
+            )
         bias = body.logit_bias_pairs()
         if any(t >= self.vocab for t, _ in bias):
             raise ApiError(400, f"logit_bias: token ids must lie in [0, {self.vocab})", param="logit_bias")
         self.logprobs_k(body, chat)
         if body.requested_max_tokens() == 0 and not echo_of(body, chat):
-            raise ApiError(400, "max_tokens 0 returns nothing without echo: true (a scoring request)",
-                           param="max_tokens")  # fmt: skip
+            raise ApiError(
+                400, "max_tokens 0 returns nothing without echo: true (a scoring request)", param="max_tokens"
+            )
         n = 1 if chat else len(_prompt_items(body.prompt))
         if n > self.cfg.max_prompts:
             raise ApiError(400, f"{n} prompts in one request; at most {self.cfg.max_prompts}", param="prompt")
@@ -75,11 +80,20 @@ class Intake:
             raise ApiError(400, "stream one prompt at a time", param="prompt")
         chars = sum(len(m.text()) for m in body.messages) if chat else _prompt_chars(body.prompt)
         if chars > self.context * self.max_token_chars:
-            raise ApiError(400, f"the prompt has {chars} characters, more than {self.context} tokens of this "
-                           "model's context can hold; shorten it", param="prompt",
-                           code="context_length_exceeded")  # fmt: skip
-        return SamplingParams(temperature=float(body.temperature), top_k=body.top_k, top_p=float(body.top_p),
-                              seed=body.seed, logit_bias=bias)  # fmt: skip
+            raise ApiError(
+                400,
+                f"the prompt has {chars} characters, more than {self.context} tokens of this "
+                "model's context can hold; shorten it",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        return SamplingParams(
+            temperature=float(body.temperature),
+            top_k=body.top_k,
+            top_p=float(body.top_p),
+            seed=body.seed,
+            logit_bias=bias,
+        )
 
     def prepare(self, body: Body, chat: bool) -> Prepared:
         """Tokenize, check each prompt's length, and compile the grammar (on a worker thread)."""
@@ -91,15 +105,21 @@ class Intake:
         scored = echo and k is not None
         n_scored = sum(len(ids) for ids in prompts)
         if scored and n_scored > self.cfg.max_echo_tokens:
-            raise ApiError(400, f"echo with logprobs of {n_scored} prompt tokens; at most {self.cfg.max_echo_tokens}"
-                           " per request: send fewer or shorter prompts", param="echo",
-                           code="echo_too_long")  # fmt: skip
+            raise ApiError(
+                400,
+                f"echo with logprobs of {n_scored} prompt tokens; at most {self.cfg.max_echo_tokens}"
+                " per request: send fewer or shorter prompts",
+                param="echo",
+                code="echo_too_long",
+            )
         echoes = [""] * len(prompts)
         if echo:
             texts = _prompt_items(body.prompt)
             tok = self.engine.need_tokenizer()
-            echoes = [t if isinstance(t, str) else tok.decode(ids, skip_special=False)
-                      for t, ids in zip(texts, prompts, strict=True)]  # fmt: skip
+            echoes = [
+                t if isinstance(t, str) else tok.decode(ids, skip_special=False)
+                for t, ids in zip(texts, prompts, strict=True)
+            ]
         grammar = self.grammar_of(body) if chat else None
         constraint = self.grammars.constraint(grammar) if grammar is not None else None
         return Prepared(prompts, max_tokens, echoes, k, scored, constraint, grammar, tokenize_s)
@@ -122,20 +142,33 @@ class Intake:
         prompt rule, prefill.engine.prompt: P + max_tokens <= context length)."""
         lim, requested, P = self.cfg, body.requested_max_tokens(), len(ids)
         room = self.context - P
-        max_tokens = requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit,
-                                                                         room))  # fmt: skip
+        max_tokens = (
+            requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit, room))
+        )
         if max_tokens > lim.max_tokens_limit:
-            raise ApiError(400, f"max_tokens={max_tokens} is over this server's limit {lim.max_tokens_limit}",
-                           param="max_tokens", code="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"max_tokens={max_tokens} is over this server's limit {lim.max_tokens_limit}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         if requested is None and room < 1 and not echo:  # nothing left to generate, and nothing to echo
-            raise ApiError(400, f"the prompt has {P} tokens and fills this model's context length {self.context}: "
-                           "shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"the prompt has {P} tokens and fills this model's context length {self.context}: shorten it",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         try:
             check_prompt(ids, self.engine.spec, max_tokens=max_tokens)
         except BadInput as e:
             over = "context length" in str(e)
-            raise ApiError(400, str(e), param="max_tokens" if over and requested and room > 0 else "prompt",
-                           code="context_length_exceeded" if over else None) from None  # fmt: skip
+            raise ApiError(
+                400,
+                str(e),
+                param="max_tokens" if over and requested and room > 0 else "prompt",
+                code="context_length_exceeded" if over else None,
+            ) from None
         return max_tokens
 
     @staticmethod
@@ -158,15 +191,20 @@ class Intake:
         elif not tools:
             raise ApiError(400, "tool_choice needs tools", param="tool_choice")
         elif choice in (None, "auto"):
-            raise ApiError(400, "tool_choice 'auto' (the default when tools are given) is not supported: this server "
-                           "cannot let the model choose between text and a call; pass tool_choice 'required', "
-                           "{'type': 'function', 'function': {'name': ...}} or 'none'", param="tool_choice",
-                           code="unsupported_value")  # fmt: skip
+            raise ApiError(
+                400,
+                "tool_choice 'auto' (the default when tools are given) is not supported: this server "
+                "cannot let the model choose between text and a call; pass tool_choice 'required', "
+                "{'type': 'function', 'function': {'name': ...}} or 'none'",
+                param="tool_choice",
+                code="unsupported_value",
+            )
         elif choice != "required":
             tools = [t for t in tools if t.function.name == choice.function.name]
             if not tools:
-                raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not in tools",
-                               param="tool_choice")  # fmt: skip
+                raise ApiError(
+                    400, f"tool_choice names {choice.function.name!r}, which is not in tools", param="tool_choice"
+                )
         if tools and fmt is not None and fmt.type != "text":
             raise ApiError(400, "response_format cannot be combined with a forced tool call", param="response_format")
         if self.grammars is None or (not tools and (fmt is None or fmt.type == "text")):
@@ -202,10 +240,14 @@ def _tools_forced(body: ChatCompletionRequest) -> bool:
 def with_tools_described(messages: list[dict], tools) -> list[dict]:
     """The chat with the tools described in its system message: the chat templates we read take no `tools`, and a
     model asked for a call it was never told about calls it blindly."""
-    specs = [{"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
-             for t in tools]  # fmt: skip
-    note = ("You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
-            'with JSON: {"name": <function name>, "arguments": <its arguments>}.')  # fmt: skip
+    specs = [
+        {"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
+        for t in tools
+    ]
+    note = (
+        "You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
+        'with JSON: {"name": <function name>, "arguments": <its arguments>}.'
+    )
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
     return [{"role": "system", "content": note}, *messages]

@@ -198,8 +198,12 @@ class StreamWriter:
             gen = self.req.gen
             self.extra = {
                 "usage": usage_body(self.req.P, len(gen.token_ids), gen.cached_tokens),
-                "timings": {"t_s": ev.t, "kv_bytes": ev.kv_bytes, "kv_tokens": ev.kv_tokens,
-                            "kv_bytes_formula": self.reply.kv_formula(ev.kv_tokens)},
+                "timings": {
+                    "t_s": ev.t,
+                    "kv_bytes": ev.kv_bytes,
+                    "kv_tokens": ev.kv_tokens,
+                    "kv_bytes_formula": self.reply.kv_formula(ev.kv_tokens),
+                },
             }
         return [sse(self.shape.chunk(ev.text, logprobs=self.logprobs_of(entries), **self.extra))]
 

@@ -40,8 +40,9 @@ class _Server(uvicorn.Server):
 
 
 def _server(app, host: str, port: int, log_level: str) -> _Server:
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
     server = _Server(config)
     state = _server_state(app)
     if state is not None:  # the supervisor's way to stop the process when the worker cannot serve

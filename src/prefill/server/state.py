@@ -94,8 +94,12 @@ class ServerState:
     def check_model(self, model: str) -> None:
         """A 404 unless `model` names the one model this server serves."""
         if model != self.cfg.model_id:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.cfg.model_id!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist; this server serves {self.cfg.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def submit(self, pending: Pending) -> None:
         """Queue every job of `pending` with the worker, or none: a 429 when the queue is full."""

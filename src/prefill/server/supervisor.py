@@ -18,8 +18,9 @@ class Supervisor:
     """Watches `worker.alive()`, `worker.died` (why it ended) and `worker.last_step_at`
     (time.monotonic() of the worker's last turn, idle or not)."""
 
-    def __init__(self, worker, busy: Callable[[], bool], stuck_after_s: float, every_s: float,
-                 on_fatal: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self, worker, busy: Callable[[], bool], stuck_after_s: float, every_s: float, on_fatal: Callable[[str], None]
+    ) -> None:
         self.worker, self.busy, self.stuck_after_s, self.every_s = worker, busy, stuck_after_s, every_s
         self.on_fatal = on_fatal
         self.fatal: str | None = None  # set once: the worker cannot serve any more

@@ -50,5 +50,11 @@ async def detokenize(request: Request, body: DetokenizeRequest) -> dict:
 async def tokenizer_info(request: Request) -> dict:
     state = state_of(request)
     tok = state.engine.need_tokenizer()
-    return {"model": state.cfg.model_id, "eos_token": tok.eos_token or None, "bos_token": tok.bos_token or None,
-            "pad_token": None, "chat_template": tok.chat_template, "model_max_length": state.engine.spec.context_length}
+    return {
+        "model": state.cfg.model_id,
+        "eos_token": tok.eos_token or None,
+        "bos_token": tok.bos_token or None,
+        "pad_token": None,
+        "chat_template": tok.chat_template,
+        "model_max_length": state.engine.spec.context_length,
+    }
