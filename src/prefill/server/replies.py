@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -48,7 +48,6 @@ class Reply:
     pending: Pending
     prepared: Prepared
     shape: ResponseShape
-    _completion: CompletionLogprobs | None = field(default=None, init=False)  # a stream's, for its text offset
 
     @property
     def endpoint(self) -> str:
@@ -57,18 +56,15 @@ class Reply:
     def decode_one(self, token_id: int) -> str:
         return self.state.engine.tokenizer.decode([token_id], skip_special=False)
 
-    def logprobs_body(self, entries: list, fresh: bool = True) -> dict | None:
-        """`choices[].logprobs` of these entries (prefill.server.logprobs), or None when none were asked for.
-        A completions stream keeps one text offset across its chunks (fresh=False)."""
+    def logprobs_writer(self) -> Callable[[list], dict | None]:
+        """Writes `choices[].logprobs` of entries (prefill.server.logprobs), or None when none were asked for. A
+        completions writer carries its text offset from call to call: one writer per choice, or per stream."""
         k = self.prepared.logprobs
         if k is None:
-            return None
+            return lambda entries: None
         if self.shape.chat:
-            return {"content": chat_content(entries, self.decode_one, k)}
-        if fresh:
-            return CompletionLogprobs(self.decode_one, k).block(entries)
-        self._completion = self._completion or CompletionLogprobs(self.decode_one, k)
-        return self._completion.block(entries)
+            return lambda entries: {"content": chat_content(entries, self.decode_one, k)}
+        return CompletionLogprobs(self.decode_one, k).block
 
     def kv_formula(self, tokens: int) -> int:
         return costs.kv_cache_bytes_for(self.state.engine.spec, tokens, self.state.engine.dtype.itemsize)
@@ -137,7 +133,7 @@ def full_body(reply: Reply, results: list[tuple[str, Generation]]) -> dict:
         if prepared.tool_call and finish == "stop" and (calls := tool_calls_of(text)):
             finish = "tool_calls"
         scored = prompt_entries(gen.prompt_scores) if prepared.scored and gen.prompt_scores is not None else []
-        lp = reply.logprobs_body(scored + generated_entries(gen.logprobs))
+        lp = reply.logprobs_writer()(scored + generated_entries(gen.logprobs))
         choices.append(shape.choice(echoed + text, finish, lp, index=i, tool_calls=calls))
         for j, n in enumerate((gen.P, len(gen.token_ids), gen.cached_tokens)):
             totals[j] += n
@@ -165,9 +161,10 @@ class StreamWriter:
         self.parts: list[str] = []  # a tool call's text, held back
         self.held: list = []  # a tool call's log-probability entries, held back
         self.sent = 0  # generated tokens whose log-probabilities were taken
+        self.write_logprobs = reply.logprobs_writer()
 
     def logprobs_of(self, entries: list) -> dict | None:
-        return self.reply.logprobs_body(entries, fresh=False) if entries else None
+        return self.write_logprobs(entries) if entries else None
 
     def opening(self) -> list[str]:
         out = [sse(self.shape.chunk("", role=True, **self.extra))] if self.shape.chat else []
