@@ -250,6 +250,17 @@ def test_responses_never_read_the_calibration_file(server, monkeypatch):
     assert r.status_code == 200 and r.json()["timings"]["predicted_by"], r.text
 
 
+def test_a_damaged_calibration_is_refused_before_the_server_starts(engine, tmp_path, monkeypatch):
+    from prefill.engine.llm import Engine
+    from prefill.errors import BadInput
+
+    (tmp_path / "cal.json").write_text('{"broken')
+    monkeypatch.setenv("PREFILL_CALIBRATION", str(tmp_path / "cal.json"))
+    fresh = Engine(engine.runner, engine.tokenizer, engine.source)  # the same weights, nothing read yet
+    with pytest.raises(BadInput, match="cannot read calibration .*delete it and calibrate again"):
+        create_app(fresh, ServeConfig(model_id_of(fresh), kv_cache_mb=16))
+
+
 def test_metrics_count_requests_and_tokens(server):
     url, _ = server
     text = httpx.get(f"{url}/metrics").text

@@ -33,13 +33,12 @@ __all__ = ["ServeConfig", "create_app", "model_id_of"]
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    """Start the worker and its supervisor; measure the GEMM rate (on the worker) and read the calibration once
-    now, so that predictions never stall a request; on the way out, end what is pending and stop the worker."""
+    """Start the worker and its supervisor and measure the GEMM rate (on the worker) once now, so that predictions
+    never stall a request; on the way out, end what is pending and stop the worker."""
     state: ServerState = app.state.server
     state.worker.start()
     task = asyncio.create_task(state.supervisor.run())
     await asyncio.wrap_future(state.worker.call(state.engine.gemm_rate))
-    await asyncio.to_thread(state.engine.calibration)
     yield
     task.cancel()
     state.begin_shutdown()
