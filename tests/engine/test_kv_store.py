@@ -199,7 +199,7 @@ def _patched_header(field_offset: int, fmt: str, value):
 
 def test_a_flipped_payload_byte_stops_get_there(open_store, caplog):
     store, ids, blocks, keys = _stored(open_store)
-    path = store.files.path(keys[1].digest)
+    path = Path(store.files.path(keys[1].digest))
     _rewrite(path, lambda d: d.__setitem__(len(d) - 100, d[len(d) - 100] ^ 0x01))
     match = store.longest_prefix(ids)
     assert match.n_blocks == 3  # headers are sound: the lookup cannot tell
@@ -229,7 +229,7 @@ def test_a_flipped_payload_byte_stops_get_there(open_store, caplog):
 )
 def test_a_bad_header_ends_the_lookup_there(open_store, caplog, edit, reason):
     store, ids, _, keys = _stored(open_store)
-    _rewrite(store.files.path(keys[2].digest), edit)
+    _rewrite(Path(store.files.path(keys[2].digest)), edit)
     assert store.longest_prefix(ids).n_blocks == 2
     (msg,) = warnings_of(caplog)
     assert reason in msg and "block 2" in msg
@@ -261,6 +261,21 @@ def test_a_file_vanishing_between_lookup_and_get_is_a_miss_without_warning(open_
     store.files.remove(keys[1].digest)  # evicted by another process meanwhile
     assert len(store.get(match.keys)) == 1
     assert warnings_of(caplog) == [] and store.stats().corrupt_blocks == 0
+
+
+def test_the_documented_reader_reads_a_block(open_store):
+    """docs/kv-store-format.md's reader (struct, numpy, xxhash; no prefill) agrees with the store."""
+    doc = (Path(__file__).parents[2] / "docs" / "kv-store-format.md").read_text()
+    namespace: dict = {}
+    exec(doc.split("```python\n")[1].split("```")[0], namespace)
+    store = open_store()
+    ids = list(range(40, 40 + 2 * BS))
+    blocks = put_all(store, ids)
+    key = store.keys(ids)[1]
+    layers, tokens, kv = namespace["read_block_file"](store.files.path(key.digest))
+    assert layers == (0, 1, 2) and tokens == tuple(ids[BS:]) and kv.shape == (3, 2, 2, BS, 8)
+    assert torch.equal(torch.from_numpy(kv.copy()), blocks[1])
+    assert os.path.basename(store.files.path(key.digest)) == key.digest.hex() + ".kv"
 
 
 # ---- capacity, queue, windows ---------------------------------------------------------------------------

@@ -40,10 +40,13 @@ class BlockFiles:
         self.root = Path(root)
         self.blocks = self.root / "blocks"
         self.blocks.mkdir(parents=True, exist_ok=True)
+        os.listdir(self.blocks)  # at most 256 shards: raises now if the folder cannot be read
+        self._prefix = str(self.blocks) + os.sep
 
-    def path(self, key: bytes) -> Path:
+    def path(self, key: bytes) -> str:
+        """The block file of `key` (a plain string: a lookup builds one per block, pathlib is slower)."""
         name = key.hex()
-        return self.blocks / name[:2] / (name + _SUFFIX)
+        return self._prefix + name[:2] + os.sep + name + _SUFFIX
 
     def check_writable(self) -> None:
         """Write and remove a one-byte temporary file; the OSError of a read-only or full file system if not."""
@@ -54,7 +57,7 @@ class BlockFiles:
     def write(self, key: bytes, parts: list, stamp_ns: int, sync: bool = False) -> int:
         """Write the concatenated buffers `parts` as the block file of `key` (whole, or not at all), its mtime
         set to `stamp_ns`; `sync` waits for the disk (fsync). Returns the bytes written; OSError as raised."""
-        final = self.path(key)
+        final = Path(self.path(key))
         final.parent.mkdir(exist_ok=True)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}{_TMP}")
         try:
@@ -98,7 +101,8 @@ class BlockFiles:
         return buf if n == len(buf) else buf[:n]
 
     def remove(self, key: bytes) -> None:
-        self.path(key).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(key))
 
     def scan(self) -> list[Entry]:
         """Every block file, and the removal of stale temporary files on the way."""

@@ -3,8 +3,9 @@
 The cost model weighs "compute or load" with these rates: loading n bytes takes n / rate seconds. The probe
 writes `nbytes` of random blocks of the store's own shape into its directory (fsync'd, under keys of a random
 token chain, so they meet no real prompt), asks the kernel to drop them from the page cache
-(POSIX_FADV_DONTNEED), reads them back through the store's verifying reader (the disk rate, checksums
-included), reads them again (the page-cache rate), and removes them.
+(POSIX_FADV_DONTNEED), reads them back through the store's verifying reader, holding them as get() does (the
+disk rate, checksums included), reads them again (the page-cache rate), and removes them. Both rates end where
+a get() ends: the blocks in memory, not yet copied into the pool.
 """
 
 from __future__ import annotations
@@ -77,9 +78,12 @@ def _drop_from_page_cache(paths) -> bool:
 
 
 def _read_seconds(store: KVStore, keys: Sequence[BlockKey]) -> float | None:
-    """Seconds to read and verify every block of `keys`; None if one is missing."""
+    """Seconds to read and verify every block of `keys`, holding them all as get() does (fresh memory for
+    each, page faults included); None if one is missing."""
+    held = []
     t0 = time.perf_counter()
     for key in keys:
-        if read_block(store.files, store.fp, key) is None:
+        held.append(read_block(store.files, store.fp, key))
+        if held[-1] is None:
             return None
     return time.perf_counter() - t0

@@ -103,7 +103,6 @@ class KVStore:
         self.writable = False
         try:
             self.files = BlockFiles(self.directory)
-            self.files.scan()
         except OSError as e:
             log.warning("kv store %s unusable (%s); running without a KV store", self.directory, _why(e))
             return
@@ -243,7 +242,7 @@ class KVStore:
             self._stats.corrupt_blocks += 1
         if self.writable:
             with contextlib.suppress(OSError):  # the next put of this block writes a good one
-                path.unlink(missing_ok=True)
+                self.files.remove(key.digest)
 
     def _write(self, key: BlockKey, block: KVBlock, stamp: int) -> None:
         """On the writer thread: the block, unless a file with at least its layers is there; then evict."""
