@@ -160,6 +160,8 @@ def test_fingerprint_covers_weights_dtype_spec_and_version():
     assert renamed.digest == base.digest  # the same weights under another name are the same model
     with pytest.raises(BadInput):
         Fingerprint("w0", tiny_spec(), "int8")
+    sd = {"w": torch.ones(2)}
+    assert Fingerprint.of(tiny_spec(), sd, torch.bfloat16) == Fingerprint(weights_digest(sd), tiny_spec(), "bf16")
 
 
 def test_another_models_store_is_a_plain_miss(open_store, tmp_path, caplog):
@@ -236,6 +238,14 @@ def test_a_bad_header_ends_the_lookup_there(open_store, caplog, edit, reason):
     assert store.stats().corrupt_blocks == 1
 
 
+def test_a_bad_block_that_cannot_be_removed_warns_once(open_store, caplog):
+    store, ids, _, keys = _stored(open_store)
+    _rewrite(Path(store.files.path(keys[1].digest)), lambda d: d.__delitem__(slice(len(d) - 1, None)))
+    store.writable = False  # as a read-only directory is: the file stays
+    assert [store.longest_prefix(ids).n_blocks for _ in range(3)] == [1, 1, 1]
+    assert len(warnings_of(caplog)) == 1 and store.stats().corrupt_blocks == 3
+
+
 def test_a_block_copied_under_another_key_is_rejected(open_store, caplog):
     store, ids, _, keys = _stored(open_store)
     shutil.copyfile(store.files.path(keys[0].digest), store.files.path(keys[1].digest))
@@ -276,6 +286,22 @@ def test_the_documented_reader_reads_a_block(open_store):
     assert layers == (0, 1, 2) and tokens == tuple(ids[BS:]) and kv.shape == (3, 2, 2, BS, 8)
     assert torch.equal(torch.from_numpy(kv.copy()), blocks[1])
     assert os.path.basename(store.files.path(key.digest)) == key.digest.hex() + ".kv"
+
+
+def test_a_restart_finds_the_blocks_and_sweeps_crash_litter(open_store, tmp_path):
+    ids = list(range(4 * BS))
+    blocks = put_all(open_store(directory=tmp_path), ids)
+    shard = Path(open_store(directory=tmp_path).files.path(b"\0" * 32)).parent
+    shard.mkdir(exist_ok=True)
+    stale, live = shard / ".x.kv.1.2.3.tmp", shard / ".y.kv.1.2.3.tmp"  # a crashed writer's, a running one's
+    for p in (stale, live):
+        p.write_bytes(b"half a block")
+    os.utime(stale, ns=(0, 0))
+    store = open_store(directory=tmp_path)  # what a restarted server does: no index to load, only files
+    store.flush()  # its first job is a scan of the directory
+    got = store.get(store.longest_prefix(ids).keys)
+    assert len(got) == 4 and all(torch.equal(g.kv, b) for g, b in zip(got, blocks, strict=True))
+    assert not stale.exists() and live.exists()
 
 
 # ---- capacity, queue, windows ---------------------------------------------------------------------------

@@ -99,6 +99,7 @@ class KVStore:
         self._stats, self._lock = StoreStats(), threading.Lock()
         self._disk_bytes = 0  # this process's estimate of the directory's block bytes; rescanned when over
         self._since_scan = 0  # bytes written since the last scan
+        self._rejected: set[bytes] = set()  # keys warned about: a read-only store cannot remove them
         self.files: BlockFiles | None = None
         self.writable = False
         try:
@@ -236,10 +237,13 @@ class KVStore:
             return None
 
     def _reject(self, key: BlockKey, e: Exception) -> None:
-        path = self.files.path(key.digest)
-        log.warning("kv store: block %d at %s rejected (%s); recomputing it", key.index, path, _why(e))
         with self._lock:
             self._stats.corrupt_blocks += 1
+            first = key.digest not in self._rejected
+            self._rejected.add(key.digest)
+        if first:
+            path = self.files.path(key.digest)
+            log.warning("kv store: block %d at %s rejected (%s); recomputing it", key.index, path, _why(e))
         if self.writable:
             with contextlib.suppress(OSError):  # the next put of this block writes a good one
                 self.files.remove(key.digest)
