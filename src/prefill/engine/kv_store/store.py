@@ -265,6 +265,7 @@ class KVStore:
         with self._lock:
             self._stats.written_blocks += 1
             self._stats.written_bytes += size
+            self._rejected.discard(key.digest)  # a good block now: a later fault deserves its own warning
         self._disk_bytes += size - (old[1] if old else 0)
         self._since_scan += size
         if self._disk_bytes > self.max_bytes or self._since_scan > self.max_bytes * (1 - _LOW_WATER):
