@@ -72,8 +72,8 @@ def estimate(
         fail("--prompt-tokens, --batch and --tp must be >= 1")
     on_cpu = hardware.lower() == "cpu"
     machine = hardware_fields(hardware, dtype, peak_flops, mfu, quiet=json_out, calibrated=spec is not None)
-    timing = {"network_s": network_ms / 1e3, "tokenize_s": tokenize_ms / 1e3, "T": tp}
-    est = build_estimate(Setting(P=prompt_tokens, spec=spec, N=params, B=batch, dtype=dtype, **machine, **timing))
+    ttft = {"network_s": network_ms / 1e3, "tokenize_s": tokenize_ms / 1e3}  # the rest of TTFT, in seconds
+    est = build_estimate(Setting(P=prompt_tokens, spec=spec, N=params, B=batch, T=tp, dtype=dtype, **machine, **ttft))
     if json_out:
         typer.echo(json.dumps(est.to_dict(), indent=2))
     else:
@@ -139,18 +139,9 @@ def shapes_spec(L: int, H_kv: int, d_head: int):
     """A ModelSpec with only the shapes the KV cache depends on (the rest set to 1 so the spec is valid)."""
     from prefill.costmodel.specs import ModelSpec
 
+    shapes = {"L": L, "d_model": H_kv * d_head, "H_q": H_kv, "H_kv": H_kv, "d_head": d_head}
     ones = {"d_ff": 1, "vocab_size": 1, "context_length": 1, "rope_theta": 1.0, "norm_eps": 1.0}
-    return ModelSpec(
-        "custom shapes",
-        "llama",
-        L=L,
-        d_model=H_kv * d_head,
-        H_q=H_kv,
-        H_kv=H_kv,
-        d_head=d_head,
-        tied_embeddings=True,
-        **ones,
-    )
+    return ModelSpec("custom shapes", "llama", tied_embeddings=True, **shapes, **ones)
 
 
 def kv_result(spec, P: int, dtype: str, B: int, memory_gib: float) -> dict:
@@ -179,6 +170,7 @@ def kv_result(spec, P: int, dtype: str, B: int, memory_gib: float) -> dict:
 
 
 def print_kv(spec, r: dict) -> None:
+    """kv_result as one table, titled with the formula (the window-aware one for a windowed model)."""
     from prefill.costmodel import costs
 
     B, P, longest, b = r["B"], r["P"], r["max_context_tokens"], costs.dtype_bytes(r["dtype"])
