@@ -64,6 +64,7 @@ class Example:
     info: str
     flags: set[str]
     exit_code: int
+    columns: int | None = None  # the terminal width the commands see, when not COLUMNS
     steps: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -81,17 +82,19 @@ def docs_files() -> list[Path]:
     return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "examples" not in p.parts)]
 
 
-def parse_flags(text: str | None) -> tuple[set[str], int]:
-    """`varies slow exit=2` -> ({'varies', 'slow'}, 2); unknown words are an error."""
-    flags, code = set(), 0
+def parse_flags(text: str | None) -> tuple[set[str], int, int | None]:
+    """`varies slow exit=2 columns=160` -> ({'varies', 'slow'}, 2, 160); unknown words are an error."""
+    flags, code, columns = set(), 0, None
     for word in (text or "").split():
         if word.startswith("exit="):
             code = int(word[5:])
+        elif word.startswith("columns="):
+            columns = int(word[8:])
         elif word in FLAGS:
             flags.add(word)
         else:
-            raise ValueError(f"unknown example flag {word!r} (known: {', '.join(sorted(FLAGS))}, exit=N)")
-    return flags, code
+            raise ValueError(f"unknown example flag {word!r} (known: {', '.join(sorted(FLAGS))}, exit=N, columns=N)")
+    return flags, code, columns
 
 
 def split_steps(body: list[str], long: bool) -> list[tuple[str, str]]:
@@ -125,8 +128,9 @@ def find_examples(path: Path) -> tuple[list[Example], list[str]]:
                 problems.append(f"{rel}:{i + 1}: an example marker must sit on the line above a fenced block")
                 i += 1
                 continue
-            flags, code = parse_flags(marker.group("flags"))
+            flags, code, columns = parse_flags(marker.group("flags"))
             example = read_block(path, lines, j, flags, code)
+            example.columns = columns
             examples.append(example)
             i = example.end
         elif fence:
@@ -170,31 +174,38 @@ class Runner:
             "PREFILL_CACHE_DIR": str(self.scratch / ".cache"),
         }
         self.servers: dict[tuple[Path, str], tuple[subprocess.Popen, int, int, str]] = {}  # by (page, command)
-        self.memo: dict[tuple[str, Path], tuple[int, str]] = {}  # a command shown twice runs once
+        self.memo: dict[tuple[str, Path, int | None], tuple[int, str]] = {}  # a command shown twice runs once
         self._cli_lock = threading.Lock()  # in-process runs share sys.argv, sys.stdout and the working folder
         os.environ.update({k: self.env[k] for k in ("COLUMNS", "NO_COLOR", "TERM", "PREFILL_CACHE_DIR")})
 
     def shell(
-        self, command: str, cwd: Path | None = None, memo: bool = True, in_process: bool = True
+        self,
+        command: str,
+        cwd: Path | None = None,
+        memo: bool = True,
+        in_process: bool = True,
+        columns: int | None = None,
     ) -> tuple[int, str]:
-        """bash -c COMMAND: (exit status, stdout and stderr as one text). `memo`: reuse an earlier identical run;
-        `in_process`: run a plain `prefill ...` command through the entry point in this process."""
-        key = (command, cwd or self.scratch)
+        """bash -c COMMAND: (exit status, what a terminal shows of stdout and stderr together). `memo`: reuse an
+        earlier identical run; `in_process`: run a plain `prefill ...` command through the entry point in this
+        process; `columns`: another terminal width (in a process of its own)."""
+        key = (command, cwd or self.scratch, columns)
         if memo and key in self.memo:
             return self.memo[key]
-        argv = in_process_argv(command) if in_process else None
+        argv = in_process_argv(command) if in_process and columns is None else None
         if argv is not None:
             self.memo[key] = self.run_cli(argv, cwd or self.scratch)
             return self.memo[key]
+        env = self.env if columns is None else {**self.env, "COLUMNS": str(columns)}
         r = subprocess.run(
             ["bash", "-o", "pipefail", "-c", command],
             cwd=cwd or self.scratch,
-            env=self.env,
-            capture_output=True,
-            text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             timeout=900,
-        )
-        self.memo[key] = r.returncode, (r.stdout + r.stderr).rstrip()
+        )  # bytes: text mode would turn a progress bar's carriage returns into new lines
+        self.memo[key] = r.returncode, as_displayed(r.stdout.decode("utf-8", errors="replace"))
         return self.memo[key]
 
     def run_cli(self, argv: list[str], cwd: Path) -> tuple[int, str]:
@@ -204,8 +215,8 @@ class Runner:
 
         (entry,) = entry_points(group="console_scripts", name="prefill")
         main = entry.load()
-        out, err = io.StringIO(), io.StringIO()
-        with self._cli_lock, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        out = io.StringIO()  # stdout and stderr in one, in the order they were written, as in a terminal
+        with self._cli_lock, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             old_argv, old_cwd, code = sys.argv, os.getcwd(), 0
             sys.argv = ["prefill", *argv[1:]]
             os.chdir(cwd)
@@ -216,7 +227,7 @@ class Runner:
             finally:
                 sys.argv = old_argv
                 os.chdir(old_cwd)
-        return code, (out.getvalue() + err.getvalue()).rstrip()
+        return code, as_displayed(out.getvalue())
 
     def serve(self, command: str, page: Path) -> tuple[int, int, str]:
         """Start `prefill serve ...` once per page on a free port: (its doc port, the real port, what it printed)."""
@@ -234,7 +245,11 @@ class Runner:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
             )
-            banner = wait_until_healthy(proc, port)
+            try:
+                banner = wait_until_healthy(proc, port)
+            except BaseException:
+                proc.kill()
+                raise
             self.servers[page, command] = (proc, doc_port, port, banner.replace(str(port), str(doc_port)))
         _, doc_port, port, banner = self.servers[page, command]
         return doc_port, port, banner
@@ -252,6 +267,13 @@ class Runner:
     def close(self) -> None:
         self.stop_servers()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def as_displayed(text: str) -> str:
+    """What a terminal shows of a program's output: a line rewritten with carriage returns (a progress bar)
+    keeps only its last state, trailing spaces and blank lines at the end go."""
+    lines = [line.rsplit("\r", 1)[-1].rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    return "\n".join(lines).strip("\n")
 
 
 def in_process_argv(command: str) -> list[str] | None:
@@ -272,15 +294,15 @@ def wait_until_healthy(proc: subprocess.Popen, port: int, timeout: float = 300) 
     """Block until GET /health answers 200; what the server printed until then (its start-up lines)."""
     import httpx
 
-    os.set_blocking(proc.stdout.fileno(), False)
-    printed, deadline = "", time.monotonic() + timeout
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # drains the pipe to the end
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        printed += proc.stdout.read() or ""
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}: {printed[-2000:]}")
+            raise RuntimeError(f"the server exited with {proc.returncode}: {''.join(lines)[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return "\n".join(line for line in printed.splitlines() if not line.startswith("INFO:")).rstrip()
+                return "".join(line for line in list(lines) if not line.startswith("INFO:")).strip("\n")
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
@@ -300,8 +322,8 @@ def run_example(example: Example, runner: Runner) -> list[tuple[str, str, int]]:
         if port:  # against this page's server: every request really sent, in order
             code, out = runner.shell(DOC_PORT.sub(f"127.0.0.1:{port}", command), memo=False, in_process=False)
         else:  # a command that loads the model runs as its own process (threads, memory), like a user's
-            code, out = runner.shell(command, in_process="slow" not in example.flags)
-        results.append((command, "\n".join(line.rstrip() for line in out.splitlines()), code))
+            code, out = runner.shell(command, in_process="slow" not in example.flags, columns=example.columns)
+        results.append((command, out, code))
     return results
 
 
