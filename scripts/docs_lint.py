@@ -74,7 +74,11 @@ def resolves(dotted: str) -> bool:
         if module.is_file():
             source = module.read_text()
             return all(
-                re.search(rf"^\s*(def|class)\s+{n}\b|^\s*{n}\s*[:=]|\b{n}\b.*import|import.*\b{n}\b", source, re.M)
+                re.search(
+                    rf"^\s*(?:async\s+)?(def|class)\s+{n}\b|^\s*{n}\s*[:=]|\b{n}\b.*import|import.*\b{n}\b",
+                    source,
+                    re.M,
+                )
                 for n in parts[cut:]
             )
     return False
