@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-quick lint bench clean browser
+.PHONY: install demo test test-quick lint bench clean browser docs docs-regen
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -34,8 +34,17 @@ test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+
+# The documentation site (mkdocs.yml, docs/): a strict build (broken links and anchors fail it), then every
+# example the README and the pages show is run again (scripts/docs_examples.py; `make docs-regen` rewrites them).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	$(BIN)/python scripts/docs_examples.py --check
+
+docs-regen: $(STAMP)
+	$(BIN)/python scripts/docs_examples.py --regenerate
 
 bench: $(STAMP)
 	$(BIN)/prefill bench

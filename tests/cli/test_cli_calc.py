@@ -78,6 +78,46 @@ def test_estimate_ttft_breakdown_batch_and_dtype():
     assert r["kv_cache_bytes"] == 2 * 32 * 4 * 8 * 512 * 128 * 1
 
 
+def test_estimate_prints_the_one_builders_result():
+    from prefill.costmodel.estimate import Setting, build_estimate
+    from prefill.costmodel.hardware import HARDWARE
+
+    h200 = HARDWARE["h200"]
+    setting = Setting(
+        P=2048,
+        spec=PRESETS["qwen3-8b"],
+        B=2,
+        dtype="fp8",
+        hardware=h200.name,
+        T=2,
+        peak_flops_per_s=h200.peak("fp8"),
+        mfu=0.4,
+        bandwidth_bytes_per_s=h200.bandwidth_bytes_per_s,
+        link_bytes_per_s=h200.link_bytes_per_s,
+        network_s=0.005,
+    )
+    r = run_json(
+        "estimate",
+        "-m",
+        "qwen3-8b",
+        "-p",
+        "2048",
+        "-b",
+        "2",
+        "--dtype",
+        "fp8",
+        "--hardware",
+        "h200",
+        "--tp",
+        "2",
+        "--mfu",
+        "0.4",
+        "--network-ms",
+        "5",
+    )
+    assert r == build_estimate(setting).to_dict()
+
+
 def test_estimate_tensor_parallel():
     r = run_json("estimate", "-m", "llama-3-70b", "-p", "4096", "--tp", "4", "--hardware", "h100")
     assert r["tp_flops_per_gpu"] == pytest.approx(r["flops_exact"]["total"] / 4)
@@ -221,7 +261,14 @@ def test_console_script_kv_and_bad_argument():
 
 @pytest.mark.skipif(not PREFILL.exists(), reason="console script not installed (pip install -e .)")
 def test_cli_imports_no_torch_and_console_script_mask():
-    code = "import sys; from prefill.cli.main import app; assert 'torch' not in sys.modules"
+    # the calculator starts fast: neither importing the app nor running estimate or mask (tokenizer included) loads
+    # torch
+    code = (
+        "import sys; from typer.testing import CliRunner; from prefill.cli.main import app; r = CliRunner(); "
+        "assert 'torch' not in sys.modules; "
+        "assert r.invoke(app, ['estimate', '-m', 'llama-3-8b', '--json']).exit_code == 0; "
+        "assert r.invoke(app, ['mask', 'AI is fast']).exit_code == 0; assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     out = subprocess.run([str(PREFILL), "mask", "AI is fast"], capture_output=True, text=True, check=True).stdout
     assert grid_rows(out) == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]

@@ -110,6 +110,13 @@ def test_dtype_bytes_and_aliases():
         costs.dtype_bytes("fp7")
 
 
+def test_achieved_rate_is_peak_times_mfu_and_checks_both():
+    assert costs.achieved_flops_per_s(3e14, 0.5) == 1.5e14
+    for peak, u in ((0.0, 0.5), (3e14, 0.0), (3e14, 1.5), (float("nan"), 0.5)):
+        with pytest.raises(ValueError):
+            costs.achieved_flops_per_s(peak, u)
+
+
 def test_mfu_inverts_prefill_seconds():
     s = prefill_seconds(7e9, 1000, 300e12, 0.5)
     assert costs.mfu(prefill_flops(7e9, 1000), s, 300e12) == pytest.approx(0.5)
@@ -138,6 +145,10 @@ def test_exact_flops_with_cached_past_and_batch():
     assert prefill_flops_exact(SMOLLM2, 10, past=90).attention == 4 * 30 * 9 * 64 * (900 + 55)
     one, four = prefill_flops_exact(SMOLLM2, 64), prefill_flops_exact(SMOLLM2, 64, B=4)
     assert four.total == 4 * one.total
+
+
+def test_flop_count_as_a_dict():
+    assert FlopCount(3.0, 2.0, 1.0).to_dict() == {"linear": 3.0, "attention": 2.0, "unembed": 1.0, "total": 6.0}
 
 
 def test_flop_count_total():
@@ -234,6 +245,15 @@ def test_tensor_parallel_split_of_flops_and_kv():
     assert costs.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=16) == full // 8
     with pytest.raises(ValueError):
         costs.tp_flops_per_gpu(1.0, 0)
+    assert [costs.tp_kv_heads_per_gpu(8, T) for T in (1, 2, 3, 8, 16)] == [8, 4, 3, 1, 1]
+
+
+def test_tensor_parallel_prefill_is_each_share_plus_the_allreduces():
+    # 8e15 FLOPs over 4 GPUs at 1e15 FLOP/s x 0.5: 4 s of compute each, then 0.25 s of all-reduces
+    assert costs.tp_prefill_seconds(8e15, 4, 1e15, 0.5, allreduce_s=0.25) == pytest.approx(4.25)
+    assert costs.tp_prefill_seconds(8e15, 1, 1e15) == pytest.approx(8.0)
+    with pytest.raises(ValueError):
+        costs.tp_prefill_seconds(8e15, 4, 1e15, 0.5, allreduce_s=-1.0)
 
 
 def test_allreduce_bytes_and_seconds():

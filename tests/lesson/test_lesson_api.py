@@ -3,6 +3,8 @@ and bad input answered 400 with one clear message (the server keeps serving). No
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
 
@@ -187,6 +189,22 @@ def test_attention_is_a_causal_softmax(url):
     refused(bad({"text": "word " * 80, "layer": 0, "head": 0}), "1..64 tokens")
     refused(bad({"text": "", "layer": 0, "head": 0}), "text")
     refused(bad({"text": "AI", "layer": "0", "head": 0}), "layer")
+
+
+def test_attention_is_computed_on_the_worker_thread(url, monkeypatch):
+    """The probe's forwards run on the server's worker thread (between two steps), never on a thread of
+    Starlette's pool beside it."""
+    from prefill.lesson import live
+
+    probe, threads = live.attention_weights, []
+
+    def recorded(*args):
+        threads.append(threading.current_thread().name)
+        return probe(*args)
+
+    monkeypatch.setattr(live, "attention_weights", recorded)
+    assert httpx.post(f"{url}/api/attention", json={"text": "AI is fast"}, timeout=60).status_code == 200
+    assert threads == ["prefill-worker"]
 
 
 def test_predict_and_roofline_use_the_measured_rates(url, smollm):

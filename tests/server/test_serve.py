@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -205,23 +207,58 @@ def test_openai_client_raises_its_own_errors(server, client):
 
 
 def test_full_queue_answers_429(engine):
-    # One request runs, one waits, the rest are refused: six requests sent at once each take far longer
-    # (a 200-token prefill, then decode) than it takes all six to arrive.
+    # One request runs, one waits, the rest are refused. Made deterministic: A streams, so it runs once its first
+    # chunk arrives (and ignore_eos keeps it running); the worker is then held between two steps (Worker.call)
+    # while B is queued and four more arrive; then A is closed (cancelled) and B runs.
     cfg = ServeConfig(model_id_of(engine), max_queue=1, max_running=1, kv_cache_mb=256)
+    app = create_app(engine, cfg)
     body = {"model": cfg.model_id, "prompt": " ".join(["history"] * 200), "max_tokens": 8, "temperature": 0}
-
-    async def send_all() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=120) as http:
-            return await asyncio.gather(*(http.post(f"{url}/v1/completions", json=body) for _ in range(6)))
-
-    with BackgroundServer(create_app(engine, cfg)) as url:
-        responses = asyncio.run(send_all())
-        codes = sorted(r.status_code for r in responses)
-        assert codes.count(200) >= 2 and codes.count(429) >= 1 and set(codes) == {200, 429}
-        refused = [r for r in responses if r.status_code == 429]
+    long = {"model": cfg.model_id, "prompt": "Count: 1, 2,", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    gate = threading.Event()
+    with BackgroundServer(app) as url, httpx.Client(timeout=120) as http, ThreadPoolExecutor(1) as pool:
+        with http.stream("POST", f"{url}/v1/completions", json=long) as a:
+            assert a.status_code == 200 and next(line for line in a.iter_lines() if line.startswith("data: "))
+            held = app.state.server.worker.call(gate.wait)  # A decodes at most one more step, then waits
+            b = pool.submit(http.post, f"{url}/v1/completions", json=body)
+            for _ in range(600):  # bounded: 30 s
+                if metric(url, "prefill_queued_requests") == 1:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("B was not queued")
+            refused = [http.post(f"{url}/v1/completions", json=body) for _ in range(4)]
+            gate.set()
+        assert held.result(60) and b.result(120).status_code == 200
+        assert [r.status_code for r in refused] == [429] * 4
         assert all(r.json()["error"]["code"] == "queue_full" for r in refused)
         assert httpx.get(f"{url}/health").status_code == 200
-        assert metric(url, 'prefill_errors_total{status="429"}') == len(refused)
+        assert metric(url, 'prefill_errors_total{status="429"}') == 4
+
+
+def test_responses_never_read_the_calibration_file(server, monkeypatch):
+    """The calibration is read once when the server starts, never again on the event loop for a response."""
+    from prefill.costmodel import hardware
+
+    url, model = server
+
+    def read_again():
+        raise AssertionError("the calibration file was read for a response")
+
+    monkeypatch.setattr(hardware, "load_calibration", read_again)
+    body = {"model": model, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["timings"]["predicted_by"], r.text
+
+
+def test_a_damaged_calibration_is_refused_before_the_server_starts(engine, tmp_path, monkeypatch):
+    from prefill.engine.llm import Engine
+    from prefill.errors import BadInput
+
+    (tmp_path / "cal.json").write_text('{"broken')
+    monkeypatch.setenv("PREFILL_CALIBRATION", str(tmp_path / "cal.json"))
+    fresh = Engine(engine.runner, engine.tokenizer, engine.source)  # the same weights, nothing read yet
+    with pytest.raises(BadInput, match="cannot read calibration .*delete it and calibrate again"):
+        create_app(fresh, ServeConfig(model_id_of(fresh), kv_cache_mb=16))
 
 
 def test_metrics_count_requests_and_tokens(server):

@@ -136,4 +136,4 @@ def test_chaos_leaves_the_server_serving_and_the_books_balanced(smollm):
         assert d["requests"] + d["cancelled"] == kinds.count("valid") + kinds.count("disconnect")
         assert d["requests"] >= kinds.count("valid")
         assert after["kv_cache_bytes"] == 0
-        assert app.state.scheduler.alive() and httpx.get(f"{url}/health").status_code == 200
+        assert app.state.server.worker.alive() and httpx.get(f"{url}/health").status_code == 200

@@ -383,7 +383,7 @@ def test_an_unread_stream_is_cancelled_and_counted(engine):
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
 
     def sample(name: str) -> float:
-        m = re.search(rf"^{re.escape(name)} (\S+)$", app.state.metrics.render().decode(), re.MULTILINE)
+        m = re.search(rf"^{re.escape(name)} (\S+)$", app.state.server.metrics.render().decode(), re.MULTILINE)
         return float(m.group(1)) if m else 0.0
 
     async def scenario() -> None:
@@ -414,7 +414,7 @@ def test_an_unread_stream_is_cancelled_and_counted(engine):
         assert sent[0]["status"] == 200
         assert sample('prefill_cancelled_total{reason="unread"}') == 1
         assert sample("prefill_generated_tokens_count") == 0  # dropped, never finished
-        assert app.state.scheduler.pool_state()["kv_held_bytes"] == 0
+        assert app.state.server.worker.pool_state()["kv_held_bytes"] == 0
 
     asyncio.run(scenario())
 
@@ -426,7 +426,7 @@ def test_a_dead_worker_is_reported_fails_what_waits_and_stops_the_server(engine)
     server = BackgroundServer(app)
     with server as url:
         still_serving(url, cfg.model_id)
-        scheduler = app.state.scheduler
+        worker = app.state.server.worker
 
         class Fault(BaseException):  # escapes every `except Exception` guard
             pass
@@ -434,9 +434,9 @@ def test_a_dead_worker_is_reported_fails_what_waits_and_stops_the_server(engine)
         def boom():
             raise Fault("injected fault outside every per-request guard")
 
-        stop_server, reported = app.state.on_fatal, threading.Event()
-        app.state.on_fatal = reported.set  # hold the exit until /health has been read
-        scheduler.loop.step = boom  # the worker's next turn raises: the thread ends
+        stop_server, reported = app.state.server.on_fatal, threading.Event()
+        app.state.server.on_fatal = reported.set  # hold the exit until /health has been read
+        worker.loop.step = boom  # the worker's next turn raises: the thread ends
         body = {"model": cfg.model_id, "prompt": "Hi", "max_tokens": 3}
         errors0 = total(url, "prefill_errors_total")
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)  # pending when the worker dies
@@ -452,5 +452,5 @@ def test_a_dead_worker_is_reported_fails_what_waits_and_stops_the_server(engine)
                 break
             time.sleep(0.1)
         assert not server.running  # the supervisor asked the server to exit
-        assert app.state.exit_code == 1
-        assert "worker" in app.state.supervisor.problem()
+        assert app.state.server.exit_code == 1
+        assert "worker" in app.state.server.supervisor.problem()

@@ -132,11 +132,6 @@ def measure_peak_memory(fn: Callable[[], object], device: str = "cpu") -> PeakMe
     return PeakMemory(peak_bytes=peak, delta_bytes=max(0, peak - before), kind="rss")
 
 
-def rss_bytes() -> int:
-    """The process's resident set size now, bytes."""
-    return _status_kib("VmRSS") * 1024
-
-
 def _status_kib(field: str) -> int:
     try:
         with open(_STATUS) as f:

@@ -10,6 +10,7 @@ import statistics
 from rich.console import Console
 from rich.table import Table
 
+from prefill.cli.common import ms
 from prefill.costmodel import costs
 from prefill.engine.llm import Engine
 from prefill.engine.request import Generation
@@ -22,10 +23,6 @@ def _table(title: str, *columns: str) -> Table:
     return t
 
 
-def _ms(s: float) -> str:
-    return f"{s * 1e3:,.1f} ms"
-
-
 def model_table(engine: Engine) -> Table:
     s = engine.spec
     t = _table("model", "quantity", "value")
@@ -33,8 +30,9 @@ def model_table(engine: Engine) -> Table:
     t.add_row("architecture", f"{s.arch}: L={s.L}, d_model={s.d_model}, d_ff={s.d_ff}, vocab={s.vocab_size:,}")
     t.add_row("attention", f"H_q={s.H_q}, H_kv={s.H_kv} (GQA {s.H_q // s.H_kv}:1), d_head={s.d_head}")
     t.add_row("parameters N", f"{s.N:,} ({s.N_non_embedding:,} non-embedding)")
-    t.add_row("dtype / device / threads", f"{str(engine.dtype).removeprefix('torch.')} / {engine.device} / "
-              f"{engine.threads()}")  # fmt: skip
+    t.add_row(
+        "dtype / device / threads", f"{str(engine.dtype).removeprefix('torch.')} / {engine.device} / {engine.threads()}"
+    )
     return t
 
 
@@ -68,10 +66,10 @@ def ttft_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Table
     predicted_ttft = costs.ttft_seconds(predicted_prefill, network_s=0.0, tokenize_s=gen.tokenize_s)
     t = _table("time to first token", "part", "measured", "predicted")
     t.add_row("network", "0 (in-process)", "0")
-    t.add_row("tokenization", _ms(gen.tokenize_s), _ms(gen.tokenize_s))
-    t.add_row("prefill compute", _ms(gen.prefill_s), f"{_ms(predicted_prefill)} ({how})")
-    t.add_row("first-token sampling", _ms(gen.first_token_s), "-")
-    t.add_row("[bold]TTFT[/]", f"[bold]{_ms(gen.ttft_s)}[/]", f"[bold]{_ms(predicted_ttft)}[/]")
+    t.add_row("tokenization", ms(gen.tokenize_s), ms(gen.tokenize_s))
+    t.add_row("prefill compute", ms(gen.prefill_s), f"{ms(predicted_prefill)} ({how})")
+    t.add_row("first-token sampling", ms(gen.first_token_s), "-")
+    t.add_row("[bold]TTFT[/]", f"[bold]{ms(gen.ttft_s)}[/]", f"[bold]{ms(predicted_ttft)}[/]")
     return t
 
 
@@ -83,20 +81,26 @@ def decode_table(engine: Engine, gen: Generation) -> Table:
     if gen.itl_s:
         q = statistics.quantiles(gen.itl_s, n=10) if len(gen.itl_s) > 1 else [gen.itl_s[0]] * 9
         mean_itl = statistics.fmean(gen.itl_s)
-        t.add_row("ITL p50 / p90", f"{_ms(statistics.median(gen.itl_s))} / {_ms(q[8])}")
+        t.add_row("ITL p50 / p90", f"{ms(statistics.median(gen.itl_s))} / {ms(q[8])}")
         t.add_row("steady decode rate 1/ITL", f"{costs.decode_rate(mean_itl):,.1f} tok/s")
         t.add_row(
             "request time: measured / TTFT + (n-1)·ITL",
-            f"{_ms(gen.total_s)} / {_ms(costs.request_seconds(gen.ttft_s, n, mean_itl))}",
+            f"{ms(gen.total_s)} / {ms(costs.request_seconds(gen.ttft_s, n, mean_itl))}",
         )
         t.add_row("request output rate n/T", f"{costs.request_output_rate(n, gen.total_s):,.1f} tok/s")
     count = costs.prefill_flops_exact(engine.spec, gen.P - gen.cached_tokens, gen.cached_tokens)
     if gen.prefill_s > 0:
         peak = engine.gemm_rate()
-        t.add_row("prefill achieved", f"{count.total / gen.prefill_s / 1e9:,.1f} GFLOP/s "
-                  f"({(gen.P - gen.cached_tokens) / gen.prefill_s:,.0f} tok/s)")  # fmt: skip
-        t.add_row("MFU", f"{costs.mfu(count.total, gen.prefill_s, peak):.1%} of {peak / 1e9:,.0f} GFLOP/s "
-                  f"(GEMM rate measured now in {str(engine.dtype).removeprefix('torch.')})")  # fmt: skip
+        t.add_row(
+            "prefill achieved",
+            f"{count.total / gen.prefill_s / 1e9:,.1f} GFLOP/s "
+            f"({(gen.P - gen.cached_tokens) / gen.prefill_s:,.0f} tok/s)",
+        )
+        t.add_row(
+            "MFU",
+            f"{costs.mfu(count.total, gen.prefill_s, peak):.1%} of {peak / 1e9:,.0f} GFLOP/s "
+            f"(GEMM rate measured now in {str(engine.dtype).removeprefix('torch.')})",
+        )
     return t
 
 

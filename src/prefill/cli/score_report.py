@@ -47,20 +47,15 @@ def summary(engine: Engine, ids: list[int], result: Perplexity, with_tokens: boo
         "seconds": result.seconds,
         "prefilled_tokens": (prefilled := sum(w.end - w.begin for w in result.windows)),  # overlaps counted again
         "tokens_per_s": prefilled / result.seconds,
-        "flops": {
-            "linear": count.linear,
-            "attention": count.attention,
-            "unembed": count.unembed,
-            "total": count.total,
-            "unembed_share": count.unembed_share,
-        },  # fmt: skip
+        "flops": count.to_dict() | {"unembed_share": count.unembed_share},
         "generation_prefill_flops": generation,
         "achieved_flops_per_s": count.total / result.seconds,
     }
     if with_tokens:
         pieces = token_pieces(engine, ids)
-        out["token_logprobs"] = [{"id": i, "token": p, "logprob": lp}
-                                 for i, p, lp in zip(ids, pieces, result.logprobs, strict=True)]  # fmt: skip
+        out["token_logprobs"] = [
+            {"id": i, "token": p, "logprob": lp} for i, p, lp in zip(ids, pieces, result.logprobs, strict=True)
+        ]
     return out
 
 
@@ -79,14 +74,24 @@ def summary_table(r: dict) -> Table:
         "one window (the whole text)" if one else f"{r['windows']} windows of {r['window']:,} every {r['stride']:,}"
     )
     t.add_row("text", f"{r['tokens']:,} tokens, {windows}")
-    t.add_row("perplexity", f"{r['perplexity']:.4f} (mean NLL {r['nll_per_token']:.4f} nats/token, "
-              f"{r['scored_tokens']:,} tokens scored)")  # fmt: skip
-    t.add_row("prefill (measured)", f"{r['seconds'] * 1e3:,.1f} ms for {r['prefilled_tokens']:,} tokens "
-              f"(all windows): {r['tokens_per_s']:,.0f} tokens/s")  # fmt: skip
-    t.add_row("FLOPs of the scoring", f"{f['total']:.4g} (linear {f['linear']:.3g}, attention {f['attention']:.3g}, "
-              f"unembed {f['unembed']:.3g})")  # fmt: skip
-    t.add_row("unembedding share", f"{f['unembed_share']:.1%} (every position's logits; a generation prefill of the "
-              f"same windows: {r['generation_prefill_flops']:.4g} FLOPs)")  # fmt: skip
+    t.add_row(
+        "perplexity",
+        f"{r['perplexity']:.4f} (mean NLL {r['nll_per_token']:.4f} nats/token, {r['scored_tokens']:,} tokens scored)",
+    )
+    t.add_row(
+        "prefill (measured)",
+        f"{r['seconds'] * 1e3:,.1f} ms for {r['prefilled_tokens']:,} tokens "
+        f"(all windows): {r['tokens_per_s']:,.0f} tokens/s",
+    )
+    t.add_row(
+        "FLOPs of the scoring",
+        f"{f['total']:.4g} (linear {f['linear']:.3g}, attention {f['attention']:.3g}, unembed {f['unembed']:.3g})",
+    )
+    t.add_row(
+        "unembedding share",
+        f"{f['unembed_share']:.1%} (every position's logits; a generation prefill of the "
+        f"same windows: {r['generation_prefill_flops']:.4g} FLOPs)",
+    )
     t.add_row("achieved", f"{r['achieved_flops_per_s'] / 1e9:,.1f} GFLOP/s ({r['dtype']})")
     return t
 

@@ -91,11 +91,15 @@ def prefill_flops(N: float, P: float) -> float:
     return 2 * N * P
 
 
+def achieved_flops_per_s(flops_per_sec: float, utilization: float = 1.0) -> float:
+    """FLOP/s actually reached: the peak `flops_per_sec` times the fraction `utilization` (MFU) achieved."""
+    return _positive("flops_per_sec", flops_per_sec) * _utilization(utilization)
+
+
 def compute_seconds(flops: float, flops_per_sec: float, utilization: float = 1.0) -> float:
     """Seconds to do `flops` FLOPs at `flops_per_sec` peak FLOP/s achieved at fraction `utilization` (MFU)."""
     _non_negative("flops", flops)
-    _positive("flops_per_sec", flops_per_sec)
-    return flops / (flops_per_sec * _utilization(utilization))
+    return flops / achieved_flops_per_s(flops_per_sec, utilization)
 
 
 def prefill_seconds(N: float, P: float, flops_per_sec: float, utilization: float = 1.0) -> float:
@@ -138,6 +142,10 @@ class FlopCount:
     def unembed_share(self) -> float:
         """The unembedding's fraction of all FLOPs (0 for an empty count)."""
         return self.unembed / self.total if self.total else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        """The three parts and their total, as JSON prints them."""
+        return {"linear": self.linear, "attention": self.attention, "unembed": self.unembed, "total": self.total}
 
 
 def _window_prefix_pairs(n: int, window: int | None) -> int:
@@ -404,9 +412,14 @@ def tp_flops_per_gpu(flops: float, T: int) -> float:
     return _non_negative("flops", flops) / _tp(T)
 
 
+def tp_kv_heads_per_gpu(H_kv: int, T: int) -> int:
+    """KV heads each of T GPUs holds: ceil(H_kv / T) (heads are replicated when T > H_kv)."""
+    return math.ceil(H_kv / _tp(T))
+
+
 def tp_kv_cache_bytes_per_gpu(spec: ModelSpec, P: int, bytes_per_element: int, T: int, B: int = 1) -> int:
-    """KV-cache bytes on each of T GPUs: ceil(H_kv / T) KV heads each (heads are replicated when T > H_kv)."""
-    return kv_cache_bytes_for(spec, P, bytes_per_element, B, H_kv=math.ceil(spec.H_kv / _tp(T)))
+    """KV-cache bytes on each of T GPUs: tp_kv_heads_per_gpu(H_kv, T) KV heads each."""
+    return kv_cache_bytes_for(spec, P, bytes_per_element, B, H_kv=tp_kv_heads_per_gpu(spec.H_kv, T))
 
 
 def tp_allreduce_payload_bytes(spec: ModelSpec, P: int, bytes_per_element: int, B: int = 1) -> int:
@@ -424,6 +437,16 @@ def tp_allreduce_seconds(payload_bytes: float, T: int, link_bytes_per_s: float) 
     """Seconds of the ring all-reduces of a prefill at `link_bytes_per_s` per GPU per direction
     (bandwidth term only; no latency)."""
     return ring_allreduce_bytes_per_gpu(payload_bytes, T) / _positive("link_bytes_per_s", link_bytes_per_s)
+
+
+def tp_prefill_seconds(
+    flops: float, T: int, flops_per_sec: float, utilization: float = 1.0, allreduce_s: float = 0.0
+) -> float:
+    """Seconds of a prefill of `flops` FLOPs on T GPUs: each GPU's share at peak x MFU, plus the all-reduces
+    (`allreduce_s`, tp_allreduce_seconds), not overlapped with the compute."""
+    return compute_seconds(tp_flops_per_gpu(flops, T), flops_per_sec, utilization) + _non_negative(
+        "allreduce_s", allreduce_s
+    )
 
 
 # ---- calibration -------------------------------------------------------------------------------------

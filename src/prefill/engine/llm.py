@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
 from prefill.model.transformer import check_supported
 
+if TYPE_CHECKING:
+    from prefill.costmodel.hardware import Calibration
+
 
 class Engine:
     """A loaded model and its tokenizer, ready to generate, score, prefill and decode."""
@@ -35,6 +39,8 @@ class Engine:
         self.model = runner.model
         self.source = source or runner.spec.name
         self._gemm_rate: float | None = None
+        self._calibration: Calibration | None = None
+        self._calibration_read = False
 
     # ---- construction ----
     @classmethod
@@ -170,13 +176,21 @@ class Engine:
             self._gemm_rate = measure_gemm_rate(str(self.dtype).removeprefix("torch."), str(self.device))
         return self._gemm_rate
 
+    def calibration(self) -> Calibration | None:
+        """The saved calibration of this CPU (`prefill calibrate`), read once and remembered; None on a GPU or when
+        none is saved. BadInput if the file is damaged."""
+        if not self._calibration_read:
+            from prefill.costmodel.hardware import load_calibration
+
+            self._calibration = load_calibration() if self.device.type == "cpu" else None
+            self._calibration_read = True
+        return self._calibration
+
     def predict_prefill_seconds(self, P: int, past: int = 0, chunk_size: int | None = None) -> tuple[float, str]:
         """Predicted seconds of a prefill of P tokens after `past` cached ones (in chunks, if given), and how:
         a saved calibration for this dtype and thread count if any, else exact FLOPs at the measured GEMM rate."""
-        from prefill.costmodel.hardware import load_calibration
-
         dtype = str(self.dtype).removeprefix("torch.")
-        cal = load_calibration() if self.device.type == "cpu" else None
+        cal = self.calibration()
         use_cal = cal is not None and cal.dtype == dtype and cal.threads == torch.get_num_threads()
         seconds = 0.0
         for start, end in costs.prefill_chunks(P, chunk_size):  # each chunk attends to everything before it

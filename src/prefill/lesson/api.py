@@ -11,7 +11,7 @@ import math
 from contextlib import contextmanager
 from typing import Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from prefill.costmodel import costs
@@ -21,6 +21,7 @@ from prefill.costmodel.specs import PRESETS, ModelSpec
 from prefill.errors import BadInput
 from prefill.lesson.exercise import FUNCTIONS, skeleton
 from prefill.lesson.quiz import check_answer
+from prefill.lesson.state import lesson_of
 
 MAX_N = 1e14  # parameters: far past any model built, small enough to catch a slip of the exponent
 MAX_P = 10_000_000  # prompt tokens
@@ -44,8 +45,10 @@ def bad_input():
     except ValueError as e:
         raise BadInput(str(e)) from None
     except ArithmeticError:
-        raise BadInput("these values leave the range of float64 (a division by an underflowed 0, or an overflow); "
-                       "use realistic sizes") from None  # fmt: skip
+        raise BadInput(
+            "these values leave the range of float64 (a division by an underflowed 0, or an overflow); "
+            "use realistic sizes"
+        ) from None
 
 
 def finite(body: dict) -> dict:
@@ -116,13 +119,11 @@ def seed_lines(N: float, P: float, flops: float, rate: float, seconds: float) ->
 # ---- the routes --------------------------------------------------------------------------------------
 
 
-def spec_named(model: str | None, loaded: ModelSpec | None) -> ModelSpec | None:
+def spec_named(model: str | None, loaded: ModelSpec) -> ModelSpec | None:
     """A preset by key, the server's model for 'loaded', or None for '' / None (only N known)."""
     if not model:
         return None
     if model == LOADED:
-        if loaded is None:
-            raise BadInput("no model is loaded in this server; choose a preset")
         return loaded
     if model not in PRESETS:
         raise BadInput(f"unknown model {model!r}; choose one of: {LOADED}, {', '.join(PRESETS)}")
@@ -176,136 +177,186 @@ class AnswerBody(BaseModel):
     reveal: StrictBool = False
 
 
-def calculator_router(loaded: ModelSpec | None, loaded_dtype: str | None, model_id: str | None = None) -> APIRouter:
-    """The calculator routes; `loaded` is the server's model spec (None when the server has none) and `model_id`
-    the name its OpenAI routes answer to."""
-    router = APIRouter(prefix="/api", tags=["lesson: calculator"])
-    models = ["", *([LOADED] if loaded is not None else []), *PRESETS]
+router = APIRouter(prefix="/api", tags=["lesson: calculator"])
+MODELS = ["", LOADED, *PRESETS]  # what `model` may name: N only, the server's own model, or a preset
 
-    @router.get("/catalog")
-    def catalog() -> dict:
-        """Hardware (datasheet peaks and bandwidth), model presets, dtypes, and the server's own model."""
-        hardware = [{"key": k, "name": h.name, "peak_flops": h.peak_flops, "bandwidth": h.bandwidth_bytes_per_s,
-                     "memory": h.memory_bytes} for k, h in HARDWARE.items()]  # fmt: skip
-        models = [{"key": k, "name": s.name, "N": s.N, "L": s.L, "H_q": s.H_q, "H_kv": s.H_kv, "d_head": s.d_head}
-                  for k, s in PRESETS.items()]  # fmt: skip
-        own = None
-        if loaded is not None:
-            own = {"key": LOADED, "name": loaded.name, "N": loaded.N, "L": loaded.L, "H_q": loaded.H_q,
-                   "H_kv": loaded.H_kv, "d_head": loaded.d_head, "dtype": loaded_dtype, "model_id": model_id,
-                   "context_length": loaded.context_length}  # fmt: skip
-        return {"hardware": hardware, "models": models, "dtypes": ["bfloat16", "float16", "float32", "fp8"],
-                "loaded": own}  # fmt: skip
 
-    @router.get("/estimate")
-    def estimate(
-        N: float = Query(7e9, description="parameters, e.g. 7e9", json_schema_extra=bounds(0, MAX_N, True)),
-        P: int = Query(1000, description="prompt tokens", json_schema_extra=bounds(0, MAX_P)),
-        peak: float = Query(1e14, description="peak FLOP/s", json_schema_extra=bounds(0, MAX_PEAK, True)),
-        mfu: float = Query(0.5, description="utilisation of the peak", json_schema_extra=bounds(0, 1, True)),
-        bandwidth: float = Query(
-            2e12,
-            description="memory bandwidth, bytes/s (for compute- or memory-bound)",
-            json_schema_extra=bounds(0, MAX_BANDWIDTH, True),
-        ),
-        model: str = Query(
-            "", description="a preset key, 'loaded', or empty for N only", json_schema_extra={"enum": models}
-        ),
-        dtype: str = Query(
-            "bfloat16", description="bytes per element of weights and KV cache", json_schema_extra={"enum": DTYPES}
-        ),
-    ) -> dict:
-        """Prefill FLOPs (2·N·P and exact), seconds, KV-cache bytes and the roofline at one setting."""
-        in_range("N", N, 0, MAX_N, lo_open=True)
-        in_range("P", P, 0, MAX_P)
-        in_range("peak", peak, 0, MAX_PEAK, lo_open=True)
-        in_range("mfu", mfu, 0, 1, lo_open=True)
-        in_range("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
-        with bad_input():
-            spec = spec_named(model, loaded)
-            b = costs.dtype_bytes(dtype)
-            flops = costs.prefill_flops(N, P)
-            seconds = costs.prefill_seconds(N, P, peak, mfu)
-            body = {
-                "N": N, "P": P, "peak": peak, "mfu": mfu, "effective_flops_per_s": peak * mfu,
-                "flops": flops, "seconds": seconds,
-                "lines": seed_lines(N, P, flops, peak * mfu, seconds),
-                "human": {"flops": human(flops, "FLOP"), "seconds": human(seconds, "s"),
-                          "effective": human(peak * mfu, "FLOP/s")},
-                "exact": None, "kv": None,
-                "roofline": roofline_body(spec, P, b, peak, bandwidth),
-            }  # fmt: skip
-            if spec is not None:
-                count = costs.prefill_flops_exact(spec, P)
-                exact_s = costs.compute_seconds(count.total, peak, mfu)
-                body["exact"] = {
-                    "model": spec.name, "N": spec.N, "linear": count.linear, "attention": count.attention,
-                    "unembed": count.unembed, "total": count.total, "seconds": exact_s,
-                    "human": {"total": human(count.total, "FLOP"), "seconds": human(exact_s, "s"),
-                              "attention": human(count.attention, "FLOP"), "unembed": human(count.unembed, "FLOP")},
-                }  # fmt: skip
-                body["kv"] = kv_body(spec, P, dtype)
-        return finite(body)
+@router.get("/catalog")
+def catalog(request: Request) -> dict:
+    """Hardware (datasheet peaks and bandwidth), model presets, dtypes, and the server's own model."""
+    lesson = lesson_of(request)
+    loaded = lesson.spec
+    hardware = [
+        {
+            "key": k,
+            "name": h.name,
+            "peak_flops": h.peak_flops,
+            "bandwidth": h.bandwidth_bytes_per_s,
+            "memory": h.memory_bytes,
+        }
+        for k, h in HARDWARE.items()
+    ]
+    models = [
+        {"key": k, "name": s.name, "N": s.N, "L": s.L, "H_q": s.H_q, "H_kv": s.H_kv, "d_head": s.d_head}
+        for k, s in PRESETS.items()
+    ]
+    own = {
+        "key": LOADED,
+        "name": loaded.name,
+        "N": loaded.N,
+        "L": loaded.L,
+        "H_q": loaded.H_q,
+        "H_kv": loaded.H_kv,
+        "d_head": loaded.d_head,
+        "dtype": lesson.dtype,
+        "model_id": lesson.model_id,
+        "context_length": loaded.context_length,
+    }
+    return {"hardware": hardware, "models": models, "dtypes": ["bfloat16", "float16", "float32", "fp8"], "loaded": own}
 
-    @router.get("/mask")
-    def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds(0, MAX_MASK_P))) -> dict:
-        """The causal mask as rows of '1' (may attend) and '0' (masked), with the pair counts."""
-        in_range("P", P, 0, MAX_MASK_P)
-        grid = causal_mask(P)  # [P, P]
-        pairs = causal_pairs(P)
-        return {"P": P, "allowed": pairs, "masked": P * P - pairs, "rows": ["".join("1" if c else "0" for c in row)
-                for row in grid], "caption": f"{pairs} pairs for {P} tokens"}  # fmt: skip
 
-    @router.get("/kv")
-    def kv(
-        P: int = Query(1000, description="tokens held", json_schema_extra=bounds(0, MAX_P)),
-        model: str = Query(LOADED, description="a preset key or 'loaded'", json_schema_extra={"enum": models}),
-        dtype: str = Query(
-            "",
-            description="element type (default: the loaded model's, else bfloat16)",
-            json_schema_extra={"enum": ["", *DTYPES]},
-        ),
-        B: int = Query(1, description="sequences", json_schema_extra=bounds(1, MAX_B)),
-    ) -> dict:
-        """KV-cache bytes after P tokens: 2·L·B·H_kv·P·d_head·b, written out, and the per-layer shape."""
-        in_range("P", P, 0, MAX_P)
-        in_range("B", B, 1, MAX_B)
-        with bad_input():
-            spec = spec_named(model or LOADED, loaded)
-            own = model in ("", LOADED) and loaded_dtype
-            return kv_body(spec, P, dtype or (own or "bfloat16"), B)
+@router.get("/estimate")
+def estimate(
+    request: Request,
+    N: float = Query(7e9, description="parameters, e.g. 7e9", json_schema_extra=bounds(0, MAX_N, True)),
+    P: int = Query(1000, description="prompt tokens", json_schema_extra=bounds(0, MAX_P)),
+    peak: float = Query(1e14, description="peak FLOP/s", json_schema_extra=bounds(0, MAX_PEAK, True)),
+    mfu: float = Query(0.5, description="utilisation of the peak", json_schema_extra=bounds(0, 1, True)),
+    bandwidth: float = Query(
+        2e12,
+        description="memory bandwidth, bytes/s (for compute- or memory-bound)",
+        json_schema_extra=bounds(0, MAX_BANDWIDTH, True),
+    ),
+    model: str = Query(
+        "", description="a preset key, 'loaded', or empty for N only", json_schema_extra={"enum": MODELS}
+    ),
+    dtype: str = Query(
+        "bfloat16", description="bytes per element of weights and KV cache", json_schema_extra={"enum": DTYPES}
+    ),
+) -> dict:
+    """Prefill FLOPs (2·N·P and exact), seconds, KV-cache bytes and the roofline at one setting."""
+    in_range("N", N, 0, MAX_N, lo_open=True)
+    in_range("P", P, 0, MAX_P)
+    in_range("peak", peak, 0, MAX_PEAK, lo_open=True)
+    in_range("mfu", mfu, 0, 1, lo_open=True)
+    in_range("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
+    with bad_input():
+        spec = spec_named(model, lesson_of(request).spec)
+        b = costs.dtype_bytes(dtype)
+        flops = costs.prefill_flops(N, P)
+        seconds = costs.prefill_seconds(N, P, peak, mfu)
+        body = {
+            "N": N,
+            "P": P,
+            "peak": peak,
+            "mfu": mfu,
+            "effective_flops_per_s": peak * mfu,
+            "flops": flops,
+            "seconds": seconds,
+            "lines": seed_lines(N, P, flops, peak * mfu, seconds),
+            "human": {
+                "flops": human(flops, "FLOP"),
+                "seconds": human(seconds, "s"),
+                "effective": human(peak * mfu, "FLOP/s"),
+            },
+            "exact": None,
+            "kv": None,
+            "roofline": roofline_body(spec, P, b, peak, bandwidth),
+        }
+        if spec is not None:
+            body["exact"] = exact_body(spec, P, peak, mfu)
+            body["kv"] = kv_body(spec, P, dtype)
+    return finite(body)
 
-    @router.get("/request")
-    def request_time(
-        ttft: float = Query(0.2, description="time to first token, seconds", json_schema_extra=bounds(0, MAX_S)),
-        itl: float = Query(0.05, description="inter-token latency, seconds", json_schema_extra=bounds(0, MAX_S, True)),
-        n: int = Query(5, description="output tokens", json_schema_extra=bounds(1, MAX_N_OUT)),
-    ) -> dict:
-        """The chapter's worked example: request time TTFT + (n−1)·ITL, decode rate 1/ITL, output rate n/time."""
-        in_range("ttft", ttft, 0, MAX_S)
-        in_range("itl", itl, 0, MAX_S, lo_open=True)
-        in_range("n", n, 1, MAX_N_OUT)
-        with bad_input():
-            total = costs.request_seconds(ttft, n, itl)
-            decode = costs.decode_rate(itl)
-            output = costs.request_output_rate(n, total)
-        return finite({
-            "request_s": total, "decode_rate": decode, "output_rate": output,
-            "lines": {"request": f"{ttft:.2f} + {n - 1} × {itl:.2f} = {total:.2f} s",
-                      "decode": f"1 / {itl:.2f} = {decode:.3g} tokens/s",
-                      "output": f"{n} / {total:.2f} = {output:.3g} tokens/s"},
-        })  # fmt: skip
 
-    @router.get("/exercise")
-    def exercise() -> dict:
-        """The coding exercise's skeleton, as `prefill exercise` writes it (the page shows it; nothing runs here)."""
-        return {"functions": list(FUNCTIONS), "skeleton": skeleton(), "write": "prefill exercise",
-                "check": "prefill exercise check prefill_exercise.py"}  # fmt: skip
+def exact_body(spec: ModelSpec, P: int, peak: float, mfu: float) -> dict:
+    """The exact FLOP count of a prefill of P tokens (linear, causal attention, one unembedding) and its seconds."""
+    count = costs.prefill_flops_exact(spec, P)
+    exact_s = costs.compute_seconds(count.total, peak, mfu)
+    return {
+        "model": spec.name,
+        "N": spec.N,
+        "linear": count.linear,
+        "attention": count.attention,
+        "unembed": count.unembed,
+        "total": count.total,
+        "seconds": exact_s,
+        "human": {
+            "total": human(count.total, "FLOP"),
+            "seconds": human(exact_s, "s"),
+            "attention": human(count.attention, "FLOP"),
+            "unembed": human(count.unembed, "FLOP"),
+        },
+    }
 
-    @router.post("/answer")
-    def answer(body: AnswerBody) -> dict:
-        """Check a typed answer ('1.4e13', '14e12', '1.4 × 10^13' all read): right, or a hint until reveal."""
-        v = check_answer(body.question, body.answer, body.reveal)
-        return {"correct": v.correct, "message": v.message, "answer": v.answer}
 
-    return router
+@router.get("/mask")
+def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds(0, MAX_MASK_P))) -> dict:
+    """The causal mask as rows of '1' (may attend) and '0' (masked), with the pair counts."""
+    in_range("P", P, 0, MAX_MASK_P)
+    grid = causal_mask(P)  # [P, P]
+    pairs = causal_pairs(P)
+    rows = ["".join("1" if c else "0" for c in row) for row in grid]
+    return {"P": P, "allowed": pairs, "masked": P * P - pairs, "rows": rows, "caption": f"{pairs} pairs for {P} tokens"}
+
+
+@router.get("/kv")
+def kv(
+    request: Request,
+    P: int = Query(1000, description="tokens held", json_schema_extra=bounds(0, MAX_P)),
+    model: str = Query(LOADED, description="a preset key or 'loaded'", json_schema_extra={"enum": MODELS}),
+    dtype: str = Query(
+        "",
+        description="element type (default: the loaded model's, else bfloat16)",
+        json_schema_extra={"enum": ["", *DTYPES]},
+    ),
+    B: int = Query(1, description="sequences", json_schema_extra=bounds(1, MAX_B)),
+) -> dict:
+    """KV-cache bytes after P tokens: 2·L·B·H_kv·P·d_head·b, written out, and the per-layer shape."""
+    in_range("P", P, 0, MAX_P)
+    in_range("B", B, 1, MAX_B)
+    lesson = lesson_of(request)
+    with bad_input():
+        spec = spec_named(model or LOADED, lesson.spec)
+        own = model in ("", LOADED) and lesson.dtype
+        return kv_body(spec, P, dtype or (own or "bfloat16"), B)
+
+
+@router.get("/request")
+def request_time(
+    ttft: float = Query(0.2, description="time to first token, seconds", json_schema_extra=bounds(0, MAX_S)),
+    itl: float = Query(0.05, description="inter-token latency, seconds", json_schema_extra=bounds(0, MAX_S, True)),
+    n: int = Query(5, description="output tokens", json_schema_extra=bounds(1, MAX_N_OUT)),
+) -> dict:
+    """The chapter's worked example: request time TTFT + (n−1)·ITL, decode rate 1/ITL, output rate n/time."""
+    in_range("ttft", ttft, 0, MAX_S)
+    in_range("itl", itl, 0, MAX_S, lo_open=True)
+    in_range("n", n, 1, MAX_N_OUT)
+    with bad_input():
+        total = costs.request_seconds(ttft, n, itl)
+        decode = costs.decode_rate(itl)
+        output = costs.request_output_rate(n, total)
+    lines = {
+        "request": f"{ttft:.2f} + {n - 1} × {itl:.2f} = {total:.2f} s",
+        "decode": f"1 / {itl:.2f} = {decode:.3g} tokens/s",
+        "output": f"{n} / {total:.2f} = {output:.3g} tokens/s",
+    }
+    return finite({"request_s": total, "decode_rate": decode, "output_rate": output, "lines": lines})
+
+
+@router.get("/exercise")
+def exercise() -> dict:
+    """The coding exercise's skeleton, as `prefill exercise` writes it (the page shows it; nothing runs here)."""
+    return {
+        "functions": list(FUNCTIONS),
+        "skeleton": skeleton(),
+        "write": "prefill exercise",
+        "check": "prefill exercise check prefill_exercise.py",
+    }
+
+
+@router.post("/answer")
+def answer(body: AnswerBody) -> dict:
+    """Check a typed answer ('1.4e13', '14e12', '1.4 × 10^13' all read): right, or a hint until reveal."""
+    v = check_answer(body.question, body.answer, body.reveal)
+    return {"correct": v.correct, "message": v.message, "answer": v.answer}

@@ -12,6 +12,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -109,66 +110,84 @@ def _raises_value_error(fn: Callable[[], object]) -> tuple[bool, str]:
     return False, f"returned {got!r} instead of raising ValueError"
 
 
+def _value(fn: Callable, args: tuple, want: float) -> tuple[bool, str]:
+    got = fn(*args)
+    return _close(got, want), f"got {got!r}, expected {want:.6g}"
+
+
+def _mask(m, P: int) -> tuple[bool, str]:
+    got = np.asarray(m.causal_mask(P))
+    want = causal_mask(P)
+    if got.shape != want.shape:
+        return False, f"shape {got.shape}, expected {want.shape}"
+    return bool(np.array_equal(got.astype(bool), want)), f"got {got.astype(int).tolist()}"
+
+
+def _agrees(m, X: np.ndarray, W: np.ndarray) -> tuple[bool, str]:
+    got = m.prefill_matches_sequential(X, W)
+    return got is True or got is np.True_, f"returned {got!r} for X {X.shape}, W {W.shape}"
+
+
+def _disagrees(m, X: np.ndarray, W: np.ndarray) -> tuple[bool, str]:
+    got = m.prefill_matches_sequential(X, W)
+    return got is False or got is np.False_, f"returned {got!r}, expected False (NaN never agrees)"
+
+
+def _with_nan(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    X, W = rng.standard_normal((4, 3)), rng.standard_normal((3, 3))
+    X[2, 1] = np.nan  # NaN != NaN: the two ways cannot agree, so a function that never compares is caught
+    return X, W
+
+
+def _same(fn: Callable, reference: Callable, *args) -> Callable[[], tuple[bool, str]]:
+    """A test that `fn(*args)` equals the cost model's `reference(*args)`."""
+    return partial(_value, fn, args, reference(*args))
+
+
 def _cases(m) -> list[tuple[str, str, Callable[[], tuple[bool, str]]]]:
     """(function, what is checked, a test returning (passed, what was seen))."""
     rng = np.random.default_rng(0)
-
-    def value(fn, args, want):
-        def test():
-            got = fn(*args)
-            return _close(got, want), f"got {got!r}, expected {want:.6g}"
-
-        return test
-
-    def mask(P):
-        def test():
-            got = np.asarray(m.causal_mask(P))
-            want = causal_mask(P)
-            if got.shape != want.shape:
-                return False, f"shape {got.shape}, expected {want.shape}"
-            return bool(np.array_equal(got.astype(bool), want)), f"got {got.astype(int).tolist()}"
-
-        return test
-
-    def agrees(P, d):
-        X, W = rng.standard_normal((P, d)), rng.standard_normal((d, d))
-
-        def test():
-            got = m.prefill_matches_sequential(X, W)
-            return got is True or got is np.True_, f"returned {got!r} for X {X.shape}, W {W.shape}"
-
-        return test
-
-    def catches_nan():
-        X, W = rng.standard_normal((4, 3)), rng.standard_normal((3, 3))
-        X[2, 1] = np.nan  # NaN != NaN: the two ways cannot agree, so a function that never compares is caught
-
-        def test():
-            got = m.prefill_matches_sequential(X, W)
-            return got is False or got is np.False_, f"returned {got!r}, expected False (NaN never agrees)"
-
-        return test
-
+    flops, seconds = m.prefill_flops, m.prefill_seconds
     return [
-        ("prefill_flops", "2 · 7e9 · 1,000 = 1.4e13",
-         value(m.prefill_flops, (7e9, 1000), costs.prefill_flops(7e9, 1000))),
-        ("prefill_flops", "2 · 135e6 · 64", value(m.prefill_flops, (135e6, 64), costs.prefill_flops(135e6, 64))),
-        ("prefill_seconds", "7e9, 1,000 at 1e14 × 0.5 = 0.28 s",
-         value(m.prefill_seconds, (7e9, 1000, 1e14, 0.5), costs.prefill_seconds(7e9, 1000, 1e14, 0.5))),
-        ("prefill_seconds", "7e9, 1,000 at 3e14 × 0.5 = 0.0933 s",
-         value(m.prefill_seconds, (7e9, 1000, 3e14, 0.5), costs.prefill_seconds(7e9, 1000, 3e14, 0.5))),
-        ("prefill_seconds", "utilization defaults to 1.0",
-         value(m.prefill_seconds, (7e9, 1000, 1e14), costs.prefill_seconds(7e9, 1000, 1e14))),
-        ("prefill_seconds", "utilization 0 raises ValueError",
-         lambda: _raises_value_error(lambda: m.prefill_seconds(7e9, 1000, 1e14, 0))),
-        ("prefill_seconds", "utilization 1.5 raises ValueError",
-         lambda: _raises_value_error(lambda: m.prefill_seconds(7e9, 1000, 1e14, 1.5))),
-        *[("causal_pairs", f"P = {P}", value(m.causal_pairs, (P,), causal_pairs(P))) for P in (1, 4, 5, 1000)],
-        *[("causal_mask", f"P = {P}", mask(P)) for P in (1, 3, 5, 8)],
-        *[("prefill_matches_sequential", f"random X ({P}, {d}), W ({d}, {d}) agree", agrees(P, d))
-          for P, d in ((1, 2), (5, 3), (16, 8))],
-        ("prefill_matches_sequential", "NaN input: the two ways disagree (False)", catches_nan()),
-    ]  # fmt: skip
+        ("prefill_flops", "2 · 7e9 · 1,000 = 1.4e13", _same(flops, costs.prefill_flops, 7e9, 1000)),
+        ("prefill_flops", "2 · 135e6 · 64", _same(flops, costs.prefill_flops, 135e6, 64)),
+        (
+            "prefill_seconds",
+            "7e9, 1,000 at 1e14 × 0.5 = 0.28 s",
+            _same(seconds, costs.prefill_seconds, 7e9, 1000, 1e14, 0.5),
+        ),
+        (
+            "prefill_seconds",
+            "7e9, 1,000 at 3e14 × 0.5 = 0.0933 s",
+            _same(seconds, costs.prefill_seconds, 7e9, 1000, 3e14, 0.5),
+        ),
+        ("prefill_seconds", "utilization defaults to 1.0", _same(seconds, costs.prefill_seconds, 7e9, 1000, 1e14)),
+        (
+            "prefill_seconds",
+            "utilization 0 raises ValueError",
+            partial(_raises_value_error, partial(seconds, 7e9, 1000, 1e14, 0)),
+        ),
+        (
+            "prefill_seconds",
+            "utilization 1.5 raises ValueError",
+            partial(_raises_value_error, partial(seconds, 7e9, 1000, 1e14, 1.5)),
+        ),
+        *[("causal_pairs", f"P = {P}", _same(m.causal_pairs, causal_pairs, P)) for P in (1, 4, 5, 1000)],
+        *[("causal_mask", f"P = {P}", partial(_mask, m, P)) for P in (1, 3, 5, 8)],
+        *[
+            (
+                "prefill_matches_sequential",
+                f"random X ({P}, {d}), W ({d}, {d}) agree",
+                partial(_agrees, m, rng.standard_normal((P, d)), rng.standard_normal((d, d))),
+            )
+            for P, d in ((1, 2), (5, 3), (16, 8))
+        ],
+        (
+            "prefill_matches_sequential",
+            "NaN input: the two ways disagree (False)",
+            partial(_disagrees, m, *_with_nan(rng)),
+        ),
+    ]
 
 
 def run_checks(module) -> list[Check]:

@@ -54,7 +54,7 @@ def _questions() -> dict[str, Question]:
                     (flops / 1e14, "that uses the 10¹⁴ peak; the effective rate here is 5·10¹³ FLOP/s"),
                     (5e13 / flops, "that is rate / FLOPs, upside down: seconds = FLOPs / (FLOP/s)"),
                 ),
-            ),  # fmt: skip
+            ),
             Question(
                 "pairs",
                 "Causal masking: token i attends to tokens 1…i. Pairs computed for a 4-token prompt?",
@@ -65,7 +65,7 @@ def _questions() -> dict[str, Question]:
                     (16, "P² counts the masked future pairs too; only column ≤ row is computed"),
                     (6, "each token also attends to itself: count the diagonal"),
                 ),
-            ),  # fmt: skip
+            ),
         )
     }
 

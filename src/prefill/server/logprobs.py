@@ -35,8 +35,10 @@ def prompt_entries(scores: Scores) -> list[TokenLogprob]:
     """Entries of a scored prompt (prefill.engine.scoring.Scores with start = 1): the first token's logprob is None."""
     lps, tis, tls = scores.logprobs.tolist(), scores.top_ids.tolist(), scores.top_logprobs.tolist()  # [P-1], [P-1, k]
     first = [TokenLogprob(int(scores.ids[0]), None)]
-    return first + [TokenLogprob(int(t), lp, tuple(zip(ti, tl, strict=True)))
-                    for t, lp, ti, tl in zip(scores.ids[1:], lps, tis, tls, strict=True)]  # fmt: skip
+    return first + [
+        TokenLogprob(int(t), lp, tuple(zip(ti, tl, strict=True)))
+        for t, lp, ti, tl in zip(scores.ids[1:], lps, tis, tls, strict=True)
+    ]
 
 
 def generated_entries(events: Sequence[TokenEvent]) -> list[TokenLogprob]:
@@ -84,6 +86,12 @@ def chat_content(entries: Sequence[TokenLogprob], decode: Callable[[int], str], 
     for e in entries:
         token = decode(e.token_id)
         top = [{"token": (t := decode(tid)), "logprob": _clip(lp), "bytes": _token_bytes(t)} for tid, lp in e.top[:k]]
-        out.append({"token": token, "logprob": _clip(e.logprob if e.logprob is not None else FLOOR),
-                    "bytes": _token_bytes(token), "top_logprobs": top})  # fmt: skip
+        out.append(
+            {
+                "token": token,
+                "logprob": _clip(e.logprob if e.logprob is not None else FLOOR),
+                "bytes": _token_bytes(token),
+                "top_logprobs": top,
+            }
+        )
     return out

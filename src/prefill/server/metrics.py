@@ -5,6 +5,8 @@ Latencies in seconds, sizes in tokens or bytes. Scraped at GET /metrics.
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Buckets: CPU prefill of a small model spans milliseconds to tens of seconds.
@@ -16,40 +18,47 @@ class ServerMetrics:
     """Every metric the server exports."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.ttft = Histogram("prefill_ttft_seconds", "Request arrival to first token ready", buckets=_LATENCY,
-                              registry=r)  # fmt: skip
-        self.queue = Histogram("prefill_queue_seconds", "Time waiting for the scheduler", buckets=_LATENCY,
-                               registry=r)  # fmt: skip
-        self.prefill = Histogram("prefill_prefill_seconds", "Compute seconds of a request's prefill forwards",
-                                 buckets=_LATENCY, registry=r)  # fmt: skip
-        self.itl = Histogram("prefill_inter_token_latency_seconds", "Gap between consecutive generated tokens",
-                             buckets=_LATENCY, registry=r)  # fmt: skip
-        self.prompt_tokens = Histogram("prefill_prompt_tokens", "Prompt tokens per request", buckets=_TOKENS,
-                                       registry=r)  # fmt: skip
-        self.generated_tokens = Histogram("prefill_generated_tokens", "Generated tokens per request",
-                                          buckets=_TOKENS, registry=r)  # fmt: skip
-        self.requests = Counter("prefill_requests", "Requests finished, by endpoint and finish reason",
-                                ["endpoint", "finish_reason"], registry=r)  # fmt: skip
-        self.errors = Counter("prefill_errors", "Requests refused or failed, by HTTP status", ["status"],
-                              registry=r)  # fmt: skip
-        self.received = Counter("prefill_received_requests", "POSTs to /v1/completions and /v1/chat/completions; "
-                                "received = requests + errors + cancelled", registry=r)  # fmt: skip
-        self.cancelled = Counter("prefill_cancelled", "Requests dropped before their end: the client disconnected "
-                                 "or did not read its stream", ["reason"], registry=r)  # fmt: skip
-        self.cached_tokens = Counter("prefill_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
-                                     registry=r)  # fmt: skip
-        self.scored_tokens = Counter("prefill_scored_prompt_tokens", "Prompt tokens scored with every position's "
-                                     "log-probability (echo with logprobs)", registry=r)  # fmt: skip
-        self.queued = Gauge("prefill_queued_requests", "Requests waiting for the scheduler", registry=r)
-        self.running = Gauge("prefill_running_requests", "Requests being prefilled or decoded", registry=r)
-        self.kv_bytes = Gauge("prefill_kv_cache_bytes", "K/V bytes the running requests hold (filled positions)",
-                              registry=r)  # fmt: skip
-        self.kv_used_bytes = Gauge("prefill_kv_pool_used_bytes", "Bytes of KV-pool blocks in use (requests and "
-                                   "prefix cache; shared blocks once)", registry=r)  # fmt: skip
-        self.kv_pool_bytes = Gauge("prefill_kv_pool_bytes", "Bytes of the whole KV pool (--kv-cache-mb)", registry=r)
-        self.prefix_bytes = Gauge("prefill_prefix_cache_bytes", "Bytes held by the prefix cache", registry=r)
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        latency = partial(Histogram, buckets=_LATENCY, registry=r)
+        tokens = partial(Histogram, buckets=_TOKENS, registry=r)
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        self.ttft = latency("prefill_ttft_seconds", "Request arrival to first token ready")
+        self.queue = latency("prefill_queue_seconds", "Time waiting for the scheduler")
+        self.prefill = latency("prefill_prefill_seconds", "Compute seconds of a request's prefill forwards")
+        self.itl = latency("prefill_inter_token_latency_seconds", "Gap between consecutive generated tokens")
+        self.prompt_tokens = tokens("prefill_prompt_tokens", "Prompt tokens per request")
+        self.generated_tokens = tokens("prefill_generated_tokens", "Generated tokens per request")
+        self.requests = counter(
+            "prefill_requests", "Requests finished, by endpoint and finish reason", ["endpoint", "finish_reason"]
+        )
+        self.errors = counter("prefill_errors", "Requests refused or failed, by HTTP status", ["status"])
+        self.received = counter(
+            "prefill_received_requests",
+            "POSTs to /v1/completions and /v1/chat/completions; received = requests + errors + cancelled",
+        )
+        self.cancelled = counter(
+            "prefill_cancelled",
+            "Requests dropped before their end: the client disconnected or did not read its stream",
+            ["reason"],
+        )
+        self.cached_tokens = counter("prefill_cached_prompt_tokens", "Prompt tokens served from the prefix cache")
+        self.scored_tokens = counter(
+            "prefill_scored_prompt_tokens",
+            "Prompt tokens scored with every position's log-probability (echo with logprobs)",
+        )
+        self.queued = gauge("prefill_queued_requests", "Requests waiting for the scheduler")
+        self.running = gauge("prefill_running_requests", "Requests being prefilled or decoded")
+        self.kv_bytes = gauge("prefill_kv_cache_bytes", "K/V bytes the running requests hold (filled positions)")
+        self.kv_used_bytes = gauge(
+            "prefill_kv_pool_used_bytes",
+            "Bytes of KV-pool blocks in use (requests and prefix cache; shared blocks once)",
+        )
+        self.kv_pool_bytes = gauge("prefill_kv_pool_bytes", "Bytes of the whole KV pool (--kv-cache-mb)")
+        self.prefix_bytes = gauge("prefill_prefix_cache_bytes", "Bytes held by the prefix cache")
+        self.preemptions = gauge(
+            "prefill_preemptions",
+            "Running requests preempted since the start (blocks taken back, prefill recomputed later)",
+        )
 
     def render(self) -> bytes:
         """The text exposition format."""

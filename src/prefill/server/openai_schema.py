@@ -121,8 +121,13 @@ class _Sampling(_Body):
     n: Int = Field(default=1, ge=1, le=1, description="only 1 (1.0 is the same number)")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[StrictFloat, Field(ge=-LOGIT_BIAS_MAX,
-                     le=LOGIT_BIAS_MAX)]] | None = Field(default=None, max_length=300)  # fmt: skip
+    logit_bias: (
+        dict[
+            Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
+            Annotated[StrictFloat, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)],
+        ]
+        | None
+    ) = Field(default=None, max_length=300)
     # Accepted and not used (see IGNORED); typed loosely so any value passes.
     user: Any = None
     store: Any = None
@@ -167,11 +172,19 @@ _Ids = Annotated[list[Int], Field(min_length=1)]
 class CompletionRequest(_Sampling):
     """POST /v1/completions: a prompt as text or token ids, or a list of them (one choice each); never empty."""
 
-    prompt: _Prompt | _Ids | Annotated[list[_Prompt], Field(min_length=1, max_length=MAX_PROMPTS)] | Annotated[
-        list[_Ids], Field(min_length=1, max_length=MAX_PROMPTS)]  # fmt: skip
+    prompt: (
+        _Prompt
+        | _Ids
+        | Annotated[list[_Prompt], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[_Ids], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
     echo: StrictBool = Field(default=False, description="the prompt before the answer (with logprobs: scored)")
-    logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="log-probabilities of the "
-                                 "tokens and of the k most likely at each position")  # fmt: skip
+    logprobs: Int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="log-probabilities of the tokens and of the k most likely at each position",
+    )
     best_of: Any = None
     suffix: Any = None
 
@@ -212,8 +225,14 @@ class ChatCompletionRequest(_Sampling):
 class ApiError(Exception):
     """A refusal with an HTTP status and OpenAI's error fields."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
@@ -259,11 +278,16 @@ class ResponseShape:
         self.created = int(time.time())
 
     def _envelope(self, obj: str, choices: list[dict], **extra: Any) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices, **extra}  # fmt: skip
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
-    def choice(self, text: str, finish_reason: str, logprobs: dict | None = None, index: int = 0,
-               tool_calls: list | None = None) -> dict:  # fmt: skip
+    def choice(
+        self,
+        text: str,
+        finish_reason: str,
+        logprobs: dict | None = None,
+        index: int = 0,
+        tool_calls: list | None = None,
+    ) -> dict:
         """One choice of a full response; `logprobs` as prefill.server.logprobs builds it, or None."""
         if self.chat:
             message = {"role": "assistant", "content": None if tool_calls else text}
@@ -272,16 +296,20 @@ class ResponseShape:
             return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def full(self, text: str, finish_reason: str, usage: dict, timings: dict, tool_calls: list | None = None,
-             logprobs: dict | None = None) -> dict:  # fmt: skip
-        return self.full_choices([self.choice(text, finish_reason, logprobs, tool_calls=tool_calls)], usage, timings)
-
     def full_choices(self, choices: list[dict], usage: dict, timings: dict | list[dict]) -> dict:
         obj = "chat.completion" if self.chat else "text_completion"
         return self._envelope(obj, choices, usage=usage, timings=timings)
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
-              tool_calls: list | None = None, logprobs: dict | None = None, **extra) -> dict:  # fmt: skip
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        *,
+        role: bool = False,
+        tool_calls: list | None = None,
+        logprobs: dict | None = None,
+        **extra,
+    ) -> dict:
         if self.chat:
             delta: dict = {"role": "assistant"} if role else {}
             if text is not None:

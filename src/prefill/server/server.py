@@ -1,8 +1,9 @@
 """Run an ASGI app with uvicorn: in the foreground (the CLI) or on a background thread (tests, benchmarks).
 
-Shutdown is bounded: on SIGTERM / SIGINT (or a fatal supervisor report) the app's `begin_shutdown` ends every
-pending request at once (503; a stream gets a final error event), then uvicorn waits at most
-`GRACEFUL_SHUTDOWN_S` for connections to close before it cancels them.
+Shutdown is bounded: on SIGTERM / SIGINT (or a fatal supervisor report) the app's `begin_shutdown`
+(prefill.server.state.ServerState) ends every pending request at once (503; a stream gets a final error event),
+then uvicorn waits at most `GRACEFUL_SHUTDOWN_S` for connections to close before it cancels them. Any other
+ASGI app runs too (without those hooks).
 """
 
 from __future__ import annotations
@@ -23,22 +24,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _server_state(app):
+    """The app's prefill.server.state.ServerState, or None for another ASGI app."""
+    return getattr(getattr(app, "state", None), "server", None)
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, telling the app that shutdown began before it waits for the open connections."""
 
     async def shutdown(self, sockets=None) -> None:
-        begin = getattr(getattr(self.config.app, "state", None), "begin_shutdown", None)
-        if begin is not None:
-            begin()
+        state = _server_state(self.config.app)
+        if state is not None:
+            state.begin_shutdown()
         await super().shutdown(sockets)
 
 
 def _server(app, host: str, port: int, log_level: str) -> _Server:
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
     server = _Server(config)
-    if hasattr(app, "state"):  # the supervisor's way to stop the process when the worker cannot serve
-        app.state.on_fatal = lambda: setattr(server, "should_exit", True)
+    state = _server_state(app)
+    if state is not None:  # the supervisor's way to stop the process when the worker cannot serve
+        state.on_fatal = lambda: setattr(server, "should_exit", True)
     return server
 
 
@@ -77,4 +85,5 @@ def run_server(app, host: str, port: int) -> int:
     """Serve in the foreground until SIGTERM / SIGINT; the exit status: 0, or the app's `exit_code` (1 when the
     supervisor found the worker dead or stuck)."""
     _server(app, host, port, "info").run()
-    return int(getattr(getattr(app, "state", None), "exit_code", 0) or 0)
+    state = _server_state(app)
+    return state.exit_code if state is not None else 0

@@ -38,7 +38,7 @@ class SchemaError(BadInput):
 
 
 class GrammarConstraint:
-    """One request's grammar state. Not thread-safe: the scheduler's worker is its only caller."""
+    """One request's grammar state. Not thread-safe: the worker thread is its only caller."""
 
     def __init__(self, matcher, vocab_size: int) -> None:
         self._m = matcher

@@ -1,4 +1,4 @@
-"""The supervisor: a task on the event loop that watches the scheduler's worker thread.
+"""The supervisor: a task on the event loop that watches the worker thread (prefill.server.worker).
 
 The worker is dead (its thread ended) or stuck (requests wait and its loop has not turned for `stuck_after_s`):
 either way nothing will ever answer the pending requests, so the supervisor reports the reason (/health 503),
@@ -15,22 +15,23 @@ from collections.abc import Callable
 
 
 class Supervisor:
-    """Watches `scheduler.alive()`, `scheduler.died` (why it ended) and `scheduler.last_step_at`
+    """Watches `worker.alive()`, `worker.died` (why it ended) and `worker.last_step_at`
     (time.monotonic() of the worker's last turn, idle or not)."""
 
-    def __init__(self, scheduler, busy: Callable[[], bool], stuck_after_s: float, every_s: float,
-                 on_fatal: Callable[[str], None]) -> None:  # fmt: skip
-        self.scheduler, self.busy, self.stuck_after_s, self.every_s = scheduler, busy, stuck_after_s, every_s
+    def __init__(
+        self, worker, busy: Callable[[], bool], stuck_after_s: float, every_s: float, on_fatal: Callable[[str], None]
+    ) -> None:
+        self.worker, self.busy, self.stuck_after_s, self.every_s = worker, busy, stuck_after_s, every_s
         self.on_fatal = on_fatal
         self.fatal: str | None = None  # set once: the worker cannot serve any more
         self.refusing: str | None = None  # set on shutdown: new requests are refused
 
     def worker_problem(self) -> str | None:
         """Why the worker cannot serve, or None while it can."""
-        if not self.scheduler.alive():
-            died = getattr(self.scheduler, "died", None)
+        if not self.worker.alive():
+            died = getattr(self.worker, "died", None)
             return "the scheduler's worker thread is not running" + (f" (it died of {died})" if died else "")
-        idle_s = time.monotonic() - self.scheduler.last_step_at
+        idle_s = time.monotonic() - self.worker.last_step_at
         if self.busy() and idle_s > self.stuck_after_s:
             return f"the scheduler's worker made no progress for {idle_s:.0f} s with requests pending"
         return None

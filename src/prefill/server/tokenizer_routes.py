@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from prefill.engine.llm import Engine
 from prefill.errors import BadInput
 from prefill.server.openai_schema import Int, Text
+from prefill.server.state import state_of
+
+router = APIRouter()
 
 
 class TokenizeRequest(BaseModel):
@@ -28,24 +30,31 @@ class DetokenizeRequest(BaseModel):
     tokens: list[Int]
 
 
-def add_tokenizer_routes(app: FastAPI, engine: Engine, model_id: str) -> None:
-    """Add the three routes to `app` (errors become the app's OpenAI-style 400s)."""
-    context = engine.spec.context_length
+@router.post("/tokenize")
+async def tokenize(request: Request, body: TokenizeRequest) -> dict:
+    engine = state_of(request).engine
+    tok = engine.need_tokenizer()
+    ids = await asyncio.to_thread(tok.encode, body.prompt, add_special_tokens=body.add_special_tokens)
+    return {"tokens": ids, "count": len(ids), "max_model_len": engine.spec.context_length}
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict:
-        tok = engine.need_tokenizer()
-        ids = await asyncio.to_thread(tok.encode, body.prompt, add_special_tokens=body.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": context}
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict:
-        if any(not 0 <= t < engine.spec.vocab_size for t in body.tokens):
-            raise BadInput(f"token ids must lie in [0, {engine.spec.vocab_size})")
-        return {"prompt": engine.need_tokenizer().decode(body.tokens, skip_special=False)}
+@router.post("/detokenize")
+async def detokenize(request: Request, body: DetokenizeRequest) -> dict:
+    engine = state_of(request).engine
+    if any(not 0 <= t < engine.spec.vocab_size for t in body.tokens):
+        raise BadInput(f"token ids must lie in [0, {engine.spec.vocab_size})")
+    return {"prompt": engine.need_tokenizer().decode(body.tokens, skip_special=False)}
 
-    @app.get("/tokenizer_info")
-    async def tokenizer_info() -> dict:
-        tok = engine.need_tokenizer()
-        return {"model": model_id, "eos_token": tok.eos_token or None, "bos_token": tok.bos_token or None,
-                "pad_token": None, "chat_template": tok.chat_template, "model_max_length": context}  # fmt: skip
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict:
+    state = state_of(request)
+    tok = state.engine.need_tokenizer()
+    return {
+        "model": state.cfg.model_id,
+        "eos_token": tok.eos_token or None,
+        "bos_token": tok.bos_token or None,
+        "pad_token": None,
+        "chat_template": tok.chat_template,
+        "model_max_length": state.engine.spec.context_length,
+    }

@@ -1,4 +1,4 @@
-"""From a validated request body to what the scheduler needs: sampling parameters, each prompt's token ids and
+"""From a validated request body to what the worker needs: sampling parameters, each prompt's token ids and
 max_tokens, the log-probabilities asked for (logprobs, echo), and the grammar the answer must follow
 (response_format or a forced tool call), or an ApiError that names the field.
 
@@ -16,25 +16,16 @@ from prefill.engine.llm import Engine
 from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
-from prefill.server.openai_schema import MAX_PROMPTS, ApiError, ChatCompletionRequest, CompletionRequest
+from prefill.server.config import ServeConfig
+from prefill.server.openai_schema import ApiError, ChatCompletionRequest, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
 
 Body = CompletionRequest | ChatCompletionRequest
 
 
 @dataclass(frozen=True)
-class Limits:
-    """What one request may ask for. Tokens."""
-
-    max_tokens_limit: int = 4096  # the most tokens one request may generate
-    default_max_tokens: int = 256  # when a request names none (OpenAI's completions default is 16)
-    max_prompts: int = MAX_PROMPTS  # prompts in one /v1/completions request (one choice each)
-    max_echo_tokens: int = 16384  # prompt tokens one request may score (echo with logprobs), all prompts together
-
-
-@dataclass(frozen=True)
 class Prepared:
-    """A request ready for the scheduler: one job per prompt. Seconds."""
+    """A request ready for the worker: one job per prompt. Seconds."""
 
     prompts: list[list[int]]  # token ids of each prompt
     max_tokens: list[int]  # of each prompt
@@ -50,11 +41,12 @@ class Prepared:
         return self.grammar is not None and bool(self.grammar.tool_names)
 
 
-class Admission:
-    """What one engine accepts: its vocabulary, its context, its grammars."""
+class Intake:
+    """What one engine accepts, within one server's limits (ServeConfig): its vocabulary, its context, its
+    grammars."""
 
-    def __init__(self, engine: Engine, limits: Limits | None = None) -> None:
-        self.engine, self.limits = engine, limits or Limits()
+    def __init__(self, engine: Engine, cfg: ServeConfig) -> None:
+        self.engine, self.cfg = engine, cfg
         self.context, self.vocab = engine.spec.context_length, engine.spec.vocab_size
         tok = engine.tokenizer
         self.grammars = Grammars(tok, self.vocab) if tok is not None else None
@@ -67,27 +59,41 @@ class Admission:
         prompts, each prompt's size in characters."""
         refused = body.refused_field()
         if refused:
-            raise ApiError(400, f"{refused}: not supported by this server; remove it or send its default",
-                           param=refused, code="unsupported_parameter")  # fmt: skip
+            raise ApiError(
+                400,
+                f"{refused}: not supported by this server; remove it or send its default",
+                param=refused,
+                code="unsupported_parameter",
+            )
         bias = body.logit_bias_pairs()
         if any(t >= self.vocab for t, _ in bias):
             raise ApiError(400, f"logit_bias: token ids must lie in [0, {self.vocab})", param="logit_bias")
         self.logprobs_k(body, chat)
         if body.requested_max_tokens() == 0 and not echo_of(body, chat):
-            raise ApiError(400, "max_tokens 0 returns nothing without echo: true (a scoring request)",
-                           param="max_tokens")  # fmt: skip
+            raise ApiError(
+                400, "max_tokens 0 returns nothing without echo: true (a scoring request)", param="max_tokens"
+            )
         n = 1 if chat else len(_prompt_items(body.prompt))
-        if n > self.limits.max_prompts:
-            raise ApiError(400, f"{n} prompts in one request; at most {self.limits.max_prompts}", param="prompt")
+        if n > self.cfg.max_prompts:
+            raise ApiError(400, f"{n} prompts in one request; at most {self.cfg.max_prompts}", param="prompt")
         if body.stream and n > 1:
             raise ApiError(400, "stream one prompt at a time", param="prompt")
         chars = sum(len(m.text()) for m in body.messages) if chat else _prompt_chars(body.prompt)
         if chars > self.context * self.max_token_chars:
-            raise ApiError(400, f"the prompt has {chars} characters, more than {self.context} tokens of this "
-                           "model's context can hold; shorten it", param="prompt",
-                           code="context_length_exceeded")  # fmt: skip
-        return SamplingParams(temperature=float(body.temperature), top_k=body.top_k, top_p=float(body.top_p),
-                              seed=body.seed, logit_bias=bias)  # fmt: skip
+            raise ApiError(
+                400,
+                f"the prompt has {chars} characters, more than {self.context} tokens of this "
+                "model's context can hold; shorten it",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        return SamplingParams(
+            temperature=float(body.temperature),
+            top_k=body.top_k,
+            top_p=float(body.top_p),
+            seed=body.seed,
+            logit_bias=bias,
+        )
 
     def prepare(self, body: Body, chat: bool) -> Prepared:
         """Tokenize, check each prompt's length, and compile the grammar (on a worker thread)."""
@@ -98,16 +104,22 @@ class Admission:
         max_tokens = [self.max_tokens_for(ids, body, echo) for ids in prompts]
         scored = echo and k is not None
         n_scored = sum(len(ids) for ids in prompts)
-        if scored and n_scored > self.limits.max_echo_tokens:
-            raise ApiError(400, f"echo with logprobs of {n_scored} prompt tokens; at most {self.limits.max_echo_tokens}"
-                           " per request: send fewer or shorter prompts", param="echo",
-                           code="echo_too_long")  # fmt: skip
+        if scored and n_scored > self.cfg.max_echo_tokens:
+            raise ApiError(
+                400,
+                f"echo with logprobs of {n_scored} prompt tokens; at most {self.cfg.max_echo_tokens}"
+                " per request: send fewer or shorter prompts",
+                param="echo",
+                code="echo_too_long",
+            )
         echoes = [""] * len(prompts)
         if echo:
             texts = _prompt_items(body.prompt)
             tok = self.engine.need_tokenizer()
-            echoes = [t if isinstance(t, str) else tok.decode(ids, skip_special=False)
-                      for t, ids in zip(texts, prompts, strict=True)]  # fmt: skip
+            echoes = [
+                t if isinstance(t, str) else tok.decode(ids, skip_special=False)
+                for t, ids in zip(texts, prompts, strict=True)
+            ]
         grammar = self.grammar_of(body) if chat else None
         constraint = self.grammars.constraint(grammar) if grammar is not None else None
         return Prepared(prompts, max_tokens, echoes, k, scored, constraint, grammar, tokenize_s)
@@ -128,22 +140,35 @@ class Admission:
     def max_tokens_for(self, ids: list[int], body: Body, echo: bool) -> int:
         """max_tokens for a prompt: the request's, or the default that fits; a 400 when it cannot run (the one
         prompt rule, prefill.engine.prompt: P + max_tokens <= context length)."""
-        lim, requested, P = self.limits, body.requested_max_tokens(), len(ids)
+        lim, requested, P = self.cfg, body.requested_max_tokens(), len(ids)
         room = self.context - P
-        max_tokens = requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit,
-                                                                         room))  # fmt: skip
+        max_tokens = (
+            requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit, room))
+        )
         if max_tokens > lim.max_tokens_limit:
-            raise ApiError(400, f"max_tokens={max_tokens} is over this server's limit {lim.max_tokens_limit}",
-                           param="max_tokens", code="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"max_tokens={max_tokens} is over this server's limit {lim.max_tokens_limit}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         if requested is None and room < 1 and not echo:  # nothing left to generate, and nothing to echo
-            raise ApiError(400, f"the prompt has {P} tokens and fills this model's context length {self.context}: "
-                           "shorten it", param="prompt", code="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"the prompt has {P} tokens and fills this model's context length {self.context}: shorten it",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         try:
             check_prompt(ids, self.engine.spec, max_tokens=max_tokens)
         except BadInput as e:
             over = "context length" in str(e)
-            raise ApiError(400, str(e), param="max_tokens" if over and requested and room > 0 else "prompt",
-                           code="context_length_exceeded" if over else None) from None  # fmt: skip
+            raise ApiError(
+                400,
+                str(e),
+                param="max_tokens" if over and requested and room > 0 else "prompt",
+                code="context_length_exceeded" if over else None,
+            ) from None
         return max_tokens
 
     @staticmethod
@@ -166,15 +191,20 @@ class Admission:
         elif not tools:
             raise ApiError(400, "tool_choice needs tools", param="tool_choice")
         elif choice in (None, "auto"):
-            raise ApiError(400, "tool_choice 'auto' (the default when tools are given) is not supported: this server "
-                           "cannot let the model choose between text and a call; pass tool_choice 'required', "
-                           "{'type': 'function', 'function': {'name': ...}} or 'none'", param="tool_choice",
-                           code="unsupported_value")  # fmt: skip
+            raise ApiError(
+                400,
+                "tool_choice 'auto' (the default when tools are given) is not supported: this server "
+                "cannot let the model choose between text and a call; pass tool_choice 'required', "
+                "{'type': 'function', 'function': {'name': ...}} or 'none'",
+                param="tool_choice",
+                code="unsupported_value",
+            )
         elif choice != "required":
             tools = [t for t in tools if t.function.name == choice.function.name]
             if not tools:
-                raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not in tools",
-                               param="tool_choice")  # fmt: skip
+                raise ApiError(
+                    400, f"tool_choice names {choice.function.name!r}, which is not in tools", param="tool_choice"
+                )
         if tools and fmt is not None and fmt.type != "text":
             raise ApiError(400, "response_format cannot be combined with a forced tool call", param="response_format")
         if self.grammars is None or (not tools and (fmt is None or fmt.type == "text")):
@@ -210,10 +240,14 @@ def _tools_forced(body: ChatCompletionRequest) -> bool:
 def with_tools_described(messages: list[dict], tools) -> list[dict]:
     """The chat with the tools described in its system message: the chat templates we read take no `tools`, and a
     model asked for a call it was never told about calls it blindly."""
-    specs = [{"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
-             for t in tools]  # fmt: skip
-    note = ("You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
-            'with JSON: {"name": <function name>, "arguments": <its arguments>}.')  # fmt: skip
+    specs = [
+        {"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
+        for t in tools
+    ]
+    note = (
+        "You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
+        'with JSON: {"name": <function name>, "arguments": <its arguments>}.'
+    )
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
     return [{"role": "system", "content": note}, *messages]

@@ -1,9 +1,11 @@
-"""The server's scheduler: a bounded queue in front of the step loop, and the one worker thread that runs it.
+"""The server's worker: a bounded queue in front of the step loop, and the one thread that runs it.
 
 HTTP handlers `submit` requests (prefill.engine.request.Request) from the event loop; the worker thread moves them
 into the step loop (prefill.engine.loop.StepLoop: admission against the shared KV pool, one batched decode forward
-for every running stream, one prefill chunk) and steps it while there is work. Requests send their events
-through their own `emit` callback; the scheduler observes them on the way for the metrics.
+for every running stream, one prefill chunk) and steps it while there is work. Anything else that computes on the
+model (the lesson page's attention probe, the GEMM-rate and bandwidth probes) is handed over with `call(fn)` and
+runs on the same thread between two steps, so no two forwards ever share the model or the CPU's cores. The step
+loop's observer sees every request's event on its way out, for the metrics.
 
 The worker cannot die of a request: the step loop fails the requests a step touched, and anything that still
 escapes a step fails every running request and the worker goes on. `alive()` and `last_step_at` let a
@@ -16,6 +18,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
 
 import torch
 
@@ -25,14 +30,15 @@ from prefill.errors import PrefillError
 from prefill.server.metrics import ServerMetrics
 
 log = logging.getLogger("prefill.serve")
+T = TypeVar("T")
 
 
 class QueueFull(PrefillError):
-    """The scheduler's queue is at --max-queue; the client should retry later (HTTP 429)."""
+    """The worker's queue is at --max-queue; the client should retry later (HTTP 429)."""
 
 
-class Scheduler:
-    """Owns the engine while running: every forward happens on its worker thread."""
+class Worker:
+    """Owns the model while running: every forward happens on its thread."""
 
     def __init__(self, loop: StepLoop, metrics: ServerMetrics, max_queue: int = 64) -> None:
         if max_queue < 1:
@@ -40,18 +46,20 @@ class Scheduler:
         self.loop, self.metrics, self.max_queue = loop, metrics, max_queue
         loop.observer = self._observe  # every request's events pass the metrics on their way out
         self._inbox: collections.deque[Request] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], object], Future]] = collections.deque()
         self._cond = threading.Condition()
         self._stop = False
+        self._closed = False  # the thread has ended: calls are refused
         self.last_step_at = time.monotonic()  # moves on every loop turn, idle or not
         self.died: str | None = None  # why the worker thread ended, if it did on its own
-        self._thread = threading.Thread(target=self._run, name="prefill-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="prefill-worker", daemon=True)
 
     # ---- the HTTP side ----
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the worker: running and queued requests get a final error."""
+        """Stop the worker: running and queued requests get a final error, waiting calls an exception."""
         with self._cond:
             self._stop = True
             self._cond.notify()
@@ -64,13 +72,25 @@ class Scheduler:
         """Queue a request; QueueFull when --max-queue requests already wait, BadInput when it can never fit."""
         self.loop.check(req)
         with self._cond:
-            if len(self._inbox) + len(self.loop.waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._inbox) + len(self.loop.waiting)} requests are queued (--max-queue); "
-                                "retry later")  # fmt: skip
+            queued = len(self._inbox) + len(self.loop.waiting)
+            if queued >= self.max_queue:
+                raise QueueFull(f"{queued} requests are queued (--max-queue); retry later")
             req.enqueued = time.perf_counter()  # queue_s counts from here, not from the HTTP arrival
             self._inbox.append(req)
-            self.metrics.queued.set(len(self._inbox) + len(self.loop.waiting))
+            self.metrics.queued.set(queued + 1)
             self._cond.notify()
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn()` on the worker thread between two steps (before the next one); its result, or the exception
+        it raised, comes back in the future. Await it from the event loop with asyncio.wrap_future."""
+        future: Future[T] = Future()
+        with self._cond:
+            if self._closed or self._stop:
+                future.set_exception(RuntimeError("the server's worker is not running"))
+                return future
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
 
     def pool_state(self) -> dict:
         """How full the shared KV pool is: blocks and bytes (reserved, and filled by running requests)."""
@@ -86,7 +106,19 @@ class Scheduler:
             "prefix_cache_bytes": prefix.nbytes if prefix is not None else 0,
             "running": len(running),
             "queued": len(self._inbox) + len(self.loop.waiting),
+            "preemptions": self.loop.scheduler.preemptions,
         }
+
+    def update_gauges(self) -> None:
+        """Set the gauges of /metrics from the pool's state now."""
+        s, m = self.pool_state(), self.metrics
+        m.queued.set(s["queued"])
+        m.running.set(s["running"])
+        m.kv_bytes.set(s["kv_held_bytes"])
+        m.kv_used_bytes.set(s["kv_used_bytes"])
+        m.kv_pool_bytes.set(s["kv_pool_bytes"])
+        m.prefix_bytes.set(s["prefix_cache_bytes"])
+        m.preemptions.set(s["preemptions"])
 
     # ---- the worker thread ----
     def _run(self) -> None:
@@ -96,28 +128,48 @@ class Scheduler:
                     pass
         except BaseException as e:  # noqa: BLE001 - recorded for /health, then the thread ends
             self.died = f"{type(e).__name__}: {e}"
-            log.exception("the scheduler's worker died")
+            log.exception("the server's worker died")
         finally:
+            with self._cond:
+                self._closed = True
+                calls = list(self._calls)
+                self._calls.clear()
+            for _, future in calls:
+                future.set_exception(RuntimeError("the server's worker is not running"))
             self.loop.close()
 
     def _turn(self) -> bool:
         with self._cond:
-            while not self._stop and not self._inbox and not self.loop.busy:
+            while not self._stop and not self._inbox and not self._calls and not self.loop.busy:
                 self.last_step_at = time.monotonic()
                 self._cond.wait(timeout=1.0)
             if self._stop:
                 return False
             while self._inbox:
-                self.loop.add(self._inbox.popleft())
+                self._add(self._inbox.popleft())
+            calls = list(self._calls)
+            self._calls.clear()
+        for fn, future in calls:
+            _run_call(fn, future)
+        if self.loop.busy:
+            self._step()
+        self.last_step_at = time.monotonic()
+        self.update_gauges()
+        return True
+
+    def _add(self, req: Request) -> None:
+        try:
+            self.loop.add(req)  # checked again: the step loop's one way in
+        except Exception as e:  # noqa: BLE001 - this request's failure, not the worker's
+            req.fail(e)
+
+    def _step(self) -> None:
         try:
             self.loop.step()
         except Exception as e:  # noqa: BLE001 - a bug in a step: fail what it touched, keep serving
-            log.exception("a scheduler step failed")
+            log.exception("a step failed")
             for req in list(self.loop.running):
                 req.fail(e)
-        self.last_step_at = time.monotonic()
-        self._update_gauges()
-        return True
 
     def _observe(self, req: Request, ev: Event) -> None:
         m = self.metrics
@@ -135,12 +187,11 @@ class Scheduler:
             if ev.prompt_scores is not None:
                 m.scored_tokens.inc(ev.P)
 
-    def _update_gauges(self) -> None:
-        s = self.pool_state()
-        m = self.metrics
-        m.queued.set(s["queued"])
-        m.running.set(s["running"])
-        m.kv_bytes.set(s["kv_held_bytes"])
-        m.kv_used_bytes.set(s["kv_used_bytes"])
-        m.kv_pool_bytes.set(s["kv_pool_bytes"])
-        m.prefix_bytes.set(s["prefix_cache_bytes"])
+
+def _run_call(fn: Callable[[], object], future: Future) -> None:
+    if not future.set_running_or_notify_cancel():
+        return  # cancelled while it waited
+    try:
+        future.set_result(fn())
+    except Exception as e:  # noqa: BLE001 - the caller's failure, handed back to the caller
+        future.set_exception(e)

@@ -1,0 +1,107 @@
+"""What the commands share: the consoles, the one-line error, loading an engine, number formatting, report tables.
+
+Nothing heavy at import: torch and the engine load inside the functions that need them, so `prefill estimate` and
+`prefill mask` start fast.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from prefill.errors import PrefillError
+
+console = Console()
+err_console = Console(stderr=True)
+
+# What a user can cause (a bad argument, a missing file, a model we cannot read): one line, never a traceback.
+USER_ERRORS = (PrefillError, ValueError, FileNotFoundError)
+
+F = TypeVar("F", bound=Callable)
+
+# Options the engine commands share.
+ModelPath = Annotated[
+    str | None, typer.Option("--model", "-m", help=".gguf file or Hugging Face folder (default: SmolLM2)")
+]
+AutoDtype = Annotated[str, typer.Option(help="auto (the fastest dtype native here), float32 or bfloat16")]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print one `error:` line to stderr and exit with `code`."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def user_errors(command: F) -> F:
+    """`command`, with every error a user can meet turned into one `error:` line and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except USER_ERRORS as e:
+            fail(str(e))
+
+    return wrapper
+
+
+def echo(line: str) -> None:
+    """Print a line as it is (no markup, no highlighting): for messages from the library."""
+    console.print(line, highlight=False, markup=False)
+
+
+def load_engine(model: str | None, dtype: str, threads: int | None, device: str = "cpu", compile: bool = False):
+    """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
+    state; `dtype` "auto" becomes the fastest dtype native here, said in one line."""
+    from prefill.engine.llm import Engine
+    from prefill.machine.native import keep_compile, resolve_dtype
+
+    dtype = resolve_dtype(dtype, device, echo=echo)
+    compile = compile and keep_compile(dtype, device, echo=echo)  # unless the last bench found it slower here
+    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True)
+    if compile:  # compiling ends with the warm-up runs
+        with console.status("compiling the block functions (torch.compile)"):
+            console.print(f"compiled in {engine.compile():.1f} s")
+    else:
+        engine.warmup()  # so the timings are of the steady state, not of first-call set-up
+    return engine
+
+
+# ---- numbers -----------------------------------------------------------------------------------------
+
+
+def eng(x: float, unit: str) -> str:
+    """1.4e13, 'FLOP' -> '1.4e+13 FLOP (14 TFLOP)'."""
+    for power, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if abs(x) >= 10**power:
+            return f"{x:.4g} {unit} ({x / 10**power:.4g} {prefix}{unit})"
+    return f"{x:.4g} {unit}"
+
+
+def secs(s: float) -> str:
+    """0.093333 -> '0.0933 s (93.3 ms)'."""
+    return f"{s:.3g} s ({s * 1e3:.3g} ms)" if s < 1 else f"{s:.3g} s"
+
+
+def ms(s: float) -> str:
+    """0.0123 s -> '12.3 ms'."""
+    return f"{s * 1e3:,.1f} ms"
+
+
+def print_sections(sections: dict[str, list[tuple[str, str]]], captions: dict[str, str] | None = None) -> None:
+    """One two-column table (quantity, value) per section, with an optional caption under it."""
+    from rich.table import Table
+
+    for name, rows in sections.items():
+        caption = (captions or {}).get(name)
+        table = Table(title=name, title_justify="left", caption=caption, caption_justify="left", show_header=False)
+        table.add_column("quantity", style="cyan")
+        table.add_column("value")
+        for label, value in rows:
+            table.add_row(label, value)
+        console.print(table)

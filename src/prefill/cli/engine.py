@@ -1,0 +1,159 @@
+"""The real model: `prefill run`, `prefill demo` and `prefill verify`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from prefill.cli.common import AutoDtype, ModelPath, console, fail, load_engine
+
+DEMO_PROMPT = "What is the capital of France?"
+
+Temperature = Annotated[float, typer.Option(help="0 = greedy")]
+TopK = Annotated[int, typer.Option(help="0 = no top-k cut")]
+TopP = Annotated[float, typer.Option(help="1.0 = no nucleus cut")]
+Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable)")]
+Raw = Annotated[bool, typer.Option("--raw", help="Skip the chat template")]
+Threads = Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice)")]
+Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the block functions first (~15 s)")]
+Chat = Annotated[bool, typer.Option("--chat", help="Require the chat template (an error if the model has none)")]
+
+
+def run(
+    prompt: Annotated[str, typer.Argument(help="The prompt; the chat template is applied unless --raw.")],
+    model: ModelPath = None,
+    dtype: AutoDtype = "auto",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate")] = 64,
+    temperature: Temperature = 0.0,
+    top_k: TopK = 0,
+    top_p: TopP = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling")] = None,
+    stop: Stop = None,
+    raw: Raw = False,
+    chunk_size: Annotated[
+        int | None, typer.Option("--chunk-size", help="Prefill in chunks of this many tokens")
+    ] = None,
+    threads: Threads = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    compile: Compile = False,
+    chat: Chat = False,
+) -> None:
+    """Prefill a prompt in one pass, show the cache and TTFT (measured beside predicted), then decode."""
+    from prefill.engine.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    run_prompt(
+        prompt,
+        model=model,
+        dtype=dtype,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stop=tuple(stop or ()),
+        raw=raw,
+        chat=chat,
+        chunk_size=chunk_size,
+        threads=threads,
+        device=device,
+        compile=compile,
+    )
+
+
+def demo(
+    dtype: Annotated[str, typer.Option(help="float32 (the demo's fixed answer), bfloat16 or auto")] = "float32",
+    threads: Annotated[int | None, typer.Option(help="CPU threads")] = None,
+) -> None:
+    """The main job on the embedded SmolLM2-135M-Instruct: `prefill run` on a fixed prompt."""
+    console.print(f"[bold]prefill demo[/]: prefill of {DEMO_PROMPT!r} on the embedded SmolLM2-135M-Instruct")
+    run_prompt(DEMO_PROMPT, dtype=dtype, max_new_tokens=32, threads=threads)
+
+
+def run_prompt(
+    prompt: str,
+    *,
+    model: str | None = None,
+    dtype: str = "auto",
+    max_new_tokens: int = 64,
+    sampling=None,
+    stop: tuple[str, ...] = (),
+    raw: bool = False,
+    chat: bool = False,
+    chunk_size: int | None = None,
+    threads: int | None = None,
+    device: str = "cpu",
+    compile: bool = False,
+) -> None:
+    """Load the model, generate from `prompt` (chat template unless `raw`; `chat` requires one) and show the
+    answer as it streams, then the prefill, the cache, TTFT measured beside predicted, and decode."""
+    from prefill.cli.report import show_run
+    from prefill.engine.sampling import SamplingParams
+
+    if max_new_tokens < 0:
+        fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
+    if chat and raw:
+        fail("--chat and --raw contradict each other: give one")
+    engine = load_engine(model, dtype, threads, device, compile)
+    if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
+        if chat:
+            fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")
+        console.print("note: this model has no chat template, so the prompt runs raw")
+    sampling = sampling or SamplingParams()
+    events = engine.generate(
+        prompt, chat=not raw, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chunk_size=chunk_size
+    )
+    show_run(console, engine, events, chunk_size)
+
+
+def verify(
+    prompt: Annotated[str, typer.Argument(help="Prompt to check on (chat template applied)")] = DEMO_PROMPT,
+    model: ModelPath = None,
+    chunk_size: Annotated[int, typer.Option(help="Chunk size for the chunked-prefill check")] = 7,
+    reference: Annotated[bool, typer.Option(help="Also compare with Hugging Face transformers (if installed)")] = True,
+) -> None:
+    """The proofs, in float32: parallel == sequential, chunks == one pass, KV bytes == formula, batched decode ==
+    alone, logits == HF."""
+    engine = load_engine(model, "float32", None)
+    ids = engine.encode_prompt(prompt)
+    checks = run_proofs(engine, ids, chunk_size, reference)
+    console.print(proofs_table(engine.source, len(ids), checks))
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+def run_proofs(engine, ids: list[int], chunk_size: int, reference: bool) -> list:
+    """Every proof on the prompt `ids`: prefill paths, cache bytes, batched decode, and (when `reference` and
+    transformers is installed) parity with the same weights in transformers."""
+    from prefill.engine import proofs
+
+    checks = proofs.parallel_vs_sequential(engine, ids) + proofs.chunked_vs_single(engine, ids, chunk_size)
+    checks.append(proofs.kv_bytes_match_formula(engine, len(ids)))
+    P = len(ids)
+    others = [ids[: max(1, P // 3)], ids[: max(1, 2 * P // 3)], (ids * 3)[: min(3 * P, engine.spec.context_length - 8)]]
+    checks += proofs.batched_vs_alone(engine, [ids, *others])
+    if not reference:
+        return checks
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        console.print("[yellow]transformers is not installed: skipping the reference comparison[/]")
+        return checks
+    with console.status("loading the same weights in transformers"):
+        ref = proofs.load_reference(engine.source)
+    return checks + proofs.parity_with_reference(engine, ref, ids)
+
+
+def proofs_table(source: str, P: int, checks: list):
+    """One row per check: the largest difference, its tolerance, PASS or FAIL."""
+    from rich.table import Table
+
+    table = Table(title=f"proofs on {source} (P = {P} tokens, float32)", title_justify="left")
+    table.caption = (
+        "tolerance = u * sqrt(K) * L * max|values compared| (float32 roundoff, longest GEMM inner "
+        "dimension, layers): what two correct runs summing in another order may differ by"
+    )
+    for col in ("check", "max |difference|", "tolerance", "result"):
+        table.add_column(col)
+    for c in checks:
+        measured = f"{c.measured:.3g}" + (f" ({c.detail})" if c.detail else "")
+        table.add_row(c.name, measured, f"{c.tolerance:g}", "[green]PASS[/]" if c.ok else "[red]FAIL[/]")
+    return table

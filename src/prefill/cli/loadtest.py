@@ -1,0 +1,132 @@
+"""`prefill loadtest`: a client that measures any OpenAI-compatible server (TTFT, ITL, TPOT, E2E, goodput)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from prefill.cli.common import console
+
+Url = Annotated[str, typer.Option(help="server root (without /v1)")]
+ModelId = Annotated[str | None, typer.Option(help="model id (default: the first of GET /v1/models)")]
+Chat = Annotated[bool, typer.Option(help="use /v1/chat/completions instead of /v1/completions")]
+Concurrency = Annotated[int, typer.Option(help="clients in flight (fixed-concurrency mode, or the cap with --rate)")]
+Rate = Annotated[float | None, typer.Option(help="Poisson arrival rate in requests/s (default: fixed concurrency)")]
+Duration = Annotated[float, typer.Option(help="stop after this many seconds")]
+Requests = Annotated[int, typer.Option(help="stop after this many requests")]
+PromptLen = Annotated[str, typer.Option(help="prompt tokens: 128, 64:512 (uniform) or @file (one per line)")]
+PromptsFile = Annotated[str | None, typer.Option(help="real prompts, one per line (overrides --prompt-len)")]
+SystemPromptFile = Annotated[str | None, typer.Option(help="a system prompt shared by every request (prefix caching)")]
+MaxTokens = Annotated[int, typer.Option(help="output tokens asked per request")]
+Temperature = Annotated[float, typer.Option(help="sampling temperature")]
+SloTtftMs = Annotated[float | None, typer.Option(help="goodput SLO on TTFT, ms")]
+SloTpotMs = Annotated[float | None, typer.Option(help="goodput SLO on TPOT, ms")]
+NoUsage = Annotated[bool, typer.Option(help="do not ask for stream_options.include_usage")]
+IgnoreEos = Annotated[bool, typer.Option(help="ask for exactly --max-tokens (ignore_eos, as vLLM's benchmarks do)")]
+Seed = Annotated[int, typer.Option(help="seed of prompt lengths and words")]
+Out = Annotated[str, typer.Option(help="JSON report (config, summary, every request)")]
+Plot = Annotated[str, typer.Option(help="PNG plot")]
+
+
+def loadtest(
+    url: Url = "http://127.0.0.1:8000",
+    model: ModelId = None,
+    chat: Chat = False,
+    concurrency: Concurrency = 4,
+    rate: Rate = None,
+    duration: Duration = 60.0,
+    requests: Requests = 100,
+    prompt_len: PromptLen = "128",
+    prompts_file: PromptsFile = None,
+    system_prompt_file: SystemPromptFile = None,
+    max_tokens: MaxTokens = 64,
+    temperature: Temperature = 0.0,
+    slo_ttft_ms: SloTtftMs = None,
+    slo_tpot_ms: SloTpotMs = None,
+    no_usage: NoUsage = False,
+    ignore_eos: IgnoreEos = False,
+    seed: Seed = 0,
+    out: Out = "loadtest.json",
+    plot: Plot = "loadtest.png",
+) -> None:
+    """Load-test any OpenAI-compatible server: TTFT, ITL, TPOT, E2E percentiles, throughput, goodput."""
+    import asyncio
+
+    from prefill.bench import loadtest_report as report
+    from prefill.bench.loadtest import LoadTestConfig, run_load_test
+
+    load = {"concurrency": concurrency, "rate": rate, "duration_s": duration, "max_requests": requests}
+    ask = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "ignore_eos": ignore_eos}
+    prompts = prompt_fields(prompt_len, prompts_file, system_prompt_file)
+    cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, **load, **ask, **prompts)
+    console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
+    records, wall, model_id = asyncio.run(run_load_test(cfg))
+    summary = report.summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
+    print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
+    save(cfg, model_id, summary, records, out, plot)
+
+
+def prompt_fields(prompt_len: str, prompts_file: str | None, system_prompt_file: str | None) -> dict:
+    """The LoadTestConfig fields of the prompts: their lengths, the real prompts (the non-empty lines of
+    `prompts_file`) and the system prompt."""
+    from prefill.bench.loadtest import PromptLengths
+
+    prompts = Path(prompts_file).read_text().splitlines() if prompts_file else []
+    system = Path(system_prompt_file).read_text() if system_prompt_file else None
+    lines = tuple(line for line in prompts if line.strip())
+    return {"prompt_lengths": PromptLengths.parse(prompt_len), "prompts": lines, "system_prompt": system}
+
+
+def prompts_text(cfg) -> str:
+    """'prompts 128 tokens, max_tokens 64'."""
+    lengths = "from file" if cfg.prompts else cfg.prompt_lengths.describe()
+    return f"prompts {lengths} tokens, max_tokens {cfg.max_tokens}"
+
+
+def seconds(ms: float | None) -> float | None:
+    """Milliseconds in seconds; None stays None (no SLO)."""
+    return ms / 1e3 if ms is not None else None
+
+
+def mode_text(cfg) -> str:
+    """'Poisson 2.0 req/s (cap 4)' or 'concurrency 4'."""
+    return f"Poisson {cfg.rate} req/s (cap {cfg.concurrency})" if cfg.rate else f"concurrency {cfg.concurrency}"
+
+
+def print_summary(model_id: str, summary: dict, wall: float, slo_ttft_ms: float | None, slo_tpot_ms: float | None):
+    """The latency percentiles as a table, then throughput, goodput, errors and the definitions."""
+    from rich.table import Table
+
+    from prefill.bench.loadtest_report import DEFINITIONS
+
+    table = Table(title=f"{model_id}: {summary['successful']}/{summary['requests']} requests ok in {wall:.1f} s")
+    for col in ("metric (ms)", "mean", "p50", "p90", "p99", "n"):
+        table.add_column(col, justify="right")
+    for name, key in (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")):
+        st = summary["latency"][key]
+        cells = [f"{st[k] * 1e3:.1f}" for k in ("mean", "p50", "p90", "p99")] + [str(st["n"])] if st else ["-"] * 5
+        table.add_row(name, *cells)
+    console.print(table)
+    console.print(
+        f"throughput {summary['throughput_req_per_s']:.2f} req/s, {summary['throughput_output_tok_per_s']:.1f} "
+        f"output tok/s; goodput {summary['goodput_req_per_s']:.2f} req/s "
+        f"(SLO TTFT <= {slo_ttft_ms} ms, TPOT <= {slo_tpot_ms} ms; {summary['slo_attainment']:.0%} of requests)",
+        highlight=False,
+    )
+    for err, n in summary["errors"].items():
+        console.print(f"[red]{n} x {err}[/]", highlight=False)
+    console.print("definitions: " + "; ".join(f"{k}: {v}" for k, v in DEFINITIONS.items()), highlight=False)
+
+
+def save(cfg, model_id: str, summary: dict, records: list, out: str, plot: str) -> None:
+    """The JSON report (config, summary, every request) and the plot."""
+    import dataclasses
+
+    from prefill.bench import loadtest_report as report
+
+    config = {**dataclasses.asdict(cfg), "model": model_id, "prompts": len(cfg.prompts)}
+    report.write_json(Path(out), config, summary, records)
+    report.plot(Path(plot), records, f"{model_id} at {cfg.url}: {mode_text(cfg)}")
+    console.print(f"wrote {out} and {plot}", highlight=False)

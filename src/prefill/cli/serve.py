@@ -1,0 +1,83 @@
+"""Serving: `prefill serve` (the OpenAI server) and `prefill lab` (the server with the lesson page)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from prefill.cli.common import AutoDtype, console, echo, fail, load_engine
+
+ServeModel = Annotated[str | None, typer.Option(help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)")]
+Host = Annotated[str, typer.Option(help="address to bind (loopback by default)")]
+Port = Annotated[int, typer.Option(help="TCP port")]
+KV_CACHE_HELP = "the KV pool shared by all requests, in MiB (default: a quarter of free memory, at most 2 GiB)"
+PREFIX_CACHE_HELP = "prefix cache's share of the KV pool in MiB (0 disables it)"
+
+
+def serve(
+    model: ServeModel = None,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    dtype: AutoDtype = "auto",
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    kv_cache_mb: Annotated[float | None, typer.Option(help=KV_CACHE_HELP)] = None,
+    prefix_cache_mb: Annotated[float, typer.Option(help=PREFIX_CACHE_HELP)] = 256.0,
+    max_queue: Annotated[int, typer.Option(help="requests that may wait; more get HTTP 429")] = 64,
+    max_running: Annotated[
+        int, typer.Option(help="requests running at once (their decode steps share one batch)")
+    ] = 32,
+    chunk_size: Annotated[int, typer.Option(help="prefill chunk in tokens, interleaved with decode steps")] = 256,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    from prefill.engine.llm import Engine
+    from prefill.machine.native import resolve_dtype
+    from prefill.server.app import ServeConfig, model_id_of
+
+    if kv_cache_mb is not None and kv_cache_mb <= 0:
+        fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
+    dtype = resolve_dtype(dtype, device, echo=echo)
+    engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
+    sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
+    config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, **sizes)
+    code = serve_engine(engine, config, host, port, dtype)
+    if code:
+        fail("the server stopped because its scheduler could not serve (see the log above)", code)
+
+
+def serve_engine(engine, config, host: str, port: int, dtype: str) -> int:
+    """Serve `engine` with `config` at host:port until SIGTERM / SIGINT, after saying how large its KV pool is
+    and where it answers; the exit status (non-zero when the scheduler could not serve)."""
+    from prefill.server.app import create_app
+    from prefill.server.server import run_server
+
+    app = create_app(engine, config)
+    pool = app.state.server.worker.loop.pool
+    tokens = pool.max_tokens()
+    mib = pool.allocated_bytes() / 1024**2
+    console.print(
+        f"KV pool: {mib:,.0f} MiB = {pool.n_blocks:,} blocks of {pool.block_size} tokens ({tokens:,} tokens)",
+        highlight=False,
+    )
+    console.print(f"serving [bold]{config.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
+    return run_server(app, host, port)
+
+
+def lab(
+    model: ServeModel = None,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    open_browser: Annotated[bool, typer.Option("--open/--no-open", help="open the page in a browser")] = True,
+) -> None:
+    """`prefill serve` plus the lesson page opened in a browser (the URL is printed when none can be opened)."""
+    from prefill.lesson.lab import open_when_up
+    from prefill.server.app import ServeConfig, create_app, model_id_of
+    from prefill.server.server import run_server
+
+    engine = load_engine(model, "float32", None)  # warmed up: the page's timeline shows the steady state
+    url = f"http://{host}:{port}/"
+    console.print(f"the prefill lesson, live on [bold]{model_id_of(engine)}[/]: {url}", highlight=False)
+    if open_browser:
+        open_when_up(url, lambda ok: None if ok else console.print(f"no browser could be opened: visit {url}"))
+    run_server(create_app(engine, ServeConfig(model_id_of(engine))), host, port)

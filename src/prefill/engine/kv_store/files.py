@@ -1,0 +1,145 @@
+"""The store's directory: one file per block, written atomically, recency in the files' mtimes.
+
+    DIR/blocks/<first 2 hex digits of the key>/<key as 64 hex digits>.kv
+
+The directory is the index: a block exists when its file does, its size is the file's, and its last use is the
+file's mtime (set explicitly on every write and hit: atime is unreliable under noatime/relatime). Nothing else
+needs to survive a crash, and every process sharing the directory sees the others' blocks through it.
+A block is written to a temporary file in the same folder and renamed over its final name (os.replace is
+atomic on POSIX), so a reader opens either the whole old file, the whole new one, or none. Temporary files a
+crashed writer left behind are removed by the next scan. No fsync on the way (a block is a cache entry): a
+file torn by a power cut fails its checksum and is recomputed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_SUFFIX, _TMP = ".kv", ".tmp"
+_STALE_TMP_NS = 3600 * 10**9  # a live writer finishes a block in milliseconds; an hour-old temp file is litter
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One block file as a scan saw it."""
+
+    path: Path
+    size: int  # bytes
+    mtime_ns: int  # its last write or hit
+
+
+class BlockFiles:
+    """The block files under `root`/blocks (the folder is created if missing)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.blocks = self.root / "blocks"
+        self.blocks.mkdir(parents=True, exist_ok=True)
+        os.listdir(self.blocks)  # at most 256 shards: raises now if the folder cannot be read
+        self._prefix = str(self.blocks) + os.sep
+
+    def path(self, key: bytes) -> str:
+        """The block file of `key` (a plain string: a lookup builds one per block, pathlib is slower)."""
+        name = key.hex()
+        return self._prefix + name[:2] + os.sep + name + _SUFFIX
+
+    def check_writable(self) -> None:
+        """Write and remove a one-byte temporary file; the OSError of a read-only or full file system if not."""
+        probe = self.blocks / f".probe.{os.getpid()}.{threading.get_ident()}{_TMP}"
+        probe.write_bytes(b"\0")
+        probe.unlink()
+
+    def write(self, key: bytes, parts: list, stamp_ns: int, sync: bool = False) -> int:
+        """Write the concatenated buffers `parts` as the block file of `key` (whole, or not at all), its mtime
+        set to `stamp_ns`; `sync` waits for the disk (fsync). Returns the bytes written; OSError as raised."""
+        final = Path(self.path(key))
+        final.parent.mkdir(exist_ok=True)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}{_TMP}")
+        try:
+            with open(tmp, "wb") as f:
+                size = sum(f.write(p) for p in parts)
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.utime(tmp, ns=(stamp_ns, stamp_ns))
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return size
+
+    def touch(self, key: bytes, stamp_ns: int) -> None:
+        """Mark the block used at `stamp_ns` (gone already: nothing to do)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.path(key), ns=(stamp_ns, stamp_ns))
+
+    def peek(self, key: bytes, n: int) -> tuple[bytes, int] | None:
+        """The first `n` bytes of the block file and its size, or None when there is no such file."""
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return os.pread(fd, n, 0), os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def read(self, key: bytes) -> bytearray | None:
+        """The whole block file, or None when there is none. The open file is one inode: a rename over it
+        while we read does not mix two versions."""
+        try:
+            with open(self.path(key), "rb", buffering=0) as f:
+                buf = bytearray(os.fstat(f.fileno()).st_size)
+                n = f.readinto(buf)
+        except FileNotFoundError:
+            return None
+        return buf if n == len(buf) else buf[:n]
+
+    def remove(self, key: bytes) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(key))
+
+    def scan(self) -> list[Entry]:
+        """Every block file, and the removal of stale temporary files on the way."""
+        out, now = [], time.time_ns()
+        for shard in _subdirs(self.blocks):
+            for e in _entries(shard):
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue  # removed by another process since the listing
+                if e.name.endswith(_SUFFIX):
+                    out.append(Entry(Path(e.path), st.st_size, st.st_mtime_ns))
+                elif e.name.endswith(_TMP) and now - st.st_mtime_ns > _STALE_TMP_NS:
+                    Path(e.path).unlink(missing_ok=True)
+        return out
+
+    def evict(self, target_bytes: int) -> tuple[int, int]:
+        """Remove the least recently used block files until at most `target_bytes` remain.
+        Returns (files removed, bytes remaining)."""
+        entries = sorted(self.scan(), key=lambda e: e.mtime_ns)
+        total, removed = sum(e.size for e in entries), 0
+        for e in entries:
+            if total <= target_bytes:
+                break
+            e.path.unlink(missing_ok=True)  # another process may have removed it first: same outcome
+            total -= e.size
+            removed += 1
+        return removed, total
+
+
+def _subdirs(folder: Path) -> list[os.DirEntry]:
+    return [e for e in _entries(folder) if e.is_dir()]
+
+
+def _entries(folder: Path | os.DirEntry) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []

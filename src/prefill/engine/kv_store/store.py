@@ -1,0 +1,322 @@
+"""KVStore: K/V blocks on disk, found by the hash chain of their tokens, for one model fingerprint.
+
+    store = KVStore(dir, fingerprint, max_bytes)
+    store.put(store.keys(ids), blocks)        # queued; written by the background thread
+    match = store.longest_prefix(ids)         # blocks of ids' longest stored prefix (no payload read)
+    blocks = store.get(match.keys)            # verified blocks, stopping at the first bad one
+
+Nothing here raises on a disk problem. A directory that cannot be created or listed is no store (lookups miss);
+one that cannot be written (read-only, full) keeps serving what it holds and drops new blocks; each case logs
+one warning. A block that fails verification is a miss: one warning line, a count, and its file removed so the
+next put writes it afresh. The page cache is the store's RAM tier: a block read or written recently is served
+from memory; probe.py measures both rates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prefill.engine.kv_store.files import BlockFiles
+from prefill.engine.kv_store.fingerprint import Fingerprint
+from prefill.engine.kv_store.format import (
+    FORMAT_VERSION,
+    PEEK_BYTES,
+    BlockError,
+    Header,
+    decode_payload,
+    encode_header,
+    parse_header,
+)
+from prefill.engine.kv_store.keys import BlockKey, block_keys, chain_root, layers_needed
+from prefill.engine.kv_store.writer import BackgroundWriter
+from prefill.errors import BadInput
+
+log = logging.getLogger("prefill.kv_store")
+_LOW_WATER = 0.9  # eviction frees down to 90% of max_bytes, so it runs once per tenth of the cap written
+_STAMP_STEP_NS = 1000  # a chain's later blocks look older, so LRU eviction trims chains from their tails
+
+
+@dataclass(frozen=True)
+class KVBlock:
+    """K and V of one block for the layers it holds."""
+
+    kv: torch.Tensor  # [n_layers, 2, H_kv, block_size, d_head]: K then V of each stored layer
+    layers: tuple[int, ...]  # the model layers of kv's rows, ascending
+
+
+@dataclass(frozen=True)
+class StoreMatch:
+    """The longest stored prefix of a prompt: `n_blocks` blocks (`n_tokens` tokens) under `keys`, whose files
+    hold `nbytes` bytes (what a get() reads)."""
+
+    keys: tuple[BlockKey, ...]
+    n_tokens: int
+    nbytes: int
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class StoreStats:
+    """Counters since the store was opened (blocks, bytes)."""
+
+    lookups: int = 0  # longest_prefix calls
+    hit_blocks: int = 0  # blocks get() returned, verified
+    miss_blocks: int = 0  # blocks a lookup did not find, and blocks get() was asked for but did not return
+    bytes_loaded: int = 0  # file bytes of the blocks get() returned
+    corrupt_blocks: int = 0  # files rejected: checksum, fingerprint, version, key, shape, truncation, I/O error
+    written_blocks: int = 0
+    written_bytes: int = 0
+    dropped_blocks: int = 0  # put() refused: the writer's queue was full, or the store cannot write
+    evicted_blocks: int = 0  # files removed to stay under max_bytes (by this process)
+
+
+class KVStore:
+    """Blocks of K/V of the model `fingerprint` under `directory`, at most `max_bytes` of files (LRU).
+
+    `max_pending_bytes` bounds the blocks waiting for the background writer (put() drops beyond it).
+    """
+
+    def __init__(
+        self, directory: str | Path, fingerprint: Fingerprint, max_bytes: int, max_pending_bytes: int = 256 << 20
+    ) -> None:
+        if max_bytes < 0 or max_pending_bytes < 0:
+            raise BadInput("a KV store's max_bytes and max_pending_bytes must be >= 0")
+        self.fp, self.max_bytes, self.directory = fingerprint, max_bytes, Path(directory)
+        self._root = chain_root(fingerprint.digest, FORMAT_VERSION)
+        self._stats, self._lock = StoreStats(), threading.Lock()
+        self._disk_bytes = 0  # this process's estimate of the directory's block bytes; rescanned when over
+        self._since_scan = 0  # bytes written since the last scan
+        self._rejected: set[bytes] = set()  # keys warned about: a read-only store cannot remove them
+        self.files: BlockFiles | None = None
+        self.writable = False
+        try:
+            self.files = BlockFiles(self.directory)
+        except OSError as e:
+            log.warning("kv store %s unusable (%s); running without a KV store", self.directory, _why(e))
+            return
+        try:
+            self.files.check_writable()
+            self.writable = True
+        except OSError as e:
+            self._stop_writing(e, warn=True)
+        self._writer = BackgroundWriter(max_pending_bytes)
+        if self.writable:
+            self._writer.submit(self._rescan)
+
+    # ---- keys and lookups ------------------------------------------------------------------------------
+
+    def keys(self, token_ids: Sequence[int]) -> list[BlockKey]:
+        """The key of every whole block of `token_ids`, chained from this store's fingerprint."""
+        return block_keys(self._root, token_ids, self.fp.block_size)
+
+    def longest_prefix(self, token_ids: Sequence[int]) -> StoreMatch:
+        """The longest run of stored blocks from the start of `token_ids` that a continuation can use: each
+        block present, with every layer whose window still reaches it from the prefix's end. Reads headers
+        only. Pass the tokens whose K/V you want (a prompt less its last token, whose logits must be computed)."""
+        keys = self.keys(token_ids) if self.files else []
+        found: list[Header] = []
+        for key in keys:
+            header = self._peek(key)
+            if header is None:
+                break
+            found.append(header)
+        n = len(found)
+        while n and not self._usable(found[:n]):
+            n -= 1
+        with self._lock:
+            self._stats.lookups += 1
+            self._stats.miss_blocks += len(keys) - n
+        nbytes = sum(h.header_bytes + h.payload_bytes for h in found[:n])
+        return StoreMatch(tuple(keys[:n]), n * self.fp.block_size, nbytes)
+
+    def get(self, keys: Sequence[BlockKey]) -> list[KVBlock]:
+        """The blocks of `keys` in order, each verified (checksums, fingerprint, version, key, shapes); stops
+        at the first missing or bad one, so the result is always a prefix of `keys`."""
+        out: list[KVBlock] = []
+        loaded = 0
+        for key in keys if self.files else ():
+            try:
+                got = read_block(self.files, self.fp, key)
+            except BlockError as e:
+                self._reject(key, e)
+                break
+            if got is None:
+                break  # evicted since the lookup (here or by another process)
+            out.append(got[0])
+            loaded += got[1]
+        with self._lock:
+            self._stats.hit_blocks += len(out)
+            self._stats.miss_blocks += len(keys) - len(out)
+            self._stats.bytes_loaded += loaded
+        if out and self.writable:  # mark them used, off the caller's path
+            hits, stamp = list(keys[: len(out)]), time.time_ns()
+            self._writer.submit(lambda: self._touch(hits, stamp))
+        return out
+
+    # ---- writes ----------------------------------------------------------------------------------------
+
+    def put(self, keys: Sequence[BlockKey], blocks: Sequence[torch.Tensor | KVBlock]) -> int:
+        """Queue `blocks` (a tensor [L, 2, H_kv, block_size, d_head] of all layers, or a KVBlock of some) for
+        writing under `keys`; returns at once. The store keeps references: pass tensors nobody will write to
+        (copies out of the pool). Returns how many were queued: the first ones, up to the writer's bound (the
+        rest are dropped and counted; a chain is only useful from its start)."""
+        if len(keys) != len(blocks):
+            raise BadInput(f"{len(keys)} keys for {len(blocks)} blocks")
+        items = [self._checked(b) for b in blocks]
+        stamp, queued = time.time_ns(), 0
+        for i, (key, block) in enumerate(zip(keys, items, strict=True)):
+            nbytes = block.kv.numel() * block.kv.element_size()
+            job = functools.partial(self._write, key, block, stamp - i * _STAMP_STEP_NS)
+            if not (self.writable and self._writer.submit(job, nbytes)):
+                break
+            queued += 1
+        with self._lock:
+            self._stats.dropped_blocks += len(items) - queued
+        return queued
+
+    def flush(self) -> None:
+        """Wait until every queued write has reached the directory (tests, shutdown, benchmarks)."""
+        if self.files:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Finish the queued writes and stop the writer thread."""
+        if self.files:
+            self._writer.close()
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return dataclasses.replace(self._stats)
+
+    # ---- inside ----------------------------------------------------------------------------------------
+
+    def _checked(self, block: torch.Tensor | KVBlock) -> KVBlock:
+        if isinstance(block, torch.Tensor):
+            block = KVBlock(block, tuple(range(self.fp.spec.L)))
+        want = self.fp.block_shape(len(block.layers))
+        if tuple(block.kv.shape) != want or block.kv.dtype != self.fp.torch_dtype:
+            got = f"{list(block.kv.shape)} {block.kv.dtype}"
+            raise BadInput(f"a block of this store is {list(want)} {self.fp.kv_dtype}; got {got}")
+        if not block.layers or list(block.layers) != sorted(set(block.layers)) or block.layers[-1] >= self.fp.spec.L:
+            raise BadInput(f"a block's layers must be distinct, ascending and below L={self.fp.spec.L}")
+        return block
+
+    def _usable(self, headers: list[Header]) -> bool:
+        """Whether every block holds the layers a continuation from the end of these blocks needs."""
+        end = len(headers) * self.fp.block_size
+        windows = self.fp.spec.windows
+        return all(layers_needed(windows, i, end, self.fp.block_size) <= set(h.layers) for i, h in enumerate(headers))
+
+    def _peek(self, key: BlockKey) -> Header | None:
+        """The checked header of a stored block; None when absent or rejected."""
+        try:
+            got = self.files.peek(key.digest, PEEK_BYTES)
+            return None if got is None else parse_header(got[0], got[1], self.fp, key)
+        except (BlockError, OSError) as e:
+            self._reject(key, e)
+            return None
+
+    def _reject(self, key: BlockKey, e: Exception) -> None:
+        with self._lock:
+            self._stats.corrupt_blocks += 1
+            first = key.digest not in self._rejected
+            self._rejected.add(key.digest)
+        if first:
+            path = self.files.path(key.digest)
+            log.warning("kv store: block %d at %s rejected (%s); recomputing it", key.index, path, _why(e))
+        if self.writable:
+            with contextlib.suppress(OSError):  # the next put of this block writes a good one
+                self.files.remove(key.digest)
+
+    def _write(self, key: BlockKey, block: KVBlock, stamp: int) -> None:
+        """On the writer thread: the block, unless a file with at least its layers is there; then evict."""
+        if not self.writable:
+            return  # a write queued before the first failure
+        try:
+            old = self.files.peek(key.digest, PEEK_BYTES)
+            if old is not None and _holds(old, self.fp, key, block.layers):
+                self.files.touch(key.digest, stamp)
+                return
+            payload = memoryview(block.kv.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+            size = self.files.write(key.digest, [encode_header(self.fp, key, block.layers, payload), payload], stamp)
+        except OSError as e:
+            self._stop_writing(e)
+            return
+        with self._lock:
+            self._stats.written_blocks += 1
+            self._stats.written_bytes += size
+            self._rejected.discard(key.digest)  # a good block now: a later fault deserves its own warning
+        self._disk_bytes += size - (old[1] if old else 0)
+        self._since_scan += size
+        if self._disk_bytes > self.max_bytes or self._since_scan > self.max_bytes * (1 - _LOW_WATER):
+            self._rescan()
+
+    def _rescan(self) -> None:
+        """Learn the directory's real size (other processes write too) and evict down to the low-water mark."""
+        target = int(self.max_bytes * _LOW_WATER) if self._disk_bytes > self.max_bytes else self.max_bytes
+        try:
+            removed, self._disk_bytes = self.files.evict(target)
+        except OSError as e:
+            self._stop_writing(e)
+            return
+        self._since_scan = 0
+        with self._lock:
+            self._stats.evicted_blocks += removed
+
+    def _touch(self, keys: list[BlockKey], stamp: int) -> None:
+        try:
+            for i, key in enumerate(keys):
+                self.files.touch(key.digest, stamp - i * _STAMP_STEP_NS)
+        except OSError as e:
+            self._stop_writing(e)
+
+    def _stop_writing(self, e: OSError, warn: bool = False) -> None:
+        """Store nothing more; one warning (the first failure, or `warn` at opening)."""
+        if self.writable or warn:
+            self.writable = False
+            log.warning("kv store %s: cannot write (%s); serving its blocks, storing none", self.directory, _why(e))
+
+
+def read_block(files: BlockFiles, fp: Fingerprint, key: BlockKey) -> tuple[KVBlock, int] | None:
+    """Block `key` read whole and verified, with its file's size in bytes; None when there is no file;
+    BlockError (the reason) when it must not be used."""
+    try:
+        buf = files.read(key.digest)
+    except OSError as e:
+        raise BlockError(f"unreadable: {_why(e)}") from None
+    if buf is None:
+        return None
+    header = parse_header(buf, len(buf), fp, key)
+    return KVBlock(decode_payload(buf, header, fp), header.layers), len(buf)
+
+
+def _holds(peeked: tuple[bytes, int], fp: Fingerprint, key: BlockKey, layers: tuple[int, ...]) -> bool:
+    """Whether a stored file (its first bytes, its size) is a sound header of `key` with at least `layers`."""
+    try:
+        return set(layers) <= set(parse_header(peeked[0], peeked[1], fp, key).layers)
+    except BlockError:
+        return False
+
+
+def _why(e: Exception) -> str:
+    return e.strerror or str(e) if isinstance(e, OSError) else str(e)

@@ -1,0 +1,59 @@
+"""ASGI middleware in front of every route: the arrival time, the count of generation POSTs received, and the
+request-body limit (413)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.responses import JSONResponse
+
+from prefill.server.metrics import ServerMetrics
+from prefill.server.openai_schema import error_body
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+class BodyLimit:
+    """Stamps the arrival time and refuses bodies over `max_bytes` with 413.
+
+    The body is read here (bounded), so a chunked upload without Content-Length is limited too.
+    """
+
+    def __init__(self, app, max_bytes: int, metrics: ServerMetrics) -> None:
+        self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope.setdefault("state", {})["arrival"] = time.perf_counter()
+        if scope["method"] == "POST" and scope["path"] in GENERATION_PATHS:
+            self.metrics.received.inc()
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_large = declared is not None and declared.isdigit() and int(declared) > self.max_bytes
+        chunks, size, more = [], 0, scope["method"] in ("POST", "PUT", "PATCH") and not too_large
+        while more and not too_large:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return None
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            more, too_large = msg.get("more_body", False), size > self.max_bytes
+        if too_large:
+            self.metrics.errors.labels(status="413").inc()
+            msg = f"request body is over the limit of {self.max_bytes} bytes; send a shorter prompt"
+            response = JSONResponse(error_body(msg, "invalid_request_error", None, "request_too_large"), 413)
+            return await response(scope, receive, send)
+        return await self.app(scope, _Replay(b"".join(chunks), receive), send)
+
+
+class _Replay:
+    """The ASGI `receive` of a body already read: the body once, then the connection's own messages."""
+
+    def __init__(self, body: bytes, receive) -> None:
+        self.body, self.receive, self.sent = body, receive, False
+
+    async def __call__(self) -> dict:
+        if not self.sent:
+            self.sent = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        return await self.receive()
