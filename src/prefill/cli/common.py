@@ -55,21 +55,36 @@ def echo(line: str) -> None:
     console.print(line, highlight=False, markup=False)
 
 
-def load_engine(model: str | None, dtype: str, threads: int | None, device: str = "cpu", compile: bool = False):
+def load_engine(
+    model: str | None,
+    dtype: str,
+    threads: int | None,
+    device: str = "cpu",
+    compile: bool = False,
+    deterministic: bool = False,
+):
     """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
-    state; `dtype` "auto" becomes the fastest dtype native here, said in one line."""
+    state; `dtype` "auto" becomes the fastest dtype native here, said in one line (float32 when `deterministic`:
+    the batch-invariant mode)."""
     from prefill.engine.llm import Engine
     from prefill.machine.native import keep_compile, resolve_dtype
 
-    dtype = resolve_dtype(dtype, device, echo=echo)
+    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=echo)
     compile = compile and keep_compile(dtype, device, echo=echo)  # unless the last bench found it slower here
-    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True)
+    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True, deterministic=deterministic)
     if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):
             console.print(f"compiled in {engine.compile():.1f} s")
     else:
         engine.warmup()  # so the timings are of the steady state, not of first-call set-up
     return engine
+
+
+def deterministic_dtype(dtype: str) -> str:
+    """The dtype of the batch-invariant mode: float32 (its kernels' only dtype); 'auto' means it."""
+    if dtype not in ("auto", "float32", "fp32"):
+        fail(f"--deterministic runs in float32; drop --dtype {dtype}")
+    return "float32"
 
 
 # ---- numbers -----------------------------------------------------------------------------------------

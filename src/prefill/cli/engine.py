@@ -18,6 +18,9 @@ Raw = Annotated[bool, typer.Option("--raw", help="Skip the chat template")]
 Threads = Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice)")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the block functions first (~15 s)")]
 Chat = Annotated[bool, typer.Option("--chat", help="Require the chat template (an error if the model has none)")]
+Deterministic = Annotated[
+    bool, typer.Option("--deterministic", help="Batch-invariant: bitwise the same logits alone, batched or chunked")
+]
 
 
 def run(
@@ -38,6 +41,7 @@ def run(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     compile: Compile = False,
     chat: Chat = False,
+    deterministic: Deterministic = False,
 ) -> None:
     """Prefill a prompt in one pass, show the cache and TTFT (measured beside predicted), then decode."""
     from prefill.engine.sampling import SamplingParams
@@ -56,6 +60,7 @@ def run(
         threads=threads,
         device=device,
         compile=compile,
+        deterministic=deterministic,
     )
 
 
@@ -82,6 +87,7 @@ def run_prompt(
     threads: int | None = None,
     device: str = "cpu",
     compile: bool = False,
+    deterministic: bool = False,
 ) -> None:
     """Load the model, generate from `prompt` (chat template unless `raw`; `chat` requires one) and show the
     answer as it streams, then the prefill, the cache, TTFT measured beside predicted, and decode."""
@@ -92,7 +98,7 @@ def run_prompt(
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     if chat and raw:
         fail("--chat and --raw contradict each other: give one")
-    engine = load_engine(model, dtype, threads, device, compile)
+    engine = load_engine(model, dtype, threads, device, compile, deterministic)
     if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
         if chat:
             fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")
@@ -109,12 +115,18 @@ def verify(
     model: ModelPath = None,
     chunk_size: Annotated[int, typer.Option(help="Chunk size for the chunked-prefill check")] = 7,
     reference: Annotated[bool, typer.Option(help="Also compare with Hugging Face transformers (if installed)")] = True,
+    deterministic: Deterministic = False,
 ) -> None:
     """The proofs, in float32: parallel == sequential, chunks == one pass, KV bytes == formula, batched decode ==
-    alone, logits == HF."""
-    engine = load_engine(model, "float32", None)
+    alone, logits == HF; with --deterministic also batched and chunked == alone, bitwise."""
+    engine = load_engine(model, "float32", None, deterministic=deterministic)
     ids = engine.encode_prompt(prompt)
     checks = run_proofs(engine, ids, chunk_size, reference)
+    if deterministic:
+        from prefill.engine import proofs
+
+        P = len(ids)
+        checks += proofs.batch_invariance(engine, [ids, ids[: max(1, P // 2)], ids[: max(1, P // 3)]], 3, (chunk_size,))
     console.print(proofs_table(engine.source, len(ids), checks))
     if not all(c.ok for c in checks):
         raise typer.Exit(1)

@@ -29,16 +29,20 @@ def serve(
     ] = 32,
     chunk_size: Annotated[int, typer.Option(help="prefill chunk in tokens, interleaved with decode steps")] = 256,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    deterministic: Annotated[
+        bool, typer.Option("--deterministic", help="batch-invariant: a request's logits do not depend on the load")
+    ] = False,
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    from prefill.cli.common import deterministic_dtype
     from prefill.engine.llm import Engine
     from prefill.machine.native import resolve_dtype
     from prefill.server.app import ServeConfig, model_id_of
 
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
-    dtype = resolve_dtype(dtype, device, echo=echo)
-    engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
+    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=echo)
+    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, deterministic=deterministic)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
     config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, **sizes)
     code = serve_engine(engine, config, host, port, dtype)
