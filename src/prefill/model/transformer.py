@@ -125,11 +125,25 @@ class Kernels:
 
     def __init__(self):
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
-        self.linear = F.linear
+        self.linear = few_rows_linear
         self.deterministic = False
 
     def set_deterministic(self) -> None:
         self.deterministic, self.linear = True, invariant_linear
+
+
+FEW_ROWS = 32  # up to this many rows (a decode step's batch), linear_f32 beats MKL on this CPU (1.7x at 8 rows)
+
+
+def few_rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, through linear_f32 for 2..FEW_ROWS rows of float32 on the CPU: the weights stream from memory
+    once for all rows (MKL's small-M GEMM runs at a third of its large-M rate here)."""
+    from prefill.model import kernels
+
+    rows = x.numel() // x.shape[-1]
+    if 2 <= rows <= FEW_ROWS and isinstance(w, torch.Tensor) and w.dtype == torch.float32 and kernels.usable(x):
+        return invariant_linear(x, w, b)
+    return F.linear(x, w, b)
 
 
 def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
