@@ -16,9 +16,11 @@ from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVBatch, KVPool, SeqKV
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
 from prefill.engine.sampling import SamplingParams
+from prefill.engine.weights import resolve_weights, storage_of
 from prefill.errors import BadInput
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
+from prefill.machine.weights import NATIVE
 from prefill.model.transformer import Transformer, check_supported
 
 
@@ -36,6 +38,7 @@ class Engine:
         self.model, self.tokenizer, self.dtype, self.source = model, tokenizer, dtype, source
         self.device = torch.device(device)
         self.spec: ModelSpec = model.spec
+        self.weights = storage_of(model)  # "Q4_1 + Q8_0" for GGUF blocks kept native, else the dense dtype
         self._gemm_rate: float | None = None
 
     # ---- construction ------------------------------------------------------------------------------
@@ -48,16 +51,22 @@ class Engine:
         device: str = "cpu",
         threads: int | None = None,
         progress: bool | Callable[[int, int], None] = True,
+        weights: str = "auto",
     ) -> Engine:
-        """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct."""
+        """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct.
+
+        `weights`: "native" keeps a GGUF's quantized matrices as their blocks (float32 activations and KV cache);
+        "float32" / "bfloat16" / "float16" decodes them to that dtype, which the engine then runs in; "auto" picks
+        the faster here (prefill.engine.weights)."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
-        dt = torch_dtype(dtype)
+        storage = resolve_weights(weights, model, str(torch_dtype(dtype)).removeprefix("torch."), device, echo=None)
+        dt = torch_dtype("float32" if storage == NATIVE else storage)
         callback = _progress_bar("loading weights") if progress is True else (progress or None)
         try:
-            files = load_model_files(model, dt, callback, check=check_supported)
+            files = load_model_files(model, dt, callback, check=check_supported, native=storage == NATIVE)
         finally:
             if progress is True:
                 callback(-1, -1)

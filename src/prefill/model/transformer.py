@@ -24,6 +24,7 @@ from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVBatch
 from prefill.errors import ModelFileError
 from prefill.model.attention import causal_attention
+from prefill.model.quant import cat_rows, linear, place_weight
 
 
 def check_supported(spec: ModelSpec) -> None:
@@ -82,7 +83,7 @@ def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin
     """
     B, P, _ = x.shape
     h = F.rms_norm(x, norm_w.shape, norm_w, eps)  # [B, P, d_model]
-    qkv = F.linear(h, w_qkv, b_qkv)  # [B, P, (H_q + 2 H_kv) d_head]
+    qkv = linear(h, w_qkv, b_qkv)  # [B, P, (H_q + 2 H_kv) d_head]
     qkv = qkv.view(B, P, H_q + 2 * H_kv, -1)  # [B, P, H_q + 2 H_kv, d_head]
     qk, v = qkv[:, :, : H_q + H_kv], qkv[:, :, H_q + H_kv :]  # [B, P, H_q + H_kv, d_head], [B, P, H_kv, d_head]
     if q_norm_w is not None:  # Qwen3: RMSNorm of each head's q and k
@@ -102,14 +103,14 @@ def out_and_mlp(x, o, w_o, norm_w, eps: float, w_gate_up, w_down, post_attn_w=No
     (`gelu`) are arguments, so one function serves every family.
     """
     B, H_q, P, d = o.shape
-    a = F.linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
+    a = linear(o.transpose(1, 2).reshape(B, P, H_q * d), w_o)  # [B, P, d_model]
     if post_attn_w is not None:
         a = F.rms_norm(a, post_attn_w.shape, post_attn_w, eps)
     x = x + a
     h = F.rms_norm(x, norm_w.shape, norm_w, eps)
-    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
+    gate, up = linear(h, w_gate_up).chunk(2, dim=-1)  # 2 x [B, P, d_ff]: gate and up in one GEMM
     gate = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
-    m = F.linear(gate * up, w_down)  # [B, P, d_model]
+    m = linear(gate * up, w_down)  # [B, P, d_model]
     if post_mlp_w is not None:
         m = F.rms_norm(m, post_mlp_w.shape, post_mlp_w, eps)
     return x + m
@@ -222,7 +223,8 @@ class Transformer(nn.Module):
         self.kernels.qkv_rotary = torch.compile(qkv_rotary, dynamic=True)
         self.kernels.out_and_mlp = torch.compile(out_and_mlp, dynamic=True)
 
-    def unembed_weight(self) -> torch.Tensor:
+    def unembed_weight(self):
+        """The unembedding [vocab, d_model]: a dense tensor or a QuantWeight (prefill.model.quant)."""
         return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
 
     def rope(self, positions: torch.Tensor, dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,7 +266,7 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Float32 logits [..., vocab] of final-normed hidden states h [..., d_model], soft-capped to
         final_softcap * tanh(logits / final_softcap) when the model has a cap (Gemma)."""
-        logits = F.linear(h, self.unembed_weight()).float()
+        logits = linear(h, self.unembed_weight()).float()
         cap = self.spec.final_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 
@@ -290,28 +292,28 @@ class Transformer(nn.Module):
                 raise ModelFileError(f"weight shape {tuple(value.shape)} does not fit {tuple(param.shape)}")
             param.copy_(value.float() + plus if plus else value)
 
-        put(self.embed.weight, take("embed_tokens.weight"))
+        place_weight(self, "embed", take("embed_tokens.weight"), put)  # dense or GGUF blocks (prefill.model.quant)
         for i, blk in enumerate(self.layers):
             p = f"layers.{i}."
             for slot, hf in family.hf_norms.items():
                 put(getattr(blk, slot).weight, take(p + hf + ".weight"), shift)
             qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-            put(blk.wqkv.weight, torch.cat(qkv, dim=0))
+            place_weight(blk, "wqkv", cat_rows(qkv), put)
             if self.spec.qkv_bias:
                 put(blk.wqkv.bias, torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-            put(blk.wo.weight, take(p + "self_attn.o_proj.weight"))
+            place_weight(blk, "wo", take(p + "self_attn.o_proj.weight"), put)
             if self.spec.qk_norm:
                 put(blk.q_norm.weight, take(p + "self_attn.q_norm.weight"), shift)
                 put(blk.k_norm.weight, take(p + "self_attn.k_norm.weight"), shift)
             gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
-            put(blk.w_gate_up.weight, torch.cat(gate_up, dim=0))
-            put(blk.w_down.weight, take(p + "mlp.down_proj.weight"))
+            place_weight(blk, "w_gate_up", cat_rows(gate_up), put)
+            place_weight(blk, "w_down", take(p + "mlp.down_proj.weight"), put)
         put(self.norm.weight, take("norm.weight"), shift)
         lm_head = sd.pop("lm_head.weight", None)
         if self.unembed is not None:
             if lm_head is None:
                 raise ModelFileError("weight 'lm_head.weight' is missing from the model file")
-            put(self.unembed.weight, lm_head)
+            place_weight(self, "unembed", lm_head, put)
         sd = {k: v for k, v in sd.items() if "rotary_emb" not in k}
         if sd:
             raise ModelFileError(f"unexpected weights in the model file: {', '.join(sorted(sd)[:5])}")
