@@ -89,7 +89,7 @@ def test_portable_path_when_no_library(monkeypatch):
 
     monkeypatch.setenv(build.NO_COMPILER_ENV, "1")
     monkeypatch.setattr(build, "find_library", lambda: None)
-    ops.native_library.cache_clear()
+    ops.forget()
     try:
         assert not ops.available()
         N, K = 21, 64
@@ -100,7 +100,7 @@ def test_portable_path_when_no_library(monkeypatch):
         assert ((got.double() - exact).abs() <= ops.error_bound(x, ops.term_magnitudes(blocks, "Q4_1", N, K),
                                                                 "scalar")).all()  # fmt: skip
     finally:
-        ops.native_library.cache_clear()
+        ops.forget()
 
 
 def test_install_step_without_compiler_says_so_and_succeeds(monkeypatch, capsys):

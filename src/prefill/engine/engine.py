@@ -21,6 +21,7 @@ from prefill.errors import BadInput
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
 from prefill.machine.weights import NATIVE
+from prefill.model.quant import fused
 from prefill.model.transformer import Transformer, check_supported
 
 
@@ -81,6 +82,7 @@ class Engine:
         model = model.materialize(device, dt)
         model.load_hf_state_dict(state_dict)
         model.eval().requires_grad_(False)
+        fused.install(model)  # GGUF blocks: each block's work around attention in two operators
         return cls(model, tokenizer, dt, device, source or spec.name)
 
     # ---- the two phases ----------------------------------------------------------------------------

@@ -22,8 +22,18 @@ import time
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("gemm.cpp",)
-FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fvisibility=hidden", "-Wall", "-Wno-unused-function")
+SOURCES = ("gemm.cpp", "fused.cpp")
+FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "-ffp-contract=off",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+    "-fvisibility=hidden",
+    "-Wall",
+    "-Wno-unused-function",
+)
 NO_COMPILER_ENV = "PREFILL_NO_COMPILER"
 
 

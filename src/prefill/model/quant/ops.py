@@ -53,10 +53,33 @@ def _register_fakes() -> None:
     def _(w, qtype, n, k):
         return w.new_empty(n, k, dtype=torch.float32)
 
+    @torch.library.register_fake("prefill_quant::pre_attention")
+    def _(x, norm_w, eps, w, qtype, bias, cos, sin, rotary_heads, dense_min_m):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("prefill_quant::post_attention")
+    def _(x, o, w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type, dense_min_m):
+        return x.new_empty(x.shape)
+
+
+_LOADED: bool | None = (
+    None  # native_library() is not None, once asked: a plain global torch.compile reads as a constant
+)
+
 
 def available() -> bool:
     """True when the compiled kernels are loaded (building them first if a compiler is there)."""
-    return native_library() is not None
+    global _LOADED
+    if _LOADED is None:
+        _LOADED = native_library() is not None
+    return _LOADED
+
+
+def forget() -> None:
+    """Look for the library again at the next call (tests that hide it use this)."""
+    global _LOADED
+    _LOADED = None
+    native_library.cache_clear()
 
 
 def set_isa(name: str) -> str:

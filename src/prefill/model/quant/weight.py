@@ -42,6 +42,7 @@ class QuantWeight:
             raise ModelFileError(
                 f"{self.qtype} blocks {tuple(self.blocks.shape)} do not hold a [{self.N}, {self.K}] weight"
             )
+        ops.available()  # load (or build) the kernels now, not inside a compiled graph
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -6,12 +6,15 @@
 //                                                     M >= dense_min_m > 0: decode to float32 and run at::mm.
 //   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
 //   set_isa(name) -> name                             "auto", "avx2" or "scalar" (tests force the portable path).
+//   pre_attention, post_attention                     a decoder block's work around attention (fused.cpp).
 //
 // Work is split over N with at::parallel_for (torch's own thread pool and thread count).
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
+#include "gemm.h"
+
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -23,8 +26,6 @@
 
 namespace prefill_quant {
 namespace {
-
-enum Isa : int { SCALAR = 0, AVX2 = 1 };
 
 int best_isa() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -138,16 +139,19 @@ int64_t check_weight(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
   return row_bytes;
 }
 
-at::Tensor dequant(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
-  const int64_t row_bytes = check_weight(w, t, N, K);
-  at::Tensor y = at::empty({N, K}, at::TensorOptions().dtype(at::kFloat));
-  const uint8_t* wp = w.data_ptr<uint8_t>();
+at::Tensor dequant_matrix(const QMatrix& w) {
+  at::Tensor y = at::empty({w.N, w.K}, at::TensorOptions().dtype(at::kFloat));
   float* yp = y.data_ptr<float>();
   const int isa = g_isa.load();
-  at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
-    dequant_rows(isa, t, wp + n0 * row_bytes, row_bytes, n1 - n0, K, yp + n0 * K);
+  at::parallel_for(0, w.N, PANEL, [&](int64_t n0, int64_t n1) {
+    dequant_rows(isa, w.type, w.data + n0 * w.row_bytes, w.row_bytes, n1 - n0, w.K, yp + n0 * w.K);
   });
   return y;
+}
+
+at::Tensor dequant(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
+  const int64_t row_bytes = check_weight(w, t, N, K);
+  return dequant_matrix({w.data_ptr<uint8_t>(), t, N, K, row_bytes});
 }
 
 at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t N, int64_t K, int64_t dense_min_m) {
@@ -155,15 +159,36 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t 
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
               "prefill_quant: x must be float32 [M, ", K, "] on the CPU");
   const at::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0);
-  if (dense_min_m > 0 && M >= dense_min_m) return at::mm(x, dequant(w, t, N, K).t());  // compute-bound: MKL
-  at::Tensor out = at::empty({M, N}, x.options());
-  if (M == 0) return out;
-  const float* xp = x.data_ptr<float>();
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  float* op = out.data_ptr<float>();
+  at::Tensor out = at::empty({x.size(0), N}, x.options());
+  matmul(x.data_ptr<float>(), x.size(0), {w.data_ptr<uint8_t>(), t, N, K, row_bytes}, out.data_ptr<float>(),
+         dense_min_m);
+  return out;
+}
+
+}  // namespace
+
+int current_isa() { return g_isa.load(); }
+
+QMatrix qmatrix(const at::Tensor& w, int64_t t) {
+  const Layout L = layout_of(t);
+  TORCH_CHECK(L.block > 0, "prefill_quant: unsupported GGUF type ", t);
+  TORCH_CHECK(w.dim() == 2 && w.size(1) % L.bytes == 0, "prefill_quant: blocks must be [N, row_bytes]");
+  const int64_t N = w.size(0), K = w.size(1) / L.bytes * L.block;
+  check_weight(w, t, N, K);
+  return {w.data_ptr<uint8_t>(), t, N, K, w.size(1)};
+}
+
+void matmul(const float* xp, int64_t M, const QMatrix& w, float* op, int64_t dense_min_m) {
+  const int64_t N = w.N, K = w.K;
+  if (M == 0) return;
+  if (dense_min_m > 0 && M >= dense_min_m) {  // compute-bound: decode once, then the float32 GEMM
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor out = at::from_blob(op, {M, N}, f32);
+    at::mm_out(out, at::from_blob(const_cast<float*>(xp), {M, K}, f32), dequant_matrix(w).t());
+    return;
+  }
   const int isa = g_isa.load();
-  if (M == 1 && direct_m1(t)) {
+  if (M == 1 && direct_m1(w.type)) {
     const int64_t nb = K / 32;
     std::unique_ptr<float[]> xsum(new float[nb]);  // [K / 32]
     for (int64_t b = 0; b < nb; b++) {
@@ -172,15 +197,16 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t 
       xsum[b] = s;
     }
     at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
-      m1_rows(isa, t, xp, xsum.get(), K, wp, row_bytes, n0, n1, op);
+      m1_rows(isa, w.type, xp, xsum.get(), K, w.data, w.row_bytes, n0, n1, op);
     });
-    return out;
+    return;
   }
   at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
-    panel_rows(isa, t, xp, M, K, wp, row_bytes, n0, n1, op, N);
+    panel_rows(isa, w.type, xp, M, K, w.data, w.row_bytes, n0, n1, op, N);
   });
-  return out;
 }
+
+namespace {
 
 std::string set_isa(const std::string& name) {
   const int best = best_isa();
@@ -202,6 +228,10 @@ std::string set_isa(const std::string& name) {
 
 TORCH_LIBRARY(prefill_quant, m) {
   m.def("gemm(Tensor x, Tensor w, int qtype, int n, int k, int dense_min_m) -> Tensor");
+  m.def("pre_attention(Tensor x, Tensor norm_w, float eps, Tensor w, int qtype, Tensor? bias, Tensor cos, "
+        "Tensor sin, int rotary_heads, int dense_min_m) -> Tensor");
+  m.def("post_attention(Tensor x, Tensor o, Tensor w_o, int o_type, Tensor norm_w, float eps, Tensor w_gate_up, "
+        "int gate_up_type, Tensor w_down, int down_type, int dense_min_m) -> Tensor");
   m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("set_isa(str isa) -> str", &prefill_quant::set_isa);  // no tensors: one kernel for every backend
 }

@@ -1,0 +1,59 @@
+"""The two per-block functions (prefill.model.transformer's qkv_rotary and out_and_mlp) as one operator each,
+for blocks whose projections are GGUF blocks: a decode step then pays 2 dispatches per layer instead of ~25
+small torch ops, which on a CPU cost as much as the layer's GEMMs.
+
+Same signatures, same arithmetic (csrc/fused.cpp); `install(model)` puts them in the model's Kernels. Blocks
+the operators do not cover (dense weights, Qwen3's q/k norm, Gemma's extra norms and GELU gate, float32
+weights kept beside for a long prompt) run the model's own functions unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prefill.costmodel.storage import GGUF_TYPE_IDS
+from prefill.model.quant import ops
+from prefill.model.quant.weight import QuantWeight
+
+
+def _native(w, rows: int) -> bool:
+    return isinstance(w, QuantWeight) and not (w.dense is not None and rows >= w.dense_min_m > 0)
+
+
+def install(model) -> bool:
+    """Swap the fused functions into `model.kernels` when its blocks hold GGUF blocks and the kernels are built;
+    returns whether it did."""
+    blk = model.layers[0]
+    if not (isinstance(blk.wqkv.weight, QuantWeight) and ops.available()):
+        return False
+    from prefill.model import transformer
+
+    eager_qkv, eager_out = transformer.qkv_rotary, transformer.out_and_mlp
+
+    def qkv_rotary(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv):
+        B, P, D = x.shape
+        if q_norm_w is not None or x.dtype != torch.float32 or not _native(w_qkv, B * P):
+            return eager_qkv(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv)
+        d = cos.shape[-1]
+        qkv = torch.ops.prefill_quant.pre_attention(
+            x.reshape(B * P, D), norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv,
+            cos.reshape(B * P, d), sin.reshape(B * P, d), H_q + H_kv, w_qkv.dense_min_m,
+        ).view(B, P, H_q + 2 * H_kv, d)  # fmt: skip
+        q = qkv[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
+        k = qkv[:, :, H_q : H_q + H_kv].transpose(1, 2)  # [B, H_kv, P, d_head]
+        return q, k, qkv[:, :, H_q + H_kv :].transpose(1, 2)
+
+    def out_and_mlp(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False):
+        B, H_q, P, d = o.shape
+        simple = post_attn_w is None and post_mlp_w is None and not gelu
+        if not (simple and all(_native(w, B * P) for w in (w_o, w_gate_up, w_down))):
+            return eager_out(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w, post_mlp_w, gelu)
+        D = x.shape[-1]
+        return torch.ops.prefill_quant.post_attention(
+            x.reshape(B * P, D), o.transpose(1, 2).reshape(B * P, H_q * d), w_o.blocks, GGUF_TYPE_IDS[w_o.qtype],
+            norm_w, eps, w_gate_up.blocks, GGUF_TYPE_IDS[w_gate_up.qtype], w_down.blocks,
+            GGUF_TYPE_IDS[w_down.qtype], w_o.dense_min_m,
+        ).view(B, P, D)  # fmt: skip
+
+    model.kernels.qkv_rotary, model.kernels.out_and_mlp = qkv_rotary, out_and_mlp
+    return True
