@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prefill.costmodel.costs import canonical_dtype, dtype_bytes
+from prefill.costmodel.costs import canonical_dtype, dtype_bytes, kv_cache_bytes_for
 from prefill.errors import BadInput
 
 if TYPE_CHECKING:
@@ -76,3 +76,9 @@ def decode_weight_bytes(spec: ModelSpec, storage: str, embedding: str | None = N
     unembedding = spec.vocab_size * spec.d_model
     untouched = unembedding if not spec.tied_embeddings else 0  # the untied input embedding: one row per step
     return weight_bytes(spec, storage, embedding) - round(untouched * bytes_per_weight(embedding or storage))
+
+
+def decode_step_bytes(spec: ModelSpec, storage: str, embedding: str | None, context: int, kv_bytes: int) -> int:
+    """Bytes one decode step of one sequence reads at `context` tokens: the weights as stored
+    (decode_weight_bytes) and every layer's K and V so far at `kv_bytes` per element (4 for float32)."""
+    return decode_weight_bytes(spec, storage, embedding) + kv_cache_bytes_for(spec, context, kv_bytes)
