@@ -434,6 +434,10 @@ def bench(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     compile: bool = typer.Option(False, "--compile", help="Also time ours with torch.compile (eager and compiled)."),
     force: bool = typer.Option(False, "--force", help="Measure an emulated dtype at every P, not just the smallest."),
+    weights: str = typer.Option("auto", help="auto, native (the GGUF's own blocks), float32 or bfloat16"),
+    llama_bench: bool = typer.Option(
+        False, "--llama-bench", help="Instead: ours vs llama.cpp on the same GGUF, pp P and tg @ 64 / 1,024 tokens."
+    ),
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
     from pathlib import Path
@@ -460,7 +464,10 @@ def bench(
         device=device,
         compile=compile,
         force=force,
+        weights=weights,
     )
+    if llama_bench:
+        return _llama_bench(model, weights, threads, repeats, out)
     config, plan, _, _ = prepare(config)
     wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
     wide.print(report.device_line(config.device), highlight=False)
@@ -492,12 +499,33 @@ def bench(
     console.print("wrote " + ", ".join(str(p) for p in written if p is not None), highlight=False)
 
 
+def _llama_bench(model: str | None, weights: str, threads: int | None, repeats: int, out: str) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    from prefill.bench.versus import VersusConfig, run_versus, to_json, versus_table
+    from prefill.machine.weights import check_weights
+
+    counts = (threads,) if threads else tuple(sorted({1, os.cpu_count() or 1}))
+    storages = ("native", "float32") if weights == "auto" else (check_weights(weights),)
+    config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats)
+    with console.status("ours vs llama.cpp") as status:
+        result = run_versus(config, on_step=lambda s: status.update(f"ours vs llama.cpp: {s}"))
+    (console if console.is_terminal else Console(width=150)).print(versus_table(result))
+    path = Path(out) / "versus.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_json(result), indent=1) + "\n")
+    console.print(f"wrote {path}", highlight=False)
+
+
 @app.command()
 def serve(
     model: str = typer.Option(None, help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)"),
     host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
     port: int = typer.Option(8000, help="TCP port"),
     dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
+    weights: str = typer.Option("auto", help="auto, native (the GGUF's own blocks), float32 or bfloat16"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     kv_cache_mb: float = typer.Option(
         None, help="the KV pool shared by all requests, in MiB (default: a quarter of free memory, at most 2 GiB)"
@@ -510,12 +538,14 @@ def serve(
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from prefill.engine.engine import Engine
+    from prefill.engine.weights import resolve_weights
     from prefill.machine.native import resolve_dtype
     from prefill.server.app import ServeConfig, create_app, model_id_of
     from prefill.server.server import run_server
 
     dtype = resolve_dtype(dtype, device, echo=_echo)
-    engine = Engine.load(model, dtype=dtype, device=device, threads=threads)
+    weights = resolve_weights(weights, model, dtype, device, echo=_echo)
+    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, weights=weights)
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     cfg = ServeConfig(model_id_of(engine), prefix_cache_mb, kv_cache_mb, max_queue, max_running, chunk_size)
@@ -524,7 +554,10 @@ def serve(
     tokens = pool.n_blocks * pool.block_size
     console.print(f"KV pool: {pool.allocated_bytes() / 1024**2:,.0f} MiB = {pool.n_blocks:,} blocks of "
                   f"{pool.block_size} tokens ({tokens:,} tokens)", highlight=False)  # fmt: skip
-    console.print(f"serving [bold]{cfg.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
+    console.print(
+        f"serving [bold]{cfg.model_id}[/] ({engine.weights} weights, {dtype}) at http://{host}:{port}/v1",
+        highlight=False,
+    )
     code = run_server(app, host, port)
     if code:
         fail("the server stopped because its scheduler could not serve (see the log above)", code)
@@ -609,13 +642,19 @@ def _echo(line: str) -> None:
     console.print(line, highlight=False, markup=False)
 
 
-def _load_engine(model: str | None, dtype: str, threads: int | None, device: str = "cpu", compile: bool = False):
+def _load_engine(model: str | None, dtype: str, threads: int | None, device: str = "cpu", compile: bool = False,
+                 weights: str = "auto"):  # fmt: skip
     from prefill.engine.engine import Engine
+    from prefill.engine.weights import resolve_weights
     from prefill.machine.native import keep_compile, resolve_dtype
 
     dtype = resolve_dtype(dtype, device, echo=_echo)  # "auto" -> the fastest native dtype, said in one line
+    weights = resolve_weights(weights, model, dtype, device, echo=_echo)  # "auto" -> native or dense, said why
+    if compile and weights == "native":
+        _echo("note: native GGUF weights already run fused block operators; not compiling")
+        compile = False
     compile = compile and keep_compile(dtype, device, echo=_echo)  # unless the last bench found it slower here
-    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True)
+    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True, weights=weights)
     if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):
             console.print(f"compiled in {engine.compile():.1f} s")
@@ -629,6 +668,7 @@ def run(
     prompt: str = typer.Argument(..., help="The prompt; the chat template is applied unless --raw."),
     model: str = typer.Option(None, "--model", "-m", help=".gguf file or Hugging Face folder (default: SmolLM2)"),
     dtype: str = typer.Option("auto", help="auto (the fastest dtype native here), float32 or bfloat16"),
+    weights: str = typer.Option("auto", help="auto, native (the GGUF's own blocks), float32 or bfloat16"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="Most tokens to generate"),
     temperature: float = typer.Option(0.0, help="0 = greedy"),
     top_k: int = typer.Option(0, help="0 = no top-k cut"),
@@ -651,7 +691,7 @@ def run(
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     if chat and raw:
         fail("--chat and --raw contradict each other: give one")
-    engine = _load_engine(model, dtype, threads, device, compile)
+    engine = _load_engine(model, dtype, threads, device, compile, weights)
     if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
         if chat:
             fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")
@@ -669,8 +709,8 @@ def demo(
 ) -> None:
     """The main job on the embedded SmolLM2-135M-Instruct: `prefill run` on a fixed prompt."""
     console.print(f"[bold]prefill demo[/]: prefill of {DEMO_PROMPT!r} on the embedded SmolLM2-135M-Instruct")
-    run(DEMO_PROMPT, model=None, dtype=dtype, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seed=None,
-        stop=[], raw=False, chunk_size=None, threads=threads, device="cpu", compile=False)  # fmt: skip
+    run(DEMO_PROMPT, model=None, dtype=dtype, weights="auto", max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
+        seed=None, stop=[], raw=False, chunk_size=None, threads=threads, device="cpu", compile=False)  # fmt: skip
 
 
 @app.command()

@@ -27,15 +27,13 @@ def quantized_types(model: str | Path | None) -> tuple[str, ...]:
 def weights_choice(requested: str, model: str | Path | None, dtype: str, device: str = "cpu") -> Choice:
     """The storage for `requested` (auto, native, float32, bfloat16, float16) with its one-line reason; auto
     runs the decode-GEMM probe once per machine (prefill.model.quant.probe, cached)."""
-    import torch
-
     from prefill.model.quant import ops
     from prefill.model.quant.probe import measure_decode_gemm
 
     quantized = quantized_types(model)
     probe_useful = requested.lower() == "auto" and quantized and device.startswith("cpu") and dtype == "float32"
     kernels = ops.available() if quantized else False
-    probe = cached_probe(measure_decode_gemm, torch.get_num_threads()) if probe_useful and kernels else None
+    probe = cached_probe(measure_decode_gemm) if probe_useful and kernels else None
     return choose_weights(requested, quantized=quantized, dtype=dtype, device=device, kernels=kernels, probe=probe)
 
 

@@ -6,7 +6,7 @@ GEMM (M = 1) over more weights than the caches hold, native blocks against float
 once per token, so the storage with fewer bytes wins wherever the kernels keep up with memory.
 
     choose_weights(requested, ...) -> Choice    the pure choice (prefill.machine.native.Choice)
-    cached_probe(measure, threads) -> seconds   the measurement, once per machine, torch version and threads
+    cached_probe(measure) -> seconds            the measurement, once per machine and torch version
 """
 
 from __future__ import annotations
@@ -86,10 +86,10 @@ def _ms(probe: dict[str, float]) -> str:
     return f"{probe['native'] * 1e3:.2f} ms native vs {probe['float32'] * 1e3:.2f} ms float32"
 
 
-def cached_probe(measure: Callable[[], dict[str, float]], threads: int, refresh: bool = False) -> dict[str, float]:
-    """`measure()`'s seconds by storage, from the disk cache when this machine, torch and thread count have
-    them (cache_dir()/weights.json), else measured now and saved."""
-    key = machine_key("cpu", threads)
+def cached_probe(measure: Callable[[], dict[str, float]], refresh: bool = False) -> dict[str, float]:
+    """`measure()`'s seconds by storage (a one-thread measurement), from the disk cache when this machine and
+    torch have them (cache_dir()/weights.json), else measured now and saved."""
+    key = machine_key("cpu", 1)
     data = read_json(_CACHE)
     if not refresh and key in data:
         return {k: float(v) for k, v in data[key]["seconds"].items()}
