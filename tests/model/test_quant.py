@@ -4,34 +4,13 @@ shapes that do not divide the tiles (4 x 3 register tiles, 16-row panels)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from prefill.costmodel.storage import GGUF_BLOCKS
 from prefill.model.quant import KERNEL_TYPES, QuantWeight, cat_rows, linear, ops
-
-SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # f16 fields
-
-
-def random_blocks(qtype: str, N: int, K: int, seed: int = 0) -> torch.Tensor:
-    """uint8 [N, row_bytes]: random quant bytes, every f16 scale a finite value of either sign in (0.002, 0.05)."""
-    g = torch.Generator().manual_seed(seed)
-    block, nbytes = GGUF_BLOCKS[qtype]
-    nb = K // block
-    raw = torch.randint(0, 256, (N, nb, nbytes), dtype=torch.uint8, generator=g)
-    for off in SCALE_OFFSETS[qtype]:
-        s = (torch.rand(N, nb, generator=g) * 0.048 + 0.002) * (torch.randint(0, 2, (N, nb), generator=g) * 2 - 1)
-        raw[..., off : off + 2] = s.half().view(torch.uint8).view(N, nb, 2)
-    return raw.view(N, nb * nbytes)
-
-
-def gguf_dequant(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
-    y = dequantize(blocks.numpy(), GGMLQuantizationType[qtype])
-    return torch.from_numpy(np.array(y, dtype=np.float32)).reshape(N, K)
+from quant_blocks import gguf_dequant, random_blocks
 
 
 def isas() -> list[str]:
