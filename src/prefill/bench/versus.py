@@ -14,9 +14,8 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from prefill.costmodel.storage import decode_step_bytes
+from prefill.costmodel.storage import decode_step_bytes, gguf_file_storage
 from prefill.errors import BadInput
 
 PP_LENGTHS = (1, 8, 32, 128, 512)
@@ -56,18 +55,6 @@ class VersusResult:
     rows: list[Row] = field(default_factory=list)
     bandwidth: dict[int, float] = field(default_factory=dict)  # threads -> read bytes/s
     notes: list[str] = field(default_factory=list)
-
-
-def file_storage(path: str | Path) -> tuple[str, str]:
-    """(the projections' GGUF type, the token embedding's type) of a GGUF file: ("Q4_1", "Q8_0") for SmolLM2."""
-    from collections import Counter
-
-    from prefill.costmodel.specs import open_gguf
-
-    tensors = open_gguf(path).tensors
-    blocks = Counter(t.tensor_type.name for t in tensors if t.name.startswith("blk.") and len(t.shape) == 2)
-    embed = next((t.tensor_type.name for t in tensors if t.name == "token_embd.weight"), blocks.most_common(1)[0][0])
-    return blocks.most_common(1)[0][0], embed
 
 
 def measure_read_bandwidth(threads: int, n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
@@ -118,7 +105,7 @@ def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = Non
         raise BadInput(f"the llama.cpp comparison needs a .gguf file, got {path}")
     result = VersusResult(config)
     n_ctx = max(max(config.prompt_lengths), max(config.depths) + config.tg_steps + 8)
-    file_types = file_storage(path)
+    file_types = gguf_file_storage(path)
     say = on_step or (lambda _s: None)
     for threads in config.threads:
         torch.set_num_threads(threads)

@@ -113,6 +113,12 @@ def estimate(
         help="Fraction of peak achieved, in (0, 1]. Default 0.5; 1.0 on cpu, whose peak is a measured GEMM.",
     ),
     dtype: str = typer.Option("bf16", "--dtype", help="float32, bf16, fp16 or fp8: peak and bytes per element."),
+    weights: str | None = typer.Option(
+        None,
+        "--weights",
+        help="How the weights are stored: a dtype or a GGUF type (Q4_1, Q4_K, ...); default: --dtype, "
+        "or the --gguf file's own types.",
+    ),
     batch: int = typer.Option(1, "--batch", "-b", help="B, sequences prefilled together."),
     tp: int = typer.Option(1, "--tp", help="T, tensor-parallel GPUs."),
     network_ms: float = typer.Option(0.0, "--network-ms", help="Network latency added to TTFT (ms)."),
@@ -189,6 +195,8 @@ def estimate(
     r["prefill_bound"] = costs.bound(r["prefill_intensity"], ridge)
     r["decode_bound"] = costs.bound(r["decode_intensity"], ridge)
     r["compute_bound_from_P"] = costs.compute_bound_prompt_length(spec, b, ridge, B)
+    if spec:
+        r.update(_weight_storage(spec, weights, gguf, dt, hw.bandwidth_bytes_per_s))
     if json_out:
         typer.echo(json.dumps(r, indent=2))
         return
@@ -245,6 +253,8 @@ def estimate(
             kv_rows.append((f"per GPU ({-(-spec.H_kv // T)} of {spec.H_kv} KV heads)",
                             costs.format_bytes(r["kv_cache_bytes_per_gpu"])))  # fmt: skip
         sections["KV cache"] = kv_rows
+    if spec:
+        sections["Weights"] = _weight_rows(r)
     crossover = r["compute_bound_from_P"]
     weights_only = "" if spec else " (weight bytes only)"
     sections["Roofline"] = [
@@ -265,6 +275,31 @@ def estimate(
             "the link bandwidth, not overlapped."
         )
     _print_report(sections, captions)
+
+
+def _weight_storage(spec, weights: str | None, gguf: str | None, dtype: str, bandwidth: float) -> dict:
+    """The weights' storage (projections, embedding), their bytes, and a decode step's weight bytes and floor."""
+    from prefill.costmodel import storage
+
+    proj, emb = (weights, weights) if weights else storage.gguf_file_storage(gguf) if gguf else (dtype, dtype)
+    step = storage.decode_weight_bytes(spec, proj, emb)
+    return {"weights_storage": [proj, emb], "bytes_per_weight": storage.bytes_per_weight(proj),
+            "weight_bytes": storage.weight_bytes(spec, proj, emb), "decode_weight_bytes": step,
+            "decode_weight_floor_s": step / bandwidth if bandwidth else None}  # fmt: skip
+
+
+def _weight_rows(r: dict) -> list[tuple[str, str]]:
+    from prefill.costmodel import costs
+
+    proj, emb = r["weights_storage"]
+    floor = r["decode_weight_floor_s"]
+    return [
+        ("stored as", proj if proj == emb else f"{proj} (embedding {emb})"),
+        ("bytes per weight", f"{r['bytes_per_weight']:.4g}"),
+        ("all weights", costs.format_bytes(r["weight_bytes"])),
+        ("read per decode step", costs.format_bytes(r["decode_weight_bytes"])),
+        ("decode floor (bytes / bandwidth)", _secs(floor) if floor else "no bandwidth known"),
+    ]
 
 
 @app.command()

@@ -82,3 +82,19 @@ def decode_step_bytes(spec: ModelSpec, storage: str, embedding: str | None, cont
     """Bytes one decode step of one sequence reads at `context` tokens: the weights as stored
     (decode_weight_bytes) and every layer's K and V so far at `kv_bytes` per element (4 for float32)."""
     return decode_weight_bytes(spec, storage, embedding) + kv_cache_bytes_for(spec, context, kv_bytes)
+
+
+def gguf_file_storage(path) -> tuple[str, str]:
+    """(the projections' type, the token embedding's type) of a GGUF file, from its tensor list alone:
+    ("Q4_1", "Q8_0") for the embedded SmolLM2. The projections' type is the commonest among the blocks'
+    matrices (Q4_K_M files mix in a few Q6_K)."""
+    from collections import Counter
+
+    from prefill.costmodel.specs import open_gguf
+
+    tensors = open_gguf(path).tensors
+    counts = Counter(t.tensor_type.name for t in tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    if not counts:
+        raise BadInput(f"{path}: no weight matrices in this GGUF file")
+    proj = counts.most_common(1)[0][0]
+    return proj, next((t.tensor_type.name for t in tensors if t.name == "token_embd.weight"), proj)
