@@ -136,13 +136,22 @@ def summation_depth(K: int, isa: str) -> int:
 
 def error_bound(x: torch.Tensor, magnitudes: torch.Tensor, isa: str) -> torch.Tensor:
     """A worst-case bound [M, N] on |gemm(x, W) - x W^T| with W the gguf package's float32 decoding, in float32
-    activations: gamma_D * sum_k |x_k| t_k, gamma_D = D u / (1 - D u), u = 2^-24, D = summation_depth(K, isa),
-    t_k the magnitude of the terms the kernel adds (|d q| + |m| for Q4_0 / Q4_1, whose M = 1 path sums d * sum q x
-    and m * sum x apart; |w| otherwise; see term_magnitudes). The typical error is about sqrt(D) u times the
-    same sum, a few percent of this bound."""
+    activations:
+
+        gamma_D * sum_k |x_k| t_k  +  2^-28 * sum_b max_{k in b} |x_k| * sum_{k in b} t_k
+
+    gamma_D = D u / (1 - D u), u = 2^-24, D = summation_depth(K, isa); t_k the magnitude of the terms the kernel
+    adds (|d q| + |m| for Q4_0 / Q4_1, whose decode path sums d * sum q x and m * sum x apart; |w| otherwise;
+    see term_magnitudes). The second term is the decode kernel's split of each 32-block of x into two int16
+    limbs over a power-of-two scale s (exact to s 2^-16 <= max |x_b| 2^-29; csrc/simd_avx2.h), summed over the
+    blocks b. The typical error is about sqrt(D) u times the first sum, a few percent of this bound."""
     D = summation_depth(x.shape[-1], isa)
     u = 2.0**-24
-    return D * u / (1 - D * u) * (x.double().abs() @ magnitudes.double().T)
+    ax, t = x.double().abs(), magnitudes.double()
+    M, K = ax.shape
+    block_max = ax.view(M, K // 32, 32).amax(-1)  # [M, K / 32]
+    split = 2.0**-28 * (block_max @ t.view(t.shape[0], K // 32, 32).sum(-1).T)  # [M, N]
+    return D * u / (1 - D * u) * (ax @ t.T) + split
 
 
 def term_magnitudes(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:

@@ -41,6 +41,7 @@ const char* isa_name(int isa) { return isa == AVX2 ? "avx2" : "scalar"; }
 
 constexpr int64_t PANEL = 16;  // weight rows decoded at a time: 16 x K floats (96 KiB at K = 1,536) stay in L2
 constexpr int MR = 4, NR = 3;  // register tile: 4 x 3 accumulators of 8 lanes (+ 3 weight vectors + 1 of x)
+constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead the decode kernel asks for its weights
 
 // ---- portable scalar path ------------------------------------------------------------------------------
 
@@ -107,23 +108,21 @@ void panel_rows(int isa, int64_t t, const float* x, int64_t M, int64_t K, const 
   }
 }
 
-// M = 1: one dot per weight row, straight from the blocks. xsum[b]: the activations' sum over block b.
-void m1_rows(int isa, int64_t t, const float* x, const float* xsum, int64_t K, const uint8_t* w, int64_t row_bytes,
-             int64_t n0, int64_t n1, float* out) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (isa == AVX2) {
-    const int64_t nb = K / 32;
-    for (int64_t n = n0; n < n1; n++) {
-      const uint8_t* row = w + n * row_bytes;
-      out[n] = t == Q4_1   ? avx2::dot_row_m1<Q4_1>(row, x, xsum, nb)
-               : t == Q4_0 ? avx2::dot_row_m1<Q4_0>(row, x, xsum, nb)
-                           : avx2::dot_row_m1<Q8_0>(row, x, xsum, nb);
-    }
-    return;
+// M = 1: one dot per weight row, straight from the blocks, against the split activations (simd_avx2.h).
+void m1_rows(int64_t t, const avx2::SplitX& sx, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0,
+             int64_t n1, float* out) {
+  const int64_t nb = K / 32;
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t c = 0; c < row_bytes; c += 64)  // the rows about a KiB ahead: the weights stream from memory
+      _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_BYTES + c), _MM_HINT_T0);
+    out[n] = t == Q4_1   ? avx2::dot_row_m1<Q4_1>(row, sx, nb)
+             : t == Q4_0 ? avx2::dot_row_m1<Q4_0>(row, sx, nb)
+                         : avx2::dot_row_m1<Q8_0>(row, sx, nb);
   }
-#endif
-  panel_rows(isa, t, x, 1, K, w, row_bytes, n0, n1, out, 1);
 }
+#endif
 
 bool direct_m1(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
 
@@ -188,19 +187,20 @@ void matmul(const float* xp, int64_t M, const QMatrix& w, float* op, int64_t den
     return;
   }
   const int isa = g_isa.load();
-  if (M == 1 && direct_m1(w.type)) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (M == 1 && isa == AVX2 && direct_m1(w.type)) {
     const int64_t nb = K / 32;
-    std::unique_ptr<float[]> xsum(new float[nb]);  // [K / 32]
-    for (int64_t b = 0; b < nb; b++) {
-      float s = 0.0f;
-      for (int k = 0; k < 32; k++) s += xp[32 * b + k];
-      xsum[b] = s;
+    std::unique_ptr<int16_t[]> hl(new int16_t[2 * K]);  // [2, K]
+    std::unique_ptr<float[]> sums(new float[2 * nb]);   // [2, K / 32]
+    const avx2::SplitX sx{hl.get(), hl.get() + K, sums.get(), sums.get() + nb};
+    if (avx2::split_x(xp, K, sx)) {
+      at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
+        m1_rows(w.type, sx, K, w.data, w.row_bytes, n0, n1, op);
+      });
+      return;
     }
-    at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
-      m1_rows(isa, w.type, xp, xsum.get(), K, w.data, w.row_bytes, n0, n1, op);
-    });
-    return;
   }
+#endif
   at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
     panel_rows(isa, w.type, xp, M, K, w.data, w.row_bytes, n0, n1, op, N);
   });

@@ -2,15 +2,18 @@
 // x86-64 CPU (gemm.cpp dispatches on what the CPU reports at run time).
 //
 // Two shapes of work:
-// - dot_row_m1: one activation row (decode, M = 1). Each block's 32 weights stay integers-as-floats in four
-//   registers; the block scale multiplies the block's partial dot once (d * sum q x), and the offset uses the
-//   activations' block sums (m * sum x), so no weight is ever materialised.
+// - dot_row_m1: one activation row (decode, M = 1). Each block's 32 weights stay integers (int16 lanes) and
+//   meet the activations split into two int16 limbs in exact integer dot products; the block scale multiplies
+//   the block's dot once (d * sum q x), the offset uses the activations' block sums (m * sum x), so no weight
+//   is ever materialised or converted to float one by one.
 // - dequant_rows + tile: M >= 2. A panel of weight rows is decoded once into a float32 buffer that stays in
 //   L1/L2 and is reused by every row tile of x (MR rows x NR weight rows of 8-lane accumulators).
 #pragma once
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+
+#include <cmath>
 
 #include "blocks.h"
 
@@ -64,27 +67,106 @@ PQ_AVX2 inline void decode(const uint8_t* blk, __m256 q[4], float* d, float* m) 
   }
 }
 
-// sum_k w[k] x[k] for one weight row of nb blocks; xsum[b] = sum of x over block b (for the offsets).
+// The activations of one decode row as two int16 limbs per block: x = s_b (h + l / 2^15), s_b the power of two
+// with max |x_b| <= 16383 s_b, so x / s_b and the residual x - s_b h are exact and only l is rounded: the split
+// is exact to s_b 2^-16 <= max |x_b| 2^-29. The weights' integers then meet x in exact int32 dot products
+// (_mm256_madd_epi16), which cost fewer instructions per weight than converting every weight to float.
+struct SplitX {
+  int16_t* h;   // [K]
+  int16_t* l;   // [K]
+  float* s;     // [K / 32]
+  float* sum;   // [K / 32]: sum of x over the block (for the offsets m)
+};
+
+// 8 floats, already integers in [-32768, 32767], as int16 into out[0..7].
+PQ_AVX2 inline void store_int16(__m256 v, int16_t* out) {
+  const __m256i i = _mm256_cvtps_epi32(v);
+  const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+}
+
+// Returns false (and the caller takes the float path) when x holds an inf or a NaN (the float path propagates
+// them) or a block whose largest |x| is below 2^-60 but not 0 (its scale would leave float's normal range).
+PQ_AVX2 inline bool split_x(const float* x, int64_t K, SplitX sx) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int64_t b = 0; b < K / 32; b++) {
+    const float* xb = x + 32 * b;
+    __m256 v[4], mx = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
+      sum = _mm256_add_ps(sum, v[i]);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mx);
+    float m = 0.0f;
+    for (float f : lanes) m = std::fmax(m, f);
+    const float total = hsum(sum);
+    if (!std::isfinite(total) || !std::isfinite(m) || (m > 0.0f && m < 0x1p-60f)) return false;
+    const float s = m > 0.0f ? std::ldexp(1.0f, std::ilogb(m / 16383.0f) + 1) : 1.0f;  // 2^e >= max / 16383
+    const __m256 vs = _mm256_set1_ps(s), two15 = _mm256_set1_ps(32768.0f);
+    for (int i = 0; i < 4; i++) {
+      const __m256 h = _mm256_round_ps(_mm256_div_ps(v[i], vs), NEAREST);  // x / s is exact, then rounded
+      const __m256 r = _mm256_sub_ps(v[i], _mm256_mul_ps(h, vs));          // x - s h, exact
+      store_int16(h, sx.h + 32 * b + 8 * i);
+      store_int16(_mm256_round_ps(_mm256_mul_ps(_mm256_div_ps(r, vs), two15), NEAREST), sx.l + 32 * b + 8 * i);
+    }
+    sx.s[b] = s;
+    sx.sum[b] = total;
+  }
+  return true;
+}
+
+// The 32 integers of block b as int16: q[0] = weights 0..15, q[1] = 16..31 (Q4: nibbles 0..15, Q8_0: int8).
 template <int64_t T>
-PQ_AVX2 inline float dot_row_m1(const uint8_t* row, const float* x, const float* xsum, int64_t nb) {
+PQ_AVX2 inline void int16s(const uint8_t* blk, __m256i q[2], float* d, float* m) {
+  *d = half_at(blk);
+  if constexpr (T == Q8_0) {
+    q[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    q[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
+    *m = 0.0f;
+  } else {
+    const int off = T == Q4_0 ? 2 : 4;
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + off)));
+    q[0] = _mm256_and_si256(v, _mm256_set1_epi16(0xf));
+    q[1] = _mm256_srli_epi16(v, 4);
+    *m = T == Q4_0 ? -8.0f * *d : half_at(blk + 2);  // (q - 8) d = q d - 8 d
+  }
+}
+
+// d s (H + L / 2^15) of block b into acc, m sum x into *off: H = sum q h and L = sum q l are exact int32 sums
+// (|H|, |L| < 2^24, so both convert to float exactly) and d s is exact (s is a power of two).
+template <int64_t T>
+PQ_AVX2 inline void block_dot(const uint8_t* blk, const SplitX& sx, int64_t b, __m256* acc, float* off) {
+  __m256i q[2];
+  float d, m;
+  int16s<T>(blk, q, &d, &m);
+  const __m256i* h = reinterpret_cast<const __m256i*>(sx.h + 32 * b);
+  const __m256i* l = reinterpret_cast<const __m256i*>(sx.l + 32 * b);
+  const __m256i H = _mm256_add_epi32(_mm256_madd_epi16(q[0], _mm256_loadu_si256(h)),
+                                     _mm256_madd_epi16(q[1], _mm256_loadu_si256(h + 1)));
+  const __m256i L = _mm256_add_epi32(_mm256_madd_epi16(q[0], _mm256_loadu_si256(l)),
+                                     _mm256_madd_epi16(q[1], _mm256_loadu_si256(l + 1)));
+  const __m256 p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_set1_ps(1.0f / 32768.0f), _mm256_cvtepi32_ps(H));
+  *acc = _mm256_fmadd_ps(p, _mm256_set1_ps(d * sx.s[b]), *acc);
+  if constexpr (T != Q8_0) *off += m * sx.sum[b];
+}
+
+// sum_k w[k] x[k] for one weight row of nb blocks against the split activations; even and odd blocks in
+// separate chains, so the accumulator's FMA latency is paid once per two blocks.
+template <int64_t T>
+PQ_AVX2 inline float dot_row_m1(const uint8_t* row, const SplitX& sx, int64_t nb) {
   constexpr int BYTES = T == Q4_0 ? 18 : T == Q4_1 ? 20 : 34;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  float offsets = 0.0f;
-  for (int64_t b = 0; b < nb; b++) {
-    __m256 q[4];
-    float d, m;
-    decode<T>(row + b * BYTES, q, &d, &m);
-    const float* xb = x + 32 * b;
-    __m256 p = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
-    p = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), p);
-    __m256 p2 = _mm256_mul_ps(q[2], _mm256_loadu_ps(xb + 16));
-    p2 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), p2);
-    const __m256 vd = _mm256_set1_ps(d);
-    acc0 = _mm256_fmadd_ps(p, vd, acc0);
-    acc1 = _mm256_fmadd_ps(p2, vd, acc1);
-    if constexpr (T != Q8_0) offsets += m * xsum[b];
+  float off0 = 0.0f, off1 = 0.0f;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block_dot<T>(row + b * BYTES, sx, b, &acc0, &off0);
+    block_dot<T>(row + (b + 1) * BYTES, sx, b + 1, &acc1, &off1);
   }
-  return hsum(_mm256_add_ps(acc0, acc1)) + offsets;
+  if (b < nb) block_dot<T>(row + b * BYTES, sx, b, &acc0, &off0);
+  return hsum(_mm256_add_ps(acc0, acc1)) + (off0 + off1);
 }
 
 // Rows [n0, n0 + rows) of a weight of type T (row_bytes each) decoded into y[rows][K]: w = q d + m.
