@@ -141,3 +141,20 @@ def test_bad_blocks_are_refused():
         QuantWeight(torch.zeros(4, 10, dtype=torch.uint8), "Q4_1", 4, 64)
     with pytest.raises(ModelFileError, match="no quantized kernel"):
         QuantWeight(torch.zeros(4, 44, dtype=torch.uint8), "Q5_1", 4, 64)
+
+
+def test_long_prompts_use_a_float32_copy_made_on_first_need(monkeypatch):
+    from prefill.model.quant import weight
+
+    K, N = 64, 12
+    w = QuantWeight(random_blocks("Q4_1", N, K), "Q4_1", N, K, dense_min_m=4)
+    short, long = torch.randn(3, K), torch.randn(5, K)
+    linear(short, w)
+    assert w.dense is None  # below dense_min_m: the kernels read the blocks
+    y = linear(long, w)
+    assert w.dense is not None and torch.equal(w.dense, w.dequantize())
+    assert torch.equal(y, F.linear(long, w.dense))
+    tight = QuantWeight(w.blocks, "Q4_1", N, K, dense_min_m=4)
+    monkeypatch.setattr(weight, "DENSE_MEMORY_SHARE", 0.0)  # no memory to spare: the copy is never made
+    linear(long, tight)
+    assert tight.dense is None

@@ -3,8 +3,8 @@ for blocks whose projections are GGUF blocks: a decode step then pays 2 dispatch
 small torch ops, which on a CPU cost as much as the layer's GEMMs.
 
 Same signatures, same arithmetic (csrc/fused.cpp); `install(model)` puts them in the model's Kernels. Blocks
-the operators do not cover (dense weights, Qwen3's q/k norm, Gemma's extra norms and GELU gate, float32
-weights kept beside for a long prompt) run the model's own functions unchanged.
+the operators do not cover (dense weights, Qwen3's q/k norm, Gemma's extra norms and GELU gate) and prompts
+long enough for the float32 copy (QuantWeight.uses_dense) run the model's own functions unchanged.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from prefill.model.quant.weight import QuantWeight
 
 
 def _native(w, rows: int) -> bool:
-    return isinstance(w, QuantWeight) and not (w.dense is not None and rows >= w.dense_min_m > 0)
+    return isinstance(w, QuantWeight) and not w.uses_dense(rows)
 
 
 def install(model) -> bool:
@@ -37,7 +37,7 @@ def install(model) -> bool:
         d = cos.shape[-1]
         qkv = torch.ops.prefill_quant.pre_attention(
             x.reshape(B * P, D), norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv,
-            cos.reshape(B * P, d), sin.reshape(B * P, d), H_q + H_kv, w_qkv.dense_min_m,
+            cos.reshape(B * P, d), sin.reshape(B * P, d), H_q + H_kv, 0,
         ).view(B, P, H_q + 2 * H_kv, d)  # fmt: skip
         q = qkv[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
         k = qkv[:, :, H_q : H_q + H_kv].transpose(1, 2)  # [B, H_kv, P, d_head]
@@ -52,7 +52,7 @@ def install(model) -> bool:
         return torch.ops.prefill_quant.post_attention(
             x.reshape(B * P, D), o.transpose(1, 2).reshape(B * P, H_q * d), w_o.blocks, GGUF_TYPE_IDS[w_o.qtype],
             norm_w, eps, w_gate_up.blocks, GGUF_TYPE_IDS[w_gate_up.qtype], w_down.blocks,
-            GGUF_TYPE_IDS[w_down.qtype], w_o.dense_min_m,
+            GGUF_TYPE_IDS[w_down.qtype], 0,
         ).view(B, P, D)  # fmt: skip
 
     model.kernels.qkv_rotary, model.kernels.out_and_mlp = qkv_rotary, out_and_mlp

@@ -18,19 +18,26 @@ from prefill.errors import ModelFileError
 from prefill.model.quant import ops
 
 KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the block types csrc/ decodes
+# From this many rows of x a float32 copy of the weight, made on first need and kept beside the blocks, beats
+# the kernels (MKL's blocking wins once the product is compute-bound): measured on the embedded model, 1 thread,
+# CPU time of a whole prefill: panel kernel 0.52 s vs float32 0.66 s at P = 128, 2.18 vs 2.14 s at 512, 3.63 vs
+# 3.00 s at 1,024 (benchmarks/quant_gemm.py shows it per shape). The server's 256-token chunks never reach it.
+DENSE_MIN_M = 1024
+DENSE_MEMORY_SHARE = 0.25  # a float32 copy is made only while it takes at most this share of the free memory
 
 
 @dataclass(eq=False)
 class QuantWeight:
     """A [N, K] weight as GGUF blocks of `qtype`. From M >= dense_min_m rows (0: never) the product runs as a
-    float32 GEMM: over `dense` when a float32 copy is kept beside the blocks, else over a per-call decoding."""
+    float32 GEMM over `dense`, a float32 copy made on first need and kept beside the blocks, when memory allows
+    (DENSE_MEMORY_SHARE of the free memory); else, and below that M, the kernels read the blocks."""
 
     blocks: torch.Tensor  # uint8 [N, K / block * bytes per block]
     qtype: str
     N: int
     K: int
-    dense_min_m: int = 0
-    dense: torch.Tensor | None = None  # float32 [N, K], or None
+    dense_min_m: int = DENSE_MIN_M
+    dense: torch.Tensor | None = None  # float32 [N, K] once a long prompt made it, else None
 
     def __post_init__(self) -> None:
         if self.qtype not in KERNEL_TYPES:
@@ -62,13 +69,25 @@ class QuantWeight:
         picked = self.blocks.index_select(0, index)  # [T, row_bytes]
         return ops.dequant(picked, self.qtype, picked.shape[0], self.K)
 
+    def uses_dense(self, M: int) -> bool:
+        """True when a product of M rows runs over the float32 copy (making it now if it is missing)."""
+        if not 0 < self.dense_min_m <= M:
+            return False
+        if self.dense is None:
+            import psutil
+
+            if DENSE_MEMORY_SHARE * psutil.virtual_memory().available < 4 * self.N * self.K:
+                return False
+            self.dense = self.dequantize()
+        return True
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] float32 -> x @ W^T [..., N] float32."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.K)  # [M, K]
-        if self.dense is not None and x2.shape[0] >= self.dense_min_m > 0:
+        if self.uses_dense(x2.shape[0]):
             return F.linear(x, self.dense)
-        return ops.gemm(x2, self.blocks, self.qtype, self.N, self.K, self.dense_min_m).view(*lead, self.N)
+        return ops.gemm(x2, self.blocks, self.qtype, self.N, self.K).view(*lead, self.N)
 
     def permute_rows(self, order: torch.Tensor) -> QuantWeight:
         """The same weight with its rows in `order` (a permutation of range(N))."""
