@@ -158,3 +158,21 @@ def test_long_prompts_use_a_float32_copy_made_on_first_need(monkeypatch):
     monkeypatch.setattr(weight, "DENSE_MEMORY_SHARE", 0.0)  # no memory to spare: the copy is never made
     linear(long, tight)
     assert tight.dense is None
+
+
+@pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
+def test_operators_pass_torch_opcheck():
+    # Schema, fake (meta) implementations for torch.compile, no autograd surprises, for every operator.
+    D, H_q, H_kv, d, F_ = 64, 4, 2, 16, 96
+    x, norm = torch.randn(2, 3, D), torch.ones(D)
+    cos, sin = torch.randn(2, 3, 1, d), torch.randn(2, 3, 1, d)
+    w_qkv, w_o = random_blocks("Q8_0", (H_q + 2 * H_kv) * d, D), random_blocks("Q4_1", D, H_q * d)
+    w_gu, w_d = random_blocks("Q4_1", 2 * F_, D), random_blocks("Q4_0", D, F_)
+    qo = torch.ops.prefill_quant
+    for op, args in (
+        (qo.pre_attention.default, (x, norm, 1e-5, w_qkv, 8, None, cos, sin, H_q, H_kv)),
+        (qo.post_attention.default, (x.view(6, D), torch.randn(6, H_q * d), w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2, 0)),
+        (qo.gemm.default, (torch.randn(5, D), w_gu, 3, 2 * F_, D, 0)),
+        (qo.dequant.default, (w_d, 2, D, F_)),
+    ):
+        torch.library.opcheck(op, args)

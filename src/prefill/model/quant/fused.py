@@ -31,17 +31,12 @@ def install(model) -> bool:
     eager_qkv, eager_out = transformer.qkv_rotary, transformer.out_and_mlp
 
     def qkv_rotary(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv):
-        B, P, D = x.shape
+        B, P, _ = x.shape
         if q_norm_w is not None or x.dtype != torch.float32 or not _native(w_qkv, B * P):
             return eager_qkv(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv)
-        d = cos.shape[-1]
-        qkv = torch.ops.prefill_quant.pre_attention(
-            x.reshape(B * P, D), norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv,
-            cos.reshape(B * P, d), sin.reshape(B * P, d), H_q + H_kv, 0,
-        ).view(B, P, H_q + 2 * H_kv, d)  # fmt: skip
-        q = qkv[:, :, :H_q].transpose(1, 2)  # [B, H_q, P, d_head]
-        k = qkv[:, :, H_q : H_q + H_kv].transpose(1, 2)  # [B, H_kv, P, d_head]
-        return q, k, qkv[:, :, H_q + H_kv :].transpose(1, 2)
+        # q [B, H_q, P, d_head], k, v [B, H_kv, P, d_head]
+        return torch.ops.prefill_quant.pre_attention(x, norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv,
+                                                     cos, sin, H_q, H_kv)  # fmt: skip
 
     def out_and_mlp(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False):
         B, H_q, P, d = o.shape

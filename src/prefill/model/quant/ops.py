@@ -54,8 +54,10 @@ def _register_fakes() -> None:
         return w.new_empty(n, k, dtype=torch.float32)
 
     @torch.library.register_fake("prefill_quant::pre_attention")
-    def _(x, norm_w, eps, w, qtype, bias, cos, sin, rotary_heads, dense_min_m):
-        return x.new_empty(x.shape[0], w.shape[0])
+    def _(x, norm_w, eps, w, qtype, bias, cos, sin, H_q, H_kv):
+        B, P, _ = x.shape
+        d = cos.shape[-1]
+        return x.new_empty(B, H_q, P, d), x.new_empty(B, H_kv, P, d), x.new_empty(B, H_kv, P, d)
 
     @torch.library.register_fake("prefill_quant::post_attention")
     def _(x, o, w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type, dense_min_m):

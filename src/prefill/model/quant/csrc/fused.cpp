@@ -1,8 +1,8 @@
 // A decoder block's work around attention as two operators, so a decode step pays one dispatch for each
 // instead of ~12 small torch ops (each ~5 us on this CPU, as much as a whole GEMM of the layer):
 //
-//   pre_attention(x [M, D], norm_w, eps, w_qkv, type, bias?, cos [M, d], sin [M, d], rotary_heads, dense_min_m)
-//       -> qkv [M, N]: RMSNorm, the fused Q/K/V product (+ bias), rotary on the first rotary_heads heads
+//   pre_attention(x [B, P, D], norm_w, eps, w_qkv, type, bias?, cos, sin [B, P, 1, d], H_q, H_kv) -> q, k, v:
+//       RMSNorm, the fused Q/K/V product (+ bias), rotary on the Q and K heads
 //   post_attention(x [M, D], o [M, H_q d], w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type, m0)
 //       -> [M, D]: x + o W_o^T, then RMSNorm, gate/up product, silu(gate) * up, down product, residual
 //
@@ -11,6 +11,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include <cstring>
+#include <tuple>
 
 #include "elementwise.h"
 #include "gemm.h"
@@ -36,9 +39,9 @@ at::Tensor check_rows(const at::Tensor& t, int64_t width, const char* what) {
   return t.contiguous();
 }
 
-at::Tensor pre_attention(const at::Tensor& x_in, const at::Tensor& norm_w, double eps, const at::Tensor& w,
-                         int64_t type, const c10::optional<at::Tensor>& bias, const at::Tensor& cos_in,
-                         const at::Tensor& sin_in, int64_t rotary_heads, int64_t dense_min_m) {
+at::Tensor qkv_rotary_rows(const at::Tensor& x_in, const at::Tensor& norm_w, double eps, const at::Tensor& w,
+                           int64_t type, const c10::optional<at::Tensor>& bias, const at::Tensor& cos_in,
+                           const at::Tensor& sin_in, int64_t rotary_heads) {
   const QMatrix W = qmatrix(w, type);
   const at::Tensor x = check_rows(x_in, W.K, "x");
   const int64_t M = x.size(0), N = W.N, d = cos_in.size(-1);
@@ -49,7 +52,7 @@ at::Tensor pre_attention(const at::Tensor& x_in, const at::Tensor& norm_w, doubl
   rmsnorm(x.data_ptr<float>(), M, W.K, norm_w, eps, h.data_ptr<float>());
   at::Tensor out = at::empty({M, N}, x.options());  // [M, (H_q + 2 H_kv) d_head]
   float* op = out.data_ptr<float>();
-  matmul(h.data_ptr<float>(), M, W, op, dense_min_m);
+  matmul(h.data_ptr<float>(), M, W, op, 0);
   const float* bp = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kFloat && bias->is_contiguous(), "prefill_quant: bias");
@@ -65,6 +68,36 @@ at::Tensor pre_attention(const at::Tensor& x_in, const at::Tensor& norm_w, doubl
     }
   });
   return out;
+}
+
+// x [B, P, D], cos / sin [B, P, 1, d_head] -> q [B, H_q, P, d_head], k and v [B, H_kv, P, d_head], each
+// contiguous, as prefill.model.transformer.qkv_rotary returns them (there, views of one buffer).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pre_attention(const at::Tensor& x, const at::Tensor& norm_w,
+                                                             double eps, const at::Tensor& w, int64_t type,
+                                                             const c10::optional<at::Tensor>& bias,
+                                                             const at::Tensor& cos, const at::Tensor& sin,
+                                                             int64_t H_q, int64_t H_kv) {
+  TORCH_CHECK(x.dim() == 3 && cos.dim() == 4, "prefill_quant: x must be [B, P, D] and cos [B, P, 1, d_head]");
+  const int64_t B = x.size(0), P = x.size(1), D = x.size(2), d = cos.size(-1), H = H_q + 2 * H_kv;
+  const at::Tensor qkv = qkv_rotary_rows(x.reshape({B * P, D}), norm_w, eps, w, type, bias,
+                                         cos.reshape({B * P, d}), sin.reshape({B * P, d}), H_q + H_kv);
+  TORCH_CHECK(qkv.size(1) == H * d, "prefill_quant: the Q/K/V weight has ", qkv.size(1), " rows, not ", H * d);
+  at::Tensor q = at::empty({B, H_q, P, d}, x.options()), k = at::empty({B, H_kv, P, d}, x.options()),
+             v = at::empty({B, H_kv, P, d}, x.options());
+  const float* src = qkv.data_ptr<float>();  // [B, P, H, d]
+  float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  at::parallel_for(0, B * P, row_grain(H * d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const int64_t b = r / P, p = r % P;
+      for (int64_t h = 0; h < H; h++) {
+        float* dst = h < H_q          ? qp + ((b * H_q + h) * P + p) * d
+                     : h < H_q + H_kv ? kp + ((b * H_kv + h - H_q) * P + p) * d
+                                      : vp + ((b * H_kv + h - H_q - H_kv) * P + p) * d;
+        std::memcpy(dst, src + (r * H + h) * d, d * sizeof(float));
+      }
+    }
+  });
+  return {q, k, v};
 }
 
 void silu_mul(const float* gu, int64_t M, int64_t F, float* g) {

@@ -229,7 +229,7 @@ std::string set_isa(const std::string& name) {
 TORCH_LIBRARY(prefill_quant, m) {
   m.def("gemm(Tensor x, Tensor w, int qtype, int n, int k, int dense_min_m) -> Tensor");
   m.def("pre_attention(Tensor x, Tensor norm_w, float eps, Tensor w, int qtype, Tensor? bias, Tensor cos, "
-        "Tensor sin, int rotary_heads, int dense_min_m) -> Tensor");
+        "Tensor sin, int H_q, int H_kv) -> (Tensor, Tensor, Tensor)");
   m.def("post_attention(Tensor x, Tensor o, Tensor w_o, int o_type, Tensor norm_w, float eps, Tensor w_gate_up, "
         "int gate_up_type, Tensor w_down, int down_type, int dense_min_m) -> Tensor");
   m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
