@@ -95,12 +95,11 @@ def test_embedded_file_logits_native_within_1e3_of_float32(smollm_pair):
 def test_embedded_file_greedy_text_unchanged(smollm_pair):
     native, f32 = smollm_pair
 
-    def rows(engine, ids, n=24):
+    def rows(engine, ids, n=24):  # the logits [vocab] of n greedy steps
         logits, cache = engine.prefill(ids, engine.new_cache(len(ids) + n))
-        out = []
-        for _ in range(n):
-            out.append(logits[0])
-            logits = engine.decode_step(logits.argmax(-1), cache)
+        out = [logits[0]]
+        while len(out) < n:
+            out.append(engine.decode_step(out[-1].argmax().view(1), cache)[0])
         return out
 
     for prompt in PROMPTS:

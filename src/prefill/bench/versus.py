@@ -34,6 +34,8 @@ class VersusConfig:
     weights: tuple[str, ...] = ("native",)
     repeats: int = 5
     tg_steps: int = 16  # decode steps timed per repeat (the median step is kept)
+    clock: str = "wall"  # or "cpu": the calling thread's CPU time, 1 thread only (both engines compute in it),
+    # which other processes on a shared machine do not inflate
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,9 @@ class VersusResult:
     notes: list[str] = field(default_factory=list)
 
 
-def measure_read_bandwidth(threads: int, n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+def measure_read_bandwidth(threads: int, n_bytes: int = 256 * 2**20, repeats: int = 5, clock: str = "wall") -> float:
     """Bytes/s of reading an `n_bytes` float32 array once (a sum) with `threads` threads: the stream a decode
-    step's weights take, more than any cache holds."""
+    step's weights take, more than any cache holds (the best of `repeats`, on `clock`)."""
     import torch
 
     a = torch.ones(n_bytes // 4)
@@ -67,16 +69,17 @@ def measure_read_bandwidth(threads: int, n_bytes: int = 256 * 2**20, repeats: in
     torch.set_num_threads(threads)
     try:
         a.sum()
-        best = min(_seconds(a.sum) for _ in range(repeats))
+        best = min(_seconds(a.sum, clock) for _ in range(repeats))
     finally:
         torch.set_num_threads(old)
     return n_bytes / best
 
 
-def _seconds(fn: Callable[[], object]) -> float:
-    t = time.perf_counter()
+def _seconds(fn: Callable[[], object], clock: str = "wall") -> float:
+    now = time.thread_time if clock == "cpu" else time.perf_counter
+    t = now()
     fn()
-    return time.perf_counter() - t
+    return now() - t
 
 
 @dataclass(eq=False)
@@ -103,6 +106,8 @@ def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = Non
     path = str(default_model_path()) if config.model is None else config.model
     if not path.endswith(".gguf"):
         raise BadInput(f"the llama.cpp comparison needs a .gguf file, got {path}")
+    if config.clock == "cpu" and set(config.threads) != {1}:
+        raise BadInput("CPU time measures one thread: run the comparison with --threads 1")
     result = VersusResult(config)
     n_ctx = max(max(config.prompt_lengths), max(config.depths) + config.tg_steps + 8)
     file_types = gguf_file_storage(path)
@@ -115,11 +120,11 @@ def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = Non
         for engine in ours:
             engine.warmup()
         spec = ours[0].spec
-        result.bandwidth[threads] = measure_read_bandwidth(threads)
+        result.bandwidth[threads] = measure_read_bandwidth(threads, clock=config.clock)
         prompt = _prompt_ids(ours[0].tokenizer, n_ctx, spec.vocab_size)
         with torch.inference_mode():
             for P in config.prompt_lengths:
-                for c, seconds in _pp(contenders, prompt[:P], config.repeats).items():
+                for c, seconds in _pp(contenders, prompt[:P], config).items():
                     result.rows.append(Row(f"pp {P}", threads, c.name, seconds, P / seconds))
                 say(f"pp {P}, {threads} threads")
             for S in config.depths:
@@ -173,14 +178,14 @@ def _prompt_ids(tokenizer, n: int, vocab_size: int) -> list[int]:
     return ids(tokenizer, n, vocab_size)
 
 
-def _pp(contenders: list[Contender], ids: list[int], repeats: int) -> dict[Contender, float]:
+def _pp(contenders: list[Contender], ids: list[int], config: VersusConfig) -> dict[Contender, float]:
     """Median seconds of one whole prefill, repeats interleaved after one warm-up each."""
     for c in contenders:
         c.prefill(ids)
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
-    for _ in range(repeats):
+    for _ in range(config.repeats):
         for c in contenders:
-            samples[c.name].append(_seconds(lambda c=c: c.prefill(ids)))
+            samples[c.name].append(_seconds(lambda c=c: c.prefill(ids), config.clock))
     return {c: statistics.median(samples[c.name]) for c in contenders}
 
 
@@ -193,7 +198,7 @@ def _tg(contenders: list[Contender], ids: list[int], config: VersusConfig) -> di
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
     for _ in range(config.repeats):
         for c in contenders:
-            samples[c.name].extend(_seconds(steps[c.name]) for _ in range(config.tg_steps))
+            samples[c.name].extend(_seconds(steps[c.name], config.clock) for _ in range(config.tg_steps))
     return {c: statistics.median(samples[c.name]) for c in contenders}
 
 
@@ -216,7 +221,8 @@ def versus_table(result: VersusResult):
         table.add_row(row.test, str(row.threads), row.engine, f"{row.seconds * 1e3:.2f}", f"{row.tokens_per_s:,.1f}",
                       ratio, *floor)  # fmt: skip
     bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in result.bandwidth.items())
-    table.caption = f"read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
+    clock = "thread CPU time" if result.config.clock == "cpu" else "wall clock"
+    table.caption = f"{clock}, medians; read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
     return table
 
 

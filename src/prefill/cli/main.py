@@ -473,6 +473,7 @@ def bench(
     llama_bench: bool = typer.Option(
         False, "--llama-bench", help="Instead: ours vs llama.cpp on the same GGUF, pp P and tg @ 64 / 1,024 tokens."
     ),
+    cpu_time: bool = typer.Option(False, "--cpu-time", help="With --llama-bench --threads 1: thread CPU time."),
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
     from pathlib import Path
@@ -502,7 +503,7 @@ def bench(
         weights=weights,
     )
     if llama_bench:
-        return _llama_bench(model, weights, threads, repeats, out)
+        return _llama_bench(model, weights, threads, repeats, out, "cpu" if cpu_time else "wall")
     config, plan, _, _ = prepare(config)
     wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
     wide.print(report.device_line(config.device), highlight=False)
@@ -534,7 +535,7 @@ def bench(
     console.print("wrote " + ", ".join(str(p) for p in written if p is not None), highlight=False)
 
 
-def _llama_bench(model: str | None, weights: str, threads: int | None, repeats: int, out: str) -> None:
+def _llama_bench(model: str | None, weights: str, threads: int | None, repeats: int, out: str, clock: str) -> None:
     import json
     import os
     from pathlib import Path
@@ -544,7 +545,7 @@ def _llama_bench(model: str | None, weights: str, threads: int | None, repeats: 
 
     counts = (threads,) if threads else tuple(sorted({1, os.cpu_count() or 1}))
     storages = ("native", "float32") if weights == "auto" else (check_weights(weights),)
-    config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats)
+    config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats, clock=clock)
     with console.status("ours vs llama.cpp") as status:
         result = run_versus(config, on_step=lambda s: status.update(f"ours vs llama.cpp: {s}"))
     (console if console.is_terminal else Console(width=150)).print(versus_table(result))
