@@ -58,8 +58,6 @@ def test_gemm_within_float32_summation_bound(qtype, M, isa):
         got = ops.gemm(x, blocks, qtype, N, K)
         assert got.shape == (M, N) and got.dtype == torch.float32
         assert ((got.double() - exact).abs() <= bound).all(), (qtype, isa, M, N, K)
-        dense_path = ops.gemm(x, blocks, qtype, N, K, dense_min_m=1)  # decode to float32, then MKL's GEMM
-        assert ((dense_path.double() - exact).abs() <= ops.error_bound(x, w.abs(), "scalar")).all()
 
 
 def test_portable_path_when_no_library(monkeypatch):
@@ -171,8 +169,8 @@ def test_operators_pass_torch_opcheck():
     qo = torch.ops.prefill_quant
     for op, args in (
         (qo.pre_attention.default, (x, norm, 1e-5, w_qkv, 8, None, cos, sin, H_q, H_kv)),
-        (qo.post_attention.default, (x.view(6, D), torch.randn(6, H_q * d), w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2, 0)),
-        (qo.gemm.default, (torch.randn(5, D), w_gu, 3, 2 * F_, D, 0)),
+        (qo.post_attention.default, (x.view(6, D), torch.randn(6, H_q * d), w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2)),
+        (qo.gemm.default, (torch.randn(5, D), w_gu, 3, 2 * F_, D)),
         (qo.dequant.default, (w_d, 2, D, F_)),
     ):
         torch.library.opcheck(op, args)

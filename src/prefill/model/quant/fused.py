@@ -47,7 +47,7 @@ def install(model) -> bool:
         return torch.ops.prefill_quant.post_attention(
             x.reshape(B * P, D), o.transpose(1, 2).reshape(B * P, H_q * d), w_o.blocks, GGUF_TYPE_IDS[w_o.qtype],
             norm_w, eps, w_gate_up.blocks, GGUF_TYPE_IDS[w_gate_up.qtype], w_down.blocks,
-            GGUF_TYPE_IDS[w_down.qtype], 0,
+            GGUF_TYPE_IDS[w_down.qtype],
         ).view(B, P, D)  # fmt: skip
 
     model.kernels.qkv_rotary, model.kernels.out_and_mlp = qkv_rotary, out_and_mlp

@@ -1,7 +1,7 @@
 """The quantized GEMM as an operator: torch.ops.prefill_quant (csrc/gemm.cpp) when its library is built, else a
 portable torch path that decodes the blocks per call (correct, and slower than float32 weights).
 
-    gemm(x [M, K] float32, blocks uint8 [N, row_bytes], qtype, N, K, dense_min_m) -> [M, N] float32
+    gemm(x [M, K] float32, blocks uint8 [N, row_bytes], qtype, N, K) -> [M, N] float32
     dequant(blocks, qtype, N, K) -> [N, K] float32
 
 The library loads once per process, built first if missing or stale (prefill.model.quant.build); either way a
@@ -46,7 +46,7 @@ def _register_fakes() -> None:
     """Shapes for torch.compile's tracing (FakeTensor): the op's output without running it."""
 
     @torch.library.register_fake("prefill_quant::gemm")
-    def _(x, w, qtype, n, k, dense_min_m):
+    def _(x, w, qtype, n, k):
         return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("prefill_quant::dequant")
@@ -60,7 +60,7 @@ def _register_fakes() -> None:
         return x.new_empty(B, H_q, P, d), x.new_empty(B, H_kv, P, d), x.new_empty(B, H_kv, P, d)
 
     @torch.library.register_fake("prefill_quant::post_attention")
-    def _(x, o, w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type, dense_min_m):
+    def _(x, o, w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type):
         return x.new_empty(x.shape)
 
 
@@ -90,13 +90,10 @@ def set_isa(name: str) -> str:
     return torch.ops.prefill_quant.set_isa(name)
 
 
-def gemm(x: torch.Tensor, blocks: torch.Tensor, qtype: str, N: int, K: int, dense_min_m: int = 0) -> torch.Tensor:
-    """x [M, K] float32 times the quantized weight [N, K] transposed -> [M, N] float32 (F.linear without bias).
-
-    From M >= dense_min_m > 0 the kernel decodes the weight once into float32 and runs the float32 GEMM (long
-    prompts are compute-bound, where the float32 GEMM's blocking beats decoding in registers)."""
+def gemm(x: torch.Tensor, blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
+    """x [M, K] float32 times the quantized weight [N, K] transposed -> [M, N] float32 (F.linear without bias)."""
     if available():
-        return torch.ops.prefill_quant.gemm(x, blocks, GGUF_TYPE_IDS[qtype], N, K, dense_min_m)
+        return torch.ops.prefill_quant.gemm(x, blocks, GGUF_TYPE_IDS[qtype], N, K)
     return torch.nn.functional.linear(x, dequant_portable(blocks, qtype, N, K))
 
 

@@ -3,7 +3,7 @@
 //
 //   pre_attention(x [B, P, D], norm_w, eps, w_qkv, type, bias?, cos, sin [B, P, 1, d], H_q, H_kv) -> q, k, v:
 //       RMSNorm, the fused Q/K/V product (+ bias), rotary on the Q and K heads
-//   post_attention(x [M, D], o [M, H_q d], w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type, m0)
+//   post_attention(x [M, D], o [M, H_q d], w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type)
 //       -> [M, D]: x + o W_o^T, then RMSNorm, gate/up product, silu(gate) * up, down product, residual
 //
 // The same arithmetic as prefill.model.transformer's qkv_rotary and out_and_mlp (Llama-style blocks: no q/k
@@ -52,7 +52,7 @@ at::Tensor qkv_rotary_rows(const at::Tensor& x_in, const at::Tensor& norm_w, dou
   rmsnorm(x.data_ptr<float>(), M, W.K, norm_w, eps, h.data_ptr<float>());
   at::Tensor out = at::empty({M, N}, x.options());  // [M, (H_q + 2 H_kv) d_head]
   float* op = out.data_ptr<float>();
-  matmul(h.data_ptr<float>(), M, W, op, 0);
+  matmul(h.data_ptr<float>(), M, W, op);
   const float* bp = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kFloat && bias->is_contiguous(), "prefill_quant: bias");
@@ -124,7 +124,7 @@ void add_into(float* y, const float* x, int64_t n) {
 
 at::Tensor post_attention(const at::Tensor& x_in, const at::Tensor& o_in, const at::Tensor& w_o, int64_t o_type,
                           const at::Tensor& norm_w, double eps, const at::Tensor& w_gu, int64_t gu_type,
-                          const at::Tensor& w_down, int64_t down_type, int64_t dense_min_m) {
+                          const at::Tensor& w_down, int64_t down_type) {
   const QMatrix Wo = qmatrix(w_o, o_type), Wgu = qmatrix(w_gu, gu_type), Wd = qmatrix(w_down, down_type);
   const int64_t D = Wo.N, F = Wgu.N / 2;
   TORCH_CHECK(Wgu.K == D && Wd.K == F && Wd.N == D && Wgu.N % 2 == 0, "prefill_quant: block weight shapes");
@@ -134,17 +134,17 @@ at::Tensor post_attention(const at::Tensor& x_in, const at::Tensor& o_in, const 
   const auto opts = x.options();
   at::Tensor x1 = at::empty({M, D}, opts);  // x + attention output
   float* x1p = x1.data_ptr<float>();
-  matmul(o.data_ptr<float>(), M, Wo, x1p, dense_min_m);
+  matmul(o.data_ptr<float>(), M, Wo, x1p);
   add_into(x1p, x.data_ptr<float>(), M * D);
   at::Tensor h = at::empty({M, D}, opts);
   rmsnorm(x1p, M, D, norm_w, eps, h.data_ptr<float>());
   at::Tensor gu = at::empty({M, 2 * F}, opts);  // [M, gate | up]
-  matmul(h.data_ptr<float>(), M, Wgu, gu.data_ptr<float>(), dense_min_m);
+  matmul(h.data_ptr<float>(), M, Wgu, gu.data_ptr<float>());
   at::Tensor g = at::empty({M, F}, opts);
   silu_mul(gu.data_ptr<float>(), M, F, g.data_ptr<float>());
   at::Tensor out = at::empty({M, D}, opts);
   float* outp = out.data_ptr<float>();
-  matmul(g.data_ptr<float>(), M, Wd, outp, dense_min_m);
+  matmul(g.data_ptr<float>(), M, Wd, outp);
   add_into(outp, x1p, M * D);
   return out;
 }

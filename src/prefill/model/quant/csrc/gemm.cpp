@@ -1,9 +1,8 @@
 // torch.ops.prefill_quant: float32 activations x [M, K] times a GGUF-quantized weight [N, K] kept as its raw
 // blocks (uint8 [N, row_bytes]), dequantized in registers. out[m][n] = sum_k x[m][k] w[n][k], i.e. F.linear.
 //
-//   gemm(x, w, qtype, N, K, dense_min_m) -> [M, N]   M = 1: direct dot per row (no weight materialised);
-//                                                     M >= 2: weight panels decoded into L1/L2, reused by all rows;
-//                                                     M >= dense_min_m > 0: decode to float32 and run at::mm.
+//   gemm(x, w, qtype, N, K) -> [M, N]   M = 1: direct dot per row (no weight materialised);
+//                                        M >= 2: weight panels decoded into L1/L2, reused by all rows.
 //   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
 //   set_isa(name) -> name                             "auto", "avx2" or "scalar" (tests force the portable path).
 //   pre_attention, post_attention                     a decoder block's work around attention (fused.cpp).
@@ -13,8 +12,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -153,14 +150,13 @@ at::Tensor dequant(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
   return dequant_matrix({w.data_ptr<uint8_t>(), t, N, K, row_bytes});
 }
 
-at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t N, int64_t K, int64_t dense_min_m) {
+at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
   const int64_t row_bytes = check_weight(w, t, N, K);
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
               "prefill_quant: x must be float32 [M, ", K, "] on the CPU");
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = at::empty({x.size(0), N}, x.options());
-  matmul(x.data_ptr<float>(), x.size(0), {w.data_ptr<uint8_t>(), t, N, K, row_bytes}, out.data_ptr<float>(),
-         dense_min_m);
+  matmul(x.data_ptr<float>(), x.size(0), {w.data_ptr<uint8_t>(), t, N, K, row_bytes}, out.data_ptr<float>());
   return out;
 }
 
@@ -177,15 +173,9 @@ QMatrix qmatrix(const at::Tensor& w, int64_t t) {
   return {w.data_ptr<uint8_t>(), t, N, K, w.size(1)};
 }
 
-void matmul(const float* xp, int64_t M, const QMatrix& w, float* op, int64_t dense_min_m) {
+void matmul(const float* xp, int64_t M, const QMatrix& w, float* op) {
   const int64_t N = w.N, K = w.K;
   if (M == 0) return;
-  if (dense_min_m > 0 && M >= dense_min_m) {  // compute-bound: decode once, then the float32 GEMM
-    const auto f32 = at::TensorOptions().dtype(at::kFloat);
-    at::Tensor out = at::from_blob(op, {M, N}, f32);
-    at::mm_out(out, at::from_blob(const_cast<float*>(xp), {M, K}, f32), dequant_matrix(w).t());
-    return;
-  }
   const int isa = g_isa.load();
 #if defined(__x86_64__) || defined(_M_X64)
   if (M == 1 && isa == AVX2 && direct_m1(w.type)) {
@@ -227,11 +217,11 @@ std::string set_isa(const std::string& name) {
 }  // namespace prefill_quant
 
 TORCH_LIBRARY(prefill_quant, m) {
-  m.def("gemm(Tensor x, Tensor w, int qtype, int n, int k, int dense_min_m) -> Tensor");
+  m.def("gemm(Tensor x, Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("pre_attention(Tensor x, Tensor norm_w, float eps, Tensor w, int qtype, Tensor? bias, Tensor cos, "
         "Tensor sin, int H_q, int H_kv) -> (Tensor, Tensor, Tensor)");
   m.def("post_attention(Tensor x, Tensor o, Tensor w_o, int o_type, Tensor norm_w, float eps, Tensor w_gate_up, "
-        "int gate_up_type, Tensor w_down, int down_type, int dense_min_m) -> Tensor");
+        "int gate_up_type, Tensor w_down, int down_type) -> Tensor");
   m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("set_isa(str isa) -> str", &prefill_quant::set_isa);  // no tensors: one kernel for every backend
 }

@@ -19,8 +19,7 @@ struct QMatrix {
 // Checks `w` (contiguous uint8 on the CPU, N * row_bytes bytes) and describes it; K comes from the row width.
 QMatrix qmatrix(const at::Tensor& w, int64_t type);
 
-// out[m * ldo + n] = sum_k x[m * K + k] w[n][k] for m < M, n < N (parallel over N). From M >= dense_min_m > 0
-// the weight is decoded to float32 and multiplied by at::mm (long prompts are compute-bound).
-void matmul(const float* x, int64_t M, const QMatrix& w, float* out, int64_t dense_min_m);
+// out[m * N + n] = sum_k x[m * K + k] w[n][k] for m < M, n < N (parallel over N).
+void matmul(const float* x, int64_t M, const QMatrix& w, float* out);
 
 }  // namespace prefill_quant
