@@ -90,7 +90,7 @@ def _fused_loop(x, qs, d, m):
     return (x.view(x.shape[0], 1, nb, 32) * (q * d + m)[None]).sum((-1, -2))  # [M, N]
 
 
-COMPILED = torch.compile(_fused_loop, dynamic=False)
+torch._dynamo.config.recompile_limit = 64  # one graph per (shape, M): 7 shapes x 2 M
 
 
 def one_call(fn, x, n: int) -> float:
@@ -122,8 +122,9 @@ def bench_point(ws: list[QuantWeight], dense: list[torch.Tensor], M: int, rounds
         "f32": lambda a, i: F.linear(a, dense[i]),
         "deq+f32": lambda a, i: F.linear(a, ops.dequant(ws[i].blocks, w0.qtype, w0.N, w0.K)),
     }
+    compiled_fn = torch.compile(_fused_loop, dynamic=False)
     if compiled is not None and M <= 8:
-        routes["compiled"] = lambda a, i: COMPILED(a, *compiled[i])
+        routes["compiled"] = lambda a, i: compiled_fn(a, *compiled[i])
     if w0.qtype == "Q4_1":
         packs = [int4pack(w) for w in ws]
         routes["int4-bf16"] = lambda a, i: torch._weight_int4pack_mm_for_cpu(a.bfloat16(), packs[i][0], 32,
