@@ -25,17 +25,15 @@ def native_library() -> str | None:
     """Path of the loaded kernel library, or None when the portable path runs (with the reason printed once)."""
     from prefill.model.quant import build
 
-    path = build.find_library()
+    path, why = build.find_library(), "no C++ compiler"
     if path is None and build.compiler() is not None:
         print("quantized kernels: building them (once, about a minute)", file=sys.stderr)
         try:
             path = build.build()
         except RuntimeError as e:
-            print(f"quantized kernels: {e}", file=sys.stderr)
+            why = str(e)
     if path is None:
-        print(
-            "quantized kernels: not built (no C++ compiler); GGUF blocks run the portable torch path", file=sys.stderr
-        )
+        print(f"quantized kernels: not built ({why}); GGUF blocks run the portable torch path", file=sys.stderr)
         return None
     torch.ops.load_library(str(path))
     _register_fakes()
