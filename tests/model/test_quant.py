@@ -126,7 +126,7 @@ def test_linear_on_quant_weight_keeps_leading_dims_and_bias():
     x = torch.randn(2, 3, K)
     bias = torch.randn(N)
     y = linear(x, w, bias)
-    assert y.shape == (2, 3, N)
+    assert y.shape == (2, 3, N) and w.device == x.device and w.dtype == y.dtype == torch.float32
     ref = F.linear(x.double(), w.dequantize().double(), bias.double())
     bound = ops.error_bound(x.reshape(-1, K), w.dequantize().abs(), "scalar").reshape(2, 3, N)
     assert ((y.double() - ref).abs() <= bound + 1e-6 * bias.abs().double()).all()

@@ -56,6 +56,16 @@ class QuantWeight:
         return (self.N, self.K)
 
     @property
+    def device(self) -> torch.device:
+        """Where the blocks live (as a dense weight's .device says where it lives)."""
+        return self.blocks.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype its products come out in: float32 (the blocks themselves are uint8)."""
+        return torch.float32
+
+    @property
     def nbytes(self) -> int:
         """Bytes a product reads: the blocks (the dense copy, when kept, serves long prompts only)."""
         return self.blocks.numel()
