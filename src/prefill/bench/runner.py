@@ -54,6 +54,7 @@ class BenchConfig:
     compile: bool = False  # also measure ours with its per-block functions compiled (Engine.compile)
     force: bool = False  # measure an emulated dtype at every P, not just the smallest
     llama_dense: bool = True  # llama.cpp also on F32 / BF16 GGUFs of the same weights (prefill.bench.dense_gguf)
+    weights: str = "auto"  # ours: the GGUF's blocks ("native"), dense, or the faster here (prefill.engine.weights)
 
 
 @dataclass(frozen=True)
@@ -176,12 +177,15 @@ def run_bench(
     result: BenchResult | None = None
     longest = max(max(v) for v in the_plan.lengths.values())
     for i, dtype in enumerate(config.dtypes):
-        engine = Engine.load(model_path, dtype=dtype, device=config.device, threads=threads, progress=False)
+        weights = config.weights if dtype == "float32" else dtype  # GGUF blocks run with float32 activations
+        engine = Engine.load(model_path, dtype=dtype, device=config.device, threads=threads, progress=False,
+                             weights=weights)  # fmt: skip
         kernels = _compile_both(engine) if config.compile else None
         if result is None:
             result = _new_result(config, model_path, engine.spec, threads, gemm)
             result.notes.extend(the_plan.notes)
             prompt = _prompt_ids(engine.tokenizer, longest, engine.spec.vocab_size)
+        result.notes.append(f"ours in {dtype}: {engine.weights} weights")
         if kernels is not None:
             result.notes.append(f"ours compiled with torch.compile (Engine.compile) in {kernels[2]:.1f} s ({dtype})")
         llamas = _load_llamacpp(config, model_path, dtype, i == 0, longest, threads, result.notes)

@@ -26,6 +26,10 @@ ChunkSizes = Annotated[str | None, typer.Option("--chunk-size", help=CHUNK_SIZE_
 Out = Annotated[str, typer.Option("--out", help="Folder for bench.json and the PNG plots.")]
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 Compile = Annotated[bool, typer.Option("--compile", help="Also time ours with torch.compile (eager and compiled).")]
+Weights = Annotated[str, typer.Option(help="auto, native (the GGUF's own blocks), float32 or bfloat16")]
+LLAMA_BENCH_HELP = "Instead: ours vs llama.cpp on the same GGUF, pp P and tg @ 64 / 1,024 tokens (llama-bench's)."
+LlamaBench = Annotated[bool, typer.Option("--llama-bench", help=LLAMA_BENCH_HELP)]
+CpuTime = Annotated[bool, typer.Option("--cpu-time", help="With --llama-bench --threads 1: thread CPU time.")]
 Force = Annotated[bool, typer.Option("--force", help="Measure an emulated dtype at every P, not just the smallest.")]
 
 
@@ -44,18 +48,43 @@ def bench(
     device: Device = "cpu",
     compile: Compile = False,
     force: Force = False,
+    weights: Weights = "auto",
+    llama_bench: LlamaBench = False,
+    cpu_time: CpuTime = False,
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
     from prefill.bench.runner import BenchConfig, prepare
 
+    if llama_bench:
+        return versus_llama(model, weights, threads, repeats, Path(out), "cpu" if cpu_time else "wall")
     lists = parse_lists(prompt_lengths, dtypes, peers, calibrate_on, chunk_size)
     runs = {"repeats": repeats, "warmup": warmup, "threads": threads, "device": device, "compile": compile}
+    runs["weights"] = weights
     config, plan, _, _ = prepare(BenchConfig(model=model, calibrate=calibrate, force=force, **runs, **lists))
     wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
     print_plan(wide, config, plan)
     result = measure(config, plan)
     print_result(wide, result)
     save(result, Path(out))
+
+
+def versus_llama(model: str | None, weights: str, threads: int | None, repeats: int, out: Path, clock: str) -> None:
+    """Ours vs llama.cpp on the same GGUF file (llama-bench's conventions), a table and out/versus.json."""
+    import json
+    import os
+
+    from prefill.bench.versus import VersusConfig, run_versus, to_json, versus_table
+    from prefill.machine.weights import check_weights
+
+    counts = (threads,) if threads else tuple(sorted({1, os.cpu_count() or 1}))
+    storages = ("native", "float32") if weights == "auto" else (check_weights(weights),)
+    config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats, clock=clock)
+    with err_console.status("ours vs llama.cpp") as status:
+        result = run_versus(config, on_step=lambda s: status.update(f"ours vs llama.cpp: {s}"))
+    (console if console.is_terminal else Console(width=150)).print(versus_table(result))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "versus.json").write_text(json.dumps(to_json(result), indent=1) + "\n")
+    console.print(f"wrote {out / 'versus.json'}", highlight=False)
 
 
 def parse_lists(prompt_lengths: str, dtypes: str, peers: str, calibrate_on: str | None, chunk_sizes: str | None):

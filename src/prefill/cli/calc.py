@@ -23,6 +23,7 @@ Tp = Annotated[int, typer.Option("--tp", help="T, tensor-parallel GPUs.")]
 NetworkMs = Annotated[float, typer.Option("--network-ms", help="Network latency added to TTFT (ms).")]
 TokenizeMs = Annotated[float, typer.Option("--tokenize-ms", help="Tokenization time added to TTFT (ms).")]
 
+WEIGHTS_HELP = "How the weights are stored: a dtype or a GGUF type (Q4_1, ...); default: --dtype or the GGUF's."
 MASK_GRID_CAP = 32  # positions drawn; the pair count and the last position are reported for any P
 
 
@@ -57,6 +58,7 @@ def estimate(
     dtype: Annotated[
         str, typer.Option("--dtype", help="float32, bf16, fp16 or fp8: peak and bytes per element.")
     ] = "bf16",
+    weights: Annotated[str | None, typer.Option("--weights", help=WEIGHTS_HELP)] = None,
     batch: Annotated[int, typer.Option("--batch", "-b", help="B, sequences prefilled together.")] = 1,
     tp: Tp = 1,
     network_ms: NetworkMs = 0.0,
@@ -65,6 +67,7 @@ def estimate(
 ) -> None:
     """Predict a prefill: FLOPs (2*N*P and exact), seconds, TTFT, KV cache, compute- or memory-bound."""
     from prefill.cli.estimate_report import print_estimate
+    from prefill.costmodel import storage
     from prefill.costmodel.estimate import Setting, build_estimate
 
     spec = spec_from(model, config, gguf, params)
@@ -73,7 +76,9 @@ def estimate(
     on_cpu = hardware.lower() == "cpu"
     machine = hardware_fields(hardware, dtype, peak_flops, mfu, quiet=json_out, calibrated=spec is not None)
     ttft = {"network_s": network_ms / 1e3, "tokenize_s": tokenize_ms / 1e3}  # the rest of TTFT, in seconds
-    est = build_estimate(Setting(P=prompt_tokens, spec=spec, N=params, B=batch, T=tp, dtype=dtype, **machine, **ttft))
+    stored = (weights, weights) if weights else storage.gguf_file_storage(gguf) if gguf else None
+    shape = {"P": prompt_tokens, "spec": spec, "N": params, "B": batch, "T": tp, "dtype": dtype, "weights": stored}
+    est = build_estimate(Setting(**shape, **machine, **ttft))
     if json_out:
         typer.echo(json.dumps(est.to_dict(), indent=2))
     else:

@@ -29,6 +29,7 @@ ModelPath = Annotated[
     str | None, typer.Option("--model", "-m", help=".gguf file or Hugging Face folder (default: SmolLM2)")
 ]
 AutoDtype = Annotated[str, typer.Option(help="auto (the fastest dtype native here), float32 or bfloat16")]
+Weights = Annotated[str, typer.Option(help="auto, native (the GGUF's own blocks), float32 or bfloat16")]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -62,22 +63,41 @@ def load_engine(
     device: str = "cpu",
     compile: bool = False,
     deterministic: bool = False,
+    weights: str = "auto",
 ):
     """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
-    state; `dtype` "auto" becomes the fastest dtype native here, said in one line (float32 when `deterministic`:
-    the batch-invariant mode)."""
+    state; `dtype` and `weights` as resolve_storage says."""
     from prefill.engine.llm import Engine
-    from prefill.machine.native import keep_compile, resolve_dtype
+    from prefill.machine.native import keep_compile
 
-    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=echo)
+    dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
+    if compile and weights == "native":
+        echo("note: native GGUF weights already run fused block operators; not compiling")
+        compile = False
     compile = compile and keep_compile(dtype, device, echo=echo)  # unless the last bench found it slower here
-    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True, deterministic=deterministic)
+    load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
+    engine = Engine.load(model, dtype=dtype, progress=True, **load)
     if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):
             console.print(f"compiled in {engine.compile():.1f} s")
     else:
         engine.warmup()  # so the timings are of the steady state, not of first-call set-up
     return engine
+
+
+def resolve_storage(model: str | None, dtype: str, weights: str, device: str, deterministic: bool) -> tuple[str, str]:
+    """(dtype, weights) to load `model` with: "auto" dtype becomes the fastest dtype native here and "auto"
+    weights the GGUF's blocks or dense (prefill.engine.weights), each said in one line; the batch-invariant mode
+    (`deterministic`) runs dense float32."""
+    from prefill.engine.weights import resolve_weights
+    from prefill.machine.native import resolve_dtype
+
+    if deterministic:
+        if weights not in ("auto", "float32"):
+            fail(f"--deterministic runs dense float32 weights; drop --weights {weights}")
+        return deterministic_dtype(dtype), "float32"
+    dtype = resolve_dtype(dtype, device, echo=echo)
+    return dtype, resolve_weights(weights, model, dtype, device, echo=echo)
 
 
 def deterministic_dtype(dtype: str) -> str:

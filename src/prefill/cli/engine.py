@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, ModelPath, console, fail, load_engine
+from prefill.cli.common import AutoDtype, ModelPath, Weights, console, fail, load_engine
 
 DEMO_PROMPT = "What is the capital of France?"
 
@@ -27,6 +27,7 @@ def run(
     prompt: Annotated[str, typer.Argument(help="The prompt; the chat template is applied unless --raw.")],
     model: ModelPath = None,
     dtype: AutoDtype = "auto",
+    weights: Weights = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most tokens to generate")] = 64,
     temperature: Temperature = 0.0,
     top_k: TopK = 0,
@@ -61,6 +62,7 @@ def run(
         device=device,
         compile=compile,
         deterministic=deterministic,
+        weights=weights,
     )
 
 
@@ -88,6 +90,7 @@ def run_prompt(
     device: str = "cpu",
     compile: bool = False,
     deterministic: bool = False,
+    weights: str = "auto",
 ) -> None:
     """Load the model, generate from `prompt` (chat template unless `raw`; `chat` requires one) and show the
     answer as it streams, then the prefill, the cache, TTFT measured beside predicted, and decode."""
@@ -98,7 +101,7 @@ def run_prompt(
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     if chat and raw:
         fail("--chat and --raw contradict each other: give one")
-    engine = load_engine(model, dtype, threads, device, compile, deterministic)
+    engine = load_engine(model, dtype, threads, device, compile, deterministic, weights)
     if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
         if chat:
             fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")

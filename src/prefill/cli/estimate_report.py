@@ -31,6 +31,8 @@ def print_estimate(est: Estimate, on_cpu: bool = False) -> None:
     }
     if est.kv:
         sections["KV cache"] = kv_rows(est)
+    if est.weights:
+        sections["Weights"] = weight_rows(est)
     sections["Roofline"] = roofline_rows(est)
     captions = {"Prefill FLOPs": FLOPS_CAPTION} if est.exact else {}
     if T > 1:
@@ -100,6 +102,17 @@ def kv_rows(est: Estimate) -> list[tuple[str, str]]:
         heads = f"{tp.kv_heads_per_gpu} of {spec.H_kv} KV heads"
         rows.append((f"per GPU ({heads})", costs.format_bytes(kv.bytes_per_gpu)))
     return rows
+
+
+def weight_rows(est: Estimate) -> list[tuple[str, str]]:
+    w = est.weights
+    return [
+        ("stored as", w.projections if w.projections == w.embedding else f"{w.projections} (embedding {w.embedding})"),
+        ("bytes per weight", f"{w.bytes_per_weight:.4g}"),
+        ("all weights", costs.format_bytes(w.weight_bytes)),
+        ("read per decode step", costs.format_bytes(w.decode_weight_bytes)),
+        ("decode floor (bytes / bandwidth)", secs(w.decode_weight_floor_s)),
+    ]
 
 
 def roofline_rows(est: Estimate) -> list[tuple[str, str]]:

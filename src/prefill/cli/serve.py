@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, console, echo, fail, load_engine
+from prefill.cli.common import AutoDtype, Weights, console, fail, load_engine
 
 ServeModel = Annotated[str | None, typer.Option(help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)")]
 Host = Annotated[str, typer.Option(help="address to bind (loopback by default)")]
@@ -20,6 +20,7 @@ def serve(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     dtype: AutoDtype = "auto",
+    weights: Weights = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     kv_cache_mb: Annotated[float | None, typer.Option(help=KV_CACHE_HELP)] = None,
     prefix_cache_mb: Annotated[float, typer.Option(help=PREFIX_CACHE_HELP)] = 256.0,
@@ -34,15 +35,15 @@ def serve(
     ] = False,
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    from prefill.cli.common import deterministic_dtype
+    from prefill.cli.common import resolve_storage
     from prefill.engine.llm import Engine
-    from prefill.machine.native import resolve_dtype
     from prefill.server.app import ServeConfig, model_id_of
 
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
-    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=echo)
-    engine = Engine.load(model, dtype=dtype, device=device, threads=threads, deterministic=deterministic)
+    dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
+    load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
+    engine = Engine.load(model, dtype=dtype, **load)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
     config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, **sizes)
     code = serve_engine(engine, config, host, port, dtype)
@@ -64,7 +65,8 @@ def serve_engine(engine, config, host: str, port: int, dtype: str) -> int:
         f"KV pool: {mib:,.0f} MiB = {pool.n_blocks:,} blocks of {pool.block_size} tokens ({tokens:,} tokens)",
         highlight=False,
     )
-    console.print(f"serving [bold]{config.model_id}[/] ({dtype}) at http://{host}:{port}/v1", highlight=False)
+    where = f"({engine.weights} weights, {dtype}) at http://{host}:{port}/v1"
+    console.print(f"serving [bold]{config.model_id}[/] {where}", highlight=False)
     return run_server(app, host, port)
 
 

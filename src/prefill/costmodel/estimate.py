@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prefill.costmodel import costs
+from prefill.costmodel import costs, storage
 from prefill.errors import BadInput
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class Setting:
     calibration: costs.Calibration | None = None
     output_tokens: int | None = None
     itl_s: float | None = None
+    weights: tuple[str, str] | None = None  # how the projections and the embedding are stored (default: dtype)
 
     def __post_init__(self) -> None:
         if self.N is None and self.spec is None:
@@ -165,6 +166,40 @@ def request_time(ttft_s: float, output_tokens: int, itl_s: float) -> RequestTime
 
 
 @dataclass(frozen=True)
+class WeightStorage:
+    """How the weights are stored and what that costs a decode step: it reads every weight once (bytes)."""
+
+    projections: str  # a dtype or a GGUF type (Q4_1, ...)
+    embedding: str
+    bytes_per_weight: float  # of the projections
+    weight_bytes: int  # all weights
+    decode_weight_bytes: int  # read by one decode step
+    decode_weight_floor_s: float  # decode_weight_bytes / bandwidth
+
+    def to_dict(self) -> dict:
+        return {
+            "weights_storage": [self.projections, self.embedding],
+            "bytes_per_weight": self.bytes_per_weight,
+            "weight_bytes": self.weight_bytes,
+            "decode_weight_bytes": self.decode_weight_bytes,
+            "decode_weight_floor_s": self.decode_weight_floor_s,
+        }
+
+
+def weight_storage(spec: ModelSpec, projections: str, embedding: str, bandwidth_bytes_per_s: float) -> WeightStorage:
+    """The weights' bytes when the projections are stored as `projections` and the embedding as `embedding`."""
+    step = storage.decode_weight_bytes(spec, projections, embedding)
+    return WeightStorage(
+        projections,
+        embedding,
+        storage.bytes_per_weight(projections),
+        storage.weight_bytes(spec, projections, embedding),
+        step,
+        step / bandwidth_bytes_per_s,
+    )
+
+
+@dataclass(frozen=True)
 class Estimate:
     """The estimate of a `setting`: the seed's 2*N*P rule, the exact count, times, KV cache and roofline.
 
@@ -187,6 +222,7 @@ class Estimate:
     kv: KVCache | None
     roofline: Roofline
     request: RequestTime | None
+    weights: WeightStorage | None = None  # None without shapes
 
     @property
     def flops_exact_minus_2NP(self) -> float | None:
@@ -219,6 +255,7 @@ class Estimate:
         r |= self.tensor_parallel.to_dict() if self.tensor_parallel else {}
         r |= self.ttft.to_dict() | {"calibrated_prefill_s": self.calibrated_prefill_s}
         r |= (self.kv.to_dict() if self.kv else {}) | self.roofline.to_dict()
+        r |= self.weights.to_dict() if self.weights else {}
         return r | ({"request": self.request.to_dict()} if self.request else {})
 
 
@@ -251,6 +288,7 @@ def build_estimate(s: Setting) -> Estimate:
         kv=_kv_cache(s, b) if s.spec else None,
         roofline=_roofline(s, b),
         request=request_time(ttft.ttft_s, s.output_tokens, s.itl_s) if has_request else None,
+        weights=weight_storage(s.spec, *(s.weights or (s.dtype, s.dtype)), s.bandwidth_bytes_per_s) if s.spec else None,
     )
 
 

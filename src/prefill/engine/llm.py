@@ -21,9 +21,11 @@ from prefill.engine.prompt import check_prompt, check_text
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
 from prefill.engine.runner import ModelRunner, torch_dtype
 from prefill.engine.sampling import SamplingParams
+from prefill.engine.weights import resolve_weights, storage_of
 from prefill.errors import BadInput
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
+from prefill.machine.weights import NATIVE
 from prefill.model.transformer import check_supported
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ class Engine:
         self.spec, self.dtype, self.device = runner.spec, runner.dtype, runner.device
         self.model = runner.model
         self.source = source or runner.spec.name
+        self.weights = storage_of(runner.model)  # "Q4_1 + Q8_0" for GGUF blocks kept native, else the dense dtype
         self._gemm_rate: float | None = None
         self._calibration: Calibration | None = None
         self._calibration_read = False
@@ -52,17 +55,27 @@ class Engine:
         threads: int | None = None,
         progress: bool | Callable[[int, int], None] = True,
         deterministic: bool = False,
+        weights: str = "auto",
     ) -> Engine:
         """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct.
-        `deterministic`: the batch-invariant mode (ModelRunner.set_deterministic)."""
+
+        `deterministic`: the batch-invariant mode (ModelRunner.set_deterministic; dense float32 weights).
+        `weights`: "native" keeps a GGUF's quantized matrices as their blocks (float32 activations and KV cache);
+        "float32" / "bfloat16" / "float16" decodes them to that dtype, which the engine then runs in; "auto" picks
+        the faster here (prefill.engine.weights)."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
-        dt = torch_dtype(dtype)
+        if deterministic:
+            if weights == NATIVE:
+                raise BadInput("the batch-invariant mode runs dense float32 weights: drop --weights native")
+            weights = "float32"
+        storage = resolve_weights(weights, model, str(torch_dtype(dtype)).removeprefix("torch."), device, echo=None)
+        dt = torch_dtype("float32" if storage == NATIVE else storage)
         callback = _progress_bar("loading weights") if progress is True else (progress or None)
         try:
-            files = load_model_files(model, dt, callback, check=check_supported)
+            files = load_model_files(model, dt, callback, check=check_supported, native=storage == NATIVE)
         finally:
             if progress is True:
                 callback(-1, -1)

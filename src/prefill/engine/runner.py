@@ -15,6 +15,7 @@ from prefill.costmodel import costs
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.batch import forward_batch
 from prefill.engine.kvcache import KVPool, SeqKV
+from prefill.model.quant import fused
 from prefill.model.transformer import Transformer
 
 
@@ -44,6 +45,7 @@ class ModelRunner:
         model = model.materialize(device, dt)
         model.load_hf_state_dict(state_dict)
         model.eval().requires_grad_(False)
+        fused.install(model)  # GGUF blocks: each block's work around attention in two operators
         return cls(model, dt, device)
 
     # ---- the cache ----

@@ -43,17 +43,24 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def load_gguf_state_dict(
-    reader, spec: ModelSpec, dtype: torch.dtype, progress: Callable[[int, int], None] | None = None
-) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor of an open GGUF file to `dtype`, named as in a Hugging Face checkpoint."""
+    reader,
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    progress: Callable[[int, int], None] | None = None,
+    native: bool = False,
+) -> dict:
+    """Every tensor of an open GGUF file, named as in a Hugging Face checkpoint: dequantized to `dtype`, or with
+    `native`, the matrices whose type has a kernel (prefill.model.quant.KERNEL_TYPES) kept as their blocks."""
     from gguf.quants import dequantize
 
     family = spec.family
     tensors = reader.tensors
-    sd: dict[str, torch.Tensor] = {}
+    sd: dict = {}
     for i, t in enumerate(tensors):
         name = hf_name(t.name, family)
-        if name is not None:
+        if name is not None and native and len(t.shape) == 2 and t.tensor_type.name in _kernel_types():
+            sd[name] = _blocks(t, spec, family)
+        elif name is not None:
             try:
                 w = np.array(
                     dequantize(t.data, t.tensor_type), dtype=np.float32
@@ -70,3 +77,23 @@ def load_gguf_state_dict(
         if progress:
             progress(i + 1, len(tensors))
     return sd
+
+
+def _kernel_types() -> tuple[str, ...]:
+    from prefill.model.quant import KERNEL_TYPES
+
+    return KERNEL_TYPES
+
+
+def _blocks(t, spec: ModelSpec, family: Family):
+    """A quantized GGUF matrix as a QuantWeight: its rows of blocks copied out of the mapped file, Q/K rows
+    put back in the half-split rotary order (whole rows move, so no weight is decoded)."""
+    from prefill.model.quant import QuantWeight
+
+    K, N = (int(d) for d in t.shape.tolist())  # GGUF lists dims innermost first
+    blocks = torch.from_numpy(np.array(t.data).reshape(N, -1))  # uint8 [N, row_bytes], a copy
+    w = QuantWeight(blocks, t.tensor_type.name, N, K)
+    if family.gguf_permuted_qk and (".attn_q." in t.name or ".attn_k." in t.name):
+        order = unpermute_qk(np.arange(N), spec.H_q if ".attn_q." in t.name else spec.H_kv)
+        w = w.permute_rows(torch.from_numpy(order))
+    return w

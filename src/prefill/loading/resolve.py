@@ -23,7 +23,7 @@ class LoadedModel:
     """What a model file holds: its shapes, its weights (Hugging Face names) and its tokenizer."""
 
     spec: ModelSpec
-    state_dict: dict[str, torch.Tensor]
+    state_dict: dict  # name -> torch.Tensor, or prefill.model.quant.QuantWeight for GGUF blocks kept native
     tokenizer: Tokenizer | None
     source: str
 
@@ -50,10 +50,12 @@ def load_model_files(
     dtype: torch.dtype,
     progress: Callable[[int, int], None] | None = None,
     check: Callable[[ModelSpec], None] | None = None,
+    native: bool = False,
 ) -> LoadedModel:
     """Read a model: None for the embedded SmolLM2, a .gguf path, or a folder with config.json + safetensors.
 
-    `check` sees the spec before any weight is read (to refuse an unsupported architecture early).
+    `check` sees the spec before any weight is read (to refuse an unsupported architecture early). `native`:
+    a GGUF's quantized matrices stay blocks (prefill.model.quant.QuantWeight); ignored for dense files.
     """
     check = check or (lambda spec: None)
     path = default_model_path() if model is None else Path(model)
@@ -78,7 +80,7 @@ def load_model_files(
     reader = open_gguf(path)
     spec = ModelSpec.from_gguf(path, reader)
     check(spec)
-    sd = load_gguf_state_dict(reader, spec, dtype, progress)
+    sd = load_gguf_state_dict(reader, spec, dtype, progress, native)
     return LoadedModel(spec, sd, tokenizer_from_gguf(reader), str(path))
 
 

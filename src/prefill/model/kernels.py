@@ -6,34 +6,21 @@
 
 Every query reads its positions [first, end) where they lie in the pool, through its block table, in blocks
 visited in a fixed order (so a query's result does not depend on the other queries of the call: the
-batch-invariant mode uses it for every query). Without a compiler the engine runs its portable torch path.
+batch-invariant mode uses it for every query). Built with the quantized kernels into one library
+(prefill.model.quant.build); without a compiler the engine runs its portable torch path.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-from pathlib import Path
-
 import torch
 
-CSRC = Path(__file__).parent / "csrc"
 
-
-@functools.cache
 def available() -> bool:
-    """Whether the kernels are loaded (built on first need; a one-line note when they cannot be)."""
-    try:
-        from torch.utils import cpp_extension
+    """Whether the kernels are loaded: they are in the library prefill.model.quant.build makes (`make install`
+    builds it; the engine builds it on first need, and says in one line when it cannot)."""
+    from prefill.model.quant import ops
 
-        cpp_extension.load(name="prefill_kernels", sources=[str(CSRC / "paged_attention.cpp"),
-                           str(CSRC / "linear.cpp")], extra_cflags=["-O3", "-ffp-contract=off"],
-                           is_python_module=False)  # fmt: skip
-        return True
-    except Exception as e:  # noqa: BLE001 - no compiler, or it failed: the portable path runs
-        print(f"prefill kernels: not built ({type(e).__name__}); attention runs the portable torch path",
-              file=sys.stderr)  # fmt: skip
-        return False
+    return ops.available()
 
 
 def usable(t: torch.Tensor) -> bool:

@@ -24,6 +24,7 @@ from prefill.costmodel.specs import ModelSpec
 from prefill.errors import ModelFileError
 from prefill.model.attention import attend
 from prefill.model.batch import ForwardBatch
+from prefill.model.quant import cat_rows, linear, place_weight
 
 
 def check_supported(spec: ModelSpec) -> None:
@@ -74,7 +75,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q: int, H_kv: int, lin=F.linear):
+def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q: int, H_kv: int, lin=linear):
     """RMSNorm, the Q/K/V projection in one GEMM, and rotary on Q and K: the work before attention.
 
     x [B, P, d_model] -> q [B, H_q, P, d_head], k and v [B, H_kv, P, d_head]. A pure function of its tensors, so
@@ -96,7 +97,7 @@ def qkv_rotary(x, norm_w, eps: float, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin
 
 
 def out_and_mlp(
-    x, o, w_o, norm_w, eps: float, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=F.linear
+    x, o, w_o, norm_w, eps: float, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=linear
 ):
     """The work after attention: output projection and residual, then RMSNorm, gated MLP and residual.
 
@@ -120,8 +121,8 @@ def out_and_mlp(
 
 class Kernels:
     """The two pure functions a block runs around attention, eager or compiled (shared by all layers), and the
-    GEMM they call: F.linear, or in the batch-invariant mode the one that sums every element in one fixed order
-    whatever the number of rows (prefill.model.kernels.linear_f32)."""
+    GEMM they call: few_rows_linear (dense or GGUF blocks), or in the batch-invariant mode the one that sums every
+    element in one fixed order whatever the number of rows (prefill.model.kernels.linear_f32)."""
 
     def __init__(self):
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
@@ -135,15 +136,16 @@ class Kernels:
 FEW_ROWS = 32  # up to this many rows (a decode step's batch), linear_f32 beats MKL on this CPU (1.7x at 8 rows)
 
 
-def few_rows_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through linear_f32 for 2..FEW_ROWS rows of float32 on the CPU: the weights stream from memory
-    once for all rows (MKL's small-M GEMM runs at a third of its large-M rate here)."""
+def few_rows_linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """prefill.model.quant.linear (F.linear, or GGUF blocks' own kernel), through linear_f32 for 2..FEW_ROWS rows
+    of dense float32 on the CPU: the weights stream from memory once for all rows (MKL's small-M GEMM runs at a
+    third of its large-M rate here)."""
     from prefill.model import kernels
 
     rows = x.numel() // x.shape[-1]
     if 2 <= rows <= FEW_ROWS and isinstance(w, torch.Tensor) and w.dtype == torch.float32 and kernels.usable(x):
         return invariant_linear(x, w, b)
-    return F.linear(x, w, b)
+    return linear(x, w, b)
 
 
 def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -237,7 +239,8 @@ class Transformer(nn.Module):
         self.kernels.qkv_rotary = torch.compile(qkv_rotary, dynamic=True)
         self.kernels.out_and_mlp = torch.compile(out_and_mlp, dynamic=True)
 
-    def unembed_weight(self) -> torch.Tensor:
+    def unembed_weight(self):
+        """The unembedding [vocab, d_model]: a dense tensor or a QuantWeight (prefill.model.quant)."""
         return self.embed.weight if self.unembed is None else self.unembed.weight  # [vocab, d_model]
 
     def rope(self, positions: torch.Tensor, dtype, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,28 +307,28 @@ class Transformer(nn.Module):
                 raise ModelFileError(f"weight shape {tuple(value.shape)} does not fit {tuple(param.shape)}")
             param.copy_(value.float() + plus if plus else value)
 
-        put(self.embed.weight, take("embed_tokens.weight"))
+        place_weight(self, "embed", take("embed_tokens.weight"), put)  # dense or GGUF blocks (prefill.model.quant)
         for i, blk in enumerate(self.layers):
             p = f"layers.{i}."
             for slot, hf in family.hf_norms.items():
                 put(getattr(blk, slot).weight, take(p + hf + ".weight"), shift)
             qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-            put(blk.wqkv.weight, torch.cat(qkv, dim=0))
+            place_weight(blk, "wqkv", cat_rows(qkv), put)
             if self.spec.qkv_bias:
                 put(blk.wqkv.bias, torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-            put(blk.wo.weight, take(p + "self_attn.o_proj.weight"))
+            place_weight(blk, "wo", take(p + "self_attn.o_proj.weight"), put)
             if self.spec.qk_norm:
                 put(blk.q_norm.weight, take(p + "self_attn.q_norm.weight"), shift)
                 put(blk.k_norm.weight, take(p + "self_attn.k_norm.weight"), shift)
             gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
-            put(blk.w_gate_up.weight, torch.cat(gate_up, dim=0))
-            put(blk.w_down.weight, take(p + "mlp.down_proj.weight"))
+            place_weight(blk, "w_gate_up", cat_rows(gate_up), put)
+            place_weight(blk, "w_down", take(p + "mlp.down_proj.weight"), put)
         put(self.norm.weight, take("norm.weight"), shift)
         lm_head = sd.pop("lm_head.weight", None)
         if self.unembed is not None:
             if lm_head is None:
                 raise ModelFileError("weight 'lm_head.weight' is missing from the model file")
-            put(self.unembed.weight, lm_head)
+            place_weight(self, "unembed", lm_head, put)
         sd = {k: v for k, v in sd.items() if "rotary_emb" not in k}
         if sd:
             raise ModelFileError(f"unexpected weights in the model file: {', '.join(sorted(sd)[:5])}")

@@ -1,0 +1,234 @@
+"""Ours against llama.cpp on the same GGUF file, in llama-bench's conventions: `pp P` (a prompt of P tokens
+from an empty cache, tokens/s = P / seconds) and `tg @ dS` (one token at a time after S tokens of context,
+tokens/s = 1 / seconds per step), each at the same thread count for both engines, their repeats interleaved.
+
+Beside every decode row: the bytes a step reads (weights as each engine stores them, plus its K/V at its KV
+dtype, from prefill.costmodel.storage) over the read bandwidth measured in the same run, i.e. the memory floor
+of that step, and the fraction of it the step reached.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prefill.costmodel.storage import decode_step_bytes, gguf_file_storage
+from prefill.errors import BadInput
+
+PP_LENGTHS = (1, 8, 32, 128, 512)
+TG_DEPTHS = (64, 1024)
+LLAMA_KV_BYTES = 2  # llama.cpp's default K/V cache type is f16
+
+
+@dataclass(frozen=True)
+class VersusConfig:
+    """What to measure. `model` None: the embedded SmolLM2 GGUF; `weights`: ours, one engine per storage."""
+
+    model: str | None = None
+    prompt_lengths: tuple[int, ...] = PP_LENGTHS
+    depths: tuple[int, ...] = TG_DEPTHS
+    threads: tuple[int, ...] = (1, 2)
+    weights: tuple[str, ...] = ("native",)
+    repeats: int = 5
+    tg_steps: int = 16  # decode steps timed per repeat (the median step is kept)
+    clock: str = "wall"  # or "cpu": the calling thread's CPU time, 1 thread only (both engines compute in it),
+    # which other processes on a shared machine do not inflate
+
+
+@dataclass(frozen=True)
+class Row:
+    """One engine on one test: median seconds (of the whole prefill for pp, of one step for tg)."""
+
+    test: str  # "pp 32" or "tg @ d64"
+    threads: int
+    engine: str  # "prefill (Q4_1 + Q8_0)", "llama.cpp (Q4_1 + Q8_0)"
+    seconds: float
+    tokens_per_s: float
+    step_bytes: int | None = None  # decode rows: bytes read per step
+    floor_s: float | None = None  # step_bytes / read bandwidth
+
+
+@dataclass
+class VersusResult:
+    config: VersusConfig
+    rows: list[Row] = field(default_factory=list)
+    bandwidth: dict[int, float] = field(default_factory=dict)  # threads -> read bytes/s
+    notes: list[str] = field(default_factory=list)
+
+
+def measure_read_bandwidth(threads: int, n_bytes: int = 256 * 2**20, repeats: int = 5, clock: str = "wall") -> float:
+    """Bytes/s of reading an `n_bytes` float32 array once (a sum) with `threads` threads: the stream a decode
+    step's weights take, more than any cache holds (the best of `repeats`, on `clock`)."""
+    import torch
+
+    a = torch.ones(n_bytes // 4)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a.sum()
+        best = min(_seconds(a.sum, clock) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(old)
+    return n_bytes / best
+
+
+def _seconds(fn: Callable[[], object], clock: str = "wall") -> float:
+    now = time.thread_time if clock == "cpu" else time.perf_counter
+    t = now()
+    fn()
+    return now() - t
+
+
+@dataclass(eq=False)
+class Contender:
+    """One engine of the comparison: how it prefills, how it steps, and what a step reads."""
+
+    name: str
+    prefill: Callable[[list[int]], object]  # a whole prefill of the ids from an empty cache
+    fill_then_step: Callable[[list[int]], Callable[[], object]]  # fill the context, return one decode step
+    storage: tuple[str, str]  # (projections, embedding), as prefill.costmodel.storage names them
+    kv_bytes: int  # bytes per K/V element
+
+
+def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = None) -> VersusResult:
+    """Every pp and tg test at every thread count, ours (one engine per `weights`) and llama.cpp interleaved."""
+    import torch
+
+    from prefill.bench.peers import LlamaCppPeer, llamacpp_available
+    from prefill.engine.llm import Engine
+    from prefill.loading import default_model_path
+
+    if not llamacpp_available():
+        raise BadInput("llama-cpp-python is not installed: pip install 'prefill[llamacpp]'")
+    path = str(default_model_path()) if config.model is None else config.model
+    if not path.endswith(".gguf"):
+        raise BadInput(f"the llama.cpp comparison needs a .gguf file, got {path}")
+    if config.clock == "cpu" and set(config.threads) != {1}:
+        raise BadInput("CPU time measures one thread: run the comparison with --threads 1")
+    result = VersusResult(config)
+    n_ctx = max(max(config.prompt_lengths), max(config.depths) + config.tg_steps + 8)
+    file_types = gguf_file_storage(path)
+    say = on_step or (lambda _s: None)
+    for threads in config.threads:
+        torch.set_num_threads(threads)
+        ours = [Engine.load(path, threads=threads, progress=False, weights=w) for w in config.weights]
+        llama = LlamaCppPeer.load(path, n_ctx=n_ctx, threads=threads)
+        contenders = [_ours(e, file_types) for e in ours] + [_llama(llama, file_types)]
+        for engine in ours:
+            engine.warmup()
+        spec = ours[0].spec
+        result.bandwidth[threads] = measure_read_bandwidth(threads, clock=config.clock)
+        prompt = _prompt_ids(ours[0].tokenizer, n_ctx, spec.vocab_size)
+        with torch.inference_mode():
+            for P in config.prompt_lengths:
+                for c, seconds in _pp(contenders, prompt[:P], config).items():
+                    result.rows.append(Row(f"pp {P}", threads, c.name, seconds, P / seconds))
+                say(f"pp {P}, {threads} threads")
+            for S in config.depths:
+                for c, step in _tg(contenders, prompt[:S], config).items():
+                    nbytes = decode_step_bytes(spec, *c.storage, S, c.kv_bytes)
+                    row = Row(f"tg @ d{S}", threads, c.name, step, 1 / step, nbytes, nbytes / result.bandwidth[threads])
+                    result.rows.append(row)
+                say(f"tg @ d{S}, {threads} threads")
+        llama.llm.close()
+        del ours, contenders, llama
+        gc.collect()
+    return result
+
+
+def _label(storage: tuple[str, str]) -> str:
+    return storage[0] if storage[0] == storage[1] else f"{storage[0]} + {storage[1]}"
+
+
+def _ours(engine, file_types: tuple[str, str]) -> Contender:
+    import torch
+
+    native = engine.weights not in ("float32", "bfloat16", "float16")
+    storage = file_types if native else (engine.weights, engine.weights)
+
+    def fill_then_step(ids: list[int]) -> Callable[[], object]:
+        _, cache = engine.prefill(ids, engine.new_cache(len(ids) + 1))
+        token = torch.tensor([ids[-1]])
+        return lambda: (cache.truncate(len(ids)), engine.decode_step(token, cache))
+
+    return Contender(f"prefill ({_label(storage)})", engine.prefill, fill_then_step, storage,
+                     engine.dtype.itemsize)  # fmt: skip
+
+
+def _llama(peer, file_types: tuple[str, str]) -> Contender:
+    def fill_then_step(ids: list[int]) -> Callable[[], object]:
+        peer.prefill(ids)
+        n = len(ids)
+
+        def step() -> None:
+            peer.llm.n_tokens = n  # back to the context: the step writes position n again, like ours
+            peer.llm.eval([ids[-1]])
+
+        return step
+
+    return Contender(f"llama.cpp ({_label(file_types)})", peer.prefill, fill_then_step, file_types, LLAMA_KV_BYTES)
+
+
+def _prompt_ids(tokenizer, n: int, vocab_size: int) -> list[int]:
+    from prefill.bench.runner import _prompt_ids as ids
+
+    return ids(tokenizer, n, vocab_size)
+
+
+def _pp(contenders: list[Contender], ids: list[int], config: VersusConfig) -> dict[Contender, float]:
+    """Median seconds of one whole prefill, repeats interleaved after one warm-up each."""
+    for c in contenders:
+        c.prefill(ids)
+    samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for _ in range(config.repeats):
+        for c in contenders:
+            samples[c.name].append(_seconds(lambda c=c: c.prefill(ids), config.clock))
+    return {c: statistics.median(samples[c.name]) for c in contenders}
+
+
+def _tg(contenders: list[Contender], ids: list[int], config: VersusConfig) -> dict[Contender, float]:
+    """Median seconds of one decode step at len(ids) tokens of context: each engine fills the context once,
+    then steps (each step rewrites the same position, so the context stays S), in interleaved rounds."""
+    steps = {c.name: c.fill_then_step(ids) for c in contenders}
+    for step in steps.values():
+        step()
+    samples: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for _ in range(config.repeats):
+        for c in contenders:
+            samples[c.name].extend(_seconds(steps[c.name], config.clock) for _ in range(config.tg_steps))
+    return {c: statistics.median(samples[c.name]) for c in contenders}
+
+
+def versus_table(result: VersusResult):
+    """A rich Table: one line per (test, threads, engine), our speed over llama.cpp's, decode's memory floor."""
+    from rich.table import Table
+
+    table = Table(title="ours vs llama.cpp on the same GGUF (llama-bench conventions: pp P, tg @ depth)",
+                  title_justify="left")  # fmt: skip
+    for col in ("test", "threads", "engine", "ms", "tok/s", "vs llama.cpp", "bytes/step", "floor ms", "of floor"):
+        table.add_column(col, justify="left" if col in ("test", "engine") else "right")
+    for row in result.rows:
+        llama = next(r for r in result.rows if (r.test, r.threads) == (row.test, row.threads) and "llama" in r.engine)
+        ratio = "" if row is llama else f"{row.tokens_per_s / llama.tokens_per_s:.2f}x"
+        floor = (
+            ("", "", "")
+            if row.step_bytes is None
+            else (f"{row.step_bytes / 1e6:.1f} MB", f"{row.floor_s * 1e3:.2f}", f"{row.floor_s / row.seconds:.0%}")
+        )
+        table.add_row(row.test, str(row.threads), row.engine, f"{row.seconds * 1e3:.2f}", f"{row.tokens_per_s:,.1f}",
+                      ratio, *floor)  # fmt: skip
+    bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in result.bandwidth.items())
+    clock = "thread CPU time" if result.config.clock == "cpu" else "wall clock"
+    table.caption = f"{clock}, medians; read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
+    return table
+
+
+def to_json(result: VersusResult) -> dict:
+    """The result as plain data (bench-results/versus.json)."""
+    from dataclasses import asdict
+
+    return {"config": asdict(result.config), "bandwidth": result.bandwidth,
+            "rows": [asdict(r) for r in result.rows], "notes": result.notes}  # fmt: skip

@@ -1,0 +1,158 @@
+// A decoder block's work around attention as two operators, so a decode step pays one dispatch for each
+// instead of ~12 small torch ops (each ~5 us on this CPU, as much as a whole GEMM of the layer):
+//
+//   pre_attention(x [B, P, D], norm_w, eps, w_qkv, type, bias?, cos, sin [B, P, 1, d], H_q, H_kv) -> q, k, v:
+//       RMSNorm, the fused Q/K/V product (+ bias), rotary on the Q and K heads
+//   post_attention(x [M, D], o [M, H_q d], w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type)
+//       -> [M, D]: x + o W_o^T, then RMSNorm, gate/up product, silu(gate) * up, down product, residual
+//
+// The same arithmetic as prefill.model.transformer's qkv_rotary and out_and_mlp (Llama-style blocks: no q/k
+// norm, no norms after attention or the MLP, SiLU); prefill.model.quant.fused falls back to those otherwise.
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "elementwise.h"
+#include "gemm.h"
+
+namespace prefill_quant {
+namespace {
+
+constexpr int64_t ROW_GRAIN_ELEMENTS = 16384;  // elementwise rows split over threads in chunks of about this
+
+int64_t row_grain(int64_t width) { return std::max<int64_t>(1, ROW_GRAIN_ELEMENTS / std::max<int64_t>(1, width)); }
+
+void rmsnorm(const float* x, int64_t M, int64_t K, const at::Tensor& w, double eps, float* y) {
+  TORCH_CHECK(w.numel() == K && w.scalar_type() == at::kFloat && w.is_contiguous(), "prefill_quant: norm weight");
+  const float* wp = w.data_ptr<float>();
+  at::parallel_for(0, M, row_grain(K), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) rmsnorm_row(x + m * K, K, wp, (float)eps, y + m * K);
+  });
+}
+
+at::Tensor check_rows(const at::Tensor& t, int64_t width, const char* what) {
+  TORCH_CHECK(t.dim() == 2 && t.size(1) == width && t.scalar_type() == at::kFloat && t.device().is_cpu(),
+              "prefill_quant: ", what, " must be float32 [M, ", width, "] on the CPU");
+  return t.contiguous();
+}
+
+at::Tensor qkv_rotary_rows(const at::Tensor& x_in, const at::Tensor& norm_w, double eps, const at::Tensor& w,
+                           int64_t type, const c10::optional<at::Tensor>& bias, const at::Tensor& cos_in,
+                           const at::Tensor& sin_in, int64_t rotary_heads) {
+  const QMatrix W = qmatrix(w, type);
+  const at::Tensor x = check_rows(x_in, W.K, "x");
+  const int64_t M = x.size(0), N = W.N, d = cos_in.size(-1);
+  const at::Tensor cos = check_rows(cos_in, d, "cos"), sin = check_rows(sin_in, d, "sin");
+  TORCH_CHECK(cos.size(0) == M && sin.size(0) == M && rotary_heads * d <= N && d % 2 == 0,
+              "prefill_quant: rotary tables must be [M, d_head] with rotary_heads * d_head <= N");
+  at::Tensor h = at::empty({M, W.K}, x.options());  // [M, D]: the normed activations
+  rmsnorm(x.data_ptr<float>(), M, W.K, norm_w, eps, h.data_ptr<float>());
+  at::Tensor out = at::empty({M, N}, x.options());  // [M, (H_q + 2 H_kv) d_head]
+  float* op = out.data_ptr<float>();
+  matmul(h.data_ptr<float>(), M, W, op);
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kFloat && bias->is_contiguous(), "prefill_quant: bias");
+    bp = bias->data_ptr<float>();
+  }
+  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  at::parallel_for(0, M, row_grain(N), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) {
+      float* row = op + m * N;
+      if (bp)
+        for (int64_t n = 0; n < N; n++) row[n] += bp[n];
+      rotary_row(row, rotary_heads, d, cp + m * d, sp + m * d);
+    }
+  });
+  return out;
+}
+
+// x [B, P, D], cos / sin [B, P, 1, d_head] -> q [B, H_q, P, d_head], k and v [B, H_kv, P, d_head], each
+// contiguous, as prefill.model.transformer.qkv_rotary returns them (there, views of one buffer).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pre_attention(const at::Tensor& x, const at::Tensor& norm_w,
+                                                             double eps, const at::Tensor& w, int64_t type,
+                                                             const c10::optional<at::Tensor>& bias,
+                                                             const at::Tensor& cos, const at::Tensor& sin,
+                                                             int64_t H_q, int64_t H_kv) {
+  TORCH_CHECK(x.dim() == 3 && cos.dim() == 4, "prefill_quant: x must be [B, P, D] and cos [B, P, 1, d_head]");
+  const int64_t B = x.size(0), P = x.size(1), D = x.size(2), d = cos.size(-1), H = H_q + 2 * H_kv;
+  const at::Tensor qkv = qkv_rotary_rows(x.reshape({B * P, D}), norm_w, eps, w, type, bias,
+                                         cos.reshape({B * P, d}), sin.reshape({B * P, d}), H_q + H_kv);
+  TORCH_CHECK(qkv.size(1) == H * d, "prefill_quant: the Q/K/V weight has ", qkv.size(1), " rows, not ", H * d);
+  at::Tensor q = at::empty({B, H_q, P, d}, x.options()), k = at::empty({B, H_kv, P, d}, x.options()),
+             v = at::empty({B, H_kv, P, d}, x.options());
+  const float* src = qkv.data_ptr<float>();  // [B, P, H, d]
+  float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  at::parallel_for(0, B * P, row_grain(H * d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const int64_t b = r / P, p = r % P;
+      for (int64_t h = 0; h < H; h++) {
+        float* dst = h < H_q          ? qp + ((b * H_q + h) * P + p) * d
+                     : h < H_q + H_kv ? kp + ((b * H_kv + h - H_q) * P + p) * d
+                                      : vp + ((b * H_kv + h - H_q - H_kv) * P + p) * d;
+        std::memcpy(dst, src + (r * H + h) * d, d * sizeof(float));
+      }
+    }
+  });
+  return {q, k, v};
+}
+
+void silu_mul(const float* gu, int64_t M, int64_t F, float* g) {
+  const int isa = current_isa();
+  at::parallel_for(0, M, row_grain(F), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m++) {
+      const float* row = gu + m * 2 * F;  // [gate | up]
+#if defined(__x86_64__) || defined(_M_X64)
+      if (isa == AVX2) {
+        silu_mul_row_avx2(row, row + F, F, g + m * F);
+        continue;
+      }
+#endif
+      silu_mul_row_scalar(row, row + F, F, g + m * F);
+    }
+  });
+}
+
+void add_into(float* y, const float* x, int64_t n) {
+  at::parallel_for(0, n, ROW_GRAIN_ELEMENTS, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) y[i] = x[i] + y[i];
+  });
+}
+
+at::Tensor post_attention(const at::Tensor& x_in, const at::Tensor& o_in, const at::Tensor& w_o, int64_t o_type,
+                          const at::Tensor& norm_w, double eps, const at::Tensor& w_gu, int64_t gu_type,
+                          const at::Tensor& w_down, int64_t down_type) {
+  const QMatrix Wo = qmatrix(w_o, o_type), Wgu = qmatrix(w_gu, gu_type), Wd = qmatrix(w_down, down_type);
+  const int64_t D = Wo.N, F = Wgu.N / 2;
+  TORCH_CHECK(Wgu.K == D && Wd.K == F && Wd.N == D && Wgu.N % 2 == 0, "prefill_quant: block weight shapes");
+  const at::Tensor x = check_rows(x_in, D, "x"), o = check_rows(o_in, Wo.K, "o");
+  const int64_t M = x.size(0);
+  TORCH_CHECK(o.size(0) == M, "prefill_quant: x and o rows differ");
+  const auto opts = x.options();
+  at::Tensor x1 = at::empty({M, D}, opts);  // x + attention output
+  float* x1p = x1.data_ptr<float>();
+  matmul(o.data_ptr<float>(), M, Wo, x1p);
+  add_into(x1p, x.data_ptr<float>(), M * D);
+  at::Tensor h = at::empty({M, D}, opts);
+  rmsnorm(x1p, M, D, norm_w, eps, h.data_ptr<float>());
+  at::Tensor gu = at::empty({M, 2 * F}, opts);  // [M, gate | up]
+  matmul(h.data_ptr<float>(), M, Wgu, gu.data_ptr<float>());
+  at::Tensor g = at::empty({M, F}, opts);
+  silu_mul(gu.data_ptr<float>(), M, F, g.data_ptr<float>());
+  at::Tensor out = at::empty({M, D}, opts);
+  float* outp = out.data_ptr<float>();
+  matmul(g.data_ptr<float>(), M, Wd, outp);
+  add_into(outp, x1p, M * D);
+  return out;
+}
+
+}  // namespace
+}  // namespace prefill_quant
+
+TORCH_LIBRARY_IMPL(prefill_quant, CPU, m) {
+  m.impl("pre_attention", &prefill_quant::pre_attention);
+  m.impl("post_attention", &prefill_quant::post_attention);
+}

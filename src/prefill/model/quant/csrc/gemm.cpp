@@ -1,0 +1,232 @@
+// torch.ops.prefill_quant: float32 activations x [M, K] times a GGUF-quantized weight [N, K] kept as its raw
+// blocks (uint8 [N, row_bytes]), dequantized in registers. out[m][n] = sum_k x[m][k] w[n][k], i.e. F.linear.
+//
+//   gemm(x, w, qtype, N, K) -> [M, N]   M = 1: direct dot per row (no weight materialised);
+//                                        M >= 2: weight panels decoded into L1/L2, reused by all rows.
+//   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
+//   set_isa(name) -> name                             "auto", "avx2" or "scalar" (tests force the portable path).
+//   pre_attention, post_attention                     a decoder block's work around attention (fused.cpp).
+//
+// Work is split over N with at::parallel_for (torch's own thread pool and thread count).
+#include "gemm.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "blocks.h"
+#include "simd_avx2.h"
+
+namespace prefill_quant {
+namespace {
+
+int best_isa() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return AVX2;
+#endif
+  return SCALAR;
+}
+
+std::atomic<int> g_isa{best_isa()};
+
+const char* isa_name(int isa) { return isa == AVX2 ? "avx2" : "scalar"; }
+
+constexpr int64_t PANEL = 16;  // weight rows decoded at a time: 16 x K floats (96 KiB at K = 1,536) stay in L2
+constexpr int MR = 4, NR = 3;  // register tile: 4 x 3 accumulators of 8 lanes (+ 3 weight vectors + 1 of x)
+constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead the decode kernel asks for its weights
+
+// ---- portable scalar path ------------------------------------------------------------------------------
+
+void tile_scalar(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* out, int64_t ldo,
+                 int mr, int nr) {
+  for (int i = 0; i < mr; i++)
+    for (int j = 0; j < nr; j++) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; k++) s += x[i * ldx + k] * w[j * ldw + k];
+      out[i * ldo + j] = s;
+    }
+}
+
+// ---- dispatch --------------------------------------------------------------------------------------------
+
+void dequant_rows(int isa, int64_t t, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t K, float* y) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (isa == AVX2) {
+    switch (t) {
+      case Q4_0: return avx2::dequant_rows_t<Q4_0>(w, row_bytes, rows, K, y);
+      case Q4_1: return avx2::dequant_rows_t<Q4_1>(w, row_bytes, rows, K, y);
+      case Q8_0: return avx2::dequant_rows_t<Q8_0>(w, row_bytes, rows, K, y);
+      default: break;  // K-quants: the scalar decoder (the compiler vectorises its inner loops)
+    }
+  }
+#endif
+  for (int64_t r = 0; r < rows; r++) dequant_row_scalar(t, w + r * row_bytes, K, y + r * K);
+}
+
+template <int R>
+void tile_avx2_nr(int nr, const float* x, int64_t ldx, const float* w, int64_t K, float* out, int64_t ldo) {
+#if defined(__x86_64__) || defined(_M_X64)
+  switch (nr) {
+    case 3: return avx2::tile<R, 3>(x, ldx, w, K, K, out, ldo);
+    case 2: return avx2::tile<R, 2>(x, ldx, w, K, K, out, ldo);
+    default: return avx2::tile<R, 1>(x, ldx, w, K, K, out, ldo);
+  }
+#endif
+}
+
+void tile(int isa, int mr, int nr, const float* x, const float* w, int64_t K, float* out, int64_t ldo) {
+  if (isa == AVX2) {
+    switch (mr) {
+      case 4: return tile_avx2_nr<4>(nr, x, K, w, K, out, ldo);
+      case 3: return tile_avx2_nr<3>(nr, x, K, w, K, out, ldo);
+      case 2: return tile_avx2_nr<2>(nr, x, K, w, K, out, ldo);
+      default: return tile_avx2_nr<1>(nr, x, K, w, K, out, ldo);
+    }
+  }
+  tile_scalar(x, K, w, K, K, out, ldo, mr, nr);
+}
+
+// Weight rows [n0, n1) against all M rows of x, one decoded panel at a time.
+void panel_rows(int isa, int64_t t, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes,
+                int64_t n0, int64_t n1, float* out, int64_t N) {
+  std::unique_ptr<float[]> buf(new float[PANEL * K]);  // [PANEL, K]
+  for (int64_t p = n0; p < n1; p += PANEL) {
+    const int64_t rows = std::min(PANEL, n1 - p);
+    dequant_rows(isa, t, w + p * row_bytes, row_bytes, rows, K, buf.get());
+    for (int64_t m = 0; m < M; m += MR)
+      for (int64_t j = 0; j < rows; j += NR)
+        tile(isa, (int)std::min<int64_t>(MR, M - m), (int)std::min<int64_t>(NR, rows - j), x + m * K,
+             buf.get() + j * K, K, out + m * N + p + j, N);
+  }
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+// M = 1: one dot per weight row, straight from the blocks, against the split activations (simd_avx2.h).
+void m1_rows(int64_t t, const avx2::SplitX& sx, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0,
+             int64_t n1, float* out) {
+  const int64_t nb = K / 32;
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t c = 0; c < row_bytes; c += 64)  // the rows about a KiB ahead: the weights stream from memory
+      _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_BYTES + c), _MM_HINT_T0);
+    out[n] = t == Q4_1   ? avx2::dot_row_m1<Q4_1>(row, sx, nb)
+             : t == Q4_0 ? avx2::dot_row_m1<Q4_0>(row, sx, nb)
+                         : avx2::dot_row_m1<Q8_0>(row, sx, nb);
+  }
+}
+#endif
+
+bool direct_m1(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
+
+int64_t check_weight(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
+  const Layout L = layout_of(t);
+  TORCH_CHECK(L.block > 0, "prefill_quant: unsupported GGUF type ", t);
+  TORCH_CHECK(K > 0 && K % L.block == 0, "prefill_quant: K = ", K, " is not a multiple of the block size ", L.block);
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.device().is_cpu(),
+              "prefill_quant: the weight must be contiguous uint8 blocks on the CPU");
+  const int64_t row_bytes = K / L.block * L.bytes;
+  TORCH_CHECK(w.numel() == N * row_bytes, "prefill_quant: weight holds ", w.numel(), " bytes, [", N, ", ", K,
+              "] needs ", N * row_bytes);
+  return row_bytes;
+}
+
+at::Tensor dequant_matrix(const QMatrix& w) {
+  at::Tensor y = at::empty({w.N, w.K}, at::TensorOptions().dtype(at::kFloat));
+  float* yp = y.data_ptr<float>();
+  const int isa = g_isa.load();
+  at::parallel_for(0, w.N, PANEL, [&](int64_t n0, int64_t n1) {
+    dequant_rows(isa, w.type, w.data + n0 * w.row_bytes, w.row_bytes, n1 - n0, w.K, yp + n0 * w.K);
+  });
+  return y;
+}
+
+at::Tensor dequant(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
+  const int64_t row_bytes = check_weight(w, t, N, K);
+  return dequant_matrix({w.data_ptr<uint8_t>(), t, N, K, row_bytes});
+}
+
+at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
+  const int64_t row_bytes = check_weight(w, t, N, K);
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
+              "prefill_quant: x must be float32 [M, ", K, "] on the CPU");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({x.size(0), N}, x.options());
+  matmul(x.data_ptr<float>(), x.size(0), {w.data_ptr<uint8_t>(), t, N, K, row_bytes}, out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace
+
+int current_isa() { return g_isa.load(); }
+
+QMatrix qmatrix(const at::Tensor& w, int64_t t) {
+  const Layout L = layout_of(t);
+  TORCH_CHECK(L.block > 0, "prefill_quant: unsupported GGUF type ", t);
+  TORCH_CHECK(w.dim() == 2 && w.size(1) % L.bytes == 0, "prefill_quant: blocks must be [N, row_bytes]");
+  const int64_t N = w.size(0), K = w.size(1) / L.bytes * L.block;
+  check_weight(w, t, N, K);
+  return {w.data_ptr<uint8_t>(), t, N, K, w.size(1)};
+}
+
+void matmul(const float* xp, int64_t M, const QMatrix& w, float* op) {
+  const int64_t N = w.N, K = w.K;
+  if (M == 0) return;
+  const int isa = g_isa.load();
+#if defined(__x86_64__) || defined(_M_X64)
+  if (M == 1 && isa == AVX2 && direct_m1(w.type)) {
+    const int64_t nb = K / 32;
+    std::unique_ptr<int16_t[]> hl(new int16_t[2 * K]);  // [2, K]
+    std::unique_ptr<float[]> sums(new float[2 * nb]);   // [2, K / 32]
+    const avx2::SplitX sx{hl.get(), hl.get() + K, sums.get(), sums.get() + nb};
+    if (avx2::split_x(xp, K, sx)) {
+      at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
+        m1_rows(w.type, sx, K, w.data, w.row_bytes, n0, n1, op);
+      });
+      return;
+    }
+  }
+#endif
+  at::parallel_for(0, N, PANEL, [&](int64_t n0, int64_t n1) {
+    panel_rows(isa, w.type, xp, M, K, w.data, w.row_bytes, n0, n1, op, N);
+  });
+}
+
+namespace {
+
+std::string set_isa(const std::string& name) {
+  const int best = best_isa();
+  if (name == "auto") {
+    g_isa = best;
+  } else if (name == "scalar") {
+    g_isa = SCALAR;
+  } else if (name == "avx2") {
+    TORCH_CHECK(best >= AVX2, "prefill_quant: this CPU has no AVX2 + FMA + F16C");
+    g_isa = AVX2;
+  } else {
+    TORCH_CHECK(false, "prefill_quant: unknown isa '", name, "' (auto, avx2, scalar)");
+  }
+  return isa_name(g_isa.load());
+}
+
+}  // namespace
+}  // namespace prefill_quant
+
+TORCH_LIBRARY(prefill_quant, m) {
+  m.def("gemm(Tensor x, Tensor w, int qtype, int n, int k) -> Tensor");
+  m.def("pre_attention(Tensor x, Tensor norm_w, float eps, Tensor w, int qtype, Tensor? bias, Tensor cos, "
+        "Tensor sin, int H_q, int H_kv) -> (Tensor, Tensor, Tensor)");
+  m.def("post_attention(Tensor x, Tensor o, Tensor w_o, int o_type, Tensor norm_w, float eps, Tensor w_gate_up, "
+        "int gate_up_type, Tensor w_down, int down_type) -> Tensor");
+  m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
+  m.def("set_isa(str isa) -> str", &prefill_quant::set_isa);  // no tensors: one kernel for every backend
+}
+
+TORCH_LIBRARY_IMPL(prefill_quant, CPU, m) {
+  m.impl("gemm", &prefill_quant::gemm);
+  m.impl("dequant", &prefill_quant::dequant);
+}

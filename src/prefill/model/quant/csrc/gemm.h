@@ -1,0 +1,25 @@
+// The quantized matrix product shared by the operators of gemm.cpp and fused.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace prefill_quant {
+
+enum Isa : int { SCALAR = 0, AVX2 = 1 };
+int current_isa();
+
+// A weight [N, K] as GGUF blocks of `type`: N rows of row_bytes bytes.
+struct QMatrix {
+  const uint8_t* data;
+  int64_t type, N, K, row_bytes;
+};
+
+// Checks `w` (contiguous uint8 on the CPU, N * row_bytes bytes) and describes it; K comes from the row width.
+QMatrix qmatrix(const at::Tensor& w, int64_t type);
+
+// out[m * N + n] = sum_k x[m * K + k] w[n][k] for m < M, n < N (parallel over N).
+void matmul(const float* x, int64_t M, const QMatrix& w, float* out);
+
+}  // namespace prefill_quant

@@ -1,0 +1,54 @@
+"""The two per-block functions (prefill.model.transformer's qkv_rotary and out_and_mlp) as one operator each,
+for blocks whose projections are GGUF blocks: a decode step then pays 2 dispatches per layer instead of ~25
+small torch ops, which on a CPU cost as much as the layer's GEMMs.
+
+Same signatures, same arithmetic (csrc/fused.cpp); `install(model)` puts them in the model's Kernels. Blocks
+the operators do not cover (dense weights, Qwen3's q/k norm, Gemma's extra norms and GELU gate) and prompts
+long enough for the float32 copy (QuantWeight.uses_dense) run the model's own functions unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prefill.costmodel.storage import GGUF_TYPE_IDS
+from prefill.model.quant import ops
+from prefill.model.quant.weight import QuantWeight, linear
+
+
+def _native(w, rows: int) -> bool:
+    return isinstance(w, QuantWeight) and not w.uses_dense(rows)
+
+
+def install(model) -> bool:
+    """Swap the fused functions into `model.kernels` when its blocks hold GGUF blocks and the kernels are built;
+    returns whether it did."""
+    blk = model.layers[0]
+    if not (isinstance(blk.wqkv.weight, QuantWeight) and ops.available()):
+        return False
+    from prefill.model import transformer
+
+    eager_qkv, eager_out = transformer.qkv_rotary, transformer.out_and_mlp
+
+    def qkv_rotary(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv, lin=None):
+        B, P, _ = x.shape
+        if q_norm_w is not None or x.dtype != torch.float32 or not _native(w_qkv, B * P):
+            return eager_qkv(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv, lin or linear)
+        # q [B, H_q, P, d_head], k, v [B, H_kv, P, d_head]
+        return torch.ops.prefill_quant.pre_attention(x, norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv,
+                                                     cos, sin, H_q, H_kv)  # fmt: skip
+
+    def out_and_mlp(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=None):
+        B, H_q, P, d = o.shape
+        simple = post_attn_w is None and post_mlp_w is None and not gelu
+        if not (simple and all(_native(w, B * P) for w in (w_o, w_gate_up, w_down))):
+            return eager_out(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w, post_mlp_w, gelu, lin or linear)
+        D = x.shape[-1]
+        return torch.ops.prefill_quant.post_attention(
+            x.reshape(B * P, D), o.transpose(1, 2).reshape(B * P, H_q * d), w_o.blocks, GGUF_TYPE_IDS[w_o.qtype],
+            norm_w, eps, w_gate_up.blocks, GGUF_TYPE_IDS[w_gate_up.qtype], w_down.blocks,
+            GGUF_TYPE_IDS[w_down.qtype],
+        ).view(B, P, D)  # fmt: skip
+
+    model.kernels.qkv_rotary, model.kernels.out_and_mlp = qkv_rotary, out_and_mlp
+    return True

@@ -1,0 +1,127 @@
+"""A weight kept as the GGUF file stores it, and the one `linear` every projection and the unembedding call.
+
+QuantWeight holds a matrix [N, K] as its raw blocks, uint8 [N, row_bytes]: blocks run along K, so rows are
+whole byte ranges, and fusing Q/K/V or gate/up (concatenating rows) or undoing llama.cpp's Q/K row order
+(permuting rows) never decodes a weight. A plain object rather than a tensor subclass: torch.compile traces
+through its attributes, and the custom operator (prefill.model.quant.ops) does the arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from prefill.costmodel.storage import GGUF_BLOCKS
+from prefill.errors import ModelFileError
+from prefill.model.quant import ops
+
+KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the block types csrc/ decodes
+# From this many rows of x a float32 copy of the weight, made on first need and kept beside the blocks, beats
+# the kernels (MKL's blocking wins once the product is compute-bound): measured on the embedded model, 1 thread,
+# CPU time of a whole prefill: panel kernel 0.52 s vs float32 0.66 s at P = 128, 2.18 vs 2.14 s at 512, 3.63 vs
+# 3.00 s at 1,024 (benchmarks/quant_gemm.py shows it per shape). The server's 256-token chunks never reach it.
+DENSE_MIN_M = 1024
+DENSE_MEMORY_SHARE = 0.25  # a float32 copy is made only while it takes at most this share of the free memory
+
+
+@dataclass(eq=False)
+class QuantWeight:
+    """A [N, K] weight as GGUF blocks of `qtype`. From M >= dense_min_m rows (0: never) the product runs as a
+    float32 GEMM over `dense`, a float32 copy made on first need and kept beside the blocks, when memory allows
+    (DENSE_MEMORY_SHARE of the free memory); else, and below that M, the kernels read the blocks."""
+
+    blocks: torch.Tensor  # uint8 [N, K / block * bytes per block]
+    qtype: str
+    N: int
+    K: int
+    dense_min_m: int = DENSE_MIN_M
+    dense: torch.Tensor | None = None  # float32 [N, K] once a long prompt made it, else None
+
+    def __post_init__(self) -> None:
+        if self.qtype not in KERNEL_TYPES:
+            raise ModelFileError(
+                f"GGUF type {self.qtype} has no quantized kernel here (have {', '.join(KERNEL_TYPES)})"
+            )
+        block, nbytes = GGUF_BLOCKS[self.qtype]
+        if self.K % block or tuple(self.blocks.shape) != (self.N, self.K // block * nbytes):
+            raise ModelFileError(
+                f"{self.qtype} blocks {tuple(self.blocks.shape)} do not hold a [{self.N}, {self.K}] weight"
+            )
+        ops.available()  # load (or build) the kernels now, not inside a compiled graph
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.N, self.K)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the blocks live (as a dense weight's .device says where it lives)."""
+        return self.blocks.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype its products come out in: float32 (the blocks themselves are uint8)."""
+        return torch.float32
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads: the blocks (the dense copy, when kept, serves long prompts only)."""
+        return self.blocks.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [N, K], decoded as the gguf package does."""
+        return ops.dequant(self.blocks, self.qtype, self.N, self.K)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Float32 rows [len(index), K] (an embedding lookup decodes only the rows it reads)."""
+        picked = self.blocks.index_select(0, index)  # [T, row_bytes]
+        return ops.dequant(picked, self.qtype, picked.shape[0], self.K)
+
+    def uses_dense(self, M: int) -> bool:
+        """True when a product of M rows runs over the float32 copy (making it now if it is missing)."""
+        if not 0 < self.dense_min_m <= M:
+            return False
+        if self.dense is None:
+            import psutil
+
+            if DENSE_MEMORY_SHARE * psutil.virtual_memory().available < 4 * self.N * self.K:
+                return False
+            self.dense = self.dequantize()
+        return True
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] float32 -> x @ W^T [..., N] float32."""
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.K)  # [M, K]
+        if self.uses_dense(x2.shape[0]):
+            return F.linear(x, self.dense)
+        return ops.gemm(x2, self.blocks, self.qtype, self.N, self.K).view(*lead, self.N)
+
+    def permute_rows(self, order: torch.Tensor) -> QuantWeight:
+        """The same weight with its rows in `order` (a permutation of range(N))."""
+        return replace(self, blocks=self.blocks.index_select(0, order).contiguous(), dense=None)
+
+    @staticmethod
+    def cat(parts: list[QuantWeight]) -> QuantWeight:
+        """The row concatenation of weights of one type and width (fused Q/K/V, fused gate/up)."""
+        if len({(p.qtype, p.K) for p in parts}) != 1:
+            raise ValueError("QuantWeight.cat needs parts of one type and one K")
+        return replace(parts[0], blocks=torch.cat([p.blocks for p in parts]), N=sum(p.N for p in parts), dense=None)
+
+
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for a dense weight [N, K] or a QuantWeight: x [..., K] -> [..., N]."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    y = w.matmul(x)
+    return y if b is None else y + b
+
+
+def cat_rows(parts: list) -> torch.Tensor | QuantWeight:
+    """Fuse projections by rows: quantized parts of one type stay blocks; anything else (mixed types, as in
+    Q4_K_M files whose V is Q6_K, or dense parts) is decoded to one float32 matrix."""
+    if all(isinstance(p, QuantWeight) for p in parts) and len({(p.qtype, p.K) for p in parts}) == 1:
+        return QuantWeight.cat(parts)
+    return torch.cat([p.dequantize() if isinstance(p, QuantWeight) else p for p in parts])

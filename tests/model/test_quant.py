@@ -1,0 +1,176 @@
+"""The quantized GEMM (prefill.model.quant) against the float32 GEMM on the gguf package's own dequantization,
+for every block type with a kernel, on the AVX2 and the portable scalar kernels and the torch fallback, at
+shapes that do not divide the tiles (4 x 3 register tiles, 16-row panels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prefill.costmodel.storage import GGUF_BLOCKS
+from prefill.model.quant import KERNEL_TYPES, QuantWeight, cat_rows, linear, ops
+from quant_blocks import gguf_dequant, random_blocks
+
+
+def isas() -> list[str]:
+    if not ops.available():
+        return []
+    best = ops.set_isa("auto")
+    return ["scalar"] if best == "scalar" else [best, "scalar"]
+
+
+@pytest.fixture
+def isa(request):
+    yield ops.set_isa(request.param)
+    ops.set_isa("auto")
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+def test_dequant_equals_gguf_bitwise(qtype):
+    # q * d is exact in float32 for every type (few mantissa bits), so the decoding has one rounding at most,
+    # the same as the gguf package's: the weights are bitwise equal, on every path.
+    block = GGUF_BLOCKS[qtype][0]
+    N, K = 37, 3 * block
+    blocks = random_blocks(qtype, N, K)
+    ref = gguf_dequant(blocks, qtype, N, K)
+    assert torch.equal(ops.dequant_portable(blocks, qtype, N, K), ref)
+    try:
+        for name in isas():
+            ops.set_isa(name)
+            assert torch.equal(ops.dequant(blocks, qtype, N, K), ref), name
+    finally:
+        if ops.available():
+            ops.set_isa("auto")
+
+
+@pytest.mark.parametrize("isa", isas(), indirect=True)
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 13])
+def test_gemm_within_float32_summation_bound(qtype, M, isa):
+    block = GGUF_BLOCKS[qtype][0]
+    for N, K in ((1, block), (50, 3 * block), (19, 2 * block)):  # N = 50: three 16-row panels and 2 left over
+        blocks = random_blocks(qtype, N, K, seed=M)
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(N))
+        w = gguf_dequant(blocks, qtype, N, K)
+        exact = F.linear(x.double(), w.double())  # float64: exact to ~1e-16 relative, far below the bound
+        bound = ops.error_bound(x, ops.term_magnitudes(blocks, qtype, N, K), isa)
+        got = ops.gemm(x, blocks, qtype, N, K)
+        assert got.shape == (M, N) and got.dtype == torch.float32
+        assert ((got.double() - exact).abs() <= bound).all(), (qtype, isa, M, N, K)
+
+
+def test_portable_path_when_no_library(monkeypatch):
+    # No compiler and no built library: the same product through torch ops, with the one-line note.
+    from prefill.model.quant import build
+
+    monkeypatch.setenv(build.NO_COMPILER_ENV, "1")
+    monkeypatch.setattr(build, "find_library", lambda: None)
+    ops.forget()
+    try:
+        assert not ops.available()
+        N, K = 21, 64
+        blocks = random_blocks("Q4_1", N, K)
+        x = torch.randn(3, K)
+        exact = F.linear(x.double(), gguf_dequant(blocks, "Q4_1", N, K).double())
+        got = ops.gemm(x, blocks, "Q4_1", N, K)
+        assert ((got.double() - exact).abs() <= ops.error_bound(x, ops.term_magnitudes(blocks, "Q4_1", N, K),
+                                                                "scalar")).all()  # fmt: skip
+    finally:
+        ops.forget()
+
+
+def test_install_step_without_compiler_says_so_and_succeeds(monkeypatch, capsys):
+    from prefill.model.quant import build
+
+    monkeypatch.setenv(build.NO_COMPILER_ENV, "1")
+    monkeypatch.setattr(build, "find_library", lambda: None)
+    assert build.compiler() is None
+    assert build.main() == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        "quantized kernels: no C++ compiler, not built; native GGUF weights will run the slower portable path"
+    ]
+
+
+@pytest.mark.slow
+def test_build_from_scratch(monkeypatch, tmp_path):
+    # The install step's compile, into an empty folder: a library whose name carries the sources' digest.
+    from prefill.model.quant import build
+
+    if build.compiler() is None:
+        pytest.skip("no C++ compiler here")
+    monkeypatch.setattr(build, "_folders", lambda: [tmp_path])
+    path = build.build()
+    assert path.parent == tmp_path and path.name == build.library_name() and path.stat().st_size > 0
+    assert build.find_library() == path
+
+
+def test_fused_rows_and_permuted_rows_stay_blocks():
+    # Concatenating and permuting rows of blocks equals doing it to the decoded weights (blocks run along K).
+    K = 64
+    a = QuantWeight(random_blocks("Q4_1", 10, K, 1), "Q4_1", 10, K)
+    b = QuantWeight(random_blocks("Q4_1", 6, K, 2), "Q4_1", 6, K)
+    fused = cat_rows([a, b])
+    assert isinstance(fused, QuantWeight) and fused.shape == (16, K)
+    assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    order = torch.randperm(16, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(fused.permute_rows(order).dequantize(), fused.dequantize()[order])
+    mixed = cat_rows([a, QuantWeight(random_blocks("Q8_0", 6, K, 3), "Q8_0", 6, K)])  # Q4_K_M-style mixed types
+    assert isinstance(mixed, torch.Tensor) and mixed.shape == (16, K)
+
+
+def test_linear_on_quant_weight_keeps_leading_dims_and_bias():
+    K, N = 64, 12
+    w = QuantWeight(random_blocks("Q8_0", N, K), "Q8_0", N, K)
+    x = torch.randn(2, 3, K)
+    bias = torch.randn(N)
+    y = linear(x, w, bias)
+    assert y.shape == (2, 3, N) and w.device == x.device and w.dtype == y.dtype == torch.float32
+    ref = F.linear(x.double(), w.dequantize().double(), bias.double())
+    bound = ops.error_bound(x.reshape(-1, K), w.dequantize().abs(), "scalar").reshape(2, 3, N)
+    assert ((y.double() - ref).abs() <= bound + 1e-6 * bias.abs().double()).all()
+
+
+def test_bad_blocks_are_refused():
+    from prefill.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="do not hold"):
+        QuantWeight(torch.zeros(4, 10, dtype=torch.uint8), "Q4_1", 4, 64)
+    with pytest.raises(ModelFileError, match="no quantized kernel"):
+        QuantWeight(torch.zeros(4, 44, dtype=torch.uint8), "Q5_1", 4, 64)
+
+
+def test_long_prompts_use_a_float32_copy_made_on_first_need(monkeypatch):
+    from prefill.model.quant import weight
+
+    K, N = 64, 12
+    w = QuantWeight(random_blocks("Q4_1", N, K), "Q4_1", N, K, dense_min_m=4)
+    short, long = torch.randn(3, K), torch.randn(5, K)
+    linear(short, w)
+    assert w.dense is None  # below dense_min_m: the kernels read the blocks
+    y = linear(long, w)
+    assert w.dense is not None and torch.equal(w.dense, w.dequantize())
+    assert torch.equal(y, F.linear(long, w.dense))
+    tight = QuantWeight(w.blocks, "Q4_1", N, K, dense_min_m=4)
+    monkeypatch.setattr(weight, "DENSE_MEMORY_SHARE", 0.0)  # no memory to spare: the copy is never made
+    linear(long, tight)
+    assert tight.dense is None
+
+
+@pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
+def test_operators_pass_torch_opcheck():
+    # Schema, fake (meta) implementations for torch.compile, no autograd surprises, for every operator.
+    D, H_q, H_kv, d, F_ = 64, 4, 2, 16, 96
+    x, norm = torch.randn(2, 3, D), torch.ones(D)
+    cos, sin = torch.randn(2, 3, 1, d), torch.randn(2, 3, 1, d)
+    w_qkv, w_o = random_blocks("Q8_0", (H_q + 2 * H_kv) * d, D), random_blocks("Q4_1", D, H_q * d)
+    w_gu, w_d = random_blocks("Q4_1", 2 * F_, D), random_blocks("Q4_0", D, F_)
+    qo = torch.ops.prefill_quant
+    for op, args in (
+        (qo.pre_attention.default, (x, norm, 1e-5, w_qkv, 8, None, cos, sin, H_q, H_kv)),
+        (qo.post_attention.default, (x.view(6, D), torch.randn(6, H_q * d), w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2)),
+        (qo.gemm.default, (torch.randn(5, D), w_gu, 3, 2 * F_, D)),
+        (qo.dequant.default, (w_d, 2, D, F_)),
+    ):
+        torch.library.opcheck(op, args)

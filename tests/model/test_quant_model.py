@@ -1,0 +1,129 @@
+"""Whole models on GGUF blocks: a tiny Llama and a tiny Qwen2 (QKV bias) built from random blocks, through
+the fused block operators, the unfused functions and dense weights; and the embedded SmolLM2 file, native
+against float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefill.costmodel.specs import ModelSpec
+from prefill.engine import proofs
+from prefill.engine.llm import Engine
+from prefill.model.quant import QuantWeight, ops
+from quant_blocks import random_blocks
+
+PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.")
+
+
+def tiny_spec(arch: str) -> ModelSpec:
+    return ModelSpec(f"tiny-{arch}", arch, L=2, d_model=64, H_q=4, H_kv=2, d_head=16, d_ff=96, vocab_size=160,
+                     context_length=256, tied_embeddings=True, rope_theta=10_000.0, norm_eps=1e-6,
+                     qkv_bias=arch == "qwen2")  # fmt: skip
+
+
+QMAX = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15}  # the largest |q| of a type: weights of size 0.1 for every type
+
+
+def tiny_state_dict(spec: ModelSpec, qtype: str) -> dict:
+    g = torch.Generator().manual_seed(1)
+    seed = iter(range(1000))
+
+    def q(N: int, K: int) -> QuantWeight:
+        return QuantWeight(random_blocks(qtype, N, K, next(seed), scale=0.1 / QMAX[qtype]), qtype, N, K)
+
+    def norm() -> torch.Tensor:
+        return 1 + 0.1 * torch.randn(spec.d_model, generator=g)
+
+    D, F, kv = spec.d_model, spec.d_ff, spec.H_kv * spec.d_head
+    sd = {"model.embed_tokens.weight": q(spec.vocab_size, D), "model.norm.weight": norm()}
+    for i in range(spec.L):
+        p = f"model.layers.{i}."
+        sd |= {p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm()}
+        sd |= {p + "self_attn.q_proj.weight": q(D, D), p + "self_attn.k_proj.weight": q(kv, D),
+               p + "self_attn.v_proj.weight": q(kv, D), p + "self_attn.o_proj.weight": q(D, D),
+               p + "mlp.gate_proj.weight": q(F, D), p + "mlp.up_proj.weight": q(F, D),
+               p + "mlp.down_proj.weight": q(D, F)}  # fmt: skip
+        if spec.qkv_bias:
+            for n, width in (("q", D), ("k", kv), ("v", kv)):
+                sd[p + f"self_attn.{n}_proj.bias"] = 0.1 * torch.randn(width, generator=g)
+    return sd
+
+
+def dense(sd: dict) -> dict:
+    return {k: v.dequantize() if isinstance(v, QuantWeight) else v.clone() for k, v in sd.items()}
+
+
+@pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
+@pytest.mark.parametrize("arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("llama", "Q4_0")])
+def test_tiny_model_on_blocks_equals_dense_fused_or_not(arch, qtype):
+    spec = tiny_spec(arch)
+    sd = tiny_state_dict(spec, qtype)
+    fused = Engine.from_state_dict(spec, dict(sd))
+    unfused = Engine.from_state_dict(spec, dict(sd))
+    unfused.model.kernels.__init__()  # the model's own per-block functions over the same blocks
+    ref = Engine.from_state_dict(spec, dense(sd))
+    assert fused.model.kernels.qkv_rotary is not unfused.model.kernels.qkv_rotary
+    ids = [5, 17, 42, 99, 3, 150, 7, 64, 8]
+    for prompt in (ids[:1], ids):  # M = 1 (the direct kernel) and M = 9 (the panel kernel)
+        logits = {name: e.prefill(prompt)[0] for name, e in (("fused", fused), ("unfused", unfused), ("dense", ref))}
+        tol = proofs.rounding_tolerance(float(logits["dense"].abs().max()), spec, torch.float32)
+        assert float((logits["fused"] - logits["dense"]).abs().max()) <= tol
+        assert float((logits["unfused"] - logits["dense"]).abs().max()) <= tol
+    for check in proofs.parallel_vs_sequential(fused, ids) + proofs.chunked_vs_single(fused, ids, 4):
+        assert check.ok, check
+
+
+@pytest.fixture(scope="module")
+def smollm_pair():
+    return Engine.load(None, weights="native", progress=False), Engine.load(None, weights="float32", progress=False)
+
+
+@pytest.mark.slow
+def test_embedded_file_logits_native_within_1e3_of_float32(smollm_pair):
+    native, f32 = smollm_pair
+    assert native.weights == "Q8_0 + Q4_1" and f32.weights == "float32"
+    assert native.dtype == torch.float32  # activations and the KV cache stay float32
+    for prompt in PROMPTS:
+        ids = f32.encode_prompt(prompt)
+        a, b = native.prefill(ids)[0], f32.prefill(ids)[0]
+        assert float((a - b).abs().max()) <= 1e-3
+        assert float((a - b).abs().max()) <= proofs.rounding_tolerance(float(b.abs().max()), f32.spec, f32.dtype)
+
+
+@pytest.mark.slow
+def test_embedded_file_greedy_text_unchanged(smollm_pair):
+    native, f32 = smollm_pair
+
+    def rows(engine, ids, n=24):  # the logits [vocab] of n greedy steps
+        logits, cache = engine.prefill(ids, engine.new_cache(len(ids) + n))
+        out = [logits[0]]
+        while len(out) < n:
+            out.append(engine.decode_step(out[-1].argmax().view(1), cache)[0])
+        return out
+
+    for prompt in PROMPTS:
+        ids = f32.encode_prompt(prompt)
+        ref = rows(f32, ids)
+        tol = proofs.rounding_tolerance(max(float(r.abs().max()) for r in ref), f32.spec, f32.dtype)
+        differ, note = proofs.greedy_agreement(rows(native, ids), ref, tol)
+        assert differ == 0, (prompt, note)
+
+
+@pytest.mark.slow
+def test_native_proofs_hold(smollm_pair):
+    native, _ = smollm_pair
+    ids = native.encode_prompt(PROMPTS[0])
+    checks = proofs.parallel_vs_sequential(native, ids) + proofs.chunked_vs_single(native, ids, 7)
+    checks.append(proofs.kv_bytes_match_formula(native, len(ids)))
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+
+
+def test_native_needs_a_quantized_file(tmp_path):
+    from prefill.engine.weights import weights_choice
+    from prefill.errors import BadInput
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(BadInput, match="--weights native: the model file holds no quantized matrix"):
+        weights_choice("native", tmp_path, "float32")
+    assert weights_choice("auto", tmp_path, "float32").dtype == "float32"
