@@ -129,7 +129,8 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     and the estimated duration from the cost model at the probe's GEMM rates. Returns the config with
     concrete dtypes, the plan, the spec and the model path."""
     from prefill.loading.resolve import default_model_path
-    from prefill.machine.native import capability, gemm_rates
+    from prefill.machine.capability import capability
+    from prefill.machine.profiles import gemm_rates
 
     model_path = str(default_model_path()) if config.model is None else config.model
     spec = _spec_of(model_path)
@@ -491,7 +492,7 @@ def _spec_of(model_path: str) -> ModelSpec:
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
     import torch
 
-    from prefill.machine.native import capability
+    from prefill.machine.capability import capability
 
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
     machine = {
