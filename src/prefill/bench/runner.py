@@ -19,7 +19,7 @@ from typing import Any
 from prefill.bench import calibrate, plan
 from prefill.bench.peers import LlamaCppPeer, TransformersPeer, llamacpp_available, transformers_version
 from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call, time_interleaved
-from prefill.costmodel.costs import FlopCount, canonical_dtype, compute_seconds, mfu, prefill_flops_exact
+from prefill.costmodel.costs import FlopCount, canonical_dtype, mfu, prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 
@@ -75,8 +75,9 @@ class Measurement:
     peak_bytes: int
     peak_delta_bytes: int
     memory_kind: str
-    predicted_s: float  # exact FLOPs at the measured GEMM rate (the uncalibrated cost model)
+    predicted_s: float  # the time model on this machine's profile (prefill.costmodel.timemodel)
     calibrated_s: float | None = None
+    predicted_bound: str = ""  # what the time model says dominates: compute, memory or overhead
 
 
 @dataclass
@@ -207,13 +208,9 @@ def run_bench(
 
 
 def _rated(m: Measurement, gemm: dict[str, float]) -> Measurement:
-    """`m` with MFU and the GEMM-rate prediction against the final GEMM rates."""
+    """`m` with MFU against the final GEMM rates."""
     rate = gemm.get(m.dtype)
-    return replace(
-        m,
-        mfu=mfu(m.flops, m.median_s, rate) if rate else None,
-        predicted_s=compute_seconds(m.flops, rate or max(gemm.values())),
-    )
+    return replace(m, mfu=mfu(m.flops, m.median_s, rate) if rate else None)
 
 
 UNSTABLE_P90_OVER_MEDIAN = 1.25  # a point whose p90 exceeds its median by more than this was disturbed
@@ -274,9 +271,10 @@ def _sweep_dtype(
             runs[(llama.name, llama.dtype)] = lambda t=prompt[:P], llama=llama: llama.prefill(t)
         with _inference():
             timings = time_interleaved(runs, repeats=config.repeats, warmup=config.warmup, device=config.device)
+        pred = engine.predict_prefill(P)
         for (name, run_dtype), fn in runs.items():
             result.measurements.append(
-                _measurement(name, run_dtype, P, None, timings[(name, run_dtype)], fn, count, gemm, config)
+                _measurement(name, run_dtype, P, None, timings[(name, run_dtype)], fn, count, gemm, config, pred)
             )
         step(f"{dtype} P={P}: {', '.join(name for name, _ in runs)}", weigh(P))
     if kernels is not None:
@@ -298,10 +296,11 @@ def _measure(
     count: FlopCount,
     gemm: dict[str, float],
     config: BenchConfig,
+    pred,
 ) -> Measurement:
     with _inference():
         timing = time_call(fn, repeats=config.repeats, warmup=config.warmup, device=config.device)
-    return _measurement(name, dtype, P, chunk, timing, fn, count, gemm, config)
+    return _measurement(name, dtype, P, chunk, timing, fn, count, gemm, config, pred)
 
 
 def _measurement(
@@ -314,7 +313,9 @@ def _measurement(
     count: FlopCount,
     gemm: dict[str, float],
     config: BenchConfig,
+    pred,
 ) -> Measurement:
+    """One timed point; `pred`: the time model's Prediction of our engine at this point."""
     with _inference():
         memory: PeakMemory = measure_peak_memory(fn, device=config.device)  # one more, untimed call
     rate = gemm.get(dtype)
@@ -335,7 +336,8 @@ def _measurement(
         peak_bytes=memory.peak_bytes,
         peak_delta_bytes=memory.delta_bytes,
         memory_kind=memory.kind,
-        predicted_s=compute_seconds(count.total, rate or max(gemm.values())),
+        predicted_s=pred.seconds,
+        predicted_bound=pred.dominant,
     )
 
 
@@ -399,8 +401,9 @@ def _chunk_sweep(engine, dtype, P, prompt, gemm, config: BenchConfig, result: Be
     ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
     count = prefill_flops_exact(engine.spec, P)
     for C in config.chunk_sizes:
+        pred = engine.predict_prefill(P, chunk_size=C)
         result.measurements.append(
-            _measure(OURS, dtype, P, C, lambda C=C: engine.prefill(ids, chunk_size=C), count, gemm, config)
+            _measure(OURS, dtype, P, C, lambda C=C: engine.prefill(ids, chunk_size=C), count, gemm, config, pred)
         )
         step(f"{OURS} {dtype} P={P} chunk={C}", 1.0)
 

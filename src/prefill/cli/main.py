@@ -828,6 +828,11 @@ def score(
         console.print(score_report.tokens_table(pieces, ids, result.logprobs))
 
 
+from prefill.cli.calibrate import calibrate  # noqa: E402 - one module per command as the CLI splits
+
+app.command()(calibrate)
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning our errors into one line and exit code 2."""
     try:

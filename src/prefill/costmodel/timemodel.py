@@ -139,16 +139,18 @@ class Prediction:
         """One sentence on what sets the time, with the numbers that set it."""
         parts, total = self.parts(), self.seconds
         head = f"{self.dominant}-bound ({parts[self.dominant] / total if total else 0:.0%} of {total * 1e3:,.1f} ms)"
-        if self.dominant == "memory":
-            rate = self.bytes / max(sum(o.memory_s for o in self.ops), 1e-30)
+        side = [o for o in self.ops if o.side == self.dominant]
+        seconds = max(sum(o.work_s for o in side), 1e-30)
+        if self.dominant == "memory":  # the rate it moves at, as measured at its shapes (not the stream's peak)
+            moved = sum(o.bytes for o in side)
             weights = sum(o.weight_bytes for o in self.ops) / self.steps
             return (
-                f"{head}: {self.bytes / 1e6:,.0f} MB moved at {rate / 1e9:,.1f} GB/s; the weights' "
+                f"{head}: {moved / 1e6:,.0f} MB moved at {moved / seconds / 1e9:,.1f} GB/s; the weights' "
                 f"{weights / 1e6:,.0f} MB are read once per forward however few its tokens"
             )
         if self.dominant == "compute":
-            rate = self.flops / max(sum(o.compute_s for o in self.ops), 1e-30)
-            return f"{head}: {self.flops / 1e9:,.1f} GFLOP at {rate / 1e9:,.1f} GFLOP/s"
+            flops = sum(o.flops for o in side)
+            return f"{head}: {flops / 1e9:,.1f} GFLOP at {flops / seconds / 1e9:,.1f} GFLOP/s"
         launches = sum(o.overhead_s for o in self.ops)
         return f"{head}: kernel launches ({launches * 1e3:,.1f} ms) and per-forward work, not FLOPs or bytes"
 

@@ -1,7 +1,8 @@
 """The engine: tokenize -> prefill (one parallel pass) -> sample the first token -> decode from the cache.
 
 Every generation is timed: tokenization, prefill, first-token sampling, TTFT, each inter-token latency (ITL)
-and the request total. Predictions come from `prefill.costmodel.costs`, never from a formula written here.
+and the request total. Predictions come from the cost model's time model (`prefill.costmodel.timemodel`) on this
+machine's profile (`prefill.machine.profiles`), never from a formula written here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from prefill.costmodel import costs
+from prefill.costmodel import costs, timemodel
+from prefill.costmodel.ops import Layout
+from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVBatch, KVPool, SeqKV
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
@@ -36,7 +39,9 @@ class Engine:
         self.model, self.tokenizer, self.dtype, self.source = model, tokenizer, dtype, source
         self.device = torch.device(device)
         self.spec: ModelSpec = model.spec
-        self._gemm_rate: float | None = None
+        self._profiles: dict[bool, MachineProfile] = {}
+        self.cold_prefill_s: float | None = None  # the first prefill after load (warmup), seconds
+        self.cold_decode_s: float | None = None  # the first decode step after load, seconds
 
     # ---- construction ------------------------------------------------------------------------------
 
@@ -145,9 +150,15 @@ class Engine:
         thread start-up and template parsing are not timed."""
         if self.tokenizer is not None and self.tokenizer.chat_template:
             self.encode_prompt("warm-up")
+        first = self.cold_prefill_s is None
+        t = time.perf_counter()
         logits, cache = self.prefill(list(range(1, P + 1)), self.new_cache(P + 1))  # [1, vocab]
+        self.sync()
+        t1 = time.perf_counter()
         self.decode_step(logits.argmax(-1), cache)
         self.sync()
+        if first:  # cold: page faults, kernel selection, thread start-up; never mixed into a warm figure
+            self.cold_prefill_s, self.cold_decode_s = t1 - t, time.perf_counter() - t1
 
     @staticmethod
     def threads() -> int:
@@ -231,31 +242,45 @@ class Engine:
 
     # ---- predictions (from the cost model) ---------------------------------------------------------
 
-    def gemm_rate(self) -> float:
-        """This device's GEMM rate in the engine's dtype (FLOP/s), measured once and remembered."""
-        if self._gemm_rate is None:
-            from prefill.costmodel.hardware import measure_gemm_rate
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
 
-            self._gemm_rate = measure_gemm_rate(str(self.dtype).removeprefix("torch."), str(self.device))
-        return self._gemm_rate
+    def profile(self, fitted: bool = True, echo: Callable[[str], None] | None = None) -> MachineProfile:
+        """This machine's profile for this model, dtype and thread count (prefill.machine.profiles): the one a
+        benchmark fitted when there is one (and `fitted`), else the quick probe's, measured on first need (a few
+        seconds; `echo` gets a one-line note) and cached on disk."""
+        if fitted not in self._profiles:
+            from prefill.machine.profiles import profile_for
+
+            self._profiles[fitted] = profile_for(self.spec, self.dtype_name, str(self.device), fitted=fitted, echo=echo)
+        return self._profiles[fitted]
+
+    def layout(self) -> Layout:
+        """How this engine stores and runs the model, for the time model. Attention over a cached context reads
+        each row's K/V through KVBatch.update, which copies it out of the pool first (gathers_kv)."""
+        return timemodel.layout_for(self.dtype_name, gathers_kv=True)
+
+    def gemm_rate(self) -> float:
+        """This device's best GEMM rate at the model's shapes in the engine's dtype (FLOP/s), from its profile."""
+        return self.profile().peak_flops_per_s
+
+    def predict_prefill(
+        self, P: int, past: int = 0, chunk_size: int | None = None, profile: MachineProfile | None = None
+    ) -> timemodel.Prediction:
+        """The time model's prediction of a warm prefill of P tokens after `past` cached ones (a prefix-cache
+        hit: the suffix against the cached context), in chunks of `chunk_size` if given."""
+        return timemodel.predict_prefill(self.spec, P, profile or self.profile(), self.layout(), past, 1, chunk_size)
+
+    def predict_decode(self, contexts: list[int], profile: MachineProfile | None = None) -> timemodel.Prediction:
+        """The time model's prediction of one decode step (the ITL) of len(contexts) rows, each at its context."""
+        return timemodel.predict_decode(self.spec, contexts, profile or self.profile(), self.layout())
 
     def predict_prefill_seconds(self, P: int, past: int = 0, chunk_size: int | None = None) -> tuple[float, str]:
-        """Predicted seconds of a prefill of P tokens after `past` cached ones (in chunks, if given), and how:
-        a saved calibration for this dtype and thread count if any, else exact FLOPs at the measured GEMM rate."""
-        from prefill.costmodel.hardware import load_calibration
-
-        dtype = str(self.dtype).removeprefix("torch.")
-        cal = load_calibration() if self.device.type == "cpu" else None
-        use_cal = cal is not None and cal.dtype == dtype and cal.threads == torch.get_num_threads()
-        step = chunk_size or P
-        seconds = 0.0
-        for s in range(0, P, step):  # each chunk attends to everything before it
-            count = costs.prefill_flops_exact(self.spec, min(step, P - s), past + s)
-            if use_cal:
-                seconds += costs.calibrated_prefill_seconds(count, cal)
-            else:
-                seconds += costs.compute_seconds(count.total, self.gemm_rate())
-        return seconds, "calibrated" if use_cal else "exact FLOPs / measured GEMM rate"
+        """Predicted seconds of a warm prefill of P tokens after `past` cached ones (in chunks, if given), and how:
+        the time model on this machine's profile, with the part that dominates."""
+        pred = self.predict_prefill(P, past, chunk_size)
+        return pred.seconds, f"time model, {self.profile().kind} profile: {pred.dominant}-bound"
 
 
 def _progress_bar(label: str) -> Callable[[int, int], None]:

@@ -29,6 +29,7 @@ from prefill.costmodel.costs import canonical_dtype, dtype_bytes
 
 GEMM_MS = (1, 2, 4, 16, 64, 256, 1024, 4096)  # row counts the GEMM curve is measured at (while the budget allows)
 COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
+COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
 ATTENTION_PS = (16, 64, 256, 1024, 2048)  # causal prefill lengths of the attention curve
 DECODE_KEYS = (64, 256, 1024, 4096)  # keys of the decode curve (one query per row)
@@ -76,22 +77,25 @@ def gemm_seconds(M: int, K: int, N: int, dtype: str, device: str = "cpu", repeat
 
 
 def gemm_curve(
-    K: int, N: int, dtype: str, device: str = "cpu", budget_s: float = 0.5, Ms: tuple[int, ...] = GEMM_MS
+    K: int, N: int, dtype: str, device: str = "cpu", budget_s: float = 1.0, Ms: tuple[int, ...] = GEMM_MS
 ) -> tuple[tuple[int, float], ...]:
     """(M, FLOP/s) of [M, K] x [K, N] for M in Ms while the next M is predicted to fit the budget (its time grows
     at most 4x per step), so an emulated dtype costs a fraction of a second. Up to M = COLD_UP_TO the weights
-    cycle through copies filling twice the last-level cache, so each is read from memory as in a forward; a
-    very wide N (an unembedding) is measured on its first GEMM_MAX_N columns, whose rate is the whole one's."""
+    cycle through copies filling twice the last-level cache, so each is read from memory as in a forward (unless
+    one GEMM is so slow that streaming cannot matter); a very wide N (an unembedding) is measured on its first
+    GEMM_MAX_N columns, whose rate is the whole one's."""
     N = min(N, GEMM_MAX_N)
     weight_bytes = K * N * dtype_bytes(dtype)
     cold = max(1, min(64, math.ceil(2 * last_level_cache_bytes() / weight_bytes))) if device == "cpu" else 1
 
     def measure(M: int) -> tuple[float, float]:
-        copies = cold if M <= COLD_UP_TO else 1
-        t = gemm_seconds(M, K, N, dtype, device, repeats=2 if M * K * N < 2**31 else 1, copies=copies)
-        return 2.0 * M * K * N, t * copies  # the copies' time counts against the budget
+        repeats = 2 if M * K * N < 2**31 else 1
+        t = gemm_seconds(M, K, N, dtype, device, repeats)
+        if M <= COLD_UP_TO and cold > 1 and t * cold < COLD_PASS_S:
+            t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold)
+        return 2.0 * M * K * N, t
 
-    return tuple((M, r * (1 if M > COLD_UP_TO else cold)) for M, r in _grow(Ms, measure, budget_s))
+    return _grow(Ms, measure, budget_s)
 
 
 def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str = "cpu", budget_s: float = 0.5):
