@@ -65,10 +65,10 @@ class Layout:
 @dataclass(frozen=True)
 class Op:
     """One operation, `count` times in a forward (e.g. once per layer). flops, bytes and launches are per instance;
-    `weight_bytes` of its bytes are weights (streamed from memory, never cache-resident in a model larger than
-    the cache); M, K, N: a GEMM's shape; queries, keys: an attention row's new positions and the keys it reads;
-    kind: gemm, attention,
-    stream (elementwise and copies) or comm (an all-reduce over the GPUs' link)."""
+    `weight_bytes` of its bytes are weights and `pool_bytes` K/V read from the cache pool (both streamed from
+    memory: a model or a pool larger than the cache never stays in it); M, K, N: a GEMM's shape; queries, keys:
+    an attention row's new positions and the keys it reads; kind: gemm, attention, stream (elementwise and
+    copies) or comm (an all-reduce over the GPUs' link)."""
 
     name: str
     kind: str
@@ -77,6 +77,7 @@ class Op:
     launches: int
     count: int = 1
     weight_bytes: float = 0.0
+    pool_bytes: float = 0.0
     M: int = 0
     K: int = 0
     N: int = 0
@@ -93,7 +94,7 @@ def visible_keys(new: int, past: int, window: int | None) -> int:
 def _gemm(name: str, M: int, K: int, N: int, lay: Layout, count: int, bias: bool = False) -> Op:
     weights = (K * N + (N if bias else 0)) * lay.weight_bytes
     acts = M * (K + N) * lay.act_bytes  # read the input rows, write the output rows
-    return Op(name, "gemm", 2.0 * M * K * N, weights + acts, LAUNCHES[name], count, weights, M, K, N)
+    return Op(name, "gemm", 2.0 * M * K * N, weights + acts, LAUNCHES[name], count, weights, M=M, K=K, N=N)
 
 
 def _stream(name: str, elements: float, lay: Layout, count: int) -> Op:
@@ -142,6 +143,7 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
             gather = lay.gathers_kv and row.past > 0  # a cached context is copied out of the pool, then read
             nbytes = 2 * H_q * row.new * dh * lay.act_bytes + kv * (3 if gather else 1)
             launches = LAUNCHES["attention"] + (LAUNCHES["kv_gather"] if gather else 0)
+            pool = kv * row.past / keys if row.past else 0.0  # the cached part comes from the pool's memory
             ops.append(
                 Op(
                     "attention",
@@ -150,6 +152,7 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
                     nbytes,
                     launches,
                     n_layers,
+                    pool_bytes=min(pool, kv),
                     queries=row.new,
                     keys=keys,
                 )

@@ -75,10 +75,12 @@ def op_time(op: Op, profile: MachineProfile, weights_resident: bool = False) -> 
         compute, peak = 0.0, 0.0
     if op.kind == "comm":
         memory = op.bytes / (profile.link_bytes_per_s or profile.bandwidth_bytes_per_s)
-    else:  # weights stream from memory unless all of them fit the cache; activations may be cache-resident
-        acts = op.bytes - op.weight_bytes
+    else:  # weights stream from memory unless all of them fit the cache, cached K/V always (the pool is
+        # written long before it is read); activations may be cache-resident
+        acts = op.bytes - op.weight_bytes - op.pool_bytes
         weights_rate = profile.stream_rate(0 if weights_resident else float("inf"))
-        memory = op.weight_bytes / weights_rate + acts / profile.stream_rate(acts)
+        memory = op.weight_bytes / weights_rate + op.pool_bytes / profile.bandwidth_bytes_per_s
+        memory += acts / profile.stream_rate(acts)
     overhead = op.launches * profile.op_overhead_s
     seconds = max(compute, memory) + (0.0 if profile.overlap_launches else overhead)
     ridge = peak / profile.bandwidth_bytes_per_s

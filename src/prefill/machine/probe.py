@@ -6,7 +6,7 @@
     measure_bandwidth()            streaming reads from memory (bytes/s): a GEMV over a matrix far larger than
                                    the cache, the way a decode step reads its weights
     measure_cache_bandwidth()      the same for an elementwise op whose tensors stay in the last-level cache
-    measure_op_overhead()          seconds to dispatch one tiny operation
+    measure_op_overhead()          seconds per launch of a block's small operations (one token, width 64)
     measure_gemm_rate(dtype)       a square GEMM's FLOP/s (a peak: MFU's denominator, the GPU bench)
     measure_copy_bandwidth()       an array copy's bytes/s (read + written)
 
@@ -170,17 +170,44 @@ def measure_cache_bandwidth(device: str = "cpu", n_bytes: int = 2**20) -> float:
     return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=out), 20, device)
 
 
-def measure_op_overhead(device: str = "cpu", n: int = 200) -> float:
-    """Seconds to dispatch one tiny operation (an add of 8 numbers) from Python, the best of a few runs of n."""
+def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
+    """Seconds per kernel launch of an eager forward's small operations: the operations of one block on one
+    token at width 64 (no work to speak of), timed together and divided by the launches prefill.costmodel.ops
+    counts for them, so that the time model's launch counts and this figure agree."""
     import torch
+    import torch.nn.functional as F
 
-    a = torch.ones(8, device=device)
+    from prefill.costmodel.ops import LAUNCHES
+
+    d = 64
+    t = {name: torch.randn(*shape, device=device) for name, shape in (
+        ("x", (1, 1, d)), ("w", (d,)), ("qkv", (3 * d, d)), ("sq", (d, d)), ("up", (4 * d, d)), ("down", (d, 2 * d)),
+        ("cos", (1, 1, 1, d)), ("pool", (1, 64, d)))}  # fmt: skip
+    slot = torch.tensor([3], device=device)
+
+    def block() -> None:
+        h = F.rms_norm(t["x"], (d,), t["w"])
+        qkv = F.linear(h, t["qkv"]).view(1, 1, 3, d)  # [B, T, heads, d_head]
+        qk, v = qkv[:, :, :2], qkv[:, :, 2:]
+        x1, x2 = qk.chunk(2, dim=-1)
+        qk = qk * t["cos"] + torch.cat((-x2, x1), dim=-1) * t["cos"]  # rotary: mul, neg, cat, mul, add
+        q, k = qk[:, :, :1].transpose(1, 2), qk[:, :, 1:].transpose(1, 2)  # [B, 1, T, d_head]
+        t["pool"].index_copy_(1, slot, k.transpose(0, 1).reshape(1, 1, d))
+        t["pool"].index_copy_(1, slot, v.transpose(1, 2).transpose(0, 1).reshape(1, 1, d))
+        o = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
+        x = t["x"] + F.linear(o.transpose(1, 2).reshape(1, 1, d), t["sq"])
+        gate, up = F.linear(F.rms_norm(x, (d,), t["w"]), t["up"]).chunk(2, dim=-1)
+        _ = x + F.linear(F.silu(gate) * up, t["down"])
+
+    names = ("norm", "qkv", "rotary", "kv_write", "attention", "o", "residual", "norm", "gate_up", "mlp_act", "down",
+             "residual")  # fmt: skip
+    launches = sum(LAUNCHES[name] for name in names)
 
     def many() -> None:
         for _ in range(n):
-            torch.add(a, a)
+            block()
 
-    return best_seconds(many, 5, device) / n
+    return best_seconds(many, 5, device) / (n * launches)
 
 
 def measure_gemm_rate(
