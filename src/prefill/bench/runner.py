@@ -163,8 +163,8 @@ def run_bench(
     """Run the sweep; `on_step(description, estimated seconds of that point)` is called after each timed point."""
     import torch
 
-    from prefill.costmodel.hardware import measure_gemm_rate
     from prefill.engine.engine import Engine
+    from prefill.machine.probe import measure_gemm_rate
 
     config, the_plan, _spec, model_path = prepare(config) if prepared is None else (config, prepared, None, None)
     if model_path is None:
