@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from prefill.costmodel.costs import attended_pairs
@@ -78,6 +78,7 @@ class Op:
     count: int = 1
     weight_bytes: float = 0.0
     pool_bytes: float = 0.0
+    working_set: float | None = None  # bytes alive together with its activations (None: its own)
     M: int = 0
     K: int = 0
     N: int = 0
@@ -130,21 +131,23 @@ def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
 
 def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H_kv: int) -> list[Op]:
     """Attention per row and per distinct window: 4 H_q d_head FLOPs per attended (query, key) pair (QK^T and
-    AV); bytes: Q read and O written, the visible K and V read (and, where the engine gathers, copied first)."""
+    AV); bytes: Q read and O written, the visible K and V read (and, where the engine gathers, copied first: the
+    copies of all rows are alive together, so they share one working set)."""
     counts: dict[int | None, int] = {}
     for w in spec.windows:
         counts[w] = counts.get(w, 0) + 1
     dh, ops = spec.d_head, []
-    for row in rows:
-        for window, n_layers in counts.items():
+    for window, n_layers in counts.items():
+        group = []
+        for row in rows:
             pairs = attended_pairs(row.new, row.past, window)
             keys = visible_keys(row.new, row.past, window)
             kv = 2 * H_kv * keys * dh * lay.kv_bytes
             gather = lay.gathers_kv and row.past > 0  # a cached context is copied out of the pool, then read
             nbytes = 2 * H_q * row.new * dh * lay.act_bytes + kv * (3 if gather else 1)
             launches = LAUNCHES["attention"] + (LAUNCHES["kv_gather"] if gather else 0)
-            pool = kv * row.past / keys if row.past else 0.0  # the cached part comes from the pool's memory
-            ops.append(
+            pool = kv * (keys - row.new) / keys  # the cached keys come from the pool's memory, the new from cache
+            group.append(
                 Op(
                     "attention",
                     "attention",
@@ -152,11 +155,13 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
                     nbytes,
                     launches,
                     n_layers,
-                    pool_bytes=min(pool, kv),
+                    pool_bytes=pool,
                     queries=row.new,
                     keys=keys,
                 )
             )
+        together = sum(o.bytes - o.pool_bytes for o in group)
+        ops += [replace(o, working_set=together) for o in group]
     return ops
 
 
