@@ -23,7 +23,7 @@ import numpy as np
 from prefill.costmodel.ops import Layout, Row, forward_ops
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.specs import ModelSpec
-from prefill.costmodel.timemodel import op_time
+from prefill.costmodel.timemodel import extra_launches, op_time
 from prefill.errors import BadInput
 
 PARAMETERS = ("1/g_gemm", "1/g_attention", "mu", "o", "c")
@@ -57,7 +57,7 @@ def _terms(spec: ModelSpec, sample: Sample, base: MachineProfile, layout: Layout
         for op in ops:
             t = op_time(op, base, resident)
             kind = {"gemm": 0, "attention": 1}.get(op.kind, 2)
-            rows.append((kind, t.compute_s, t.memory_s, op.launches * op.count))
+            rows.append((kind, t.compute_s, t.memory_s, extra_launches(op, base) * op.count))
     return np.array(rows, dtype=float)
 
 

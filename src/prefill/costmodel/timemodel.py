@@ -65,6 +65,13 @@ class OpTime:
         return "overhead" if self.overhead_s > self.work_s and self.seconds > self.work_s else self.side
 
 
+def extra_launches(op: Op, profile: MachineProfile) -> int:
+    """The launches whose overhead comes on top of an operation's work: all of them, less the kernel's own where
+    its rate was measured with the dispatch included (the probe's GEMM and attention timings)."""
+    measured = (op.kind == "gemm" and profile.gemm) or (op.kind == "attention" and profile.attention)
+    return op.launches - (1 if measured else 0)
+
+
 def op_time(op: Op, profile: MachineProfile, weights_resident: bool = False) -> OpTime:
     """One operation's time on `profile` (see OpTime), all `op.count` instances together."""
     if op.kind == "gemm":
@@ -81,7 +88,7 @@ def op_time(op: Op, profile: MachineProfile, weights_resident: bool = False) -> 
         weights_rate = profile.stream_rate(0 if weights_resident else float("inf"))
         memory = op.weight_bytes / weights_rate + op.pool_bytes / profile.bandwidth_bytes_per_s
         memory += acts / profile.stream_rate(acts if op.working_set is None else op.working_set)
-    overhead = op.launches * profile.op_overhead_s
+    overhead = extra_launches(op, profile) * profile.op_overhead_s
     seconds = max(compute, memory) + (0.0 if profile.overlap_launches else overhead)
     ridge = peak / profile.bandwidth_bytes_per_s
     side = "compute" if op.bytes == 0 or op.flops / op.bytes >= ridge > 0 else "memory"
