@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from prefill.costmodel import costs, timemodel
-from prefill.costmodel.ops import Layout
+from prefill.costmodel.ops import Layout, Row
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVBatch, KVPool, SeqKV
@@ -275,6 +275,11 @@ class Engine:
     def predict_decode(self, contexts: list[int], profile: MachineProfile | None = None) -> timemodel.Prediction:
         """The time model's prediction of one decode step (the ITL) of len(contexts) rows, each at its context."""
         return timemodel.predict_decode(self.spec, contexts, profile or self.profile(), self.layout())
+
+    def predict_step(self, rows: list[Row], profile: MachineProfile | None = None) -> timemodel.Prediction:
+        """The time model's prediction of one forward of `rows` (each: new tokens, cached past, logits asked), as
+        a step of the loop runs them: decode rows and a prefill chunk together, one GEMM per weight."""
+        return timemodel.predict_step(self.spec, rows, profile or self.profile(), self.layout())
 
     def predict_prefill_seconds(self, P: int, past: int = 0, chunk_size: int | None = None) -> tuple[float, str]:
         """Predicted seconds of a warm prefill of P tokens after `past` cached ones (in chunks, if given), and how:
