@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -109,14 +110,18 @@ class MachineProfile:
         """FLOP/s of [M, K] x [K, N]: the measured curve of this shape (else of the nearest shape by K x N), or a
         catalog GPU's peak with wave quantization; times gemm_efficiency."""
         if self.gemm:
-            curve = min(self.gemm, key=lambda c: abs(math.log(c.K * c.N / (K * N))) + 0.1 * abs(math.log(c.K / K)))
-            return curve.rate(M) * self.gemm_efficiency
+            return self._curve(K, N).rate(M) * self.gemm_efficiency
         return self.peak_flops_per_s * self.gemm_efficiency * wave_efficiency(M, N, self.compute_units)
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - profiles are few, frozen and hashable; a step asks thousands
+    def _curve(self, K: int, N: int) -> GemmCurve:
+        """The measured curve of this shape, else of the nearest one by K x N (then by K)."""
+        return min(self.gemm, key=lambda c: abs(math.log(c.K * c.N / (K * N))) + 0.1 * abs(math.log(c.K / K)))
 
     def gemm_peak(self, K: int, N: int) -> float:
         """The best FLOP/s of a [M, K] x [K, N] GEMM at any M (its roofline's flat roof)."""
         if self.gemm:
-            return max(self.gemm_rate(M, K, N) for M in {m for c in self.gemm for m, _ in c.points})
+            return max(r for _, r in self._curve(K, N).points) * self.gemm_efficiency
         return self.peak_flops_per_s * self.gemm_efficiency
 
     def attention_peak(self) -> float:
