@@ -255,6 +255,8 @@ def _sweep_dtype(
 ) -> None:
     import torch
 
+    profile = engine.profile(echo=result.notes.append)  # the time model's: probed here on first need, said in a note
+    result.notes.append(f"pred. ({dtype}): the time model on the {profile.kind} profile ({profile.source})")
     for P in lengths:
         ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
         count = prefill_flops_exact(engine.spec, P)
