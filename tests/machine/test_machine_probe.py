@@ -100,8 +100,9 @@ def test_a_saved_fit_replaces_the_quick_probe_for_that_model(tmp_path, monkeypat
     monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
     fake_probe(monkeypatch, [])
     quick = profiles.profile_for(SMOLLM2, "float32", threads=1)
-    fitted = quick.with_fit(gemm_efficiency=0.9, op_overhead_s=3e-6, step_overhead_s=1e-3, kind="fitted",
-                            source="fitted to 7 measurements")  # fmt: skip
+    fitted = quick.with_fit(
+        gemm_efficiency=0.9, op_overhead_s=3e-6, step_overhead_s=1e-3, kind="fitted", source="fitted to 7 measurements"
+    )
     profiles.save_fitted(SMOLLM2, fitted, threads=1)
     assert profiles.profile_for(SMOLLM2, "float32", threads=1) == fitted
     assert profiles.profile_for(SMOLLM2, "float32", threads=1, fitted=False) == quick
@@ -130,3 +131,25 @@ def test_gemm_rates_read_the_curve_at_the_probe_m(tmp_path, monkeypatch):
     assert len(calls) == 2  # cached
     profiles.gemm_rates(dtypes=("float32",), threads=1, refresh=True)
     assert len(calls) == 3
+
+
+def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
+    # Another process on the second core: every parallel GEMM waits a scheduler slice (~16 ms) for its thread.
+    stalled = {"gemm": {"576x960": [[1, 4.0e9], [2, 0.1e9], [4, 0.3e9]]}, "bandwidth_bytes_per_s": 12e9}
+    assert "ran 40x slower per FLOP than of one row" in profiles.implausible(stalled)
+    assert "cache slower than memory" in profiles.implausible(
+        {"bandwidth_bytes_per_s": 12e9, "cache_bandwidth_bytes_per_s": 0.6e9}
+    )
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    notes = []
+    fake_probe(monkeypatch, [])
+    profiles.profile_for(SMOLLM2, "float32", threads=1, echo=notes.append)
+    assert (
+        len(notes) == 1
+        and profiles.implausible(profiles.read_json(profiles.PROFILE_FILE)[profiles._key("cpu", 1, "float32")]) is None
+    )
+    monkeypatch.setattr(
+        probe, "gemm_curve", lambda K, N, dtype, device="cpu", budget_s=1.0, Ms=(): ((1, 4e9), (2, 1e8))
+    )
+    profiles.probe_profile(SMOLLM2, "float32", threads=1, refresh=True, echo=notes.append)
+    assert notes[-1].startswith("warning: the probe's GEMM of 2 rows") and "idle machine" in notes[-1]

@@ -143,10 +143,32 @@ def probe_profile(
             )
         if _measure_missing(entry, spec, shapes, dtype, device):
             _store(key, entry)
+            busy = implausible(entry)
+            if busy and echo is not None:
+                echo(f"warning: {busy}; predictions will be off: run `prefill calibrate` again on an idle machine")
         n_threads = None if device.startswith("cuda") else _torch_threads()
     profile = _build(entry, spec, shapes, dtype, device, n_threads)
     _MEMO[memo] = profile
     return profile
+
+
+def implausible(entry: dict) -> str | None:
+    """What in a probe's measurements no idle machine produces (other processes took the cores meanwhile: a
+    parallel kernel then waits a whole scheduler slice for its second thread), or None. A GEMM at a few rows is
+    never much slower per FLOP than at one row, and the cache is never slower than memory."""
+    for name, points in entry.get("gemm", {}).items():
+        rates = dict((int(m), float(r)) for m, r in points)
+        slow = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r < 0.5 * rates[1]]
+        if slow:
+            K, N = name.split("x")
+            return (
+                f"the probe's GEMM of {slow[0]} rows at K={K}, N={N} ran {rates[1] / rates[slow[0]]:.0f}x slower per "
+                "FLOP than of one row: other processes were using the cores"
+            )
+    cache, memory = entry.get("cache_bandwidth_bytes_per_s"), entry.get("bandwidth_bytes_per_s")
+    if cache and memory and cache < memory:
+        return "the probe measured the cache slower than memory: other processes were using the cores"
+    return None
 
 
 def _torch_threads() -> int:
