@@ -6,7 +6,8 @@ its steps. Every prediction says which part dominates (compute, memory or overhe
     predict_prefill(spec, P, profile, layout)   B prompts of P tokens after `past` cached ones, in chunks or not
     predict_decode(spec, contexts, ...)         one decode step of len(contexts) rows, each at its own context
     predict_scoring(spec, P, ...)               a prefill that unembeds every position
-    request_seconds(ttft, n, itl)               TTFT + (n - 1) ITL (prefill.costmodel.costs.request_seconds)
+
+A request's time is costs.request_seconds over these predictions: TTFT (a prefill's) + (n - 1) ITL (decode steps').
 
 Torch-free. The simple 2 N P model (costs.prefill_seconds) stays the lesson's first step; this one explains
 where it stops holding: short prompts read every weight for few FLOPs, and many small kernels cost their launch.
