@@ -40,15 +40,11 @@ from prefill.costmodel.costs import (
     ttft_seconds,
     weight_reuse_intensity,
 )
-from prefill.costmodel.hardware import (
-    HARDWARE,
-    Hardware,
-    get_hardware,
-    load_calibration,
-    measure_gemm_rate,
-    save_calibration,
-)
+from prefill.costmodel.hardware import HARDWARE, Hardware, get_hardware, load_calibration, save_calibration
+from prefill.costmodel.ops import Row
+from prefill.costmodel.profile import MachineProfile, catalog_profile
 from prefill.costmodel.specs import PRESETS, ModelSpec, load_spec
+from prefill.costmodel.timemodel import Prediction, predict_decode, predict_prefill, predict_scoring, predict_step
 from prefill.errors import BadInput, ModelFileError, PrefillError
 
 _LAZY = {  # torch-backed names, imported on first use so the calculator starts fast
@@ -63,6 +59,8 @@ _LAZY = {  # torch-backed names, imported on first use so the calculator starts 
     "perplexity": "prefill.engine.scoring",
     "score": "prefill.engine.scoring",
     "Transformer": "prefill.model.transformer",
+    "measure_gemm_rate": "prefill.machine.probe",  # the machine's one probe (imports torch when called)
+    "profile_for": "prefill.machine.profiles",
 }
 
 
@@ -85,6 +83,12 @@ __all__ = [
     "Scores",
     "perplexity",
     "score",
+    "catalog_profile",
+    "predict_decode",
+    "predict_prefill",
+    "predict_scoring",
+    "predict_step",
+    "profile_for",
     "scoring_flops_exact",
     "Transformer",
     "HARDWARE",
@@ -93,6 +97,9 @@ __all__ = [
     "Calibration",
     "FlopCount",
     "Hardware",
+    "MachineProfile",
+    "Prediction",
+    "Row",
     "ModelFileError",
     "ModelSpec",
     "PrefillError",

@@ -36,3 +36,16 @@ def test_gpu_script_refuses_cuda_without_a_gpu(tmp_path):
     from prefill.bench.gpu import main
 
     assert main(["--device", "cuda", "--out", str(tmp_path)]) == 2
+
+
+def test_the_h200_run_in_docs_from_the_catalog():
+    from prefill.bench.gpu import catalog_rows, load_result
+
+    rows = catalog_rows(load_result(ROOT / "docs" / "gpu-h200.json"))
+    assert [r["P"] for r in rows] == [512, 2048, 8192]
+    for r in rows:
+        assert r["dominant"] == "compute"  # Llama-3-8B prefill at P >= 512 on an H200
+        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+    predicted = [r["predicted_s"] for r in rows]
+    assert predicted[0] < predicted[1] < predicted[2]
+    assert predicted[2] / predicted[1] > 4  # attention's triangle: more than linear in P

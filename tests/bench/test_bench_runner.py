@@ -59,6 +59,7 @@ def test_sweep_measures_every_point_with_calibration_and_chunks(tiny_folder, tmp
         assert m.flops == prefill_flops_exact(result.spec, m.P).total
         assert m.tokens_per_s == pytest.approx(m.P / m.median_s)
         assert m.mfu == pytest.approx(m.flops_per_s / result.gemm_flops_per_s["float32"])
+        assert m.predicted_s > 0 and m.predicted_bound in ("compute", "memory", "overhead")  # the time model
     chunks = [m for m in result.measurements if m.chunk_size is not None]
     assert [(m.P, m.chunk_size) for m in chunks] == [(1024, 256), (1024, 512)]
     # Tests never assert timings, and a fit to timings of a busy machine can fail: then it says so in a note.

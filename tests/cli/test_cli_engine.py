@@ -27,6 +27,10 @@ def test_demo_answers_and_shows_every_part():
         assert part in out, part
     # measured KV bytes beside the formula: 2 * 30 * 1 * 3 * 37 * 64 * 4
     assert out.count("1,704,960 B") == 2 and "equal" in out
+    # the time model beside each measurement: error, what dominates, cold apart from warm
+    for part in ("time to first token (warm", "ITL p50 predicted", "request time predicted", "cold (the first prefill"):
+        assert part in out, part
+    assert "-bound (" in out and "%" in out
 
 
 def test_run_raw_bfloat16_chunked():
@@ -42,3 +46,21 @@ def test_verify_passes_without_reference():
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("PASS") == 7 and "FAIL" not in r.stdout
     assert "batched decode (B = 4" in r.stdout
+
+
+def test_calibrate_probes_again_and_shows_the_profile():
+    import json
+
+    r = cli("calibrate", "--model", "smollm2-135m", "--dtype", "float32", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    assert "probing this machine for HuggingFaceTB/SmolLM2-135M in float32" in r.stdout
+    for part in ("GEMM GFLOP/s by rows M", "K=576, N=3072", "K=1536, N=576", "one decode query", "saved in"):
+        assert part in r.stdout, part
+    profile = json.loads(cli("calibrate", "--model", "smollm2-135m", "--dtype", "float32", "--json").stdout)
+    assert profile["dtype"] == "float32" and len(profile["gemm"]) == 5 and profile["bandwidth_bytes_per_s"] > 0
+
+
+def test_calibrate_refuses_bad_input_in_one_line():
+    for args in (("--threads", "0"), ("--model", "no-such-model")):
+        r = cli("calibrate", *args)
+        assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr, args

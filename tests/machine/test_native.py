@@ -4,7 +4,8 @@ import pytest
 
 from prefill.errors import BadInput
 from prefill.machine import native
-from prefill.machine.native import Capability, choose, cpu_flags
+from prefill.machine.capability import Capability, cpu_flags
+from prefill.machine.native import choose
 
 AVX2 = Capability("cpu", "AMD EPYC (AVX2 only)", "AVX2", frozenset({"avx2", "fma"}))
 ZEN4 = Capability("cpu", "AMD EPYC 9004", "AVX512", frozenset({"avx2", "avx512f", "avx512_bf16"}))
@@ -72,24 +73,6 @@ def test_cpu_flags_keeps_only_the_matrix_flags():
     text = "processor: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_tile amx_bf16 sha_ni\n"
     assert cpu_flags(text) == {"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
     assert cpu_flags("no flags line") == frozenset()
-
-
-def test_rates_are_probed_once_then_read_from_the_disk_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(native, "_RATES", {})
-    calls = []
-
-    def fake_probe(dtype, device="cpu", shape=native.DEFAULT_SHAPE, budget_s=0.1):
-        calls.append(dtype)
-        return {"float32": 110e9, "bfloat16": 0.3e9}[dtype]
-
-    monkeypatch.setattr(native, "probe_gemm", fake_probe)
-    assert native.gemm_rates(dtypes=("float32", "bfloat16")) == {"float32": 110e9, "bfloat16": 0.3e9}
-    assert native.gemm_rates(dtypes=("bf16",)) == {"bfloat16": 0.3e9}  # this process remembers
-    monkeypatch.setattr(native, "_RATES", {})  # a new process: the disk cache answers
-    assert native.gemm_rates(dtypes=("float32",)) == {"float32": 110e9}
-    assert calls == ["float32", "bfloat16"] * native.PROBE_ROUNDS  # interleaved rounds, then never again
-    assert (tmp_path / "native.json").is_file()
 
 
 def test_resolve_prints_the_reason_and_warns_once(monkeypatch):

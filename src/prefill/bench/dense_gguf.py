@@ -5,7 +5,7 @@ float32 or bfloat16. To compare llama.cpp like for like, this writes the same de
 a BF16 GGUF with the `gguf` package: every metadata key copied (tokenizer, chat template, shapes, rotary),
 general.file_type set to the new type, tensors in the source's order, names and layout (llama.cpp's rotary row
 order kept: it is llama.cpp that reads the file). 1-D tensors (the norms) stay F32 in the BF16 file, as
-llama.cpp's own converter writes them. Files are cached in prefill.machine.native.cache_dir()/gguf, keyed by the
+llama.cpp's own converter writes them. Files are cached in prefill.machine.cache.cache_dir()/gguf, keyed by the
 source's name, size and modification time.
 """
 
@@ -25,7 +25,7 @@ _SKIPPED_KEYS = ("GGUF.", "general.architecture", "general.file_type", "general.
 
 def dense_gguf_path(source: str | Path, dtype: str) -> Path:
     """Where the `dtype` copy of `source` is (or will be) cached."""
-    from prefill.machine.native import cache_dir
+    from prefill.machine.cache import cache_dir
 
     src = Path(source).resolve()
     st = src.stat()

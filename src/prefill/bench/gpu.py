@@ -96,7 +96,7 @@ def run(spec: ModelSpec, lengths: tuple[int, ...], device: str, repeats: int, pe
     """Time ours (and transformers) at each P; returns a JSON-ready dict with the GEMM rate and every point."""
     import torch
 
-    from prefill.costmodel.hardware import measure_gemm_rate
+    from prefill.machine.probe import measure_gemm_rate
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BadInput("no CUDA device here: run with --device cpu --preset tiny for the CPU variant")
@@ -172,6 +172,63 @@ def table(result: dict):
     return t
 
 
+def load_result(path: str | Path) -> dict:
+    """A gpu.json this script wrote (docs/gpu-h200.json is one)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"cannot read {path}: {e}") from None
+
+
+def catalog_rows(result: dict, hardware: str | None = None) -> list[dict]:
+    """Our measured points of a gpu.json beside the time model's prediction from the catalog entry of the GPU it
+    ran on (datasheet peak and bandwidth, stated efficiencies: prefill.costmodel.profile.GPU_EFFICIENCY)."""
+    from prefill.costmodel.hardware import HARDWARE, get_hardware
+    from prefill.costmodel.profile import catalog_profile
+    from prefill.costmodel.timemodel import layout_for, predict_prefill
+
+    device = result["device"].lower()
+    name = hardware or next((key for key in HARDWARE if key.split("-")[0] in device), None)
+    if name is None:
+        raise BadInput(f"{result['device']} is not in the hardware catalog; name one of {', '.join(HARDWARE)}")
+    spec = ModelSpec(**result["spec"])
+    profile = catalog_profile(get_hardware(name), "bfloat16")
+    layout = layout_for("bfloat16", gathers_kv=False)  # fresh prefills read no cached context
+    rows = []
+    for p in (p for p in result["points"] if p["engine"] == "prefill"):
+        pred = predict_prefill(spec, p["P"], profile, layout)
+        rows.append(
+            {
+                "P": p["P"],
+                "measured_s": p["median_s"],
+                "predicted_s": pred.seconds,
+                "error": pred.seconds / p["median_s"] - 1,
+                "dominant": pred.dominant,
+                "explain": pred.explain(),
+                "profile": profile.source,
+            }
+        )
+    return rows
+
+
+def catalog_table(rows: list[dict]):
+    """A rich table of catalog_rows: measured, predicted from the datasheet, error, what dominates."""
+    from rich.table import Table
+
+    t = Table(title="predicted from the hardware catalog beside measured", caption=rows[0]["profile"] if rows else "")
+    for col in ("P", "measured ms", "predicted ms", "error", "dominant"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["P"]),
+            f"{r['measured_s'] * 1e3:.2f}",
+            f"{r['predicted_s'] * 1e3:.2f}",
+            f"{r['error']:+.1%}",
+            r["dominant"],
+        )
+    return t
+
+
 def _transformers_version() -> str:
     import transformers
 
@@ -202,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
     console.print(table(result))
+    if args.device.startswith("cuda"):
+        try:
+            console.print(catalog_table(catalog_rows(result)))
+        except BadInput as e:  # a GPU outside the catalog has no datasheet prediction
+            console.print(f"no catalog prediction: {e}", highlight=False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from prefill.costmodel.costs import prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
-from prefill.machine.native import AUTO, AUTO_CANDIDATES, Capability
+from prefill.machine.capability import Capability
+from prefill.machine.native import AUTO, AUTO_CANDIDATES
 
 # Rough fraction of the probe's GEMM rate each engine reaches in a whole prefill (measured on 2-core CPUs:
 # ours 0.6-1.0, transformers 0.5-1.0, llama.cpp 0.2-0.5); an estimate only needs the right order.

@@ -21,7 +21,7 @@ def short(dtype: str) -> str:
 
 def device_line(device: str = "cpu") -> str:
     """The first line of a bench: the processor, its matrix capability and the dtypes native on it."""
-    from prefill.machine.native import capability
+    from prefill.machine.capability import capability
 
     cap = capability("cuda" if device.startswith("cuda") else "cpu")
     return f"{cap.name}: {cap.kind} (torch CPU capability {cap.isa}); native dtypes: {', '.join(cap.native_dtypes())}"
@@ -47,12 +47,15 @@ def ours_table(result: BenchResult) -> Table:
     t = Table(title=f"prefill: {result.spec.name}")
     for col in ("dtype", "P", "mode", "cold ms", "median ms", "p90 ms", "tok/s", "GFLOP/s", "MFU", "peak MiB", "+MiB"):
         t.add_column(col, justify="right")
-    t.add_column("pred. ms", justify="right")  # exact FLOPs at the GEMM rate measured in the run
+    t.add_column("pred. ms", justify="right")  # the time model on this machine's profile
+    t.add_column("error", justify="right")
+    t.add_column("dominant", justify="right")
     if result.calibrations:
         t.add_column("calibrated ms", justify="right")
     t.caption = (
         "cold: first call; median, p90: warm repeats; MFU against the GEMM rate measured in the run; "
-        "+MiB: peak memory rise during one call; pred.: exact FLOPs at that GEMM rate"
+        "+MiB: peak memory rise during one call; pred.: the time model (per-operation roofline plus launch "
+        "overhead) on this machine's profile, its error against the median and the part that dominates"
     )
     for m in (m for m in result.measurements if m.engine in (OURS, OURS_COMPILED) and m.chunk_size is None):
         row = [
@@ -68,6 +71,8 @@ def ours_table(result: BenchResult) -> Table:
             f"{bytes_to_mib(m.peak_bytes):,.0f}",
             f"{bytes_to_mib(m.peak_delta_bytes):,.0f}",
             f"{m.predicted_s * 1e3:.1f}",
+            f"{m.predicted_s / m.median_s - 1:+.0%}",
+            m.predicted_bound or "-",
         ]
         if result.calibrations:
             err = "" if m.calibrated_s is None else f" ({100 * (m.calibrated_s - m.median_s) / m.median_s:+.1f}%)"
@@ -238,7 +243,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "| dtype | P | prefill ms (median / p90) | prefill tok/s | MFU | "
         + " | ".join(f"{h} tok/s | {'vs eager' if e == OURS_COMPILED else 'speed-up'}" for e, _, h in cols)
-        + " | predicted ms (GEMM rate) | calibrated ms (error) |",
+        + " | predicted ms (time model, error, dominant) | calibrated ms (error) |",
         "|" + "---|" * (7 + 2 * len(cols)),
     ]
     for m in ours:
@@ -248,7 +253,9 @@ def markdown(data: dict[str, Any]) -> str:
             row += cells(engine, which, m)
         cal = m["calibrated_s"]
         err = "" if cal is None else f" ({100 * (cal - m['median_s']) / m['median_s']:+.1f}%)"
-        row += [f"{m['predicted_s'] * 1e3:.1f}", "-" if cal is None else f"{cal * 1e3:.1f}{err}"]
+        error = m["predicted_s"] / m["median_s"] - 1
+        pred = f"{m['predicted_s'] * 1e3:.1f} ({error:+.0%}, {m.get('predicted_bound', '-')})"
+        row += [pred, "-" if cal is None else f"{cal * 1e3:.1f}{err}"]
         lines.append("| " + " | ".join(row) + " |")
     for dt, c in data["calibrations"].items():
         cal = c["calibration"]

@@ -19,7 +19,7 @@ from typing import Any
 from prefill.bench import calibrate, plan
 from prefill.bench.peers import LlamaCppPeer, TransformersPeer, llamacpp_available, transformers_version
 from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call, time_interleaved
-from prefill.costmodel.costs import FlopCount, canonical_dtype, compute_seconds, mfu, prefill_flops_exact
+from prefill.costmodel.costs import FlopCount, canonical_dtype, mfu, prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 
@@ -76,8 +76,9 @@ class Measurement:
     peak_bytes: int
     peak_delta_bytes: int
     memory_kind: str
-    predicted_s: float  # exact FLOPs at the measured GEMM rate (the uncalibrated cost model)
+    predicted_s: float  # the time model on this machine's profile (prefill.costmodel.timemodel)
     calibrated_s: float | None = None
+    predicted_bound: str = ""  # what the time model says dominates: compute, memory or overhead
 
 
 @dataclass
@@ -130,7 +131,8 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     and the estimated duration from the cost model at the probe's GEMM rates. Returns the config with
     concrete dtypes, the plan, the spec and the model path."""
     from prefill.loading.resolve import default_model_path
-    from prefill.machine.native import capability, gemm_rates
+    from prefill.machine.capability import capability
+    from prefill.machine.profiles import gemm_rates
 
     model_path = str(default_model_path()) if config.model is None else config.model
     spec = _spec_of(model_path)
@@ -162,8 +164,8 @@ def run_bench(
     """Run the sweep; `on_step(description, estimated seconds of that point)` is called after each timed point."""
     import torch
 
-    from prefill.costmodel.hardware import measure_gemm_rate
     from prefill.engine.llm import Engine
+    from prefill.machine.probe import measure_gemm_rate
 
     config, the_plan, _spec, model_path = prepare(config) if prepared is None else (config, prepared, None, None)
     if model_path is None:
@@ -210,13 +212,9 @@ def run_bench(
 
 
 def _rated(m: Measurement, gemm: dict[str, float]) -> Measurement:
-    """`m` with MFU and the GEMM-rate prediction against the final GEMM rates."""
+    """`m` with MFU against the final GEMM rates."""
     rate = gemm.get(m.dtype)
-    return replace(
-        m,
-        mfu=mfu(m.flops, m.median_s, rate) if rate else None,
-        predicted_s=compute_seconds(m.flops, rate or max(gemm.values())),
-    )
+    return replace(m, mfu=mfu(m.flops, m.median_s, rate) if rate else None)
 
 
 UNSTABLE_P90_OVER_MEDIAN = 1.25  # a point whose p90 exceeds its median by more than this was disturbed
@@ -261,6 +259,8 @@ def _sweep_dtype(
 ) -> None:
     import torch
 
+    profile = engine.profile(echo=result.notes.append)  # the time model's: probed here on first need, said in a note
+    result.notes.append(f"pred. ({dtype}): the time model on the {profile.kind} profile ({profile.source})")
     for P in lengths:
         ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
         count = prefill_flops_exact(engine.spec, P)
@@ -277,9 +277,10 @@ def _sweep_dtype(
             runs[(llama.name, llama.dtype)] = lambda t=prompt[:P], llama=llama: llama.prefill(t)
         with _inference():
             timings = time_interleaved(runs, repeats=config.repeats, warmup=config.warmup, device=config.device)
+        pred = engine.predict_prefill(P)
         for (name, run_dtype), fn in runs.items():
             result.measurements.append(
-                _measurement(name, run_dtype, P, None, timings[(name, run_dtype)], fn, count, gemm, config)
+                _measurement(name, run_dtype, P, None, timings[(name, run_dtype)], fn, count, gemm, config, pred)
             )
         step(f"{dtype} P={P}: {', '.join(name for name, _ in runs)}", weigh(P))
     if kernels is not None:
@@ -301,10 +302,11 @@ def _measure(
     count: FlopCount,
     gemm: dict[str, float],
     config: BenchConfig,
+    pred,
 ) -> Measurement:
     with _inference():
         timing = time_call(fn, repeats=config.repeats, warmup=config.warmup, device=config.device)
-    return _measurement(name, dtype, P, chunk, timing, fn, count, gemm, config)
+    return _measurement(name, dtype, P, chunk, timing, fn, count, gemm, config, pred)
 
 
 def _measurement(
@@ -317,7 +319,9 @@ def _measurement(
     count: FlopCount,
     gemm: dict[str, float],
     config: BenchConfig,
+    pred,
 ) -> Measurement:
+    """One timed point; `pred`: the time model's Prediction of our engine at this point."""
     with _inference():
         memory: PeakMemory = measure_peak_memory(fn, device=config.device)  # one more, untimed call
     rate = gemm.get(dtype)
@@ -338,7 +342,8 @@ def _measurement(
         peak_bytes=memory.peak_bytes,
         peak_delta_bytes=memory.delta_bytes,
         memory_kind=memory.kind,
-        predicted_s=compute_seconds(count.total, rate or max(gemm.values())),
+        predicted_s=pred.seconds,
+        predicted_bound=pred.dominant,
     )
 
 
@@ -402,8 +407,9 @@ def _chunk_sweep(engine, dtype, P, prompt, gemm, config: BenchConfig, result: Be
     ids = torch.tensor([prompt[:P]], device=config.device)  # [1, P]
     count = prefill_flops_exact(engine.spec, P)
     for C in config.chunk_sizes:
+        pred = engine.predict_prefill(P, chunk_size=C)
         result.measurements.append(
-            _measure(OURS, dtype, P, C, lambda C=C: engine.prefill(ids, chunk_size=C), count, gemm, config)
+            _measure(OURS, dtype, P, C, lambda C=C: engine.prefill(ids, chunk_size=C), count, gemm, config, pred)
         )
         step(f"{OURS} {dtype} P={P} chunk={C}", 1.0)
 
@@ -495,7 +501,7 @@ def _spec_of(model_path: str) -> ModelSpec:
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
     import torch
 
-    from prefill.machine.native import capability
+    from prefill.machine.capability import capability
 
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
     machine = {

@@ -1,15 +1,15 @@
 """The command line, assembled: one typer app over the command modules of prefill.cli.
 
-Each command parses its options, calls one function and prints (calc: estimate, kv, mask; bench; serve: serve,
-lab; loadtest; engine: run, demo, verify; score; exercise). Every command is wrapped by `user_errors`, so an error
-a user can meet is one `error:` line and exit code 2, never a traceback.
+Each command parses its options, calls one function and prints (calc: estimate, kv, mask; bench; calibrate;
+serve: serve, lab; loadtest; engine: run, demo, verify; score; exercise). Every command is wrapped by
+`user_errors`, so an error a user can meet is one `error:` line and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import typer
 
-from prefill.cli import bench, calc, engine, exercise, loadtest, score, serve
+from prefill.cli import bench, calc, calibrate, engine, exercise, loadtest, score, serve
 from prefill.cli.common import user_errors
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ COMMANDS = (
     calc.kv,
     calc.mask,
     bench.bench,
+    calibrate.calibrate,
     serve.serve,
     loadtest.loadtest,
     engine.run,

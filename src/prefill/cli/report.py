@@ -1,6 +1,7 @@
-"""What `prefill run` shows: the model, the prefill, the cache, TTFT measured beside predicted, the answer.
+"""What `prefill run` shows: the model, the prefill, the cache, TTFT and ITL measured beside predicted, the answer.
 
-Rendering only: every number comes from the engine's measurements or from `prefill.costmodel.costs`.
+Rendering only: every number comes from the engine's measurements, from `prefill.costmodel.costs`, or from the
+time model (`Engine.predict_prefill` / `predict_decode`), each prediction with its error and what dominates.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ def _table(title: str, *columns: str) -> Table:
     for c in columns:
         t.add_column(c)
     return t
+
+
+def _err(measured: float, predicted: float) -> str:
+    """The prediction's error relative to the measurement."""
+    return f"{predicted / measured - 1:+.0%}" if measured > 0 else "-"
 
 
 def model_table(engine: Engine) -> Table:
@@ -61,19 +67,40 @@ def prompt_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Tab
 
 
 def ttft_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Table:
-    """TTFT = network + tokenization + prefill (+ sampling the first token), measured beside predicted."""
-    predicted_prefill, how = engine.predict_prefill_seconds(gen.P - gen.cached_tokens, gen.cached_tokens, chunk_size)
-    predicted_ttft = costs.ttft_seconds(predicted_prefill, network_s=0.0, tokenize_s=gen.tokenize_s)
-    t = _table("time to first token", "part", "measured", "predicted")
-    t.add_row("network", "0 (in-process)", "0")
-    t.add_row("tokenization", ms(gen.tokenize_s), ms(gen.tokenize_s))
-    t.add_row("prefill compute", ms(gen.prefill_s), f"{ms(predicted_prefill)} ({how})")
-    t.add_row("first-token sampling", ms(gen.first_token_s), "-")
-    t.add_row("[bold]TTFT[/]", f"[bold]{ms(gen.ttft_s)}[/]", f"[bold]{ms(predicted_ttft)}[/]")
+    """TTFT = network + tokenization + prefill (+ sampling the first token), measured (warm) beside predicted,
+    with the error and the part that dominates; the cold first prefill after load on its own line."""
+    new, cached = gen.P - gen.cached_tokens, gen.cached_tokens
+    pred = engine.predict_prefill(new, cached, chunk_size)
+    predicted_ttft = costs.ttft_seconds(pred.seconds, network_s=0.0, tokenize_s=gen.tokenize_s)
+    t = _table("time to first token (warm: after the warm-up)", "part", "measured", "predicted", "error")
+    t.add_row("network", "0 (in-process)", "0", "")
+    t.add_row("tokenization", ms(gen.tokenize_s), ms(gen.tokenize_s), "")
+    what = f"prefill of {new} tokens" + (f" after {cached} cached" if cached else "")
+    t.add_row(what, ms(gen.prefill_s), ms(pred.seconds), _err(gen.prefill_s, pred.seconds))
+    t.add_row("first-token sampling", ms(gen.first_token_s), "-", "")
+    t.add_row(
+        "[bold]TTFT[/]",
+        f"[bold]{ms(gen.ttft_s)}[/]",
+        f"[bold]{ms(predicted_ttft)}[/]",
+        _err(gen.ttft_s, predicted_ttft),
+    )
+    profile = engine.profile()
+    t.caption = f"prefill: {pred.explain()}\ntime model on the {profile.kind} profile: {profile.source}"
+    if engine.cold_prefill_s is not None:
+        t.caption += (
+            f"\ncold (the first prefill after load, the warm-up's prompt): "
+            f"{ms(engine.cold_prefill_s)}, beside a warm prediction of "
+            f"{ms(engine.predict_prefill(16).seconds)}; not part of the figures above"
+        )
     return t
 
 
-def decode_table(engine: Engine, gen: Generation) -> Table:
+def predicted_itls(engine: Engine, gen: Generation) -> list[float]:
+    """The time model's seconds of each decode step of `gen`: one row at context P, P + 1, ..."""
+    return [engine.predict_decode([gen.P + i]).seconds for i in range(len(gen.itl_s))]
+
+
+def decode_table(engine: Engine, gen: Generation, chunk_size: int | None = None) -> Table:
     """ITL percentiles, request time beside TTFT + (n-1)*ITL, achieved FLOP/s and MFU of the prefill."""
     n = len(gen.token_ids)
     t = _table("decode and the whole request", "quantity", "value")
@@ -82,11 +109,21 @@ def decode_table(engine: Engine, gen: Generation) -> Table:
         q = statistics.quantiles(gen.itl_s, n=10) if len(gen.itl_s) > 1 else [gen.itl_s[0]] * 9
         mean_itl = statistics.fmean(gen.itl_s)
         t.add_row("ITL p50 / p90", f"{ms(statistics.median(gen.itl_s))} / {ms(q[8])}")
+        itls = predicted_itls(engine, gen)
+        step = engine.predict_decode([gen.P + len(itls) // 2])
+        p50 = statistics.median(itls)
+        t.add_row("ITL p50 predicted", f"{ms(p50)} ({_err(statistics.median(gen.itl_s), p50)}; {step.explain()})")
         t.add_row("steady decode rate 1/ITL", f"{costs.decode_rate(mean_itl):,.1f} tok/s")
         t.add_row(
             "request time: measured / TTFT + (n-1)·ITL",
             f"{ms(gen.total_s)} / {ms(costs.request_seconds(gen.ttft_s, n, mean_itl))}",
         )
+        ttft = costs.ttft_seconds(
+            engine.predict_prefill(gen.P - gen.cached_tokens, gen.cached_tokens, chunk_size).seconds,
+            tokenize_s=gen.tokenize_s,
+        )
+        predicted = costs.request_seconds(ttft, n, statistics.fmean(itls))
+        t.add_row("request time predicted (TTFT + (n-1)·ITL)", f"{ms(predicted)} ({_err(gen.total_s, predicted)})")
         t.add_row("request output rate n/T", f"{costs.request_output_rate(n, gen.total_s):,.1f} tok/s")
     count = costs.prefill_flops_exact(engine.spec, gen.P - gen.cached_tokens, gen.cached_tokens)
     if gen.prefill_s > 0:
@@ -99,7 +136,7 @@ def decode_table(engine: Engine, gen: Generation) -> Table:
         t.add_row(
             "MFU",
             f"{costs.mfu(count.total, gen.prefill_s, peak):.1%} of {peak / 1e9:,.0f} GFLOP/s "
-            f"(GEMM rate measured now in {str(engine.dtype).removeprefix('torch.')})",
+            f"(the best GEMM rate probed at the model's shapes in {engine.dtype_name})",
         )
     return t
 
@@ -119,7 +156,8 @@ def show_run(console: Console, engine: Engine, events, chunk_size: int | None = 
             first = False
         console.print(ev.text, end="", highlight=False, markup=False, soft_wrap=True)
     console.print()
+    engine.profile(echo=lambda line: console.print(f"note: {line}", highlight=False))  # probed on first need
     console.print(prompt_table(engine, gen, chunk_size))
     console.print(ttft_table(engine, gen, chunk_size))
-    console.print(decode_table(engine, gen))
+    console.print(decode_table(engine, gen, chunk_size))
     return gen

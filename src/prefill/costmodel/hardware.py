@@ -1,19 +1,15 @@
-"""The hardware catalog (vendor datasheet figures, dense, no sparsity) and this machine, measured.
+"""The hardware catalog (vendor datasheet figures, dense, no sparsity), and the calibration file.
 
-torch is imported only inside measure_gemm_rate, so looking up a GPU stays instant.
+Torch-free: looking up a GPU stays instant. "cpu" is this machine, measured by prefill.machine.probe.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from prefill.costmodel.costs import Calibration, canonical_dtype
 from prefill.errors import BadInput
@@ -29,7 +25,8 @@ class Hardware:
     peak_flops: dense peak FLOP/s by canonical dtype name (float32 means plain FP32, not TF32);
     bandwidth_bytes_per_s: memory bandwidth; memory_bytes: memory capacity as the datasheet states it;
     link_bytes_per_s: GPU-to-GPU bandwidth per direction (NVLink / Infinity Fabric / PCIe), None if unknown;
-    source: where the figures come from.
+    compute_units: streaming multiprocessors (AMD: compute units), for wave quantization; source: where the
+    figures come from.
     """
 
     name: str
@@ -38,6 +35,7 @@ class Hardware:
     memory_bytes: float
     source: str
     link_bytes_per_s: float | None = None
+    compute_units: int | None = None
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype` (any alias); BadInput if the datasheet gives none."""
@@ -48,29 +46,29 @@ class Hardware:
 
 
 def _gpu(name: str, fp32: float, bf16: float, fp8: float | None, bw_gb: float, mem_gb: float, link_gb: float,
-         source: str) -> Hardware:  # fmt: skip
+         units: int, source: str) -> Hardware:  # fmt: skip
     peaks = {"float32": fp32 * TFLOPS, "bfloat16": bf16 * TFLOPS, "float16": bf16 * TFLOPS}
     if fp8 is not None:
         peaks["fp8"] = fp8 * TFLOPS
-    return Hardware(name, peaks, bw_gb * GB, mem_gb * GB, source, link_gb * GB)
+    return Hardware(name, peaks, bw_gb * GB, mem_gb * GB, source, link_gb * GB, units)
 
 
 # TFLOPS dense (the datasheets' sparsity figures halved), GB/s, GB, GB/s per direction between GPUs
-# (NVLink 900 = 900 GB/s both directions together).
+# (NVLink 900 = 900 GB/s both directions together), SMs (MI300X: compute units).
 HARDWARE: dict[str, Hardware] = {
-    "a100-40gb": _gpu("NVIDIA A100 40GB SXM", 19.5, 312, None, 1555, 40, 300,
+    "a100-40gb": _gpu("NVIDIA A100 40GB SXM", 19.5, 312, None, 1555, 40, 300, 108,
                       "NVIDIA A100 datasheet (2021): BF16 312 TFLOPS, 1,555 GB/s, NVLink 600 GB/s"),
-    "a100-80gb": _gpu("NVIDIA A100 80GB SXM", 19.5, 312, None, 2039, 80, 300,
+    "a100-80gb": _gpu("NVIDIA A100 80GB SXM", 19.5, 312, None, 2039, 80, 300, 108,
                       "NVIDIA A100 datasheet (2021): BF16 312 TFLOPS, 2,039 GB/s, NVLink 600 GB/s"),
-    "h100-sxm": _gpu("NVIDIA H100 SXM", 67, 989.4, 1978.9, 3350, 80, 450,
+    "h100-sxm": _gpu("NVIDIA H100 SXM", 67, 989.4, 1978.9, 3350, 80, 450, 132,
                      "NVIDIA H100 datasheet: BF16 1,979 TFLOPS sparse (989.4 dense), 3.35 TB/s, NVLink 900"),
-    "h200": _gpu("NVIDIA H200 SXM", 67, 989.4, 1978.9, 4800, 141, 450,
+    "h200": _gpu("NVIDIA H200 SXM", 67, 989.4, 1978.9, 4800, 141, 450, 132,
                  "NVIDIA H200 datasheet: BF16 1,979 TFLOPS sparse (989.4 dense), 4.8 TB/s, NVLink 900"),
-    "l4": _gpu("NVIDIA L4", 30.3, 121, 242.5, 300, 24, 32,
+    "l4": _gpu("NVIDIA L4", 30.3, 121, 242.5, 300, 24, 32, 58,
                "NVIDIA L4 datasheet: BF16 242 TFLOPS sparse (121 dense), 300 GB/s, PCIe Gen4 x16 64 GB/s"),
-    "rtx-4090": _gpu("NVIDIA GeForce RTX 4090", 82.6, 165.2, 330.3, 1008, 24, 32,
+    "rtx-4090": _gpu("NVIDIA GeForce RTX 4090", 82.6, 165.2, 330.3, 1008, 24, 32, 128,
                      "NVIDIA Ada whitepaper: BF16 165.2 TFLOPS (FP32 accumulate), 1,008 GB/s, PCIe Gen4 x16"),
-    "mi300x": _gpu("AMD Instinct MI300X", 163.4, 1307.4, 2614.9, 5300, 192, 448,
+    "mi300x": _gpu("AMD Instinct MI300X", 163.4, 1307.4, 2614.9, 5300, 192, 448, 304,
                    "AMD MI300X datasheet: BF16 1,307.4 TFLOPS dense, 5.3 TB/s, Infinity Fabric 896 GB/s"),
 }  # fmt: skip
 
@@ -86,83 +84,25 @@ def get_hardware(name: str) -> Hardware:
     """A catalog entry by name or alias; "cpu" measures this machine (once per process)."""
     key = name.lower()
     key = ALIASES.get(key, key)
-    if key == "cpu":
+    if key == "cpu":  # not a catalog entry: this machine, measured by its probe (the one import of machine here)
+        from prefill.machine.profiles import this_cpu
+
         return this_cpu()
     if key not in HARDWARE:
         raise BadInput(f"unknown hardware {name!r}; choose one of: {', '.join(hardware_names())}")
     return HARDWARE[key]
 
 
-@functools.cache
-def this_cpu() -> Hardware:
-    """This machine: GEMM rate measured now in float32 and bfloat16, copy bandwidth measured, RAM size."""
-    import psutil
-
-    peaks = {dtype: measure_gemm_rate(dtype) for dtype in ("float32", "bfloat16")}
-    return Hardware(
-        name=f"this CPU ({os.cpu_count()} cores)",
-        peak_flops=peaks,
-        bandwidth_bytes_per_s=measure_copy_bandwidth(),
-        memory_bytes=psutil.virtual_memory().total,
-        source="measured on this machine: square GEMM (torch.matmul) and array copy (numpy)",
-    )
+_MEASURED = ("this_cpu", "measure_gemm_rate", "measure_copy_bandwidth")
 
 
-def measure_gemm_rate(
-    dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None, seconds: float = 0.2
-) -> float:
-    """FLOP/s of a square GEMM in `dtype` on `device`, measured now: one warm-up, then timed repeats of a
-    matrix size chosen so the repeats take about `seconds` in all. Returns the best repeat's rate (a peak)."""
-    import torch
+def __getattr__(name: str):
+    # These measure the machine and now live in its one probe; the old names still resolve (lazily: no torch).
+    if name in _MEASURED:
+        from prefill.machine import probe, profiles
 
-    torch_dtype = getattr(torch, canonical_dtype(dtype))
-    old_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-    def sync() -> None:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-
-    def timed(n: int) -> float:
-        a = torch.randn(n, n, device=device).to(torch_dtype)  # [n, n]
-        b = torch.randn(n, n, device=device).to(torch_dtype)  # [n, n]
-        sync()
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        sync()
-        return time.perf_counter() - start
-
-    try:
-        if device.startswith("cuda"):
-            # A GPU's first GEMMs pay for cuBLAS start-up and clock ramp-up, and a 1024^3 one is launch-bound:
-            # warm up, then time the size the datasheet peaks are quoted at.
-            n = 8192
-            for _ in range(3):
-                timed(n)
-            return 2 * n**3 / min(timed(n) for _ in range(10))
-        # start at 1024: smaller GEMMs measure thread start-up more than the multiply units
-        n, repeats = 1024, 5
-        t = timed(n)  # also the warm-up: thread pool and kernel selection
-        while t < seconds / repeats / 2 and n < 8192:  # time grows as n^3: aim one GEMM at seconds / repeats
-            n = min(8192, int(n * min(2.0, max(1.25, (seconds / repeats / max(t, 1e-6)) ** (1 / 3)))))
-            t = timed(n)
-        return 2 * n**3 / min(timed(n) for _ in range(repeats))
-    finally:
-        torch.set_num_threads(old_threads)
-
-
-def measure_copy_bandwidth(n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Memory bandwidth (bytes/s) of copying an `n_bytes` array: bytes read + written over the best time."""
-    src = np.ones(n_bytes // 8)  # [n_bytes / 8] float64
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # warm-up: fault the pages in
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best
+        return getattr(profiles if name == "this_cpu" else probe, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- calibration file --------------------------------------------------------------------------------

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import torch
 
-from prefill.costmodel import costs
+from prefill.costmodel import costs, storage, timemodel
+from prefill.costmodel.ops import Layout, Row
+from prefill.costmodel.profile import MachineProfile
 from prefill.engine.kvcache import KVPool, SeqKV
 from prefill.engine.loop import StepLoop
 from prefill.engine.prompt import check_prompt, check_text
@@ -28,9 +29,6 @@ from prefill.loading.tokenizer import Tokenizer
 from prefill.machine.weights import NATIVE
 from prefill.model.transformer import check_supported
 
-if TYPE_CHECKING:
-    from prefill.costmodel.hardware import Calibration
-
 
 class Engine:
     """A loaded model and its tokenizer, ready to generate, score, prefill and decode."""
@@ -41,9 +39,9 @@ class Engine:
         self.model = runner.model
         self.source = source or runner.spec.name
         self.weights = storage_of(runner.model)  # "Q4_1 + Q8_0" for GGUF blocks kept native, else the dense dtype
-        self._gemm_rate: float | None = None
-        self._calibration: Calibration | None = None
-        self._calibration_read = False
+        self._profiles: dict[bool, MachineProfile] = {}
+        self.cold_prefill_s: float | None = None  # the first prefill after load (warmup), seconds
+        self.cold_decode_s: float | None = None  # the first decode step after load, seconds
 
     # ---- construction ----
     @classmethod
@@ -131,8 +129,10 @@ class Engine:
     def warmup(self) -> None:
         """One short request through the step loop, as the server runs it (and the chat template's compilation),
         so that kernel selection, thread start-up and template parsing are not timed later."""
-        self.complete(self.encode_prompt("warm-up") if self.tokenizer else list(range(1, 17)), max_new_tokens=2)
+        gen = self.complete(self.encode_prompt("warm-up") if self.tokenizer else list(range(1, 17)), max_new_tokens=2)
         self.sync()
+        if self.cold_prefill_s is None:  # cold: page faults, kernel selection, threads; never in a warm figure
+            self.cold_prefill_s, self.cold_decode_s = gen.prefill_s, (gen.itl_s[0] if gen.itl_s else None)
 
     # ---- prompts and generation ----
     def need_tokenizer(self) -> Tokenizer:
@@ -180,39 +180,53 @@ class Engine:
         *_, gen = self.generate(prompt, **kw)
         return gen
 
-    # ---- predictions (from the cost model) ----
+    # ---- predictions (from the cost model's time model) ----
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def profile(self, fitted: bool = True, echo: Callable[[str], None] | None = None) -> MachineProfile:
+        """This machine's profile for this model, dtype and thread count (prefill.machine.profiles): the one a
+        benchmark fitted when there is one (and `fitted`), else the quick probe's, measured on first need (a few
+        seconds; `echo` gets a one-line note) and cached on disk."""
+        if fitted not in self._profiles:
+            from prefill.machine.profiles import profile_for
+
+            self._profiles[fitted] = profile_for(self.spec, self.dtype_name, str(self.device), fitted=fitted, echo=echo)
+        return self._profiles[fitted]
+
+    def layout(self) -> Layout:
+        """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF
+        blocks kept native: their bits / 8), and attention reading each row's K/V in place in the pool."""
+        native = self.weights if self.weights != self.dtype_name else None
+        weights = storage.bytes_per_weight(native.split(" + ")[0]) if native else None
+        return timemodel.layout_for(self.dtype_name, weights, gathers_kv=False)
+
     def gemm_rate(self) -> float:
-        """This device's GEMM rate in the engine's dtype (FLOP/s), measured once and remembered."""
-        if self._gemm_rate is None:
-            from prefill.costmodel.hardware import measure_gemm_rate
+        """This device's best GEMM rate at the model's shapes in the engine's dtype (FLOP/s), from its profile."""
+        return self.profile().peak_flops_per_s
 
-            self._gemm_rate = measure_gemm_rate(str(self.dtype).removeprefix("torch."), str(self.device))
-        return self._gemm_rate
+    def predict_prefill(
+        self, P: int, past: int = 0, chunk_size: int | None = None, profile: MachineProfile | None = None
+    ) -> timemodel.Prediction:
+        """The time model's prediction of a warm prefill of P tokens after `past` cached ones (a prefix-cache
+        hit: the suffix against the cached context), in chunks of `chunk_size` if given."""
+        return timemodel.predict_prefill(self.spec, P, profile or self.profile(), self.layout(), past, 1, chunk_size)
 
-    def calibration(self) -> Calibration | None:
-        """The saved calibration of this CPU (`prefill calibrate`), read once and remembered; None on a GPU or when
-        none is saved. BadInput if the file is damaged."""
-        if not self._calibration_read:
-            from prefill.costmodel.hardware import load_calibration
+    def predict_decode(self, contexts: list[int], profile: MachineProfile | None = None) -> timemodel.Prediction:
+        """The time model's prediction of one decode step (the ITL) of len(contexts) rows, each at its context."""
+        return timemodel.predict_decode(self.spec, contexts, profile or self.profile(), self.layout())
 
-            self._calibration = load_calibration() if self.device.type == "cpu" else None
-            self._calibration_read = True
-        return self._calibration
+    def predict_step(self, rows: list[Row], profile: MachineProfile | None = None) -> timemodel.Prediction:
+        """The time model's prediction of one forward of `rows` (each: new tokens, cached past, logits asked), as
+        a step of the loop runs them: decode rows and a prefill chunk together, one GEMM per weight."""
+        return timemodel.predict_step(self.spec, rows, profile or self.profile(), self.layout())
 
     def predict_prefill_seconds(self, P: int, past: int = 0, chunk_size: int | None = None) -> tuple[float, str]:
-        """Predicted seconds of a prefill of P tokens after `past` cached ones (in chunks, if given), and how:
-        a saved calibration for this dtype and thread count if any, else exact FLOPs at the measured GEMM rate."""
-        dtype = str(self.dtype).removeprefix("torch.")
-        cal = self.calibration()
-        use_cal = cal is not None and cal.dtype == dtype and cal.threads == torch.get_num_threads()
-        seconds = 0.0
-        for start, end in costs.prefill_chunks(P, chunk_size):  # each chunk attends to everything before it
-            count = costs.prefill_flops_exact(self.spec, end - start, past + start)
-            if use_cal:
-                seconds += costs.calibrated_prefill_seconds(count, cal)
-            else:
-                seconds += costs.compute_seconds(count.total, self.gemm_rate())
-        return seconds, "calibrated" if use_cal else "exact FLOPs / measured GEMM rate"
+        """Predicted seconds of a warm prefill of P tokens after `past` cached ones (in chunks, if given), and how:
+        the time model on this machine's profile, with the part that dominates."""
+        pred = self.predict_prefill(P, past, chunk_size)
+        return pred.seconds, f"time model, {self.profile().kind} profile: {pred.dominant}-bound"
 
 
 def _drain(loop: StepLoop, req: Request, events: list) -> Iterator[TokenEvent | Generation]:

@@ -2,8 +2,9 @@
 
 A CPU multiplies bfloat16 in hardware only with AVX-512-BF16 or AMX; elsewhere torch emulates it, often 100x
 slower than float32. So the choice is made from two readings: the instruction sets the CPU reports
-(/proc/cpuinfo flags, torch's CPU capability), and a short GEMM probe per dtype at the model's own shapes
-(well under a second, cached on disk per machine, torch version and thread count, and once per process).
+(/proc/cpuinfo flags, torch's CPU capability: prefill.machine.capability), and the machine probe's GEMM rate
+per dtype at the model's own shapes (prefill.machine.profiles.gemm_rates: measured once, cached on disk per
+machine, torch version and thread count).
 
     capability() -> Capability          what the hardware says
     gemm_rates(...) -> {dtype: FLOP/s}  what the probe measured (or the cache remembers)
@@ -13,88 +14,18 @@ slower than float32. So the choice is made from two readings: the instruction se
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-import platform
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from prefill.costmodel.costs import canonical_dtype
+from prefill.machine.cache import machine_key, read_json, write_json
+from prefill.machine.capability import Capability, capability
+from prefill.machine.profiles import gemm_rates
 
 AUTO = "auto"
 # --dtype auto picks from these; float16 never: weights trained in bf16 can overflow it.
 AUTO_CANDIDATES = ("bfloat16", "float32")
-PROBE_DTYPES = ("float32", "bfloat16", "float16")
-# The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
-DEFAULT_SHAPE = (576, 3072)
 BF16_WINS = 1.2  # --dtype auto takes bf16 when its GEMMs run at least this many times float32's rate
-PROBE_ROUNDS = 2  # the probe runs the dtypes in turn this many times and keeps each one's best: load bursts pass
-PROBE_M = 512  # the prompt length the probe aims at (P = 512 is where the speed targets are set)
-_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "fma")
-
-
-@dataclass(frozen=True)
-class Capability:
-    """What a device says it can do. isa: torch's CPU capability ("AVX2", "AVX512", ...) or "CUDA sm_XY";
-    flags: the matrix-relevant /proc/cpuinfo flags (empty on CUDA)."""
-
-    device: str  # "cpu" or "cuda"
-    name: str  # CPU model name or GPU name
-    isa: str
-    flags: frozenset[str] = field(default_factory=frozenset)
-    cuda_bf16: bool = False
-
-    @property
-    def kind(self) -> str:
-        """Short name of the matrix hardware: "AMX", "AVX512-BF16", "AVX512", "AVX2", "CUDA" or the isa."""
-        if self.device == "cuda":
-            return "CUDA"
-        if "amx_bf16" in self.flags:
-            return "AMX"
-        if "avx512_bf16" in self.flags:
-            return "AVX512-BF16"
-        if "avx512f" in self.flags or self.isa.startswith("AVX512"):
-            return "AVX512"
-        if "avx2" in self.flags or self.isa == "AVX2":
-            return "AVX2"
-        return self.isa or "unknown"
-
-    def native(self, dtype: str) -> bool:
-        """True when the hardware multiplies `dtype` itself (no emulation through float32)."""
-        dtype = canonical_dtype(dtype)
-        if dtype == "float32":
-            return True
-        if self.device == "cuda":
-            return dtype == "float16" or (dtype == "bfloat16" and self.cuda_bf16)
-        if dtype == "bfloat16":
-            return bool({"avx512_bf16", "amx_bf16"} & self.flags)
-        if dtype == "float16":
-            return bool({"avx512_fp16", "amx_fp16"} & self.flags)
-        return False
-
-    def native_dtypes(self) -> tuple[str, ...]:
-        """The dtypes among float32, bfloat16, float16 that run natively here, in that order."""
-        return tuple(dt for dt in PROBE_DTYPES if self.native(dt))
-
-    def why(self, dtype: str) -> str:
-        """The hardware reason `dtype` is native or emulated, in a few words."""
-        dtype = canonical_dtype(dtype)
-        if self.device == "cuda":
-            return f"{self.name} has {'bf16 and fp16' if self.cuda_bf16 else 'fp16'} tensor cores"
-        units = {"bfloat16": ("AMX-BF16", "AVX-512-BF16"), "float16": ("AMX-FP16", "AVX-512-FP16")}.get(dtype)
-        if units is None:
-            return f"{self.kind} runs float32 natively"
-        has = [u for u, f in zip(units, _flag_pairs(dtype), strict=True) if f in self.flags]
-        if has:
-            return f"this CPU has {' and '.join(has)}"
-        return f"this CPU ({self.kind}) has no {' or '.join(units)}"
-
-
-def _flag_pairs(dtype: str) -> tuple[str, str]:
-    return ("amx_bf16", "avx512_bf16") if dtype == "bfloat16" else ("amx_fp16", "avx512_fp16")
 
 
 @dataclass(frozen=True)
@@ -156,138 +87,6 @@ def _rates_text(dtype: str, rates: dict[str, float]) -> str:
 
 def _rate_suffix(dtype: str, rates: dict[str, float]) -> str:
     return f"; GEMM probe {_gflops(rates[dtype])} GFLOP/s" if dtype in rates else ""
-
-
-# ---- reading the hardware ------------------------------------------------------------------------------
-
-
-def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
-    """The matrix-relevant flags of this CPU from /proc/cpuinfo (or the given text); empty where unreadable."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return frozenset()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split()) & frozenset(_CPU_FLAGS)
-    return frozenset()
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-@functools.cache
-def capability(device: str = "cpu") -> Capability:
-    """This device's Capability (read once per process)."""
-    import torch
-
-    if device.startswith("cuda"):
-        major, minor = torch.cuda.get_device_capability()
-        return Capability("cuda", torch.cuda.get_device_name(), f"CUDA sm_{major}{minor}",
-                          cuda_bf16=torch.cuda.is_bf16_supported())  # fmt: skip
-    return Capability("cpu", cpu_name(), torch.backends.cpu.get_cpu_capability(), cpu_flags())
-
-
-# ---- the probe and its cache ---------------------------------------------------------------------------
-
-
-def probe_gemm(dtype: str, device: str = "cpu", shape: tuple[int, int] = DEFAULT_SHAPE, budget_s: float = 0.1) -> float:
-    """FLOP/s of [M, K] x [K, N] in `dtype` (shape = (K, N)): M grows 8, 32, 128, 512 (PROBE_M) while the next
-    size's GEMM is predicted to stay under budget_s, so an emulated dtype costs a fraction of a second instead of
-    minutes; a slow first call that is only thread wake-up (a busy machine) does not stop the growth early."""
-    import torch
-
-    dt = getattr(torch, canonical_dtype(dtype))
-    K, N = shape
-    w = torch.randn(N, K, device=device).to(dt)  # [N, K], as nn.Linear stores it
-
-    def once(a) -> float:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        torch.nn.functional.linear(a, w)  # [M, N]
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return time.perf_counter() - t
-
-    M = 8
-    while True:
-        a = torch.randn(M, K, device=device).to(dt)  # [M, K]
-        once(a)  # warm-up at this size (kernel choice, packing)
-        t = min(once(a) for _ in range(2))
-        if M >= PROBE_M or 4 * t > budget_s:
-            break
-        M = min(4 * M, PROBE_M)
-    repeats = max(1, min(5, int(budget_s / max(t, 1e-6))))
-    return 2 * M * K * N / min([t] + [once(a) for _ in range(repeats)])
-
-
-def cache_dir() -> Path:
-    """$PREFILL_CACHE_DIR, else ~/.cache/prefill: the probe rates and the bench's compile verdicts live here."""
-    env = os.environ.get("PREFILL_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "prefill"
-
-
-def machine_key(device: str = "cpu", threads: int | None = None) -> str:
-    """What a cached measurement is valid for: device name, torch version, thread count."""
-    import torch
-
-    cap = capability(device)
-    n = threads or (torch.get_num_threads() if device == "cpu" else 1)
-    return f"{cap.device}|{cap.name}|{cap.isa}|torch {torch.__version__}|{n} threads"
-
-
-def read_json(name: str) -> dict:
-    """A JSON file of cache_dir() as a dict ({} when missing or damaged: a cache is only a cache)."""
-    try:
-        return json.loads((cache_dir() / name).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def write_json(name: str, data: dict) -> None:
-    """Write a JSON file of cache_dir(), quietly giving up where the folder is not writable."""
-    try:
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir() / f".{name}.{os.getpid()}"
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(cache_dir() / name)
-    except OSError:
-        pass
-
-
-_RATES: dict[str, dict[str, float]] = {}  # once per process
-
-
-def gemm_rates(
-    device: str = "cpu",
-    shape: tuple[int, int] = DEFAULT_SHAPE,
-    dtypes: tuple[str, ...] = PROBE_DTYPES,
-    threads: int | None = None,
-    refresh: bool = False,
-) -> dict[str, float]:
-    """FLOP/s per dtype at `shape`, from this process's memory, the disk cache, or the probe (in that order)."""
-    key = f"{machine_key(device, threads)}|{shape[0]}x{shape[1]}"
-    known = {} if refresh else dict(_RATES.get(key) or read_json("native.json").get(key, {}).get("rates", {}))
-    missing = [canonical_dtype(dt) for dt in dtypes if canonical_dtype(dt) not in known]
-    if missing:
-        for _ in range(PROBE_ROUNDS):  # interleaved, so a burst of other load does not decide the race
-            for dt in missing:
-                known[dt] = max(known.get(dt, 0.0), probe_gemm(dt, device, shape))
-        data = read_json("native.json")
-        data[key] = {"rates": known, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
-        write_json("native.json", data)
-    _RATES[key] = known
-    return {canonical_dtype(dt): known[canonical_dtype(dt)] for dt in dtypes}
 
 
 _WARNED: set[str] = set()

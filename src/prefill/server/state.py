@@ -78,8 +78,8 @@ class ServerState:
     @classmethod
     def build(cls, engine: Engine, cfg: ServeConfig) -> ServerState:
         """The KV pool, its prefix cache and the step loop over the engine's runner, with a worker to run them.
-        The calibration is read here, once: a damaged file is refused (BadInput) before the server starts."""
-        engine.calibration()
+        The machine profile is read (or probed) here, once, so no response waits on it."""
+        engine.profile()
         metrics = ServerMetrics()
         pool = KVPool.for_bytes(engine.spec, cfg.kv_pool_bytes(engine), engine.dtype, engine.device)
         prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))

@@ -1,0 +1,227 @@
+"""Predicted beside measured: warm prefill and decode steps of the embedded SmolLM2-135M, with this machine's quick
+probe alone and with the profile fitted to these measurements (issue 17's targets: <= 25% and <= 10%).
+
+Prefill: a fresh request's forward (its own blocks of a KV pool allocated once, so no page is faulted in after
+the warm-up) at every P, median of --repeats after one untimed call at that P. Decode: one step of B rows, each
+row with S tokens of its own context (prefilled for real), median of --repeats steps (each row cut back to S
+after every step). The fit uses a subset of the points (marked); the others are held out. The fitted profile
+is saved for this machine, dtype and model, so `prefill run` and `prefill bench` then predict with it.
+
+    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--out bench-results/predict.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from prefill.bench.gpu import catalog_rows, catalog_table, load_result
+from prefill.bench.runner import parse_ints
+from prefill.costmodel.fit import Sample, fit_profile
+from prefill.costmodel.ops import Row
+from prefill.costmodel.timemodel import prefill_steps
+from prefill.engine.llm import Engine
+
+PROMPT_LENGTHS = (1, 4, 16, 64, 256, 1024, 4096)
+BATCHES = (1, 4, 8)
+CONTEXTS = (64, 1024, 4096)
+FIT_PREFILL = (1, 16, 256, 4096)  # the fit's points; the rest are held out
+FIT_DECODE = ((1, 64), (4, 1024), (8, 4096))
+
+
+def timed(engine: Engine, fn) -> float:
+    t = time.perf_counter()
+    fn()
+    engine.sync()
+    return time.perf_counter() - t
+
+
+def ids_of(n: int, vocab: int, offset: int = 0) -> torch.Tensor:
+    # which tokens does not change a forward's cost; fixed ids spread over the vocabulary
+    return torch.tensor([[(7919 * (i + offset) + 11) % vocab for i in range(n)]])  # [1, n]
+
+
+def measure_prefill(engine: Engine, pool, P: int, repeats: int) -> float:
+    """Median seconds of a fresh request's prefill forward of P tokens."""
+    ids = ids_of(P, engine.spec.vocab_size).to(engine.device)
+
+    def once() -> float:
+        seq = pool.new_seq(P + 1)
+        try:
+            return timed(engine, lambda: engine.forward(ids, [seq]))
+        finally:
+            seq.free()
+
+    once()  # untimed: this P's kernels and buffers
+    return statistics.median(once() for _ in range(repeats))
+
+
+def measure_decode(engine: Engine, seqs: list, S: int, repeats: int) -> float:
+    """Median seconds of one decode step of len(seqs) rows at context S (each row cut back to S after it)."""
+    ids = torch.full((len(seqs), 1), 42, device=engine.device)  # [B, 1]
+
+    def once() -> float:
+        try:
+            return timed(engine, lambda: engine.forward(ids, seqs))
+        finally:
+            for s in seqs:
+                s.truncate(S)
+
+    once()
+    return statistics.median(once() for _ in range(repeats))
+
+
+def decode_points(engine: Engine, contexts: tuple[int, ...], repeats: int) -> list[tuple[int, int, float]]:
+    """(B, S, median seconds) for every batch and context; each context's rows are prefilled once, for real."""
+    out = []
+    for S in contexts:
+        pool = engine.new_pool(max(BATCHES) * (S + repeats + 2 + 16))  # + a block of rounding per row
+        seqs = [pool.new_seq(S + repeats + 2) for _ in range(max(BATCHES))]
+        for b, seq in enumerate(seqs):  # each row its own tokens and its own blocks
+            engine.prefill(ids_of(S, engine.spec.vocab_size, offset=b * S).to(engine.device), seq, chunk_size=1024)
+        out += [(B, S, measure_decode(engine, seqs[:B], S, repeats)) for B in BATCHES]
+        del seqs, pool
+    return out
+
+
+def samples_of(prefills: dict[int, float], decodes: list[tuple[int, int, float]]) -> list[tuple[Sample, bool]]:
+    """Each measurement as a fit Sample, and whether the fit uses it."""
+    out = [
+        (Sample(tuple(map(tuple, prefill_steps(P))), s, f"prefill P={P}"), P in FIT_PREFILL)
+        for P, s in prefills.items()
+    ]
+    out += [(Sample(((Row(1, S),) * B,), s, f"decode B={B} S={S}"), (B, S) in FIT_DECODE) for B, S, s in decodes]
+    return out
+
+
+def predict(engine: Engine, sample: Sample, profile):
+    rows = sample.steps[0]
+    if rows[0].new == 1 and rows[0].past > 0:
+        return engine.predict_decode([r.past for r in rows], profile)
+    return engine.predict_prefill(rows[0].new, profile=profile)
+
+
+def report(engine: Engine, samples, quick, fitted) -> list[dict]:
+    from rich.table import Table
+
+    t = Table(title=f"{engine.spec.name}, {engine.dtype_name}, {engine.threads()} threads: predicted beside measured")
+    for col in ("workload", "measured ms", "quick probe ms", "error", "fitted ms", "error", "dominant (fitted)", "fit"):
+        t.add_column(col, justify="right")
+    rows = []
+    for sample, used in samples:
+        q, f = predict(engine, sample, quick), predict(engine, sample, fitted)
+        eq, ef = q.seconds / sample.seconds - 1, f.seconds / sample.seconds - 1
+        t.add_row(
+            sample.label,
+            f"{sample.seconds * 1e3:,.1f}",
+            f"{q.seconds * 1e3:,.1f}",
+            f"{eq:+.1%}",
+            f"{f.seconds * 1e3:,.1f}",
+            f"{ef:+.1%}",
+            f.dominant,
+            "yes" if used else "held out",
+        )
+        rows.append(
+            {
+                "workload": sample.label,
+                "measured_s": sample.seconds,
+                "quick_s": q.seconds,
+                "fitted_s": f.seconds,
+                "quick_error": eq,
+                "fitted_error": ef,
+                "dominant": f.dominant,
+                "explain": f.explain(),
+                "fit_point": used,
+            }
+        )
+    Console(width=140).print(t)
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    def worst(key: str, subset) -> str:
+        errs = [abs(r[key]) for r in subset]
+        return f"{max(errs):.1%}" if errs else "-"
+
+    held = [r for r in rows if not r["fit_point"]]
+    return (
+        f"largest |error|: quick probe alone {worst('quick_error', rows)}; fitted profile "
+        f"{worst('fitted_error', rows)} over all points, {worst('fitted_error', held)} over the held-out ones"
+    )
+
+
+def profile_line(name: str, p) -> str:
+    return (
+        f"{name}: GEMM x {p.gemm_efficiency:.3f}, attention x {p.attention_efficiency:.3f}, bandwidth "
+        f"{p.bandwidth_bytes_per_s / 1e9:.1f} GB/s, {p.op_overhead_s * 1e6:.2f} us per launch, "
+        f"{p.step_overhead_s * 1e3:.2f} ms per forward ({p.source})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="benchmarks/predict.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompt-lengths", default=",".join(map(str, PROMPT_LENGTHS)), help="P values to prefill")
+    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="decode contexts S")
+    ap.add_argument("--no-save", action="store_true", help="do not save the fitted profile")
+    ap.add_argument("--out", default="bench-results/predict.json")
+    args = ap.parse_args(argv)
+    lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
+    engine = Engine.load(None, dtype="float32", threads=args.threads, progress=False)
+    engine.warmup()
+    quick = engine.profile(fitted=False, echo=print)
+    load = os.getloadavg()[0]
+    pool = engine.new_pool(max(lengths) + 8)
+    prefills = {P: measure_prefill(engine, pool, P, args.repeats) for P in lengths}
+    del pool
+    samples = samples_of(prefills, decode_points(engine, contexts, args.repeats))
+    if sum(used for _, used in samples) < 5:  # other lengths than the default: fit on every point, and say so
+        samples = [(s, True) for s, _ in samples]
+    fit = fit_profile(engine.spec, quick, engine.layout(), [s for s, used in samples if used])
+    rows = report(engine, samples, quick, fit.profile)
+    print(summary(rows))
+    print(profile_line("quick probe", quick))
+    print(profile_line("fitted", fit.profile))
+    cold = engine.predict_prefill(16, profile=quick).seconds
+    print(
+        f"cold (first prefill after load, P = 16): measured {engine.cold_prefill_s * 1e3:.1f} ms beside the warm "
+        f"prediction {cold * 1e3:.1f} ms; never mixed into the warm figures above"
+    )
+    print(f"load average at the start {load:.2f}, at the end {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    h200 = catalog_rows(load_result(Path(__file__).resolve().parents[1] / "docs" / "gpu-h200.json"))
+    Console(width=140).print(catalog_table(h200))
+    if not args.no_save:
+        from prefill.machine.profiles import save_fitted
+
+        save_fitted(engine.spec, fit.profile, str(engine.device))
+        print("saved the fitted profile: `prefill run` and `prefill bench` now predict with it on this machine")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "threads": engine.threads(),
+                "rows": rows,
+                "fit": fit.parameters,
+                "h200_from_the_catalog": h200,
+                "quick": quick.to_json(),
+                "fitted": fit.profile.to_json(),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

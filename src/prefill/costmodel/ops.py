@@ -1,0 +1,180 @@
+"""The operations of one forward pass, each with its FLOPs, the bytes it moves and the kernels it launches.
+
+A forward runs a list of rows (Row: a sequence's new tokens, its cached past, how many of its positions are
+unembedded) through one set of GEMMs of M = sum of new tokens rows, then attention row by row over each row's own
+context. This is the engine's Block (prefill.model.transformer) written as arithmetic: per layer an RMSNorm, the
+fused Q/K/V GEMM, rotary, the K/V write, attention, the output GEMM and residual, an RMSNorm, the fused gate/up
+GEMM, SiLU x up, the down GEMM and residual; then the final norm and the unembedding of the asked positions only.
+
+Torch-free. prefill.costmodel.timemodel turns these counts into seconds on a MachineProfile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from prefill.costmodel.costs import attended_pairs
+
+if TYPE_CHECKING:
+    from prefill.costmodel.specs import ModelSpec
+
+# Kernels each operation launches in the eager engine (torch 2.13 on a CPU, counted with torch.profiler on one
+# forward): RMSNorm is a composite of pow, mean, add, rsqrt and two muls; rotary is mul, neg, cat, mul, add; the
+# K/V write makes K and V contiguous and index_copy_s both; the output projection first copies the heads back
+# to [M, H_q d_head]. A fit adjusts the seconds per launch, not these counts.
+LAUNCHES = {
+    "embed": 1, "norm": 6, "qkv": 1, "rotary": 5, "kv_write": 4, "attention": 1, "kv_gather": 2, "o": 2,
+    "residual": 1, "gate_up": 1, "mlp_act": 2, "down": 1, "unembed": 1, "allreduce": 1,
+}  # fmt: skip
+# Bytes each elementwise operation moves, in units of its tensor's size (every composite kernel reads its input
+# and writes its output): RMSNorm 6 passes, rotary 10, a residual add 3 (two reads, one write), SiLU x up 2.5
+# passes of [M, 2 d_ff] (SiLU reads and writes the gate half, the product reads both halves and writes one).
+PASSES = {"norm": 6.0, "rotary": 10.0, "residual": 3.0, "mlp_act": 2.5, "kv_write": 4.0}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sequence's share of a forward: `new` tokens at positions past .. past + new - 1, of which the last
+    `logits` are unembedded (1 for a prefill or a decode step, `new` for scoring, 0 for a hidden-states pass)."""
+
+    new: int
+    past: int = 0
+    logits: int = 1
+
+    def __post_init__(self) -> None:
+        if self.new < 1 or self.past < 0 or not 0 <= self.logits <= self.new:
+            raise ValueError(f"a row needs new >= 1, past >= 0 and 0 <= logits <= new, got {self}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an engine stores and runs the model (not the machine): bytes per weight as stored (float32 4, bf16 2,
+    a GGUF block type its bits / 8), bytes per activation and per K/V element, tensor-parallel GPUs `tp`, and
+    `gathers_kv`: whether attention over a cached context first copies each row's K/V out of the pool."""
+
+    weight_bytes: float
+    act_bytes: int
+    kv_bytes: int
+    tp: int = 1
+    gathers_kv: bool = True
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation, `count` times in a forward (e.g. once per layer). flops, bytes and launches are per instance;
+    `weight_bytes` of its bytes are weights and `pool_bytes` K/V read from the cache pool (both streamed from
+    memory: a model or a pool larger than the cache never stays in it); M, K, N: a GEMM's shape; queries, keys:
+    an attention row's new positions and the keys it reads; kind: gemm, attention, stream (elementwise and
+    copies) or comm (an all-reduce over the GPUs' link)."""
+
+    name: str
+    kind: str
+    flops: float
+    bytes: float
+    launches: int
+    count: int = 1
+    weight_bytes: float = 0.0
+    pool_bytes: float = 0.0
+    working_set: float | None = None  # bytes alive together with its activations (None: its own)
+    M: int = 0
+    K: int = 0
+    N: int = 0
+    queries: int = 0
+    keys: int = 0
+
+
+def visible_keys(new: int, past: int, window: int | None) -> int:
+    """Keys the `new` queries at past .. past + new - 1 read in one layer: all past + new, or under a sliding
+    window of W only those from past - W + 1 on (the oldest the first query may see)."""
+    return past + new - (0 if window is None else max(0, past - window + 1))
+
+
+def _gemm(name: str, M: int, K: int, N: int, lay: Layout, count: int, bias: bool = False) -> Op:
+    weights = (K * N + (N if bias else 0)) * lay.weight_bytes
+    acts = M * (K + N) * lay.act_bytes  # read the input rows, write the output rows
+    return Op(name, "gemm", 2.0 * M * K * N, weights + acts, LAUNCHES[name], count, weights, M=M, K=K, N=N)
+
+
+def _stream(name: str, elements: float, lay: Layout, count: int) -> Op:
+    return Op(name, "stream", 0.0, PASSES[name] * elements * lay.act_bytes, LAUNCHES[name], count)
+
+
+def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
+    """The operations of all L blocks for `rows`: the GEMMs and elementwise work once per layer (count = L),
+    attention once per (row, window) group (each layer reads its own context: windowed layers read less)."""
+    T = lay.tp
+    M, L, d, dh = sum(r.new for r in rows), spec.L, spec.d_model, spec.d_head
+    H_q, H_kv = spec.H_q // T, math.ceil(spec.H_kv / T)  # heads on one GPU (KV heads replicated past H_kv)
+    qkv_out = (H_q + 2 * H_kv) * dh
+    ops = [
+        _stream("norm", M * d, lay, L * (2 if not spec.family.post_norms else 4)),
+        _gemm("qkv", M, d, qkv_out, lay, L, spec.qkv_bias),
+        _stream("rotary", M * (H_q + H_kv) * dh, lay, L),
+        _stream("kv_write", 2 * M * H_kv * dh, lay, L),
+        _gemm("o", M, H_q * dh, d, lay, L),
+        _stream("residual", M * d, lay, 2 * L),
+        _gemm("gate_up", M, d, 2 * spec.d_ff // T, lay, L),
+        _stream("mlp_act", M * 2 * spec.d_ff // T, lay, L),
+        _gemm("down", M, spec.d_ff // T, d, lay, L),
+    ]
+    if spec.qk_norm:
+        ops.append(_stream("norm", M * (H_q + H_kv) * dh, lay, L))
+    ops += attention_ops(spec, rows, lay, H_q, H_kv)
+    if T > 1:  # two all-reduces of the [M, d_model] activations per layer (after attention, after the MLP)
+        ring = 2 * (T - 1) / T * M * d * lay.act_bytes
+        ops.append(Op("allreduce", "comm", 0.0, ring, LAUNCHES["allreduce"], 2 * L))
+    return ops
+
+
+def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H_kv: int) -> list[Op]:
+    """Attention per row and per distinct window: 4 H_q d_head FLOPs per attended (query, key) pair (QK^T and
+    AV); bytes: Q read and O written, the visible K and V read (and, where the engine gathers, copied first: the
+    copies of all rows are alive together, so they share one working set)."""
+    counts: dict[int | None, int] = {}
+    for w in spec.windows:
+        counts[w] = counts.get(w, 0) + 1
+    dh, ops = spec.d_head, []
+    for window, n_layers in counts.items():
+        group = []
+        for row in rows:
+            pairs = attended_pairs(row.new, row.past, window)
+            keys = visible_keys(row.new, row.past, window)
+            kv = 2 * H_kv * keys * dh * lay.kv_bytes
+            gather = lay.gathers_kv and row.past > 0  # a cached context is copied out of the pool, then read
+            nbytes = 2 * H_q * row.new * dh * lay.act_bytes + kv * (3 if gather else 1)
+            launches = LAUNCHES["attention"] + (LAUNCHES["kv_gather"] if gather else 0)
+            pool = kv * (keys - row.new) / keys  # the cached keys come from the pool's memory, the new from cache
+            group.append(
+                Op(
+                    "attention",
+                    "attention",
+                    4.0 * H_q * dh * pairs,
+                    nbytes,
+                    launches,
+                    n_layers,
+                    pool_bytes=pool,
+                    queries=row.new,
+                    keys=keys,
+                )
+            )
+        together = sum(o.bytes - o.pool_bytes for o in group)
+        ops += [replace(o, working_set=together) for o in group]
+    return ops
+
+
+def forward_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
+    """Every operation of one forward of `rows`: the embedding gather, the L blocks (layer_ops), the final norm
+    and the unembedding of the positions whose logits are asked (sum of row.logits; vocabulary split over T)."""
+    if not rows:
+        raise ValueError("a forward needs at least one row")
+    M, d = sum(r.new for r in rows), spec.d_model
+    M_out = sum(r.logits for r in rows)
+    ops = [Op("embed", "stream", 0.0, 2 * M * d * lay.act_bytes, LAUNCHES["embed"])]
+    ops += layer_ops(spec, rows, lay)
+    if M_out:
+        ops.append(_stream("norm", M_out * d, lay, 1))
+        ops.append(_gemm("unembed", M_out, d, math.ceil(spec.vocab_size / lay.tp), lay, 1))
+    return ops

@@ -1,0 +1,255 @@
+"""This machine, measured: the one probe. Every timing of the machine (not of the engine) is taken here.
+
+    gemm_curve(K, N, dtype)        FLOP/s of [M, K] x [K, N] as M grows, its weights streamed from memory as a
+                                   forward streams each layer's (the model is larger than the cache)
+    attention_curves(H_q, ...)     FLOP/s of causal attention by prompt length, and of one decode query by keys
+    measure_bandwidth()            streaming reads from memory (bytes/s): a GEMV over a matrix far larger than
+                                   the cache, the way a decode step reads its weights
+    measure_cache_bandwidth()      the same for an elementwise op whose tensors stay in the last-level cache
+    measure_op_overhead()          seconds per launch of a block's small operations (one token, width 64)
+    measure_gemm_rate(dtype)       a square GEMM's FLOP/s (a peak: MFU's denominator, the GPU bench)
+    measure_copy_bandwidth()       an array copy's bytes/s (read + written)
+
+Each timing is the best of a few repeats after a warm-up: other load on a shared machine can only slow a
+kernel down, so the fastest repeat is the closest to what the hardware does. prefill.machine.profiles
+assembles these into a MachineProfile and caches it. torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from prefill.costmodel.causal import causal_pairs
+from prefill.costmodel.costs import canonical_dtype, dtype_bytes
+
+GEMM_MS = (1, 2, 4, 16, 64, 256, 1024, 4096)  # row counts the GEMM curve is measured at (while the budget allows)
+COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
+COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
+GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
+ATTENTION_PS = (16, 64, 256, 1024, 2048)  # causal prefill lengths of the attention curve
+DECODE_KEYS = (64, 256, 1024, 4096)  # keys of the decode curve (one query per row)
+BANDWIDTH_BYTES = 256 * 2**20  # the GEMV's matrix: far larger than any CPU's last-level cache
+CACHE_BYTES_FALLBACK = 8 * 2**20  # when sysfs does not say how large the last-level cache is
+
+
+def _sync(device: str) -> Callable[[], None]:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, device: str = "cpu") -> float:
+    """The fastest of `repeats` timed calls of fn after one untimed warm-up call (seconds)."""
+    sync = _sync(device)
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def gemm_seconds(M: int, K: int, N: int, dtype: str, device: str = "cpu", repeats: int = 3, copies: int = 1) -> float:
+    """Best seconds of one F.linear([M, K], [N, K]), the GEMM every projection runs, cycling through `copies`
+    weights so that with enough of them each one comes from memory, not from the cache."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = getattr(torch, canonical_dtype(dtype))
+    ws = [torch.full((N, K), 0.01, device=device, dtype=dt) for _ in range(copies)]  # copies x [N, K] (nn.Linear's)
+    a = torch.randn(M, K, device=device).to(dt)  # [M, K]
+
+    def all_copies() -> None:
+        for w in ws:
+            F.linear(a, w)
+
+    return best_seconds(all_copies, repeats, device) / copies
+
+
+def gemm_curve(
+    K: int, N: int, dtype: str, device: str = "cpu", budget_s: float = 1.0, Ms: tuple[int, ...] = GEMM_MS
+) -> tuple[tuple[int, float], ...]:
+    """(M, FLOP/s) of [M, K] x [K, N] for M in Ms while the next M is predicted to fit the budget (its time grows
+    at most 4x per step), so an emulated dtype costs a fraction of a second. Up to M = COLD_UP_TO the weights
+    cycle through copies filling twice the last-level cache, so each is read from memory as in a forward (unless
+    one GEMM is so slow that streaming cannot matter); a very wide N (an unembedding) is measured on its first
+    GEMM_MAX_N columns, whose rate is the whole one's."""
+    N = min(N, GEMM_MAX_N)
+    weight_bytes = K * N * dtype_bytes(dtype)
+    cold = max(1, min(64, math.ceil(2 * last_level_cache_bytes() / weight_bytes))) if device == "cpu" else 1
+
+    def measure(M: int) -> tuple[float, float]:
+        repeats = 2 if M * K * N < 2**31 else 1
+        t = gemm_seconds(M, K, N, dtype, device, repeats)
+        if M <= COLD_UP_TO and cold > 1 and t * cold < COLD_PASS_S:
+            t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold)
+        return 2.0 * M * K * N, t
+
+    return _grow(Ms, measure, budget_s)
+
+
+def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str = "cpu", budget_s: float = 0.5):
+    """((P, FLOP/s) of causal prefills for P in ATTENTION_PS, (S, FLOP/s) of one decode query over S keys for S
+    in DECODE_KEYS) of scaled_dot_product_attention at the model's heads (4 H_q d_head FLOPs per attended pair),
+    each list grown while the budget allows."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = getattr(torch, canonical_dtype(dtype))
+
+    def timed(P: int, S: int) -> float:
+        q = torch.randn(1, H_q, P, d_head, device=device).to(dt)  # [1, H_q, P, d_head]
+        k = torch.randn(1, H_kv, S, d_head, device=device).to(dt)  # [1, H_kv, S, d_head]
+        v = torch.randn_like(k)
+        causal = P > 1
+        return best_seconds(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
+            2 if causal else 5,
+            device,
+        )
+
+    flops = 4.0 * H_q * d_head
+    prefill = _grow(ATTENTION_PS, lambda P: (flops * causal_pairs(P), timed(P, P)), budget_s / 2)
+    decode = _grow(DECODE_KEYS, lambda S: (flops * S, timed(1, S)), budget_s / 2)
+    return prefill, decode
+
+
+def _grow(sizes, measure, budget_s: float) -> tuple[tuple[int, float], ...]:
+    """(size, FLOP/s) for sizes in turn while the next is predicted to fit the budget (4x the last one's time);
+    measure(size) -> (FLOPs, best seconds) of one call (its repeats cost about 3 calls)."""
+    points, spent = [], 0.0
+    for n in sizes:
+        flops, t = measure(n)
+        points.append((n, flops / t))
+        spent += 3 * t
+        if spent + 3 * t * 4 > budget_s:
+            break
+    return tuple(points)
+
+
+def measure_bandwidth(device: str = "cpu", n_bytes: int = BANDWIDTH_BYTES) -> float:
+    """Streaming read bandwidth (bytes/s): the matrix bytes of a one-row GEMM over an `n_bytes` float32 matrix
+    (the way a decode step reads its weights), over the best of a few repeats."""
+    import torch
+    import torch.nn.functional as F
+
+    K = 1024
+    w = torch.ones(n_bytes // 4 // K, K, device=device)  # [N, K] float32, n_bytes in all
+    x = torch.ones(1, K, device=device)  # [1, K]
+    return w.nbytes / best_seconds(lambda: F.linear(x, w), 4, device)
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache one core sees (sysfs), else CACHE_BYTES_FALLBACK."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip().upper()
+            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=CACHE_BYTES_FALLBACK)
+
+
+def measure_cache_bandwidth(device: str = "cpu", n_bytes: int = 2**20) -> float:
+    """Bytes/s of an elementwise add whose three tensors (`n_bytes` each) stay in the cache: two read, one written."""
+    import torch
+
+    a = torch.ones(n_bytes // 4, device=device)  # [n / 4] float32
+    b, out = torch.ones_like(a), torch.empty_like(a)
+    return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=out), 20, device)
+
+
+def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
+    """Seconds per kernel launch of an eager forward's small operations: the operations of one block on one
+    token at width 64 (no work to speak of), timed together and divided by the launches prefill.costmodel.ops
+    counts for them, so that the time model's launch counts and this figure agree."""
+    import torch
+    import torch.nn.functional as F
+
+    from prefill.costmodel.ops import LAUNCHES
+
+    d = 64
+    t = {name: torch.randn(*shape, device=device) for name, shape in (
+        ("x", (1, 1, d)), ("w", (d,)), ("qkv", (3 * d, d)), ("sq", (d, d)), ("up", (4 * d, d)), ("down", (d, 2 * d)),
+        ("cos", (1, 1, 1, d)), ("pool", (1, 64, d)))}  # fmt: skip
+    slot = torch.tensor([3], device=device)
+
+    def block() -> None:
+        h = F.rms_norm(t["x"], (d,), t["w"])
+        qkv = F.linear(h, t["qkv"]).view(1, 1, 3, d)  # [B, T, heads, d_head]
+        qk, v = qkv[:, :, :2], qkv[:, :, 2:]
+        x1, x2 = qk.chunk(2, dim=-1)
+        qk = qk * t["cos"] + torch.cat((-x2, x1), dim=-1) * t["cos"]  # rotary: mul, neg, cat, mul, add
+        q, k = qk[:, :, :1].transpose(1, 2), qk[:, :, 1:].transpose(1, 2)  # [B, 1, T, d_head]
+        t["pool"].index_copy_(1, slot, k.transpose(0, 1).reshape(1, 1, d))
+        t["pool"].index_copy_(1, slot, v.transpose(1, 2).transpose(0, 1).reshape(1, 1, d))
+        o = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
+        x = t["x"] + F.linear(o.transpose(1, 2).reshape(1, 1, d), t["sq"])
+        gate, up = F.linear(F.rms_norm(x, (d,), t["w"]), t["up"]).chunk(2, dim=-1)
+        _ = x + F.linear(F.silu(gate) * up, t["down"])
+
+    names = ("norm", "qkv", "rotary", "kv_write", "attention", "o", "residual", "norm", "gate_up", "mlp_act", "down",
+             "residual")  # fmt: skip
+    launches = sum(LAUNCHES[name] for name in names)
+
+    def many() -> None:
+        for _ in range(n):
+            block()
+
+    return best_seconds(many, 5, device) / (n * launches)
+
+
+def measure_gemm_rate(
+    dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None, seconds: float = 0.2
+) -> float:
+    """FLOP/s of a square GEMM in `dtype` on `device` (a peak): the size grows from 1024 until one GEMM takes
+    about seconds / 5 (CPU), or 8192 after a warm-up (a GPU, whose small GEMMs are launch-bound); the best of
+    the repeats. `threads`: run with that many CPU threads, restored after."""
+    import torch
+
+    old = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        if device.startswith("cuda"):
+            n, fn = 8192, _square(8192, dtype, device)
+            for _ in range(2):  # cuBLAS start-up and clock ramp-up, before the timed warm-up
+                fn()
+            return 2 * n**3 / best_seconds(fn, 10, device)
+        n, repeats = 1024, 5
+        t = best_seconds(_square(n, dtype, device), 1, device)
+        if t > seconds:  # an emulated dtype: one timed GEMM says enough, and more would take minutes
+            return 2 * n**3 / t
+        while t < seconds / repeats / 2 and n < 8192:  # time grows as n^3: aim one GEMM at seconds / repeats
+            n = min(8192, int(n * min(2.0, max(1.25, (seconds / repeats / max(t, 1e-6)) ** (1 / 3)))))
+            t = best_seconds(_square(n, dtype, device), 1, device)
+        return 2 * n**3 / best_seconds(_square(n, dtype, device), repeats, device)
+    finally:
+        torch.set_num_threads(old)
+
+
+def _square(n: int, dtype: str, device: str) -> Callable[[], object]:
+    import torch
+
+    dt = getattr(torch, canonical_dtype(dtype))
+    a = torch.randn(n, n, device=device).to(dt)  # [n, n]
+    b = torch.randn(n, n, device=device).to(dt)  # [n, n]
+    return lambda: torch.matmul(a, b)
+
+
+def measure_copy_bandwidth(n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Memory bandwidth (bytes/s) of copying an `n_bytes` array: bytes read + written over the best time."""
+    src = np.ones(n_bytes // 8)  # [n_bytes / 8] float64
+    dst = np.empty_like(src)
+    return 2 * src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats)

@@ -1,0 +1,291 @@
+"""This device's MachineProfile for a model: probed on first need (a few seconds, said in one line), cached on disk
+per machine, torch version, thread count and dtype, and replaced by a fitted one once a benchmark has fitted it.
+
+    model_shapes(spec)                    the (K, N) of every GEMM the model runs
+    profile_for(spec, dtype, device)      the fitted profile if one is saved, else the quick probe's
+    probe_profile(spec, dtype, device)    the quick probe's: from this process, the disk cache, or measured now
+    gemm_rates(device, shape, dtypes)     FLOP/s per dtype at one shape (what --dtype auto reads)
+    save_fitted(spec, profile)            remember a fitted profile for this machine, dtype and model
+    this_cpu()                            this machine as a Hardware entry (the calculator's `--hardware cpu`)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable
+
+from prefill.costmodel.costs import canonical_dtype
+from prefill.costmodel.hardware import Hardware
+from prefill.costmodel.profile import GemmCurve, MachineProfile
+from prefill.costmodel.specs import ModelSpec
+from prefill.machine import probe
+from prefill.machine.cache import machine_key, read_json, write_json
+
+PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
+FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
+# The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
+DEFAULT_SHAPE = (576, 3072)
+PROBE_M = 512  # the row count --dtype auto compares dtypes at (P = 512 is where the speed targets are set)
+FITTED_FIELDS = (
+    "gemm_efficiency",
+    "attention_efficiency",
+    "bandwidth_bytes_per_s",
+    "cache_bandwidth_bytes_per_s",
+    "op_overhead_s",
+    "step_overhead_s",
+    "source",
+    "kind",
+)
+
+
+def model_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """(K, N) of the model's GEMMs: fused Q/K/V, output, fused gate/up, down, unembedding."""
+    d, dh = spec.d_model, spec.d_head
+    shapes = [
+        (d, (spec.H_q + 2 * spec.H_kv) * dh),
+        (spec.H_q * dh, d),
+        (d, 2 * spec.d_ff),
+        (spec.d_ff, d),
+        (d, spec.vocab_size),
+    ]
+    return tuple(dict.fromkeys(shapes))
+
+
+def _key(device: str, threads: int | None, dtype: str) -> str:
+    return f"{machine_key(device, threads)}|{canonical_dtype(dtype)}"
+
+
+class _Threads:
+    """Run the probe with `n` CPU threads (the engine's), restoring torch's setting after."""
+
+    def __init__(self, n: int | None) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        import torch
+
+        self.old = torch.get_num_threads()
+        if self.n is not None:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        torch.set_num_threads(self.old)
+
+
+def _heads(spec: ModelSpec) -> str:
+    return f"{spec.H_q}/{spec.H_kv}x{spec.d_head}"
+
+
+def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, device: str) -> bool:
+    """Measure what `entry` lacks for these shapes (and, with a spec, its attention and the memory system);
+    True if anything was measured."""
+    curves, measured = entry.setdefault("gemm", {}), False
+    for K, N in shapes:
+        if f"{K}x{N}" not in curves:
+            curves[f"{K}x{N}"], measured = [list(p) for p in probe.gemm_curve(K, N, dtype, device)], True
+    if spec is None:
+        return measured
+    attention = entry.setdefault("attention", {})
+    if _heads(spec) not in attention:
+        curves = probe.attention_curves(spec.H_q, spec.H_kv, spec.d_head, dtype, device)
+        attention[_heads(spec)] = {"prefill": [list(p) for p in curves[0]], "decode": [list(p) for p in curves[1]]}
+        measured = True
+    if "bandwidth_bytes_per_s" not in entry:
+        cpu = not device.startswith("cuda")
+        entry["bandwidth_bytes_per_s"] = probe.measure_bandwidth(device)
+        entry["op_overhead_s"] = probe.measure_op_overhead(device)
+        entry["cache_bytes"] = probe.last_level_cache_bytes() if cpu else 0
+        entry["cache_bandwidth_bytes_per_s"] = probe.measure_cache_bandwidth(device) if cpu else None
+        measured = True
+    return measured
+
+
+def _store(key: str, entry: dict) -> None:
+    """Merge `entry` into the disk cache under `key` (another process may have written meanwhile)."""
+    entry["measured"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    data = read_json(PROFILE_FILE)
+    old = _valid(data.get(key, {}))
+    merged = {**old, **entry}
+    for part in ("gemm", "attention"):
+        merged[part] = {**old.get(part, {}), **entry.get(part, {})}
+    data[key] = merged
+    write_json(PROFILE_FILE, data)
+
+
+_MEMO: dict[str, MachineProfile] = {}  # once per process
+
+
+def probe_profile(
+    spec: ModelSpec,
+    dtype: str,
+    device: str = "cpu",
+    threads: int | None = None,
+    refresh: bool = False,
+    echo: Callable[[str], None] | None = None,
+) -> MachineProfile:
+    """The quick probe's profile for `spec` in `dtype`: from this process, the disk cache, or measured now (a
+    few seconds; `echo` gets a one-line note first). `refresh` measures everything again."""
+    dtype, shapes = canonical_dtype(dtype), model_shapes(spec)
+    key = _key(device, threads, dtype)
+    memo = f"{key}|{spec.name}|{shapes}"
+    if not refresh and memo in _MEMO:
+        return _MEMO[memo]
+    entry = {} if refresh else _valid(read_json(PROFILE_FILE).get(key, {}))
+    with _Threads(threads):
+        if echo is not None and not _has(entry, spec, shapes):
+            echo(
+                f"probing this machine for {spec.name} in {dtype}: GEMM rates at its shapes, attention, bandwidth, "
+                "overhead (a few seconds, once; `prefill calibrate` measures again)"
+            )
+        if _measure_missing(entry, spec, shapes, dtype, device):
+            _store(key, entry)
+            busy = implausible(entry)
+            if busy and echo is not None:
+                echo(f"warning: {busy}; predictions will be off: run `prefill calibrate` again on an idle machine")
+        n_threads = None if device.startswith("cuda") else _torch_threads()
+    profile = _build(entry, spec, shapes, dtype, device, n_threads)
+    _MEMO[memo] = profile
+    return profile
+
+
+def implausible(entry: dict) -> str | None:
+    """What in a probe's measurements no idle machine produces (other processes took the cores meanwhile: a
+    parallel kernel then waits a whole scheduler slice for its second thread), or None. A GEMM at a few rows is
+    never much slower per FLOP than at one row, and the cache is never slower than memory."""
+    for name, points in entry.get("gemm", {}).items():
+        rates = dict((int(m), float(r)) for m, r in points)
+        slow = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r < 0.5 * rates[1]]
+        if slow:
+            K, N = name.split("x")
+            return (
+                f"the probe's GEMM of {slow[0]} rows at K={K}, N={N} ran {rates[1] / rates[slow[0]]:.0f}x slower per "
+                "FLOP than of one row: other processes were using the cores"
+            )
+    cache, memory = entry.get("cache_bandwidth_bytes_per_s"), entry.get("bandwidth_bytes_per_s")
+    if cache and memory and cache < memory:
+        return "the probe measured the cache slower than memory: other processes were using the cores"
+    return None
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _valid(entry) -> dict:
+    """The cached entry, or {} when it is not what this version writes (a cache is only a cache: measure again)."""
+    try:
+        if not isinstance(entry.get("gemm", {}), dict) or not isinstance(entry.get("attention", {}), dict):
+            return {}
+        for points in entry.get("gemm", {}).values():
+            _points(points)
+        for curves in entry.get("attention", {}).values():
+            _points(curves["prefill"]), _points(curves["decode"])
+        return entry
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
+
+
+def _has(entry: dict, spec: ModelSpec, shapes) -> bool:
+    return (
+        all(f"{K}x{N}" in entry.get("gemm", {}) for K, N in shapes)
+        and _heads(spec) in entry.get("attention", {})
+        and "bandwidth_bytes_per_s" in entry
+    )
+
+
+def _points(rows: list) -> tuple[tuple[int, float], ...]:
+    return tuple((int(n), float(r)) for n, r in rows)
+
+
+def _curve(entry: dict, K: int, N: int) -> GemmCurve:
+    return GemmCurve(K, N, _points(entry["gemm"][f"{K}x{N}"]))
+
+
+def _build(entry: dict, spec: ModelSpec, shapes, dtype: str, device: str, threads: int | None) -> MachineProfile:
+    from prefill.machine.capability import capability
+
+    curves = tuple(_curve(entry, K, N) for K, N in shapes)
+    cuda = device.startswith("cuda")
+    return MachineProfile(
+        name=f"{capability('cuda' if cuda else 'cpu').name} ({'GPU' if cuda else f'{threads} threads'}, {dtype})",
+        dtype=dtype,
+        peak_flops_per_s=max(r for c in curves for _, r in c.points),
+        bandwidth_bytes_per_s=entry["bandwidth_bytes_per_s"],
+        op_overhead_s=entry["op_overhead_s"],
+        source=f"quick probe of {entry.get('measured', 'this machine')} at {spec.name}'s shapes",
+        gemm=curves,
+        attention=_points(entry["attention"][_heads(spec)]["prefill"]),
+        attention_decode=_points(entry["attention"][_heads(spec)]["decode"]),
+        cache_bytes=entry.get("cache_bytes", 0),
+        cache_bandwidth_bytes_per_s=entry.get("cache_bandwidth_bytes_per_s"),
+        overlap_launches=cuda,
+        threads=threads,
+    )
+
+
+def profile_for(
+    spec: ModelSpec,
+    dtype: str,
+    device: str = "cpu",
+    threads: int | None = None,
+    fitted: bool = True,
+    echo: Callable[[str], None] | None = None,
+) -> MachineProfile:
+    """The profile predictions use: the quick probe's, with the parameters a benchmark fitted for this machine,
+    dtype and model applied when there are some (and `fitted`)."""
+    profile = probe_profile(spec, dtype, device, threads, echo=echo)
+    saved = read_json(FITTED_FILE).get(f"{_key(device, threads, dtype)}|{spec.name}") if fitted else None
+    if not saved:
+        return profile
+    return profile.with_fit(**{k: saved[k] for k in FITTED_FIELDS if k in saved})
+
+
+def save_fitted(spec: ModelSpec, profile: MachineProfile, device: str = "cpu", threads: int | None = None) -> None:
+    """Remember `profile`'s fitted parameters for this machine, its dtype and `spec` (profile_for applies them)."""
+    data = read_json(FITTED_FILE)
+    row = {k: getattr(profile, k) for k in FITTED_FIELDS}
+    data[f"{_key(device, threads, profile.dtype)}|{spec.name}"] = {**row, "saved": time.strftime("%Y-%m-%d %H:%M")}
+    write_json(FITTED_FILE, data)
+
+
+def gemm_rates(
+    device: str = "cpu",
+    shape: tuple[int, int] = DEFAULT_SHAPE,
+    dtypes: tuple[str, ...] = ("float32",),
+    threads: int | None = None,
+    refresh: bool = False,
+) -> dict[str, float]:
+    """FLOP/s per dtype of [PROBE_M, K] x [K, N] at shape (K, N), read off the probe's GEMM curve of that shape
+    (measured now where the cache has none, or again for every dtype with `refresh`)."""
+    K, N = shape
+    rates = {}
+    for dt in dict.fromkeys(canonical_dtype(d) for d in dtypes):
+        key = _key(device, threads, dt)
+        entry = read_json(PROFILE_FILE).get(key, {})
+        if refresh:
+            entry["gemm"] = {name: pts for name, pts in entry.get("gemm", {}).items() if name != f"{K}x{N}"}
+        with _Threads(threads):
+            if _measure_missing(entry, None, [shape], dt, device):
+                _store(key, {"gemm": {f"{K}x{N}": entry["gemm"][f"{K}x{N}"]}})
+        rates[dt] = _curve(entry, K, N).rate(PROBE_M)
+    return rates
+
+
+@functools.cache
+def this_cpu() -> Hardware:
+    """This machine: square GEMM rates measured now in float32 and bfloat16, the streaming bandwidth, RAM size."""
+    import psutil
+
+    return Hardware(
+        name=f"this CPU ({os.cpu_count()} cores)",
+        peak_flops={dt: probe.measure_gemm_rate(dt) for dt in ("float32", "bfloat16")},
+        bandwidth_bytes_per_s=probe.measure_bandwidth(),
+        memory_bytes=psutil.virtual_memory().total,
+        source="measured on this machine: square GEMM (torch.matmul) and a streaming GEMV (prefill.machine.probe)",
+    )

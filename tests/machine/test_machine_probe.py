@@ -1,0 +1,155 @@
+"""The one machine probe: its timings are finite rates, its budget holds, and its profile is measured once (with a
+one-line note), cached on disk, and replaced by a fitted one when a benchmark saved one. Fakes stand in for the
+timings wherever a test checks logic, never a speed."""
+
+import math
+
+import pytest
+
+from prefill.costmodel.hardware import get_hardware
+from prefill.costmodel.specs import PRESETS
+from prefill.machine import probe, profiles
+from prefill.machine.probe import measure_copy_bandwidth, measure_gemm_rate
+
+SMOLLM2 = PRESETS["smollm2-135m"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_measure_gemm_rate_is_a_finite_rate_and_restores_threads(dtype):
+    import torch
+
+    before = torch.get_num_threads()
+    rate = measure_gemm_rate(dtype, threads=1, seconds=0.05)
+    assert math.isfinite(rate) and rate > 1e6  # any CPU of this century does a GEMM above 1 MFLOP/s
+    assert torch.get_num_threads() == before
+
+
+def test_this_cpu_is_measured():
+    cpu = get_hardware("cpu")
+    assert set(cpu.peak_flops) == {"float32", "bfloat16"}
+    assert all(rate > 0 for rate in cpu.peak_flops.values())
+    assert cpu.bandwidth_bytes_per_s > 0 and cpu.memory_bytes > 2**30
+    assert "measured" in cpu.source
+    assert get_hardware("cpu") is cpu  # measured once per process
+
+
+def test_copy_bandwidth_is_positive():
+    assert measure_copy_bandwidth(n_bytes=8 * 2**20, repeats=2) > 0
+
+
+def test_every_timing_is_a_finite_positive_rate():
+    curve = probe.gemm_curve(64, 128, "float32", budget_s=0.05)
+    assert [M for M, _ in curve] == list(probe.GEMM_MS[: len(curve)]) and len(curve) >= 2
+    prefill, decode = probe.attention_curves(2, 1, 16, "float32", budget_s=0.05)
+    for points in (curve, prefill, decode):
+        assert all(math.isfinite(r) and r > 0 for _, r in points)
+    assert probe.measure_bandwidth(n_bytes=16 * 2**20) > 1e8  # 100 MB/s: any memory system
+    assert probe.measure_cache_bandwidth() > 1e8
+    assert 0 < probe.measure_op_overhead() < 1e-3
+    assert probe.last_level_cache_bytes() >= 2**16
+
+
+def test_the_gemm_curve_stops_where_the_budget_would_run_out(monkeypatch):
+    # a GEMM of 1 ms per row, 3 calls per point: after 1, 2, 4 and 16 rows 69 ms are spent, and 64 rows would
+    # add 192 ms to the 0.1 s budget
+    monkeypatch.setattr(probe, "gemm_seconds", lambda M, K, N, dtype, device="cpu", repeats=3, copies=1: 1e-3 * M)
+    monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 0)  # no cache to defeat: one copy of the weights
+    curve = probe.gemm_curve(8, 8, "float32", budget_s=0.1)
+    assert [M for M, _ in curve] == [1, 2, 4, 16]
+    assert curve[0][1] == pytest.approx(2 * 8 * 8 / 1e-3)
+
+
+def fake_probe(monkeypatch, calls: list):
+    def curve(K, N, dtype, device="cpu", budget_s=0.5, Ms=probe.GEMM_MS):
+        calls.append(("gemm", K, N, dtype))
+        return ((1, 1e10), (64, 5e10), (1024, 8e10))
+
+    def attention(H_q, H_kv, d_head, dtype, device="cpu", budget_s=0.5):
+        calls.append(("attention", dtype))
+        return ((16, 1e10), (1024, 4e10)), ((64, 2e9), (4096, 8e9))
+
+    monkeypatch.setattr(probe, "gemm_curve", curve)
+    monkeypatch.setattr(probe, "attention_curves", attention)
+    monkeypatch.setattr(probe, "measure_bandwidth", lambda device="cpu": 16e9)
+    monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu": 2e-6)
+    monkeypatch.setattr(probe, "measure_cache_bandwidth", lambda device="cpu": 50e9)
+    monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 32 * 2**20)
+    monkeypatch.setattr(profiles, "_MEMO", {})
+
+
+def test_the_profile_is_probed_once_with_a_note_then_read_from_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    calls, notes = [], []
+    fake_probe(monkeypatch, calls)
+    p = profiles.profile_for(SMOLLM2, "fp32", threads=1, echo=notes.append)
+    assert len(notes) == 1 and notes[0].startswith("probing this machine for") and "prefill calibrate" in notes[0]
+    assert [c[0] for c in calls] == ["gemm"] * 5 + ["attention"]  # the model's five GEMM shapes, then attention
+    assert {(c[1], c[2]) for c in calls[:5]} == set(profiles.model_shapes(SMOLLM2))
+    assert p.kind == "probe" and p.threads == 1 and p.bandwidth_bytes_per_s == 16e9
+    assert p.gemm_rate(64, 576, 3072) == 5e10 and p.peak_flops_per_s == 8e10
+    assert p.attention_rate(1, 4096) == 8e9 and p.attention_rate(1024, 1024) == 4e10
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1, echo=notes.append) is p  # this process remembers
+    monkeypatch.setattr(profiles, "_MEMO", {})  # a new process: the disk cache answers, silently
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1, echo=notes.append) == p
+    assert len(calls) == 6 and len(notes) == 1
+    profiles.probe_profile(SMOLLM2, "float32", threads=1, refresh=True)  # `prefill calibrate`: all again
+    assert len(calls) == 12
+
+
+def test_a_saved_fit_replaces_the_quick_probe_for_that_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    fake_probe(monkeypatch, [])
+    quick = profiles.profile_for(SMOLLM2, "float32", threads=1)
+    fitted = quick.with_fit(
+        gemm_efficiency=0.9, op_overhead_s=3e-6, step_overhead_s=1e-3, kind="fitted", source="fitted to 7 measurements"
+    )
+    profiles.save_fitted(SMOLLM2, fitted, threads=1)
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1) == fitted
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1, fitted=False) == quick
+    assert profiles.profile_for(PRESETS["llama-3-8b"], "float32", threads=1).kind == "probe"  # another model
+
+
+def test_a_damaged_cache_entry_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    calls = []
+    fake_probe(monkeypatch, calls)
+    key = profiles._key("cpu", 1, "float32")
+    profiles.write_json(profiles.PROFILE_FILE, {key: {"gemm": {"576x960": "not points"}, "attention": [1]}})
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1).kind == "probe"
+    assert len(calls) == 6
+
+
+def test_gemm_rates_read_the_curve_at_the_probe_m(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    calls = []
+    fake_probe(monkeypatch, calls)
+    rates = profiles.gemm_rates(dtypes=("float32", "bf16"), threads=1)
+    assert set(rates) == {"float32", "bfloat16"} and len(calls) == 2
+    # M = 512 between the points at 64 (50 GFLOP/s) and 1024 (80), log-log
+    assert 5e10 < rates["float32"] < 8e10
+    assert profiles.gemm_rates(dtypes=("bf16",), threads=1) == {"bfloat16": rates["bfloat16"]}
+    assert len(calls) == 2  # cached
+    profiles.gemm_rates(dtypes=("float32",), threads=1, refresh=True)
+    assert len(calls) == 3
+
+
+def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
+    # Another process on the second core: every parallel GEMM waits a scheduler slice (~16 ms) for its thread.
+    stalled = {"gemm": {"576x960": [[1, 4.0e9], [2, 0.1e9], [4, 0.3e9]]}, "bandwidth_bytes_per_s": 12e9}
+    assert "ran 40x slower per FLOP than of one row" in profiles.implausible(stalled)
+    assert "cache slower than memory" in profiles.implausible(
+        {"bandwidth_bytes_per_s": 12e9, "cache_bandwidth_bytes_per_s": 0.6e9}
+    )
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    notes = []
+    fake_probe(monkeypatch, [])
+    profiles.profile_for(SMOLLM2, "float32", threads=1, echo=notes.append)
+    assert (
+        len(notes) == 1
+        and profiles.implausible(profiles.read_json(profiles.PROFILE_FILE)[profiles._key("cpu", 1, "float32")]) is None
+    )
+    monkeypatch.setattr(
+        probe, "gemm_curve", lambda K, N, dtype, device="cpu", budget_s=1.0, Ms=(): ((1, 4e9), (2, 1e8))
+    )
+    profiles.probe_profile(SMOLLM2, "float32", threads=1, refresh=True, echo=notes.append)
+    assert notes[-1].startswith("warning: the probe's GEMM of 2 rows") and "idle machine" in notes[-1]
