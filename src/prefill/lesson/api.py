@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from prefill.costmodel import costs
 from prefill.costmodel.causal import causal_mask, causal_pairs
+from prefill.costmodel.estimate import Estimate, Roofline, Setting, build_estimate
+from prefill.costmodel.estimate import request_time as estimate_request_time
 from prefill.costmodel.hardware import HARDWARE
 from prefill.costmodel.specs import PRESETS, ModelSpec
 from prefill.errors import BadInput
@@ -147,21 +149,19 @@ def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1) -> dict:
     }
 
 
-def roofline_body(spec: ModelSpec | None, P: int, b: int, peak: float, bandwidth: float) -> dict:
-    """Intensities of this prefill and of one decode step against the ridge point, and the roof's points."""
-    ridge = costs.ridge_point(peak, bandwidth)
-    prefill_i = costs.prefill_intensity(spec, P, b) if P > 0 else 0.0
-    decode_i = costs.decode_intensity(b)
+def roofline_body(rf: Roofline, peak: float) -> dict:
+    """The estimate's roofline (this prefill and one decode step against the ridge point) and the roof's points."""
+    bandwidth = rf.bandwidth_bytes_per_s
     xs = [10 ** (k / 8) for k in range(-8, 8 * 5 + 1)]  # 0.1 .. 1e5 FLOP/B
     return {
-        "prefill_intensity": prefill_i,
-        "decode_intensity": decode_i,
-        "ridge": ridge,
-        "prefill_bound": costs.bound(prefill_i, ridge),
-        "decode_bound": costs.bound(decode_i, ridge),
-        "prefill_attainable": costs.attainable_flops_per_s(prefill_i, peak, bandwidth),
-        "decode_attainable": costs.attainable_flops_per_s(decode_i, peak, bandwidth),
-        "compute_bound_from_P": costs.compute_bound_prompt_length(spec, b, ridge),
+        "prefill_intensity": rf.prefill_intensity,
+        "decode_intensity": rf.decode_intensity,
+        "ridge": rf.ridge_point,
+        "prefill_bound": rf.prefill_bound,
+        "decode_bound": rf.decode_bound,
+        "prefill_attainable": rf.prefill_attainable_flops_per_s,
+        "decode_attainable": rf.decode_attainable_flops_per_s,
+        "compute_bound_from_P": rf.compute_bound_from_P,
         "roof": {"intensity": xs, "flops_per_s": [costs.attainable_flops_per_s(x, peak, bandwidth) for x in xs]},
         "peak": peak,
         "bandwidth": bandwidth,
@@ -242,37 +242,33 @@ def estimate(
     in_range("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
     with bad_input():
         spec = spec_named(model, lesson_of(request).spec)
-        b = costs.dtype_bytes(dtype)
-        flops = costs.prefill_flops(N, P)
-        seconds = costs.prefill_seconds(N, P, peak, mfu)
+        machine = {"peak_flops_per_s": peak, "mfu": mfu, "bandwidth_bytes_per_s": bandwidth}
+        est = build_estimate(Setting(P=P, spec=spec, N=N, dtype=dtype, **machine))
+        rate = est.achieved_flops_per_s
         body = {
-            "N": N,
+            "N": est.N,
             "P": P,
             "peak": peak,
             "mfu": mfu,
-            "effective_flops_per_s": peak * mfu,
-            "flops": flops,
-            "seconds": seconds,
-            "lines": seed_lines(N, P, flops, peak * mfu, seconds),
+            "effective_flops_per_s": rate,
+            "flops": est.flops_2NP,
+            "seconds": est.prefill_s_2NP,
+            "lines": seed_lines(est.N, P, est.flops_2NP, rate, est.prefill_s_2NP),
             "human": {
-                "flops": human(flops, "FLOP"),
-                "seconds": human(seconds, "s"),
-                "effective": human(peak * mfu, "FLOP/s"),
+                "flops": human(est.flops_2NP, "FLOP"),
+                "seconds": human(est.prefill_s_2NP, "s"),
+                "effective": human(rate, "FLOP/s"),
             },
-            "exact": None,
-            "kv": None,
-            "roofline": roofline_body(spec, P, b, peak, bandwidth),
+            "exact": exact_body(est) if est.exact else None,
+            "kv": kv_body(spec, P, dtype) if spec is not None else None,
+            "roofline": roofline_body(est.roofline, peak),
         }
-        if spec is not None:
-            body["exact"] = exact_body(spec, P, peak, mfu)
-            body["kv"] = kv_body(spec, P, dtype)
     return finite(body)
 
 
-def exact_body(spec: ModelSpec, P: int, peak: float, mfu: float) -> dict:
-    """The exact FLOP count of a prefill of P tokens (linear, causal attention, one unembedding) and its seconds."""
-    count = costs.prefill_flops_exact(spec, P)
-    exact_s = costs.compute_seconds(count.total, peak, mfu)
+def exact_body(est: Estimate) -> dict:
+    """The exact FLOP count of the estimate's prefill (linear, causal attention, one unembedding) and its seconds."""
+    count, exact_s, spec = est.exact, est.prefill_s_exact, est.setting.spec
     return {
         "model": spec.name,
         "N": spec.N,
@@ -333,9 +329,8 @@ def request_time(
     in_range("itl", itl, 0, MAX_S, lo_open=True)
     in_range("n", n, 1, MAX_N_OUT)
     with bad_input():
-        total = costs.request_seconds(ttft, n, itl)
-        decode = costs.decode_rate(itl)
-        output = costs.request_output_rate(n, total)
+        r = estimate_request_time(ttft, n, itl)
+        total, decode, output = r.request_s, r.decode_rate, r.output_rate
     lines = {
         "request": f"{ttft:.2f} + {n - 1} × {itl:.2f} = {total:.2f} s",
         "decode": f"1 / {itl:.2f} = {decode:.3g} tokens/s",

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from prefill.costmodel import costs
+from prefill.costmodel.estimate import Setting, build_estimate
 from prefill.engine.llm import Engine
 from prefill.errors import BadInput
 from prefill.lesson.api import MAX_S, bad_input, bounds, finite, human, in_range, kv_body, roofline_body
@@ -162,7 +163,9 @@ async def roofline(
     in_range("P", P, 1, lesson.spec.context_length)
     gemm, bandwidth, source = await lesson.rates.get()
     with bad_input():
-        body = roofline_body(lesson.spec, P, costs.dtype_bytes(lesson.dtype), gemm, bandwidth)
+        machine = {"peak_flops_per_s": gemm, "mfu": 1.0, "bandwidth_bytes_per_s": bandwidth}
+        est = build_estimate(Setting(P=P, spec=lesson.spec, dtype=lesson.dtype, **machine))
+        body = roofline_body(est.roofline, gemm)
     return finite({**body, "source": source, "dtype": lesson.dtype})
 
 
