@@ -10,7 +10,7 @@ def smollm():
     """The embedded SmolLM2-135M-Instruct in float32 on the CPU."""
     from prefill.engine.llm import Engine
 
-    return Engine.load(None, dtype="float32", progress=False)
+    return Engine.load(None, dtype="float32", weights="float32", progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ def test_f32_gguf_gives_the_same_logits_as_the_original(files):
     from prefill.engine.llm import Engine
 
     src, dense = files
-    a = Engine.load(str(src), dtype="float32", progress=False)
+    a = Engine.load(str(src), dtype="float32", weights="float32", progress=False)
     b = Engine.load(str(dense["float32"]), dtype="float32", progress=False)
     assert b.spec == a.spec
     for name, w in a.model.state_dict().items():

@@ -272,7 +272,8 @@ def test_gemma3_attention_probe_follows_the_window(gemma3):
     W = engine.spec.windows[2]
     for layer in (1, 2):  # global, windowed
         t = layer_qkv(engine.model, ids, layer)
-        torch.testing.assert_close(t.k, cache.k(layer), rtol=1e-5, atol=1e-5)
+        held = cache.k(layer)  # [1, H_kv, held, d_head]: a windowed layer's pool keeps only its window's blocks
+        torch.testing.assert_close(t.k[:, :, -held.shape[2] :], held, rtol=1e-5, atol=1e-5)
         A = attention_weights(engine.model, ids, layer, 3)  # [P, P]
         block = engine.model.layers[layer]
         o = causal_attention(t.q, t.k, t.v, 0, block.window, block.scale)[0, 3]  # [P, d_head]

@@ -52,8 +52,9 @@ def user_errors(command: F) -> F:
 
 
 def echo(line: str) -> None:
-    """Print a line as it is (no markup, no highlighting): for messages from the library."""
-    console.print(line, highlight=False, markup=False)
+    """Print a line as it is (no markup, no highlighting) on stderr: the library's notes (which dtype, which
+    weights and why), kept out of the output a script reads (--json)."""
+    err_console.print(line, highlight=False, markup=False)
 
 
 def load_engine(

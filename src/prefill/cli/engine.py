@@ -17,6 +17,7 @@ Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (rep
 Raw = Annotated[bool, typer.Option("--raw", help="Skip the chat template")]
 Threads = Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice)")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the block functions first (~15 s)")]
+ChunkSize = Annotated[int | None, typer.Option("--chunk-size", help="Prefill in chunks of this many tokens")]
 Chat = Annotated[bool, typer.Option("--chat", help="Require the chat template (an error if the model has none)")]
 Deterministic = Annotated[
     bool, typer.Option("--deterministic", help="Batch-invariant: bitwise the same logits alone, batched or chunked")
@@ -35,9 +36,7 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Seed for sampling")] = None,
     stop: Stop = None,
     raw: Raw = False,
-    chunk_size: Annotated[
-        int | None, typer.Option("--chunk-size", help="Prefill in chunks of this many tokens")
-    ] = None,
+    chunk_size: ChunkSize = None,
     threads: Threads = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     compile: Compile = False,

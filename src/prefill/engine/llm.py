@@ -198,8 +198,8 @@ class Engine:
     def layout(self) -> Layout:
         """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF
         blocks kept native: their bits / 8), and attention reading each row's K/V in place in the pool."""
-        native = self.weights if self.weights != self.dtype_name else None
-        weights = storage.bytes_per_weight(native.split(" + ")[0]) if native else None
+        qtype = getattr(self.model.layers[0].wqkv.weight, "qtype", None)  # a QuantWeight's GGUF type
+        weights = storage.bytes_per_weight(qtype) if qtype else None
         return timemodel.layout_for(self.dtype_name, weights, gathers_kv=False)
 
     def gemm_rate(self) -> float:
