@@ -6,7 +6,7 @@ import pytest
 
 from loop_runs import run_requests
 from prefill.engine import proofs
-from prefill.engine.kvcache import KVPool
+from prefill.engine.kvcache import BLOCK_SIZE, KVPool
 from prefill.engine.loop import StepLoop
 from prefill.engine.request import Generation
 from prefill.model import kernels
@@ -39,13 +39,15 @@ def test_the_default_mode_is_not_bitwise(smollm):
 def test_preempted_requests_resume_bitwise(deterministic):
     """Logprobs (from the logits) of 8 requests through a pool too small for all: equal to each alone, exactly."""
     prompts = [deterministic.encode_prompt(f"Write a line about {t}.") for t in ("owls", "tea", "snow", "ink")] * 2
-    n = 12
+    n = 20  # each request grows past a block boundary (36 prompt tokens: 3 blocks, 55 positions at the end: 4)
 
     def run(loop: StepLoop, batch) -> list[Generation]:
         return run_requests(loop, batch, n, deterministic.tokenizer, logprobs=1)
 
     alone = [run(StepLoop(deterministic.runner, deterministic.new_pool(len(p) + n)), [p])[0] for p in prompts]
-    pool = KVPool.for_tokens(deterministic.spec, 3 * (max(map(len, prompts)) + n), deterministic.dtype, "cpu")
+    B = BLOCK_SIZE  # tokens per block
+    admitted = 3 * -(-max(map(len, prompts)) // B) + 1  # blocks: three prompts and one spare, not their growth
+    pool = KVPool.for_tokens(deterministic.spec, admitted * B, deterministic.dtype, "cpu")
     loop = StepLoop(deterministic.runner, pool, chunk_size=16)
     together = run(loop, prompts)
     assert loop.scheduler.preemptions > 0

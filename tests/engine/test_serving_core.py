@@ -53,8 +53,8 @@ def test_one_forward_per_step_for_decode_rows_and_a_prefill_chunk(smollm, monkey
     calls = []
     real = smollm.runner.run
     monkeypatch.setattr(smollm.runner, "run", lambda rows, output="last": calls.append(len(rows)) or real(rows, output))
-    ids = prompts(smollm)
-    for p in ids[:2]:
+    ids = [p[:24] for p in prompts(smollm)[:2]]  # 48 tokens: both prompts fit one step's chunk of 64
+    for p in ids:
         loop.add(Request(p, 20, SamplingParams(), smollm.tokenizer, lambda ev: None))
     loop.step()  # both prompts in one step
     long = smollm.encode_prompt(" ".join(["history"] * 150))  # 150+ tokens: three chunks of 64
