@@ -30,14 +30,16 @@ class StepLoop:
     """Requests over one model runner and one KV pool. Not thread-safe: one thread calls it.
 
     `observer(req, event)`, if given, sees every event of every request before the request's own `emit` does
-    (the server's metrics).
+    (the server's metrics). `runner` is a ModelRunner, or anything with its run / sync / spec (the simulator's).
     """
 
     def __init__(self, runner: ModelRunner, pool: KVPool, prefix_cache: PrefixCache | None = None,
                  chunk_size: int | None = None, max_running: int = 64,
-                 observer: Callable[[Request, Event], None] | None = None) -> None:  # fmt: skip
+                 observer: Callable[[Request, Event], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
         check_chunk_size(chunk_size)
         self.runner, self.pool, self.prefix_cache, self.observer = runner, pool, prefix_cache, observer
+        self.clock = clock  # seconds: perf_counter, or a simulated clock (prefill.bench.simulate)
         self.scheduler = Scheduler(pool, prefix_cache, chunk_size, max_running)
         self.last_step: Step | None = None  # what the latest step ran (the server's metrics read it)
 
@@ -65,8 +67,8 @@ class StepLoop:
     def add(self, req: Request) -> None:
         """The only way in: check the request, then queue it (admitted at a later step, first come first served)."""
         self.check(req)
-        req.observer = self.observer
-        req.enqueued = req.enqueued or time.perf_counter()
+        req.observer, req.clock = self.observer, self.clock
+        req.enqueued = req.enqueued or self.clock()
         self.scheduler.add(req)
 
     # ---- one step ----
@@ -84,7 +86,7 @@ class StepLoop:
         rows = [(req.seq, [req.next_input()] if dec else req.chunk_ids(n))
                 for (req, n), dec in zip(step.rows, decoding, strict=True)]  # fmt: skip
         scoring = any(req.prompt_logprobs is not None and not dec for req, dec in zip(reqs, decoding, strict=True))
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             out = self.runner.run(rows, "hidden" if scoring else "last")  # [N, d_model] or [R, vocab]
             last = torch.tensor([sum(len(ids) for _, ids in rows[: i + 1]) - 1 for i in range(len(rows))])
@@ -94,7 +96,7 @@ class StepLoop:
             for req in reqs:
                 req.fail(e)
             return
-        ready = time.perf_counter()
+        ready = self.clock()
         sampling, offset = [], 0
         for i, ((req, n), dec) in enumerate(zip(step.rows, decoding, strict=True)):
             if not dec:

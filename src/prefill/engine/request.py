@@ -112,6 +112,7 @@ class Request:
     prompt_logprobs: int | None = None  # score every prompt position, with this many alternatives (engine.scoring)
     ignore_eos: bool = False  # keep going past EOS to max_tokens (vLLM's benchmark option)
     cancelled: bool = False  # set by the caller (a client went away); the loop drops the request
+    clock: Callable[[], float] = time.perf_counter  # seconds; the loop's (a simulation's clock is simulated)
     # ---- state, set by the loop ----
     observer: Callable[[Request, Event], None] | None = None  # the loop's sink: sees each event before `emit`
     seq: SeqKV | None = None
@@ -170,7 +171,7 @@ class Request:
         if self.n_preemptions:
             return  # resumed: its generator, stream and timings go on where they were
         self.gen.cached_tokens = seq.length
-        self.gen.queue_s = time.perf_counter() - (self.enqueued or self.arrival)
+        self.gen.queue_s = self.clock() - (self.enqueued or self.arrival)
         self.generator = self.sampling.generator("cpu")  # drawn on the CPU for every device (prefill.engine.sampling)
         if self.tokenizer is not None:
             self._stream = TextStream(self.tokenizer, self.stop)
@@ -198,7 +199,7 @@ class Request:
     def accept(self, token: int, logits: torch.Tensor, logits_ready: float) -> None:
         """Take the token sampled from next-token logits [vocab] (float32, after this request's constraint; ready
         at perf_counter time `logits_ready`): record it, then emit, stop or go on."""
-        now = time.perf_counter()
+        now = self.clock()
         g = self.gen
         if not g.token_ids and g.ttft_s == 0.0:
             g.first_token_s, g.ttft_s = now - logits_ready, now - self.arrival
@@ -239,11 +240,11 @@ class Request:
         if flush and self._stream is not None:
             tail = self._stream.flush()
             if tail:
-                self._send(TokenEvent(-1, tail, time.perf_counter() - self.arrival))
+                self._send(TokenEvent(-1, tail, self.clock() - self.arrival))
         g = self.gen
         g.finish_reason = reason
         g.text = self._stream.sent if self._stream else ""
-        g.total_s = time.perf_counter() - self.arrival
+        g.total_s = self.clock() - self.arrival
         self.done = True
         self._send(g)
 

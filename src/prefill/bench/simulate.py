@@ -1,0 +1,200 @@
+"""A loaded server, simulated: the real step loop on a simulated clock, each step timed by the time model.
+
+    trace = poisson_trace(rate=2.0, n=200, prompt_lengths=PromptLengths(64, 512), output_tokens=64)
+    result = simulate(spec, trace, step_seconds, pool_tokens=65_536, chunk_size=256, max_running=32)
+    summary = prefill.bench.loadtest_report.summarize(result.records, result.wall_s)
+
+Nothing of the policy is written here. The StepLoop and its Scheduler (admission first come first served, the
+decode-first token budget, prefill chunks, one batched forward per step, the KV pool's blocks allocated as tokens
+arrive, preemption) run as they do in `prefill serve`; only the runner is replaced: SimRunner advances each
+sequence as a forward would and moves the clock by `step_seconds(rows)` (prefill.costmodel.timemodel.predict_step
+on a machine profile) instead of computing. Requests that arrive during a step are admitted at the next step, as
+the server's worker admits them. The K/V pool lives on torch's meta device: its blocks are counted, not stored.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from prefill.bench.loadtest import PromptLengths, RequestRecord
+from prefill.costmodel.ops import Row
+from prefill.costmodel.specs import ModelSpec
+from prefill.engine.kvcache import KVPool, SeqKV
+from prefill.engine.loop import StepLoop
+from prefill.engine.request import Generation, Request, TokenEvent
+from prefill.engine.sampling import SamplingParams
+from prefill.errors import BadInput
+
+StepSeconds = Callable[[list[Row]], float]  # one forward's predicted seconds
+
+
+@dataclass(frozen=True, order=True)
+class SimRequest:
+    """One request of a trace: when it arrives (seconds from the start), its prompt and output tokens."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def poisson_trace(
+    rate: float, n: int, prompt_lengths: PromptLengths, output_tokens: int | PromptLengths, seed: int = 0
+) -> list[SimRequest]:
+    """`n` requests arriving as a Poisson process of `rate` requests/s (exponential gaps), lengths drawn from
+    `prompt_lengths` and `output_tokens` (a fixed count or lengths like the prompts')."""
+    if rate <= 0 or n < 1:
+        raise BadInput(f"a trace needs rate > 0 and n >= 1, got rate = {rate}, n = {n}")
+    rng, t, out = random.Random(seed), 0.0, []
+    outputs = output_tokens if isinstance(output_tokens, PromptLengths) else PromptLengths(output_tokens, output_tokens)
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(SimRequest(t, prompt_lengths.sample(rng), outputs.sample(rng)))
+    return out
+
+
+class SimClock:
+    """Simulated seconds: read by the loop and the requests, moved by the runner."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SimRunner:
+    """The ModelRunner's part the step loop uses (spec, run, sync), timed by `step_seconds` on the clock. Without
+    a `model` (the simulator) run() advances every seq by its new tokens, as a forward does, and returns logits
+    that make greedy sampling pick token 1 (the trace, not the text, decides every request's length); with one
+    (a ModelRunner: the test that the simulated schedule is the real one) the real forward runs."""
+
+    VOCAB = 2  # logits [R, 2]: token 1 wins
+
+    def __init__(self, spec: ModelSpec, step_seconds: StepSeconds, clock: SimClock, model=None) -> None:
+        self.spec, self.step_seconds, self.clock, self.model_runner = spec, step_seconds, clock, model
+        self.steps: list[list[tuple[int, int]]] = []  # each forward's rows: (new tokens, past)
+
+    def run(self, rows: list[tuple[SeqKV, list[int]]], output: str = "last") -> torch.Tensor:
+        if output != "last":
+            raise BadInput("the simulator predicts generation steps only (no scoring)")
+        shape = [(len(ids), seq.length) for seq, ids in rows]
+        self.clock.now += self.step_seconds([Row(new, past) for new, past in shape])
+        self.steps.append(shape)
+        if self.model_runner is not None:
+            return self.model_runner.run(rows, output)  # [R, vocab]
+        for seq, ids in rows:
+            seq.reserve(seq.length + len(ids))
+            seq.length += len(ids)
+            seq.trim()
+        return torch.tensor([[0.0, 1.0]]).expand(len(rows), self.VOCAB)
+
+    def sync(self) -> None:
+        pass
+
+
+@dataclass
+class SimResult:
+    """What the simulated server did: each request as a load-test client would record it, the simulated wall
+    time, each step's rows (new tokens, past) and the preemptions."""
+
+    records: list[RequestRecord]
+    wall_s: float
+    steps: list[list[tuple[int, int]]]
+    preemptions: int
+
+
+def simulate(
+    spec: ModelSpec,
+    trace: Sequence[SimRequest],
+    step_seconds: StepSeconds,
+    pool_tokens: int,
+    chunk_size: int | None = 256,
+    max_running: int = 32,
+    model=None,
+) -> SimResult:
+    """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
+    generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
+    step for real (its K/V pool then real too), timed all the same by `step_seconds`."""
+    clock = SimClock()
+    runner = SimRunner(spec, step_seconds, clock, model)
+    where = ("meta", torch.float32) if model is None else (model.device, model.dtype)
+    pool = KVPool.for_tokens(spec, pool_tokens, where[1], where[0])
+    loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
+    pending = sorted(trace)
+    records = [RequestRecord(i, r.prompt_tokens, r.arrival_s) for i, r in enumerate(pending)]
+    i = 0
+    while i < len(pending) or loop.busy:
+        if not loop.busy and clock.now < pending[i].arrival_s:
+            clock.now = pending[i].arrival_s  # idle until the next arrival
+        while i < len(pending) and pending[i].arrival_s <= clock.now:
+            loop.add(_request(pending[i], records[i], spec))
+            i += 1
+        loop.step()
+    wall = max((r.end or 0.0) for r in records) if records else 0.0
+    return SimResult(records, wall, runner.steps, loop.scheduler.preemptions)
+
+
+def _request(r: SimRequest, record: RequestRecord, spec: ModelSpec) -> Request:
+    """The trace's request as the loop takes it, its events written into `record` (times from the start)."""
+    if r.prompt_tokens < 1 or r.output_tokens < 1:
+        raise BadInput(f"a simulated request needs prompt and output tokens >= 1, got {r}")
+
+    def emit(event) -> None:
+        if isinstance(event, TokenEvent):
+            t = r.arrival_s + event.t
+            record.first_content = t if record.first_content is None else record.first_content
+            record.chunk_times.append(t)
+            record.n_chunks += 1
+        elif isinstance(event, Generation):
+            record.end, record.finish_reason = r.arrival_s + event.total_s, event.finish_reason
+            record.usage_completion_tokens, record.usage_prompt_tokens = len(event.token_ids), event.P
+        else:  # Failed
+            record.error = getattr(event, "message", "failed")
+
+    ids = [1 + k % (spec.vocab_size - 1) for k in range(r.prompt_tokens)]
+    return Request(ids, r.output_tokens, SamplingParams(), None, emit, arrival=r.arrival_s, ignore_eos=True)
+
+
+def simulate_server(
+    model: str | None,
+    hardware: str,
+    dtype: str | None,
+    weights: str | None,
+    trace: Sequence[SimRequest],
+    chunk_size: int,
+    max_running: int,
+    kv_cache_mb: float,
+    echo: Callable[[str], None] | None = None,
+) -> tuple[SimResult, str]:
+    """simulate() for a model (a preset, a file, or None: the embedded SmolLM2) on `hardware`: "cpu" runs this
+    machine's profile (probed once and cached, prefill.machine.profiles), a catalog GPU its datasheet profile.
+    Returns the result and a one-line name of what was simulated."""
+    from prefill.costmodel import costs, storage, timemodel
+    from prefill.costmodel.hardware import get_hardware
+    from prefill.costmodel.profile import catalog_profile
+    from prefill.costmodel.specs import load_spec
+    from prefill.loading.resolve import default_model_path
+
+    if kv_cache_mb <= 0:
+        raise BadInput(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
+    spec = load_spec(model if model is not None else default_model_path())
+    on_cpu = hardware.lower() == "cpu"
+    dt = costs.canonical_dtype(dtype or ("float32" if on_cpu else "bfloat16"))
+    if on_cpu:
+        from prefill.machine.profiles import profile_for
+
+        profile = profile_for(spec, dt, "cpu", echo=echo)
+    else:
+        profile = catalog_profile(get_hardware(hardware), dt)
+    layout = timemodel.layout_for(dt, storage.bytes_per_weight(weights) if weights else None)
+    tokens = int(kv_cache_mb * 2**20 // costs.kv_cache_bytes_for(spec, 1, costs.dtype_bytes(dt)))
+
+    def step_seconds(rows: list[Row]) -> float:
+        return timemodel.predict_step(spec, rows, profile, layout).seconds
+
+    result = simulate(spec, trace, step_seconds, tokens, chunk_size, max_running)
+    return result, f"{spec.name} on {profile.name} ({dt}, weights {weights or dt}, KV pool {tokens:,} tokens)"

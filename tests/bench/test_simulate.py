@@ -1,0 +1,97 @@
+"""The simulator: the step loop's own schedule on a simulated clock, timed by the time model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from prefill.bench.loadtest import PromptLengths
+from prefill.bench.loadtest_report import summarize
+from prefill.bench.simulate import SimRequest, poisson_trace, simulate
+from prefill.costmodel import timemodel
+from prefill.costmodel.hardware import get_hardware
+from prefill.costmodel.profile import catalog_profile
+from prefill.costmodel.specs import load_spec
+from prefill.errors import BadInput
+
+
+def fixed_steps(rows) -> float:
+    """A fake model's step time: 10 ms plus 1 ms a token."""
+    return 0.010 + 0.001 * sum(r.new for r in rows)
+
+
+TRACE = [SimRequest(0.0, 40, 5), SimRequest(0.001, 20, 8), SimRequest(0.002, 70, 3), SimRequest(0.2, 10, 6),
+         SimRequest(0.2005, 33, 4)]  # fmt: skip
+
+
+def test_the_simulated_schedule_is_the_real_step_loops(tmp_path):
+    """The same arrivals through the real step loop over a real (tiny, random) model and through the simulator,
+    both timed by one fake step time: the same rows in every step, the same TTFT and end of every request."""
+    from tiny_models import random_gemma3_engine
+
+    engine = random_gemma3_engine(tmp_path, window=16, context=256)
+    kw = {"pool_tokens": 160, "chunk_size": 32, "max_running": 3}  # 10 blocks: admission and growth both bind
+    sim = simulate(engine.spec, TRACE, fixed_steps, **kw)
+    real = simulate(engine.spec, TRACE, fixed_steps, model=engine.runner, **kw)
+    assert sim.steps == real.steps and len(sim.steps) > 10
+    assert any(len(rows) > 1 for rows in sim.steps)  # batched: decode rows beside a prefill chunk
+    for a, b in zip(sim.records, real.records, strict=True):
+        assert (a.first_content, a.end, a.n_out) == (b.first_content, b.end, b.n_out)
+        assert a.ok and a.n_out == TRACE[a.index].output_tokens
+
+
+def test_alone_a_request_takes_its_predicted_prefill_then_one_decode_step_per_token():
+    """At a rate so low that requests never meet: TTFT is the predicted prefill (in chunks), each ITL the
+    predicted decode step at its context, to the last bit (the simulator adds nothing of its own)."""
+    spec, hw = load_spec("llama-3-8b"), get_hardware("h100")
+    profile, layout = catalog_profile(hw, "bfloat16"), timemodel.layout_for("bfloat16")
+
+    def step(rows):
+        return timemodel.predict_step(spec, rows, profile, layout).seconds
+
+    trace = [SimRequest(100.0 * i, 300 + 50 * i, 4) for i in range(3)]
+    result = simulate(spec, trace, step, pool_tokens=8192, chunk_size=128)
+    for rec, r in zip(result.records, trace, strict=True):
+        chunks = timemodel.predict_prefill(spec, r.prompt_tokens, profile, layout, 0, 1, 128)
+        assert rec.first_content - rec.start == pytest.approx(chunks.seconds, rel=1e-12)
+        itls = [b - a for a, b in zip(rec.chunk_times, rec.chunk_times[1:], strict=False)]
+        want = [step([timemodel.Row(1, r.prompt_tokens + k)]) for k in range(r.output_tokens - 1)]
+        assert itls == pytest.approx(want, rel=1e-9)
+
+
+def test_queueing_grows_the_tail_as_the_rate_nears_capacity():
+    """The same 120 requests arriving faster: p99 TTFT grows (queueing), and the rows per decode step too."""
+    spec, hw = load_spec("llama-3-8b"), get_hardware("h100")
+    profile, layout = catalog_profile(hw, "bfloat16"), timemodel.layout_for("bfloat16")
+
+    def step(rows):
+        return timemodel.predict_step(spec, rows, profile, layout).seconds
+
+    p99, batch = [], []
+    for rate in (1.0, 8.0, 32.0):
+        trace = poisson_trace(rate, 120, PromptLengths(128, 1024), 64, seed=3)
+        result = simulate(spec, trace, step, pool_tokens=65_536, chunk_size=512, max_running=64)
+        p99.append(summarize(result.records, result.wall_s)["latency"]["ttft_s"]["p99"])
+        batch.append(sum(len(rows) for rows in result.steps) / len(result.steps))
+    assert p99[0] < p99[1] < p99[2] and batch[0] < batch[1] < batch[2]
+
+
+def test_a_trace_needs_a_positive_rate():
+    with pytest.raises(BadInput, match="rate > 0"):
+        poisson_trace(0.0, 10, PromptLengths(8, 8), 4)
+
+
+def test_simulate_command_prints_percentiles_and_refuses_bad_input():
+    from prefill.cli.main import app
+
+    runner = CliRunner()
+    args = ["simulate", "-m", "llama-3-8b", "--hardware", "h100", "--requests", "30", "--rate", "4"]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["successful"] == out["requests"] == 30
+    assert out["latency"]["ttft_s"]["p50"] <= out["latency"]["ttft_s"]["p99"]
+    bad = runner.invoke(app, [*args[:-2], "--rate", "-1"])
+    assert bad.exit_code == 2 and "rate > 0" in bad.output
