@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import console
+from prefill.cli.common import console, echo
 
 Url = Annotated[str, typer.Option(help="server root (without /v1)")]
 ModelId = Annotated[str | None, typer.Option(help="model id (default: the first of GET /v1/models)")]
@@ -26,6 +26,8 @@ SloTpotMs = Annotated[float | None, typer.Option(help="goodput SLO on TPOT, ms")
 NoUsage = Annotated[bool, typer.Option(help="do not ask for stream_options.include_usage")]
 IgnoreEos = Annotated[bool, typer.Option(help="ask for exactly --max-tokens (ignore_eos, as vLLM's benchmarks do)")]
 Seed = Annotated[int, typer.Option(help="seed of prompt lengths and words")]
+Predict = Annotated[bool, typer.Option(help="also simulate the same trace on the time model (prefill simulate)")]
+PredictModel = Annotated[str | None, typer.Option(help="the served model for --predict (default: SmolLM2)")]
 Out = Annotated[str, typer.Option(help="JSON report (config, summary, every request)")]
 Plot = Annotated[str, typer.Option(help="PNG plot")]
 
@@ -50,11 +52,12 @@ def loadtest(
     seed: Seed = 0,
     out: Out = "loadtest.json",
     plot: Plot = "loadtest.png",
+    predict: Predict = False,
+    predict_model: PredictModel = None,
 ) -> None:
     """Load-test any OpenAI-compatible server: TTFT, ITL, TPOT, E2E percentiles, throughput, goodput."""
     import asyncio
 
-    from prefill.bench import loadtest_report as report
     from prefill.bench.loadtest import LoadTestConfig, run_load_test
 
     load = {"concurrency": concurrency, "rate": rate, "duration_s": duration, "max_requests": requests}
@@ -63,9 +66,44 @@ def loadtest(
     cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, **load, **ask, **prompts)
     console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
     records, wall, model_id = asyncio.run(run_load_test(cfg))
-    summary = report.summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
+    summary = summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
     save(cfg, model_id, summary, records, out, plot)
+    if predict:
+        print_prediction(summary, predicted_summary(records, predict_model))
+
+
+def predicted_summary(records: list, model: str | None) -> dict:
+    """The same trace simulated on this CPU's profile with `prefill serve`'s defaults (chunk 256, 32 running)."""
+    from prefill.bench.simulate import simulate_server, trace_of
+
+    result, name = simulate_server(model, "cpu", None, None, trace_of(records), 256, 32, 2048.0, echo=echo)
+    console.print(f"predicted: {name}", highlight=False)
+    return summarize(result.records, result.wall_s)
+
+
+def summarize(records: list, wall: float, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
+    from prefill.bench import loadtest_report
+
+    return loadtest_report.summarize(records, wall, slo_ttft_s, slo_tpot_s)
+
+
+def print_prediction(measured: dict, predicted: dict) -> None:
+    """Each percentile measured beside predicted, with the prediction's error."""
+    from rich.table import Table
+
+    table = Table(title="measured vs predicted (prefill simulate on the same trace)")
+    for col in ("metric (ms)", "p50 meas.", "p50 pred.", "err", "p99 meas.", "p99 pred.", "err"):
+        table.add_column(col, justify="right")
+    for name, key in (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("E2E", "e2e_s")):
+        m, p = measured["latency"][key], predicted["latency"][key]
+        if not (m and p):
+            continue
+        cells = []
+        for q in ("p50", "p99"):
+            cells += [f"{m[q] * 1e3:.1f}", f"{p[q] * 1e3:.1f}", f"{p[q] / m[q] - 1:+.0%}" if m[q] > 0 else "-"]
+        table.add_row(name, *cells)
+    console.print(table)
 
 
 def prompt_fields(prompt_len: str, prompts_file: str | None, system_prompt_file: str | None) -> dict:
