@@ -68,6 +68,7 @@ def test_models_health_and_greedy_answer(server, client, engine):
     timings = r.model_extra["timings"]
     assert set(timings) >= {"queue_s", "tokenize_s", "prefill_s", "ttft_s"}
     assert 0 < timings["prefill_s"] <= timings["ttft_s"] <= timings["total_s"]
+    assert timings["predicted_ttft_s"] >= timings["predicted_prefill_s"] > 0 and timings["predicted_itl_s"] > 0
 
 
 def test_stop_string_ends_the_answer_the_same_way_streamed(server, client):

@@ -70,13 +70,18 @@ class Reply:
         return costs.kv_cache_bytes_for(self.state.engine.spec, tokens, self.state.engine.dtype.itemsize)
 
     def final_timings(self, gen: Generation) -> dict:
-        """The server's measured timings, with the cost model's prediction of the prefill beside them."""
+        """The server's measured timings, with the time model's predictions beside them: the prefill (the suffix
+        after a prefix-cache hit), TTFT (tokenization + that prefill, no queue) and one decode step of this
+        request alone at its middle context (the ITL of an unloaded server)."""
         engine = self.state.engine
         past, P = gen.cached_tokens, gen.P - gen.cached_tokens
         predicted, how = engine.predict_prefill_seconds(P, past, self.state.cfg.chunk_size)
+        itl = engine.predict_decode([gen.P + len(gen.token_ids) // 2]).seconds if len(gen.token_ids) > 1 else None
         out = {
             **gen.timings(),
             "predicted_prefill_s": predicted,
+            "predicted_ttft_s": costs.ttft_seconds(predicted, tokenize_s=gen.tokenize_s),
+            "predicted_itl_s": itl,
             "predicted_by": how,
             "kv_bytes": gen.kv_bytes,
             "kv_bytes_formula": self.kv_formula(gen.P),
