@@ -29,11 +29,12 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
 	  else echo "chromium is missing and this is not root: the browser tests will be skipped"; fi
 
+# Two workers (pytest-xdist), each file on one worker so its module fixtures (a server, a model) load once.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts

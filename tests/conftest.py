@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the machine's cores: one thread each
+    os.environ["OMP_NUM_THREADS"] = "1"  # also for the commands the tests start as subprocesses
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
