@@ -179,7 +179,8 @@ def simulate_server(
 ) -> tuple[SimResult, str]:
     """simulate() for a model (a preset, a file, or None: the embedded SmolLM2) on `hardware`: "cpu" runs this
     machine's profile (probed once and cached, prefill.machine.profiles), a catalog GPU its datasheet profile.
-    Returns the result and a one-line name of what was simulated."""
+    `weights`: a dtype or GGUF type, "auto" (what `prefill serve` picks here) or None (the dtype). Attention
+    reads K/V in place, as the engine does. Returns the result and a one-line name of what was simulated."""
     from prefill.costmodel import costs, storage, timemodel
     from prefill.costmodel.hardware import get_hardware
     from prefill.costmodel.profile import catalog_profile
@@ -197,7 +198,8 @@ def simulate_server(
         profile = profile_for(spec, dt, "cpu", echo=echo)
     else:
         profile = catalog_profile(get_hardware(hardware), dt)
-    layout = timemodel.layout_for(dt, storage.bytes_per_weight(weights) if weights else None)
+    weights = _stored_as(weights, model, dt, on_cpu)
+    layout = timemodel.layout_for(dt, storage.bytes_per_weight(weights) if weights else None, gathers_kv=False)
     tokens = int(kv_cache_mb * 2**20 // costs.kv_cache_bytes_for(spec, 1, costs.dtype_bytes(dt)))
 
     def step_seconds(rows: list[Row]) -> float:
@@ -205,3 +207,20 @@ def simulate_server(
 
     result = simulate(spec, trace, step_seconds, tokens, chunk_size, max_running)
     return result, f"{spec.name} on {profile.name} ({dt}, weights {weights or dt}, KV pool {tokens:,} tokens)"
+
+
+def _stored_as(weights: str | None, model: str | None, dtype: str, on_cpu: bool) -> str | None:
+    """The weights' storage for the time model: "auto" resolves as `prefill serve` does (the GGUF's projection
+    type when it would run the blocks native, else the dtype)."""
+    if weights is None or weights.lower() != "auto":
+        return weights
+    if not on_cpu:
+        return None
+    from prefill.costmodel import storage
+    from prefill.engine.weights import resolve_weights
+    from prefill.loading.resolve import default_model_path
+
+    path = model if model is not None else default_model_path()
+    if resolve_weights("auto", path, dtype, "cpu", echo=None) != "native":
+        return None
+    return storage.gguf_file_storage(path)[0]

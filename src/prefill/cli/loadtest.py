@@ -74,10 +74,11 @@ def loadtest(
 
 
 def predicted_summary(records: list, model: str | None) -> dict:
-    """The same trace simulated on this CPU's profile with `prefill serve`'s defaults (chunk 256, 32 running)."""
+    """The same trace simulated on this CPU's profile with `prefill serve`'s defaults (weights auto, chunk 256,
+    32 running, a KV pool of 2 GiB: the default's cap)."""
     from prefill.bench.simulate import simulate_server, trace_of
 
-    result, name = simulate_server(model, "cpu", None, None, trace_of(records), 256, 32, 2048.0, echo=echo)
+    result, name = simulate_server(model, "cpu", None, "auto", trace_of(records), 256, 32, 2048.0, echo=echo)
     console.print(f"predicted: {name}", highlight=False)
     return summarize(result.records, result.wall_s)
 
@@ -150,12 +151,18 @@ def print_summary(model_id: str, summary: dict, wall: float, slo_ttft_ms: float 
     console.print(
         f"throughput {summary['throughput_req_per_s']:.2f} req/s, {summary['throughput_output_tok_per_s']:.1f} "
         f"output tok/s; goodput {summary['goodput_req_per_s']:.2f} req/s "
-        f"(SLO TTFT <= {slo_ttft_ms} ms, TPOT <= {slo_tpot_ms} ms; {summary['slo_attainment']:.0%} of requests)",
+        f"({slo_text(slo_ttft_ms, slo_tpot_ms)}; {summary['slo_attainment']:.0%} of requests)",
         highlight=False,
     )
     for err, n in summary["errors"].items():
         console.print(f"[red]{n} x {err}[/]", highlight=False)
     console.print("definitions: " + "; ".join(f"{k}: {v}" for k, v in DEFINITIONS.items()), highlight=False)
+
+
+def slo_text(ttft_ms: float | None, tpot_ms: float | None) -> str:
+    """'SLO TTFT <= 500 ms, TPOT <= 50 ms', the part given, or 'no SLO: every successful request counts'."""
+    parts = [f"{name} <= {v:g} ms" for name, v in (("TTFT", ttft_ms), ("TPOT", tpot_ms)) if v is not None]
+    return "SLO " + ", ".join(parts) if parts else "no SLO: every successful request counts"
 
 
 def save(cfg, model_id: str, summary: dict, records: list, out: str, plot: str) -> None:

@@ -2,9 +2,9 @@
 
 A `Request` holds the prompt ids, the generated ids, the sampling parameters and their seeded generator, the
 stop rule, the streaming detokenizer, the timings and the finish reason. Whoever runs the forward passes (the
-step loop, for `prefill run` and the server alike) hands each new logits row to `Request.accept`, which
-applies the request's constraint, samples, and decides: emit text, stop (EOS, a stop string, the token limit,
-a finished grammar), or go on. Events go out through the request's `emit` callback.
+step loop, for `prefill run` and the server alike) masks each row's logits by the request's constraint, samples
+every row in one call and hands each token to `Request.accept`, which decides: emit text, stop (EOS, a stop
+string, the token limit, a finished grammar), or go on. Events go out through the request's `emit` callback.
 """
 
 from __future__ import annotations

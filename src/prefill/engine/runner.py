@@ -1,8 +1,8 @@
 """The model runner: a loaded Transformer on a device, and the one forward the step loop drives.
 
 It knows weights, devices and kernels; nothing of requests, tokenizers or sampling. The step loop
-(prefill.engine.loop) calls `forward` for every prefill chunk and every batched decode step; the proofs, the
-benchmark and the warm-up call the same `forward`, so what they measure is what serves.
+(prefill.engine.loop) calls `run` once a step for its decode rows and prefill chunks together; the proofs, the
+benchmark and the warm-up call `forward`, its rectangular wrapper, so what they measure is what serves.
 """
 
 from __future__ import annotations
