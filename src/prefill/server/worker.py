@@ -1,10 +1,11 @@
 """The server's worker: a bounded queue in front of the step loop, and the one thread that runs it.
 
 HTTP handlers `submit` requests (prefill.engine.request.Request) from the event loop; the worker thread moves them
-into the step loop (prefill.engine.loop.StepLoop: admission against the shared KV pool, one forward a step for every
-running stream's decode row and the next prefill chunks) and steps it while there is work. Anything else that computes on the
-model (the lesson page's attention probe, the GEMM-rate and bandwidth probes) is handed over with `call(fn)` and
-runs on the same thread between two steps, so no two forwards ever share the model or the CPU's cores. The step
+into the step loop (prefill.engine.loop.StepLoop: admission against the shared KV pool, one forward a step for
+every running stream's decode row and the next prefill chunks) and steps it while there is work. Anything else
+that computes on the model (the lesson page's attention probe, the GEMM-rate and bandwidth probes) is handed over
+with `call(fn)` and runs on the same thread between two steps, so no two forwards ever share the model or the
+CPU's cores. The step
 loop's observer sees every request's event on its way out, for the metrics.
 
 The worker cannot die of a request: the step loop fails the requests a step touched, and anything that still
