@@ -5,8 +5,7 @@ into the step loop (prefill.engine.loop.StepLoop: admission against the shared K
 every running stream's decode row and the next prefill chunks) and steps it while there is work. Anything else
 that computes on the model (the lesson page's attention probe, the GEMM-rate and bandwidth probes) is handed over
 with `call(fn)` and runs on the same thread between two steps, so no two forwards ever share the model or the
-CPU's cores. The step
-loop's observer sees every request's event on its way out, for the metrics.
+CPU's cores. The step loop's observer sees every request's event on its way out, for the metrics.
 
 The worker cannot die of a request: the step loop fails the requests a step touched, and anything that still
 escapes a step fails every running request and the worker goes on. `alive()` and `last_step_at` let a
