@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from prefill.costmodel import costs
+from prefill.engine.kv_tier import StoreTier
 from prefill.engine.kvcache import KVPool, SeqKV
 from prefill.engine.loop import StepLoop
 from prefill.engine.prompt import check_prompt, check_text
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
     from prefill.costmodel.hardware import Calibration
 
 
+DEFAULT_KV_STORE_MB = 4096.0  # a few dozen long prompts of a small model; LRU beyond
+
+
 class Engine:
     """A loaded model and its tokenizer, ready to generate, score, prefill and decode."""
 
@@ -41,6 +46,7 @@ class Engine:
         self._gemm_rate: float | None = None
         self._calibration: Calibration | None = None
         self._calibration_read = False
+        self.kv_store: StoreTier | None = None  # attach_kv_store
 
     # ---- construction ----
     @classmethod
@@ -52,9 +58,12 @@ class Engine:
         threads: int | None = None,
         progress: bool | Callable[[int, int], None] = True,
         deterministic: bool = False,
+        kv_store: str | Path | None = None,
+        kv_store_mb: float = DEFAULT_KV_STORE_MB,
     ) -> Engine:
         """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct.
-        `deterministic`: the batch-invariant mode (ModelRunner.set_deterministic)."""
+        `deterministic`: the batch-invariant mode (ModelRunner.set_deterministic); `kv_store`: a directory of
+        stored K/V blocks, at most `kv_store_mb` MiB (attach_kv_store)."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
@@ -69,7 +78,25 @@ class Engine:
         engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
         if deterministic:
             engine.runner.set_deterministic()
+        if kv_store is not None:
+            engine.attach_kv_store(kv_store, kv_store_mb)
         return engine
+
+    def attach_kv_store(self, directory: str | Path, max_mb: float = DEFAULT_KV_STORE_MB,
+                        always_load: bool = False) -> StoreTier | None:  # fmt: skip
+        """Keep K/V blocks under `directory` (at most `max_mb` MiB, LRU) below the prefix cache: every request
+        that leaves writes its whole blocks there in the background, and a later one (also in another process,
+        after a restart) loads its longest stored prefix when the cost model predicts loading is faster than
+        computing (`always_load`: whenever stored). None, with one warning, when the directory cannot be used
+        or the model has sliding-window layers; requests are then served without a store."""
+        if max_mb <= 0:
+            raise BadInput(f"the KV store's size must be > 0 MiB, got {max_mb}")
+        if self.kv_store is not None:
+            self.kv_store.close()
+        self.kv_store = StoreTier.open(directory, int(max_mb * 1024**2), self.model, self.dtype,
+                                       lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
+                                       always_load)  # fmt: skip
+        return self.kv_store
 
     @classmethod
     def from_state_dict(cls, spec, state_dict, tokenizer=None, dtype="float32", device="cpu", source="") -> Engine:
@@ -158,7 +185,7 @@ class Engine:
         events: list = []
         req = Request(ids, max_new_tokens, sampling or SamplingParams(), self.tokenizer, events.append, tuple(stop),
                       arrival=t0, tokenize_s=tokenize_s)  # fmt: skip
-        loop = StepLoop(self.runner, self.new_pool(req.capacity), chunk_size=chunk_size)
+        loop = StepLoop(self.runner, self.new_pool(req.capacity), chunk_size=chunk_size, kv_tier=self.kv_store)
         loop.add(req)
         return _drain(loop, req, events)
 

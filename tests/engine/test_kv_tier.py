@@ -1,0 +1,158 @@
+"""The KV store wired below the prefix cache, on the real model (slow): stored blocks loaded at admission give
+the same greedy tokens and logits within the proofs' tolerance; a restart finds them; a corrupt block is a miss
+with a warning; a directory that cannot be written is no store. And the torch-free decision."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from prefill.costmodel.kv_store import compute_or_load, load_seconds
+from prefill.engine.kv_store.files import BlockFiles
+from prefill.engine.llm import Engine
+from prefill.engine.proofs import rounding_tolerance
+from prefill.engine.request import Request
+from prefill.engine.sampling import SamplingParams
+from prefill.errors import BadInput
+
+PROMPT = "The history of Paris, told in short plain sentences for a school essay. " * 8
+N_NEW = 8
+
+
+# ---- the decision (torch-free) ------------------------------------------------------------------------------
+
+
+def test_compute_or_load_picks_the_faster_and_says_by_how_much():
+    calls = []
+
+    def prefill_s(n: int, past: int) -> float:
+        calls.append((n, past))
+        return 1e-3 * n  # 1 ms a token
+
+    d = compute_or_load(256, 32, 50_000_000, 1e9, prefill_s)  # 0.05 s to load, 0.256 s to compute
+    assert (d.choice, d.load_s, d.compute_s) == ("load", 0.05, 0.256) and calls == [(256, 32)]
+    assert d.saved_s == pytest.approx(0.206)
+    slow = compute_or_load(16, 0, 50_000_000, 1e9, prefill_s)  # 0.05 s to load, 0.016 s to compute
+    assert (slow.choice, slow.saved_s) == ("compute", 0.0)
+    assert compute_or_load(0, 0, 0, 1e9, prefill_s).choice == "compute"
+    assert compute_or_load(10, 0, 10_000, 1e6, lambda n, p: 0.01).choice == "compute"  # a tie computes
+    assert load_seconds(3_000, 1_500.0) == 2.0
+    with pytest.raises(BadInput):
+        load_seconds(1, 0.0)
+
+
+def test_the_decision_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, prefill.costmodel.kv_store; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+# ---- on the real model -------------------------------------------------------------------------------------
+
+
+def restarted(smollm, directory, always_load: bool = True) -> Engine:
+    """A fresh engine over the session's weights with its own store object on `directory`: what a restarted
+    process has (nothing of the store in memory, everything from the files)."""
+    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    engine.attach_kv_store(directory, 256, always_load=always_load)
+    return engine
+
+
+def greedy(engine: Engine):
+    gen = engine.complete(PROMPT, chat=False, max_new_tokens=N_NEW)
+    if engine.kv_store is not None:
+        engine.kv_store.flush()
+    return gen
+
+
+@pytest.fixture(scope="module")
+def cold(smollm):
+    return greedy(smollm)
+
+
+@pytest.mark.slow
+def test_a_restart_loads_the_stored_prefix_and_answers_the_same(smollm, cold, tmp_path):
+    first = greedy(restarted(smollm, tmp_path))
+    assert first.cached_tokens == 0 and first.token_ids == cold.token_ids
+    assert first.kv_store.loaded_tokens == 0
+    second = greedy(restarted(smollm, tmp_path))
+    P, bs = second.P, 16
+    assert second.cached_tokens == (P - 1) // bs * bs > 0  # every whole block but the last token's
+    assert second.token_ids == cold.token_ids
+    use = second.kv_store
+    assert use.decision.choice == "load" and use.loaded_tokens == second.cached_tokens and use.bad_blocks == 0
+    assert use.loaded_bytes == use.decision.load_bytes and use.loaded_bytes > use.loaded_tokens * 2 * 30 * 3 * 64 * 4
+    assert second.timings()["kv_store"]["loaded_tokens"] == second.cached_tokens
+
+
+@pytest.mark.slow
+def test_loaded_kv_gives_logits_within_the_rounding_tolerance(smollm, tmp_path):
+    greedy(restarted(smollm, tmp_path))
+    engine = restarted(smollm, tmp_path)
+    ids = engine.encode_prompt(PROMPT, chat=False)
+    with torch.inference_mode():
+        cold_logits, cold_cache = engine.prefill(ids)  # [1, vocab]
+        seq = engine.new_cache(len(ids))
+        req = Request(ids, 1, SamplingParams(), None, lambda ev: None)
+        engine.kv_store.admit(req, seq, lambda needs: True, None)
+        n = seq.length
+        assert n == (len(ids) - 1) // 16 * 16
+        warm_logits, warm = engine.prefill(ids[n:], seq)
+    tol = rounding_tolerance(float(cold_logits.abs().max()), engine.spec, engine.dtype)
+    assert (warm_logits - cold_logits).abs().max().item() <= tol
+    for layer in (0, engine.spec.L - 1):  # the loaded positions are the stored bytes: bitwise those computed
+        assert torch.equal(warm.k(layer)[:, :, :n], cold_cache.k(layer)[:, :, :n])
+        assert torch.equal(warm.v(layer)[:, :, :n], cold_cache.v(layer)[:, :, :n])
+
+
+@pytest.mark.slow
+def test_the_cost_model_decides_and_the_record_says_so(smollm, tmp_path):
+    greedy(restarted(smollm, tmp_path))
+    gen = greedy(restarted(smollm, tmp_path, always_load=False))
+    d = gen.kv_store.decision
+    assert d.n_tokens == (gen.P - 1) // 16 * 16 and d.load_s > 0 and d.compute_s > 0
+    assert d.choice == ("load" if d.load_s < d.compute_s else "compute")
+    assert gen.cached_tokens == (d.n_tokens if d.choice == "load" else 0)
+    assert gen.token_ids == greedy(smollm).token_ids
+
+
+@pytest.mark.slow
+def test_a_corrupt_block_is_a_miss_with_a_warning_and_the_same_answer(smollm, cold, tmp_path, caplog):
+    engine = restarted(smollm, tmp_path)
+    greedy(engine)
+    keys = engine.kv_store.store.keys(engine.encode_prompt(PROMPT, chat=False))
+    path = BlockFiles(tmp_path).path(keys[3].digest)
+    data = bytearray(Path(path).read_bytes())
+    data[-100] ^= 0x01  # one bit of the fourth block's payload
+    Path(path).write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="prefill.kv_store"):
+        gen = greedy(restarted(smollm, tmp_path))
+    assert gen.cached_tokens == 3 * 16 and gen.kv_store.bad_blocks == 1  # the blocks before it still load
+    assert gen.token_ids == cold.token_ids
+    assert any("payload checksum mismatch" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_a_directory_that_cannot_be_written_is_no_store(smollm, cold, tmp_path, monkeypatch, caplog):
+    def read_only(self):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(BlockFiles, "check_writable", read_only)
+    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    with caplog.at_level(logging.WARNING, logger="prefill.kv_store"):
+        assert engine.attach_kv_store(tmp_path, 256) is None
+    assert any("running without a KV store" in r.getMessage() for r in caplog.records)
+    gen = greedy(engine)
+    assert gen.token_ids == cold.token_ids and gen.kv_store is None
+
+
+@pytest.mark.slow
+def test_a_size_of_zero_is_refused(smollm, tmp_path):
+    with pytest.raises(BadInput, match="> 0 MiB"):
+        Engine(smollm.runner, smollm.tokenizer).attach_kv_store(tmp_path, 0)
