@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from prefill.costmodel.kv_store import DEFAULT_STORE_MB as KV_STORE_MB
 from prefill.errors import PrefillError
 
 console = Console()
@@ -29,6 +30,10 @@ ModelPath = Annotated[
     str | None, typer.Option("--model", "-m", help=".gguf file or Hugging Face folder (default: SmolLM2)")
 ]
 AutoDtype = Annotated[str, typer.Option(help="auto (the fastest dtype native here), float32 or bfloat16")]
+KVStoreDir = Annotated[
+    str | None, typer.Option("--kv-store", help="a directory keeping K/V of prompts across runs (loaded when faster)")
+]
+KVStoreMb = Annotated[float, typer.Option("--kv-store-mb", help="the KV store's size cap in MiB (LRU beyond)")]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -62,10 +67,13 @@ def load_engine(
     device: str = "cpu",
     compile: bool = False,
     deterministic: bool = False,
+    kv_store: str | None = None,
+    kv_store_mb: float = KV_STORE_MB,
 ):
     """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
     state; `dtype` "auto" becomes the fastest dtype native here, said in one line (float32 when `deterministic`:
-    the batch-invariant mode)."""
+    the batch-invariant mode); with `kv_store`, the KV store attached after the warm-up (so it stores no
+    warm-up prompt)."""
     from prefill.engine.llm import Engine
     from prefill.machine.native import keep_compile, resolve_dtype
 
@@ -77,7 +85,23 @@ def load_engine(
             console.print(f"compiled in {engine.compile():.1f} s")
     else:
         engine.warmup()  # so the timings are of the steady state, not of first-call set-up
+    if kv_store is not None:
+        attach_store(engine, kv_store, kv_store_mb)
     return engine
+
+
+def attach_store(engine, directory: str, max_mb: float) -> None:
+    """Attach the KV store at `directory` to `engine`, saying in one line what it measured (or that it could
+    not be used: the warning above it says why)."""
+    if max_mb <= 0:
+        fail(f"--kv-store-mb must be > 0, got {max_mb}")
+    tier = engine.attach_kv_store(directory, max_mb)
+    if tier is None:
+        echo(f"KV store: {directory} cannot be used; running without it")
+        return
+    bw = tier.bandwidth
+    disk = f"{bw.disk_bytes_per_s / 1e9:.2f} GB/s disk, " if bw.disk_bytes_per_s else ""
+    echo(f"KV store: {directory}, at most {max_mb:,.0f} MiB; loads at {disk}{bw.ram_bytes_per_s / 1e9:.2f} GB/s RAM")
 
 
 def deterministic_dtype(dtype: str) -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from prefill.errors import BadInput
 
+DEFAULT_STORE_MB = 4096.0  # the KV store's default size cap, MiB: a few dozen long prompts of a small model
+
 
 @dataclass(frozen=True)
 class LoadDecision:

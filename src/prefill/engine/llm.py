@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from prefill.costmodel import costs
+from prefill.costmodel.kv_store import DEFAULT_STORE_MB as DEFAULT_KV_STORE_MB
 from prefill.engine.kv_tier import StoreTier
 from prefill.engine.kvcache import KVPool, SeqKV
 from prefill.engine.loop import StepLoop
@@ -30,9 +31,6 @@ from prefill.model.transformer import check_supported
 
 if TYPE_CHECKING:
     from prefill.costmodel.hardware import Calibration
-
-
-DEFAULT_KV_STORE_MB = 4096.0  # a few dozen long prompts of a small model; LRU beyond
 
 
 class Engine:
