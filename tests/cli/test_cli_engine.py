@@ -50,7 +50,7 @@ def test_run_twice_on_a_kv_store_finds_the_prompt_the_second_time(tmp_path):
     args = ("run", prompt, "--raw", "-n", "6", "--kv-store", str(tmp_path), "--kv-store-mb", "64")
     first, second = cli(*args), cli(*args)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    assert "KV store: " in first.stdout and "loads at" in first.stdout
+    assert "KV store: " in first.stderr and "loads at" in first.stderr
     assert "KV store: load" not in first.stdout and "KV store: compute" not in first.stdout  # nothing stored yet
     assert re.search(r"KV store: (load|compute) \d+ tokens", second.stdout)  # found; the cost model chose
     answer = [line for line in first.stdout.splitlines() if line.startswith("answer:")]

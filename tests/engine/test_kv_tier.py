@@ -156,3 +156,21 @@ def test_a_directory_that_cannot_be_written_is_no_store(smollm, cold, tmp_path, 
 def test_a_size_of_zero_is_refused(smollm, tmp_path):
     with pytest.raises(BadInput, match="> 0 MiB"):
         Engine(smollm.runner, smollm.tokenizer).attach_kv_store(tmp_path, 0)
+
+
+@pytest.mark.slow
+def test_scoring_windows_load_their_unscored_context_and_score_the_same(smollm, tmp_path):
+    from prefill.engine.scoring import perplexity
+
+    ids = smollm.encode_prompt(PROMPT * 2, chat=False)  # ~260 tokens: windows of 128 every 64
+    plain = perplexity(smollm.runner, ids, window=128, stride=64)
+    first = restarted(smollm, tmp_path)
+    perplexity(first.runner, ids, window=128, stride=64, kv_tier=first.kv_store)
+    first.kv_store.flush()
+    again = restarted(smollm, tmp_path)
+    warm = perplexity(again.runner, ids, window=128, stride=64, kv_tier=again.kv_store)
+    # every window after the first scores its last 64 tokens: its first 63 are context, 48 of them whole blocks
+    assert again.kv_store.store.stats().hit_blocks == 3 * (len(warm.windows) - 1)
+    tol = rounding_tolerance(30.0, smollm.spec, smollm.dtype)  # log-probabilities of this model stay below 30
+    diffs = [abs(a - b) for a, b in zip(plain.logprobs, warm.logprobs, strict=True) if a is not None]
+    assert max(diffs) <= tol and warm.ppl == pytest.approx(plain.ppl, rel=1e-4)

@@ -91,17 +91,18 @@ def load_engine(
 
 
 def attach_store(engine, directory: str, max_mb: float) -> None:
-    """Attach the KV store at `directory` to `engine`, saying in one line what it measured (or that it could
-    not be used: the warning above it says why)."""
+    """Attach the KV store at `directory` to `engine`, saying in one line on stderr (stdout may be JSON) what it
+    measured, or that it could not be used (the warning above it says why)."""
     if max_mb <= 0:
         fail(f"--kv-store-mb must be > 0, got {max_mb}")
     tier = engine.attach_kv_store(directory, max_mb)
     if tier is None:
-        echo(f"KV store: {directory} cannot be used; running without it")
+        err_console.print(f"KV store: {directory} cannot be used; running without it", highlight=False, markup=False)
         return
     bw = tier.bandwidth
     disk = f"{bw.disk_bytes_per_s / 1e9:.2f} GB/s disk, " if bw.disk_bytes_per_s else ""
-    echo(f"KV store: {directory}, at most {max_mb:,.0f} MiB; loads at {disk}{bw.ram_bytes_per_s / 1e9:.2f} GB/s RAM")
+    line = f"KV store: {directory}, at most {max_mb:,.0f} MiB; loads at {disk}{bw.ram_bytes_per_s / 1e9:.2f} GB/s RAM"
+    err_console.print(line, highlight=False, markup=False)
 
 
 def deterministic_dtype(dtype: str) -> str:

@@ -90,27 +90,40 @@ class StoreTier:
 
     # ---- admission ----
     def admit(self, req: Request, seq: SeqKV, fits: Callable[[list[int]], bool], chunk_size: int | None) -> None:
-        """Extend `seq` (holding a RAM-cached prefix, or nothing) with the stored blocks that follow, when loading
-        them is predicted faster and the pool has blocks for them and the first chunk after them (`fits`:
-        the scheduler's check). Records the decision in req.gen.kv_store."""
-        ids, past, bs = req.reusable_ids(), seq.length, self.block_size
+        """Extend `seq` (holding a RAM-cached prefix, or nothing) with the stored blocks of req's reusable ids
+        that follow, when loading them is predicted faster and the pool has blocks for them and the first chunk
+        after them (`fits`: the scheduler's check). Records the decision in req.gen.kv_store."""
+        target = req.cached_target
+
+        def room(end: int) -> bool:
+            return fits(seq.reserve_needs(min(target, end + (chunk_size or target))))
+
+        use = self.load(req.reusable_ids(), seq, chunk_size, room)
+        if use is not None:
+            req.gen.kv_store = use
+
+    def load(self, ids: list[int], seq: SeqKV, chunk_size: int | None = None,
+             room: Callable[[int], bool] = lambda end: True) -> StoreUse | None:  # fmt: skip
+        """Extend `seq` past its `seq.length` cached positions with the stored whole blocks of `ids` that follow,
+        when the cost model predicts loading them faster than computing them and `room(end)` says the pool can
+        take positions up to `end`. Returns what was decided and loaded (None: not a whole block to look for)."""
+        past, bs = seq.length, self.block_size
         if len(ids) < past + bs:
-            return
+            return None
         bad0 = self.store.stats().corrupt_blocks
         match = self.store.longest_prefix(ids)
         keys = match.keys[past // bs :]
         if not keys:
-            return self._note(req, LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad0)
+            return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
         nbytes = match.nbytes * len(keys) // match.n_blocks  # every block file holds all layers: one size
         decision = compute_or_load(len(keys) * bs, past, nbytes, self.load_bytes_per_s,
                                    lambda n, p: self.prefill_seconds(n, p, chunk_size))  # fmt: skip
         if self.always_load:
             decision = dataclasses.replace(decision, choice="load")
-        use = self._note(req, decision, bad0)
+        use = StoreUse(decision, bad_blocks=self._bad_since(bad0))
         end = past + decision.n_tokens
-        first_chunk = min(req.cached_target, end + (chunk_size or req.cached_target))
-        if decision.choice != "load" or not fits(seq.reserve_needs(first_chunk)):
-            return
+        if decision.choice != "load" or not room(end):
+            return use
         t0 = time.perf_counter()
         seq.reserve(end)
         blocks = self.store.get(keys)
@@ -118,19 +131,21 @@ class StoreTier:
         seq.length = past + len(blocks) * bs
         use.loaded_tokens, use.loaded_bytes = len(blocks) * bs, nbytes * len(blocks) // len(keys)
         use.load_s = time.perf_counter() - t0
-        use.bad_blocks = self.store.stats().corrupt_blocks - bad0
-
-    def _note(self, req: Request, decision: LoadDecision, bad0: int) -> StoreUse:
-        use = StoreUse(decision, bad_blocks=self.store.stats().corrupt_blocks - bad0)
-        req.gen.kv_store = use
+        use.bad_blocks = self._bad_since(bad0)
         return use
+
+    def _bad_since(self, count: int) -> int:
+        return self.store.stats().corrupt_blocks - count
 
     # ---- leaving ----
     def save(self, req: Request) -> int:
-        """Queue the whole blocks of req's cached positions that the store lacks; returns how many were queued.
-        The only work on the caller's thread is one copy of their K/V out of the pool."""
-        seq = req.seq
-        keys = self.store.keys(req.all_ids()[: seq.length])
+        """Queue the whole blocks of req's cached positions that the store lacks (save_seq)."""
+        return self.save_seq(req.all_ids(), req.seq)
+
+    def save_seq(self, ids: list[int], seq: SeqKV) -> int:
+        """Queue the whole blocks of `seq`'s cached positions (holding `ids`, from position 0) that the store
+        lacks; returns how many were queued. The only work on the caller's thread is one copy out of the pool."""
+        keys = self.store.keys(ids[: seq.length])
         have = self.store.stored_blocks(keys)
         if have == len(keys) or not self.store.writable:
             return 0
