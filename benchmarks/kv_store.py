@@ -44,8 +44,7 @@ def long_ids(engine: Engine, n: int) -> list[int]:
 def restarted(engine: Engine, directory: Path, mb: float) -> Engine:
     """A fresh engine object on the same weights with its own store on `directory` (a restarted process's state)."""
     fresh = Engine(engine.runner, engine.tokenizer, engine.source)
-    fresh.attach_kv_store(directory, mb)
-    fresh.predict_prefill_seconds(16)  # the GEMM rate, measured now as a server measures it at start, not in a TTFT
+    fresh.attach_kv_store(directory, mb)  # measures the GEMM rate now, as a server does at its start
     return fresh
 
 

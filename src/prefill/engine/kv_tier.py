@@ -8,6 +8,9 @@ faster than prefilling them (prefill.costmodel.kv_store.compute_or_load), and if
 freshly reserved pool blocks of every layer and marks them cached: the prefill starts after them. When a
 request leaves (`save`), the whole blocks the store lacks are cloned out of the pool (one copy, on the loop's
 thread) and queued; serialising, checksumming and writing run on the store's writer thread.
+Blocks that the prefix cache evicts later need no write of their own: every block in it came from a request
+that stored its blocks when it left (a preempted one, when it resumes and leaves), so evictions only cost a
+reload from the store.
 
 Models with sliding-window layers are served without the store (one warning), as without the prefix cache:
 their windowed groups give blocks back as they leave the window, so a pool block is not a whole stored block.
@@ -177,11 +180,12 @@ def copy_into(seq: SeqKV, start: int, blocks: list[KVBlock]) -> None:
 
 
 def copy_out(seq: SeqKV, start: int, end: int) -> torch.Tensor:
-    """A copy of K/V of positions start .. end - 1, every layer: [L, 2, H_kv, end - start, d_head] (on the CPU)."""
+    """A copy of K/V of positions start .. end - 1, every layer: [L, 2, H_kv, end - start, d_head], on the pool's
+    device (the writer thread moves it to the CPU, so a GPU's copy back is not on the loop's path either)."""
     pool = seq.pool
     slots = seq.slots(0, start, end).to(pool.k[0].device)
     out = torch.empty((pool.L, 2, pool.H_kv, end - start, pool.d_head), dtype=pool.dtype, device=pool.k[0].device)
     for layer in range(pool.L):
         torch.index_select(pool.k[layer], 1, slots, out=out[layer, 0])
         torch.index_select(pool.v[layer], 1, slots, out=out[layer, 1])
-    return out.cpu()
+    return out

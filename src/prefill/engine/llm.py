@@ -94,6 +94,8 @@ class Engine:
         self.kv_store = StoreTier.open(directory, int(max_mb * 1024**2), self.model, self.dtype,
                                        lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
                                        always_load)  # fmt: skip
+        if self.kv_store is not None:  # the time model's inputs (GEMM rate, calibration) now, not in a request's TTFT
+            self.predict_prefill_seconds(self.kv_store.block_size)
         return self.kv_store
 
     @classmethod
