@@ -174,3 +174,29 @@ def test_scoring_windows_load_their_unscored_context_and_score_the_same(smollm, 
     tol = rounding_tolerance(30.0, smollm.spec, smollm.dtype)  # log-probabilities of this model stay below 30
     diffs = [abs(a - b) for a, b in zip(plain.logprobs, warm.logprobs, strict=True) if a is not None]
     assert max(diffs) <= tol and warm.ppl == pytest.approx(plain.ppl, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_the_store_continues_where_the_ram_prefix_cache_match_ends(smollm, cold, tmp_path):
+    from prefill.engine.loop import StepLoop
+    from prefill.engine.prefix_cache import RadixPrefixCache
+
+    greedy(restarted(smollm, tmp_path))  # every whole block of the prompt is stored
+    engine = restarted(smollm, tmp_path)
+    ids = engine.encode_prompt(PROMPT, chat=False)
+    pool = engine.new_pool(4 * len(ids))
+    prefix = RadixPrefixCache(pool, 64 << 20)
+    with torch.inference_mode():
+        _, seq = engine.prefill(ids[:32], pool.new_seq())  # the RAM cache holds the first two blocks only
+    prefix.insert_prefix(ids[:32], seq)
+    seq.free()
+    loop = StepLoop(engine.runner, pool, prefix, kv_tier=engine.kv_store)
+    req = Request(ids, N_NEW, SamplingParams(), engine.tokenizer, lambda ev: None)
+    loop.add(req)
+    while not req.done:
+        loop.step()
+    use, gen = req.gen.kv_store, req.gen
+    assert use.decision.past == 32 and use.loaded_tokens == (len(ids) - 1) // 16 * 16 - 32  # only beyond RAM's
+    assert gen.cached_tokens == 32 + use.loaded_tokens
+    assert gen.token_ids == cold.token_ids
+    assert pool.used_blocks == prefix.n_blocks  # the request gave its blocks back; the tree keeps its own
