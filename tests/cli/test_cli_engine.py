@@ -1,6 +1,7 @@
 """End to end, as a user runs it: `prefill demo`, `prefill run`, `prefill verify` through the console script."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,20 @@ def test_calibrate_refuses_bad_input_in_one_line():
     for args in (("--threads", "0"), ("--model", "no-such-model")):
         r = cli("calibrate", *args)
         assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr, args
+
+
+def test_run_twice_on_a_kv_store_finds_the_prompt_the_second_time(tmp_path):
+    prompt = "A short history of Paris for a school essay, in plain sentences. " * 8
+    args = ("run", prompt, "--raw", "-n", "6", "--kv-store", str(tmp_path), "--kv-store-mb", "64")
+    first, second = cli(*args), cli(*args)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "KV store: " in first.stderr and "loads at" in first.stderr
+    assert "KV store: load" not in first.stdout and "KV store: compute" not in first.stdout  # nothing stored yet
+    assert re.search(r"KV store: (load|compute) \d+ tokens", second.stdout)  # found; the cost model chose
+    answer = [line for line in first.stdout.splitlines() if line.startswith("answer:")]
+    assert answer and answer[0] in second.stdout.splitlines()
+
+
+def test_a_kv_store_size_of_zero_is_one_error_line(tmp_path):
+    r = cli("run", "Hi", "-n", "1", "--kv-store", str(tmp_path), "--kv-store-mb", "0")
+    assert r.returncode == 2 and "--kv-store-mb must be > 0" in r.stderr and "Traceback" not in r.stderr

@@ -70,3 +70,17 @@ def test_bad_window_is_one_error_line(args, match):
     lines = r.stderr.strip().splitlines()  # notes (the dtype and weights chosen) may come first, then one error
     assert lines[-1].startswith("error:") and match in lines[-1] and "Traceback" not in r.stderr
     assert sum(line.startswith("error:") for line in lines) == 1
+
+
+@pytest.mark.slow
+def test_score_twice_on_a_kv_store_gives_the_same_perplexity(tmp_path):
+    """The second run loads each later window's unscored context from the first run's blocks."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 12)  # ~210 tokens: windows of 96 every 48
+    args = ("score", str(text), "--json", "--window", "96", "--stride", "48", "--kv-store", str(tmp_path / "kv"))
+    first, second = cli(*args), cli(*args)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    blocks = list((tmp_path / "kv" / "blocks").rglob("*.kv"))
+    assert blocks  # the windows' whole blocks were stored
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert b["perplexity"] == pytest.approx(a["perplexity"], rel=1e-4)  # float32 rounding, not another answer

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from prefill.costmodel.kv_store import DEFAULT_STORE_MB as KV_STORE_MB
 from prefill.errors import PrefillError
 
 console = Console()
@@ -30,6 +31,10 @@ ModelPath = Annotated[
 ]
 AutoDtype = Annotated[str, typer.Option(help="auto (the fastest dtype native here), float32 or bfloat16")]
 Weights = Annotated[str, typer.Option(help="auto, native (the GGUF's own blocks), float32 or bfloat16")]
+KVStoreDir = Annotated[
+    str | None, typer.Option("--kv-store", help="a directory keeping K/V of prompts across runs (loaded when faster)")
+]
+KVStoreMb = Annotated[float, typer.Option("--kv-store-mb", help="the KV store's size cap in MiB (LRU beyond)")]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -65,9 +70,12 @@ def load_engine(
     compile: bool = False,
     deterministic: bool = False,
     weights: str = "auto",
+    kv_store: str | None = None,
+    kv_store_mb: float = KV_STORE_MB,
 ):
     """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
-    state; `dtype` and `weights` as resolve_storage says."""
+    state; `dtype` and `weights` as resolve_storage says; with `kv_store`, the KV store attached after the
+    warm-up (so it stores no warm-up prompt)."""
     from prefill.engine.llm import Engine
     from prefill.machine.native import keep_compile
 
@@ -83,6 +91,8 @@ def load_engine(
             console.print(f"compiled in {engine.compile():.1f} s")
     else:
         engine.warmup()  # so the timings are of the steady state, not of first-call set-up
+    if kv_store is not None:
+        attach_store(engine, kv_store, kv_store_mb)
     return engine
 
 
@@ -99,6 +109,21 @@ def resolve_storage(model: str | None, dtype: str, weights: str, device: str, de
         return deterministic_dtype(dtype), "float32"
     dtype = resolve_dtype(dtype, device, echo=echo)
     return dtype, resolve_weights(weights, model, dtype, device, echo=echo)
+
+
+def attach_store(engine, directory: str, max_mb: float) -> None:
+    """Attach the KV store at `directory` to `engine`, saying in one line on stderr (stdout may be JSON) what it
+    measured, or that it could not be used (the warning above it says why)."""
+    if max_mb <= 0:
+        fail(f"--kv-store-mb must be > 0, got {max_mb}")
+    tier = engine.attach_kv_store(directory, max_mb)
+    if tier is None:
+        err_console.print(f"KV store: {directory} cannot be used; running without it", highlight=False, markup=False)
+        return
+    bw = tier.bandwidth
+    disk = f"{bw.disk_bytes_per_s / 1e9:.2f} GB/s disk, " if bw.disk_bytes_per_s else ""
+    line = f"KV store: {directory}, at most {max_mb:,.0f} MiB; loads at {disk}{bw.ram_bytes_per_s / 1e9:.2f} GB/s RAM"
+    err_console.print(line, highlight=False, markup=False)
 
 
 def deterministic_dtype(dtype: str) -> str:

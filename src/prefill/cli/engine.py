@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, ModelPath, Weights, console, fail, load_engine
+from prefill.cli.common import (
+    KV_STORE_MB,
+    AutoDtype,
+    KVStoreDir,
+    KVStoreMb,
+    ModelPath,
+    Weights,
+    console,
+    fail,
+    load_engine,
+)
 
 DEMO_PROMPT = "What is the capital of France?"
 
@@ -42,6 +52,8 @@ def run(
     compile: Compile = False,
     chat: Chat = False,
     deterministic: Deterministic = False,
+    kv_store: KVStoreDir = None,
+    kv_store_mb: KVStoreMb = KV_STORE_MB,
 ) -> None:
     """Prefill a prompt in one pass, show the cache and TTFT (measured beside predicted), then decode."""
     from prefill.engine.sampling import SamplingParams
@@ -62,6 +74,8 @@ def run(
         compile=compile,
         deterministic=deterministic,
         weights=weights,
+        kv_store=kv_store,
+        kv_store_mb=kv_store_mb,
     )
 
 
@@ -90,6 +104,8 @@ def run_prompt(
     compile: bool = False,
     deterministic: bool = False,
     weights: str = "auto",
+    kv_store: str | None = None,
+    kv_store_mb: float = KV_STORE_MB,
 ) -> None:
     """Load the model, generate from `prompt` (chat template unless `raw`; `chat` requires one) and show the
     answer as it streams, then the prefill, the cache, TTFT measured beside predicted, and decode."""
@@ -100,7 +116,7 @@ def run_prompt(
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     if chat and raw:
         fail("--chat and --raw contradict each other: give one")
-    engine = load_engine(model, dtype, threads, device, compile, deterministic, weights)
+    engine = load_engine(model, dtype, threads, device, compile, deterministic, weights, kv_store, kv_store_mb)
     if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
         if chat:
             fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")
@@ -110,6 +126,8 @@ def run_prompt(
         prompt, chat=not raw, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chunk_size=chunk_size
     )
     show_run(console, engine, events, chunk_size)
+    if engine.kv_store is not None:
+        engine.kv_store.close()  # the prompt's blocks reach the directory before the process ends
 
 
 def verify(

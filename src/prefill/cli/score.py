@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import ModelPath, console, fail, load_engine
+from prefill.cli.common import KV_STORE_MB, KVStoreDir, KVStoreMb, ModelPath, console, fail, load_engine
 
 Window = Annotated[
     int | None, typer.Option(help="Tokens per window (default: the whole text, up to the context length)")
@@ -31,17 +31,23 @@ def score(
     tokens: Tokens = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables")] = False,
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice)")] = None,
+    kv_store: KVStoreDir = None,
+    kv_store_mb: KVStoreMb = KV_STORE_MB,
 ) -> None:
-    """Perplexity of a text in one prefill per window: every position's log-probability, FLOPs beside time."""
+    """Perplexity of a text in one prefill per window: every position's log-probability, FLOPs beside time.
+    With --kv-store, a window's context that it does not score (--stride below --window) is loaded from an
+    earlier run of the same text when faster."""
     from prefill.cli import score_report
     from prefill.engine.scoring import perplexity
     from prefill.engine.scoring import score as score_tokens
 
     text = read_text(file)
-    engine = load_engine(model, dtype, threads)
+    engine = load_engine(model, dtype, threads, kv_store=kv_store, kv_store_mb=kv_store_mb)
     ids = engine.need_tokenizer().encode(text, add_special_tokens=True)
     score_tokens(engine, ids[:2])  # warm-up: the all-position unembedding's kernels, not timed
-    result = perplexity(engine, ids, window, stride, chunk_size)
+    result = perplexity(engine, ids, window, stride, chunk_size, engine.kv_store)
+    if engine.kv_store is not None:
+        engine.kv_store.close()  # the windows' blocks reach the directory before the process ends
     r = score_report.summary(engine, ids, result, with_tokens=tokens)
     if json_out:
         typer.echo(json.dumps(r, indent=2))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, Weights, console, fail, load_engine
+from prefill.cli.common import KV_STORE_MB, AutoDtype, KVStoreDir, KVStoreMb, Weights, console, fail, load_engine
 
 ServeModel = Annotated[str | None, typer.Option(help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)")]
 Host = Annotated[str, typer.Option(help="address to bind (loopback by default)")]
@@ -33,9 +33,11 @@ def serve(
     deterministic: Annotated[
         bool, typer.Option("--deterministic", help="batch-invariant: a request's logits do not depend on the load")
     ] = False,
+    kv_store: KVStoreDir = None,
+    kv_store_mb: KVStoreMb = KV_STORE_MB,
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    from prefill.cli.common import resolve_storage
+    from prefill.cli.common import attach_store, resolve_storage
     from prefill.engine.llm import Engine
     from prefill.server.app import ServeConfig, model_id_of
 
@@ -44,6 +46,8 @@ def serve(
     dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
     load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
     engine = Engine.load(model, dtype=dtype, **load)
+    if kv_store is not None:
+        attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
     config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, **sizes)
     code = serve_engine(engine, config, host, port, dtype)

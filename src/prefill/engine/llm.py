@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 
 from prefill.costmodel import costs, storage, timemodel
+from prefill.costmodel.kv_store import DEFAULT_STORE_MB as DEFAULT_KV_STORE_MB
 from prefill.costmodel.ops import Layout, Row
 from prefill.costmodel.profile import MachineProfile
+from prefill.engine.kv_tier import StoreTier
 from prefill.engine.kvcache import KVPool, SeqKV
 from prefill.engine.loop import StepLoop
 from prefill.engine.prompt import check_prompt, check_text
@@ -42,6 +45,7 @@ class Engine:
         self._profiles: dict[bool, MachineProfile] = {}
         self.cold_prefill_s: float | None = None  # the first prefill after load (warmup), seconds
         self.cold_decode_s: float | None = None  # the first decode step after load, seconds
+        self.kv_store: StoreTier | None = None  # attach_kv_store
 
     # ---- construction ----
     @classmethod
@@ -54,13 +58,16 @@ class Engine:
         progress: bool | Callable[[int, int], None] = True,
         deterministic: bool = False,
         weights: str = "auto",
+        kv_store: str | Path | None = None,
+        kv_store_mb: float = DEFAULT_KV_STORE_MB,
     ) -> Engine:
         """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct.
 
         `deterministic`: the batch-invariant mode (ModelRunner.set_deterministic; dense float32 weights).
         `weights`: "native" keeps a GGUF's quantized matrices as their blocks (float32 activations and KV cache);
         "float32" / "bfloat16" / "float16" decodes them to that dtype, which the engine then runs in; "auto" picks
-        the faster here (prefill.engine.weights)."""
+        the faster here (prefill.engine.weights). `kv_store`: a directory of stored K/V blocks, at most
+        `kv_store_mb` MiB (attach_kv_store)."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
@@ -80,7 +87,27 @@ class Engine:
         engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
         if deterministic:
             engine.runner.set_deterministic()
+        if kv_store is not None:
+            engine.attach_kv_store(kv_store, kv_store_mb)
         return engine
+
+    def attach_kv_store(self, directory: str | Path, max_mb: float = DEFAULT_KV_STORE_MB,
+                        always_load: bool = False) -> StoreTier | None:  # fmt: skip
+        """Keep K/V blocks under `directory` (at most `max_mb` MiB, LRU) below the prefix cache: every request
+        that leaves writes its whole blocks there in the background, and a later one (also in another process,
+        after a restart) loads its longest stored prefix when the cost model predicts loading is faster than
+        computing (`always_load`: whenever stored). None, with one warning, when the directory cannot be used
+        or the model has sliding-window layers; requests are then served without a store."""
+        if max_mb <= 0:
+            raise BadInput(f"the KV store's size must be > 0 MiB, got {max_mb}")
+        if self.kv_store is not None:
+            self.kv_store.close()
+        self.kv_store = StoreTier.open(directory, int(max_mb * 1024**2), self.model, self.dtype,
+                                       lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
+                                       always_load)  # fmt: skip
+        if self.kv_store is not None:  # the time model's inputs (GEMM rate, calibration) now, not in a request's TTFT
+            self.predict_prefill_seconds(self.kv_store.block_size)
+        return self.kv_store
 
     @classmethod
     def from_state_dict(cls, spec, state_dict, tokenizer=None, dtype="float32", device="cpu", source="") -> Engine:
@@ -171,7 +198,7 @@ class Engine:
         events: list = []
         req = Request(ids, max_new_tokens, sampling or SamplingParams(), self.tokenizer, events.append, tuple(stop),
                       arrival=t0, tokenize_s=tokenize_s)  # fmt: skip
-        loop = StepLoop(self.runner, self.new_pool(req.capacity), chunk_size=chunk_size)
+        loop = StepLoop(self.runner, self.new_pool(req.capacity), chunk_size=chunk_size, kv_tier=self.kv_store)
         loop.add(req)
         return _drain(loop, req, events)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from prefill.engine.kv_tier import StoreTier
 from prefill.engine.kvcache import KVPool
 from prefill.engine.prefix_cache import PrefixCache
 from prefill.engine.prompt import check_chunk_size, check_prompt
@@ -36,11 +37,11 @@ class StepLoop:
     def __init__(self, runner: ModelRunner, pool: KVPool, prefix_cache: PrefixCache | None = None,
                  chunk_size: int | None = None, max_running: int = 64,
                  observer: Callable[[Request, Event], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.perf_counter, kv_tier: StoreTier | None = None) -> None:  # fmt: skip
         check_chunk_size(chunk_size)
         self.runner, self.pool, self.prefix_cache, self.observer = runner, pool, prefix_cache, observer
         self.clock = clock  # seconds: perf_counter, or a simulated clock (prefill.bench.simulate)
-        self.scheduler = Scheduler(pool, prefix_cache, chunk_size, max_running)
+        self.scheduler = Scheduler(pool, prefix_cache, chunk_size, max_running, kv_tier)
         self.last_step: Step | None = None  # what the latest step ran (the server's metrics read it)
 
     @property

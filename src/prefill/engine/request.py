@@ -23,6 +23,7 @@ from prefill.errors import BadInput
 from prefill.loading.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from prefill.engine.kv_tier import StoreUse
     from prefill.engine.scoring import ScoreAccumulator, Scores
 
 
@@ -68,7 +69,8 @@ class Generation:
     ttft_s: float = 0.0  # arrival -> first token ready
     itl_s: list[float] = field(default_factory=list)
     total_s: float = 0.0
-    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache instead of this prefill
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache or the KV store, not this prefill
+    kv_store: StoreUse | None = None  # the KV store's compute-or-load decision and what it loaded, if a store looked
     kv_bytes: int = 0  # K/V bytes held right after the prefill (measured off the cache)
     kv_shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # one layer's K as filled then: [B, H_kv, P, d_head]
     logprobs: list[TokenEvent] = field(default_factory=list)  # per generated token (EOS too), when asked
@@ -78,10 +80,13 @@ class Generation:
     def P(self) -> int:
         return len(self.prompt_ids)
 
-    def timings(self) -> dict[str, float | list[float]]:
-        return {"queue_s": self.queue_s, "tokenize_s": self.tokenize_s, "prefill_s": self.prefill_s,
-                "first_token_s": self.first_token_s, "ttft_s": self.ttft_s, "total_s": self.total_s,
-                "itl_s": list(self.itl_s)}  # fmt: skip
+    def timings(self) -> dict[str, float | list[float] | dict]:
+        out = {"queue_s": self.queue_s, "tokenize_s": self.tokenize_s, "prefill_s": self.prefill_s,
+               "first_token_s": self.first_token_s, "ttft_s": self.ttft_s, "total_s": self.total_s,
+               "itl_s": list(self.itl_s)}  # fmt: skip
+        if self.kv_store is not None:
+            out["kv_store"] = self.kv_store.as_dict()
+        return out
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from prefill.engine.blocks import PoolFull
 
 if TYPE_CHECKING:
+    from prefill.engine.kv_tier import StoreTier
     from prefill.engine.kvcache import KVPool
     from prefill.engine.prefix_cache import PrefixCache
     from prefill.engine.request import Request
@@ -47,8 +48,9 @@ class Scheduler:
     """Waiting and running requests over one KV pool; `schedule()` says what the next forward runs."""
 
     def __init__(self, pool: KVPool, prefix_cache: PrefixCache | None = None, chunk_size: int | None = None,
-                 max_running: int = 64) -> None:  # fmt: skip
+                 max_running: int = 64, kv_tier: StoreTier | None = None) -> None:  # fmt: skip
         self.pool, self.prefix_cache = pool, prefix_cache
+        self.kv_tier = kv_tier  # the KV store below the prefix cache (prefill.engine.kv_tier), or None
         self.chunk_size, self.max_running = chunk_size, max_running
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
@@ -102,6 +104,8 @@ class Scheduler:
         if not self._fits(seq.reserve_needs(first)):
             seq.free()
             return False
+        if self.kv_tier is not None:  # stored blocks beyond the RAM match, when loading beats computing them
+            self.kv_tier.admit(req, seq, self._fits, self.chunk_size)
         req.start(seq)
         return True
 
@@ -157,6 +161,8 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
         if req.seq is not None:
+            if self.kv_tier is not None and req.seq.length:
+                self.kv_tier.save(req)  # its whole blocks, to the store (written in the background)
             req.seq.free()
         if req.cancelled and not req.done:
             req.done = True

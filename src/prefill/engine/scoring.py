@@ -25,6 +25,7 @@ from prefill.engine.prompt import check_chunk_size, check_prompt
 from prefill.errors import BadInput
 
 if TYPE_CHECKING:
+    from prefill.engine.kv_tier import StoreTier
     from prefill.engine.runner import ModelRunner
 
 SLICE = 256  # positions unembedded at once: [256, 49152] float32 logits = 48 MiB for SmolLM2
@@ -138,18 +139,26 @@ def score(
     start: int = 1,
     chunk_size: int | None = None,
     slice_size: int = SLICE,
+    kv_tier: StoreTier | None = None,
 ) -> Scores:
     """Score ids [P] in one prefill (or chunks of `chunk_size` against the growing cache): for every position
-    j >= start, log p(ids[j] | ids[:j]), whether ids[j] was the argmax, and the top_k alternatives."""
+    j >= start, log p(ids[j] | ids[:j]), whether ids[j] was the argmax, and the top_k alternatives. With a KV
+    store (`kv_tier`), the context before start - 1 (whose hidden states no score needs) may be loaded from it,
+    and the sequence's whole blocks are stored afterwards."""
     ids = [int(i) for i in ids]
     check_ids(runner, ids)
     check_chunk_size(chunk_size)
     acc = ScoreAccumulator(ids, runner.model, top_k, start, slice_size)
     t0 = time.perf_counter()
     cache = runner.new_cache(len(ids))
-    for s, e in costs.prefill_chunks(len(ids), chunk_size):
-        prefill_scored(runner, ids[s:e], cache, acc)
+    if kv_tier is not None:
+        kv_tier.load(ids[: start - 1], cache, chunk_size)
+    done = cache.length
+    for s, e in costs.prefill_chunks(len(ids) - done, chunk_size):
+        prefill_scored(runner, ids[done + s : done + e], cache, acc)
     runner.sync()
+    if kv_tier is not None:
+        kv_tier.save_seq(ids, cache)
     return acc.result(time.perf_counter() - t0)
 
 
@@ -198,6 +207,7 @@ def perplexity(
     window: int | None = None,
     stride: int | None = None,
     chunk_size: int | None = None,
+    kv_tier: StoreTier | None = None,
 ) -> Perplexity:
     """Perplexity of ids with windows of `window` tokens (default: the whole text, up to the context length) every
     `stride` tokens (default: the window).
@@ -222,7 +232,7 @@ def perplexity(
         first = max(1, (w.end - w.begin) - w.new)  # first target, within the window
         if first >= w.end - w.begin:
             continue  # a one-token window scores nothing (the guide would add 0 x NaN)
-        s = score(runner, ids[w.begin : w.end], start=first, chunk_size=chunk_size)
+        s = score(runner, ids[w.begin : w.end], start=first, chunk_size=chunk_size, kv_tier=kv_tier)
         seconds += s.seconds
         lp = s.logprobs.double()
         logprobs[w.begin + first : w.end] = lp.tolist()

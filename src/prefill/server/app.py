@@ -43,6 +43,8 @@ async def lifespan(app: FastAPI):
     task.cancel()
     state.begin_shutdown()
     await asyncio.to_thread(state.worker.stop)
+    if state.engine.kv_store is not None:  # what the last requests queued reaches the directory
+        await asyncio.to_thread(state.engine.kv_store.flush)
 
 
 def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:

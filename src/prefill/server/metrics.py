@@ -42,6 +42,15 @@ class ServerMetrics:
             ["reason"],
         )
         self.cached_tokens = counter("prefill_cached_prompt_tokens", "Prompt tokens served from the prefix cache")
+        self.kv_store_hits = counter("prefill_kv_store_hits", "Requests that loaded a prefix from the KV store")
+        self.kv_store_bytes_loaded = counter("prefill_kv_store_bytes_loaded", "Bytes of block files loaded")
+        self.kv_store_seconds_saved = counter(
+            "prefill_kv_store_seconds_saved_predicted",
+            "Prefill seconds the KV store's loads saved, as the cost model predicted them (compute - load)",
+        )
+        self.kv_store_bad_blocks = counter(
+            "prefill_kv_store_bad_blocks", "Stored blocks rejected (checksum, fingerprint, version, truncation)"
+        )
         self.scored_tokens = counter(
             "prefill_scored_prompt_tokens",
             "Prompt tokens scored with every position's log-probability (echo with logprobs)",

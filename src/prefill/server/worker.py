@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import torch
 
+from prefill.engine.kv_tier import StoreUse
 from prefill.engine.loop import StepLoop
 from prefill.engine.request import Event, Generation, Request, TokenEvent
 from prefill.errors import PrefillError
@@ -184,8 +185,18 @@ class Worker:
             m.prompt_tokens.observe(ev.P)
             m.generated_tokens.observe(len(ev.token_ids))
             m.cached_tokens.inc(ev.cached_tokens)
+            if (use := ev.kv_store) is not None:
+                self._observe_store(use)
             if ev.prompt_scores is not None:
                 m.scored_tokens.inc(ev.P)
+
+    def _observe_store(self, use: StoreUse) -> None:
+        m, d = self.metrics, use.decision
+        m.kv_store_bad_blocks.inc(use.bad_blocks)
+        if use.loaded_tokens:
+            m.kv_store_hits.inc()
+            m.kv_store_bytes_loaded.inc(use.loaded_bytes)
+            m.kv_store_seconds_saved.inc(d.saved_s * use.loaded_tokens / d.n_tokens)  # a bad block cut it short
 
 
 def _run_call(fn: Callable[[], object], future: Future) -> None:

@@ -50,7 +50,7 @@ def probe_bandwidth(store: KVStore, nbytes: int = 64 << 20) -> StoreBandwidth | 
     try:
         for key in keys:  # mtime 0: the first thing any eviction removes
             files.write(key.digest, [encode_header(fp, key, layers, payload), payload], 0, sync=True)
-        dropped = _drop_from_page_cache([files.path(k.digest) for k in keys])
+        dropped = drop_from_page_cache([files.path(k.digest) for k in keys])
         cold = _read_seconds(store, keys)
         warm = _read_seconds(store, keys)
     except OSError:
@@ -64,7 +64,7 @@ def probe_bandwidth(store: KVStore, nbytes: int = 64 << 20) -> StoreBandwidth | 
     return StoreBandwidth(total / cold if dropped else None, total / warm, total, n)
 
 
-def _drop_from_page_cache(paths) -> bool:
+def drop_from_page_cache(paths) -> bool:
     """Ask the kernel to forget the files' cached pages (clean after fsync); False where it cannot."""
     if not hasattr(os, "posix_fadvise"):
         return False

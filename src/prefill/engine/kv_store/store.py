@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -141,6 +142,14 @@ class KVStore:
             self._stats.miss_blocks += len(keys) - n
         nbytes = sum(h.header_bytes + h.payload_bytes for h in found[:n])
         return StoreMatch(tuple(keys[:n]), n * self.fp.block_size, nbytes)
+
+    def stored_blocks(self, keys: Sequence[BlockKey]) -> int:
+        """How many of `keys`, from the first, have a block file (existence only, nothing read or verified:
+        what a put of a chain may skip)."""
+        n = 0
+        while self.files and n < len(keys) and os.path.exists(self.files.path(keys[n].digest)):
+            n += 1
+        return n
 
     def get(self, keys: Sequence[BlockKey]) -> list[KVBlock]:
         """The blocks of `keys` in order, each verified (checksums, fingerprint, version, key, shapes); stops

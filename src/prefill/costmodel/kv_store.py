@@ -1,0 +1,63 @@
+"""Compute or load: whether K/V of a stored prefix are cheaper to read back than to prefill again.
+
+Loading n bytes at a measured rate of r bytes/s takes n / r seconds (the store's probe measures r for the disk
+and for the page cache, prefill.engine.kv_store.probe); prefilling the same tokens takes what the engine's
+time model predicts. The engine loads only when the load is predicted faster. Torch-free, like all of costmodel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prefill.errors import BadInput
+
+DEFAULT_STORE_MB = 4096.0  # the KV store's default size cap, MiB: a few dozen long prompts of a small model
+
+
+@dataclass(frozen=True)
+class LoadDecision:
+    """One compute-or-load decision: `choice` is "load" or "compute"; seconds are predictions."""
+
+    choice: str
+    n_tokens: int  # stored tokens the decision is about (beyond the `past` already cached)
+    past: int  # tokens cached before them (the RAM prefix cache's match)
+    load_bytes: int  # bytes a load reads (block files, headers included)
+    load_s: float  # predicted seconds to read and verify them
+    compute_s: float  # predicted seconds to prefill the same tokens after `past`
+
+    @property
+    def saved_s(self) -> float:
+        """Predicted seconds the choice saves against always computing (0 when it computes)."""
+        return max(0.0, self.compute_s - self.load_s) if self.choice == "load" else 0.0
+
+    def as_dict(self) -> dict:
+        return {"choice": self.choice, "n_tokens": self.n_tokens, "past": self.past, "load_bytes": self.load_bytes,
+                "predicted_load_s": self.load_s, "predicted_compute_s": self.compute_s,
+                "predicted_saved_s": self.saved_s}  # fmt: skip
+
+
+def load_seconds(nbytes: int, bytes_per_s: float) -> float:
+    """Seconds to read `nbytes` at `bytes_per_s`."""
+    if bytes_per_s <= 0:
+        raise BadInput(f"a load rate must be > 0 bytes/s, got {bytes_per_s}")
+    return nbytes / bytes_per_s
+
+
+def compute_or_load(
+    n_tokens: int,
+    past: int,
+    load_bytes: int,
+    load_bytes_per_s: float,
+    prefill_seconds_fn: Callable[[int, int], float],
+) -> LoadDecision:
+    """Load the `n_tokens` stored tokens after `past` cached ones (`load_bytes` at `load_bytes_per_s`) or compute
+    them: `prefill_seconds_fn(n, past)` is the time model's seconds for a prefill of n tokens after `past`. Loads
+    only when predicted strictly faster (a tie computes: the compute path needs no disk)."""
+    if n_tokens < 0 or past < 0 or load_bytes < 0:
+        raise BadInput("n_tokens, past and load_bytes must be >= 0")
+    if n_tokens == 0:
+        return LoadDecision("compute", 0, past, 0, 0.0, 0.0)
+    load_s = load_seconds(load_bytes, load_bytes_per_s)
+    compute_s = float(prefill_seconds_fn(n_tokens, past))
+    return LoadDecision("load" if load_s < compute_s else "compute", n_tokens, past, load_bytes, load_s, compute_s)

@@ -1,0 +1,191 @@
+"""The KV store as the tier below the prefix cache: stored blocks loaded into a request's pool blocks when it is
+admitted, and a finished request's whole blocks handed to the store's background writer.
+
+At admission (prefill.engine.scheduler), after the RAM prefix cache's match, `admit` looks up the longest
+stored prefix beyond it (whole 16-token blocks of the request's reusable ids, so the last prompt token is
+always computed and gives the first token's logits), asks the cost model whether loading those tokens is
+faster than prefilling them (prefill.costmodel.kv_store.compute_or_load), and if so copies their K/V into
+freshly reserved pool blocks of every layer and marks them cached: the prefill starts after them. When a
+request leaves (`save`), the whole blocks the store lacks are cloned out of the pool (one copy, on the loop's
+thread) and queued; serialising, checksumming and writing run on the store's writer thread.
+Blocks that the prefix cache evicts later need no write of their own: every block in it came from a request
+that stored its blocks when it left (a preempted one, when it resumes and leaves), so evictions only cost a
+reload from the store.
+
+Models with sliding-window layers are served without the store (one warning), as without the prefix cache:
+their windowed groups give blocks back as they leave the window, so a pool block is not a whole stored block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from prefill.costmodel.kv_store import LoadDecision, compute_or_load
+from prefill.engine.kv_store import Fingerprint, KVBlock, KVStore, StoreBandwidth, probe_bandwidth, weights_digest
+from prefill.engine.kvcache import SeqKV
+
+if TYPE_CHECKING:
+    from prefill.engine.request import Request
+
+log = logging.getLogger("prefill.kv_store")
+PrefillSeconds = Callable[[int, int, int | None], float]  # (n, past, chunk_size) -> predicted seconds
+PROBE_BYTES = 16 << 20  # enough files for a steady read rate, a fraction of a second to write and read
+
+
+@dataclass
+class StoreUse:
+    """What the store did for one request: the cost model's decision, and what was loaded (measured)."""
+
+    decision: LoadDecision
+    loaded_tokens: int = 0
+    loaded_bytes: int = 0
+    load_s: float = 0.0  # measured: reading, verifying and copying into the pool
+    bad_blocks: int = 0  # stored blocks rejected on the way (checksum, fingerprint, truncation...)
+
+    def as_dict(self) -> dict:
+        return {**self.decision.as_dict(), "loaded_tokens": self.loaded_tokens, "loaded_bytes": self.loaded_bytes,
+                "load_s": self.load_s, "bad_blocks": self.bad_blocks}  # fmt: skip
+
+
+class StoreTier:
+    """A KVStore under a KV pool's full-attention blocks, with its measured load rate.
+
+    `prefill_seconds(n, past, chunk_size)`: the predicted seconds of a prefill of n tokens after `past` cached
+    ones (the engine's time model). `always_load` skips the decision (tests of the load path itself).
+    """
+
+    def __init__(self, store: KVStore, bandwidth: StoreBandwidth, prefill_seconds: PrefillSeconds,
+                 always_load: bool = False) -> None:  # fmt: skip
+        self.store, self.bandwidth = store, bandwidth
+        self.prefill_seconds, self.always_load = prefill_seconds, always_load
+        self.block_size = store.fp.block_size
+
+    @classmethod
+    def open(cls, directory: str | Path, max_bytes: int, model: torch.nn.Module, dtype: torch.dtype,
+             prefill_seconds: PrefillSeconds, always_load: bool = False) -> StoreTier | None:  # fmt: skip
+        """The store at `directory` for `model` (fingerprinted from its weights, spec and dtype), its load rate
+        probed; None, with one warning, when the model has windowed layers or the directory cannot be used."""
+        spec = model.spec
+        if any(w is not None for w in spec.windows):
+            log.warning("kv store: %s has sliding-window layers; running without a KV store", spec.name)
+            return None
+        fp = Fingerprint(weights_digest(model.state_dict()), spec, str(dtype).removeprefix("torch."))
+        store = KVStore(directory, fp, max_bytes)
+        bandwidth = probe_bandwidth(store, PROBE_BYTES) if store.writable else None
+        if bandwidth is None:
+            store.close()
+            log.warning("kv store %s: no load rate could be measured there; running without a KV store", directory)
+            return None
+        return cls(store, bandwidth, prefill_seconds, always_load)
+
+    @property
+    def load_bytes_per_s(self) -> float:
+        """The rate a load is predicted at: the disk's (a block may have left the page cache), else the RAM's."""
+        return self.bandwidth.disk_bytes_per_s or self.bandwidth.ram_bytes_per_s
+
+    # ---- admission ----
+    def admit(self, req: Request, seq: SeqKV, fits: Callable[[list[int]], bool], chunk_size: int | None) -> None:
+        """Extend `seq` (holding a RAM-cached prefix, or nothing) with the stored blocks of req's reusable ids
+        that follow, when loading them is predicted faster and the pool has blocks for them and the first chunk
+        after them (`fits`: the scheduler's check). Records the decision in req.gen.kv_store."""
+        target = req.cached_target
+
+        def room(end: int) -> bool:
+            return fits(seq.reserve_needs(min(target, end + (chunk_size or target))))
+
+        use = self.load(req.reusable_ids(), seq, chunk_size, room)
+        if use is not None:
+            req.gen.kv_store = use
+
+    def load(self, ids: list[int], seq: SeqKV, chunk_size: int | None = None,
+             room: Callable[[int], bool] = lambda end: True) -> StoreUse | None:  # fmt: skip
+        """Extend `seq` past its `seq.length` cached positions with the stored whole blocks of `ids` that follow,
+        when the cost model predicts loading them faster than computing them and `room(end)` says the pool can
+        take positions up to `end`. Returns what was decided and loaded (None: not a whole block to look for)."""
+        past, bs = seq.length, self.block_size
+        if len(ids) < past + bs:
+            return None
+        bad0 = self.store.stats().corrupt_blocks
+        match = self.store.longest_prefix(ids)
+        keys = match.keys[past // bs :]
+        if not keys:
+            return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
+        nbytes = match.nbytes * len(keys) // match.n_blocks  # every block file holds all layers: one size
+        decision = compute_or_load(len(keys) * bs, past, nbytes, self.load_bytes_per_s,
+                                   lambda n, p: self.prefill_seconds(n, p, chunk_size))  # fmt: skip
+        if self.always_load:
+            decision = dataclasses.replace(decision, choice="load")
+        use = StoreUse(decision, bad_blocks=self._bad_since(bad0))
+        end = past + decision.n_tokens
+        if decision.choice != "load" or not room(end):
+            return use
+        t0 = time.perf_counter()
+        seq.reserve(end)
+        blocks = self.store.get(keys)
+        copy_into(seq, past, blocks)
+        seq.length = past + len(blocks) * bs
+        use.loaded_tokens, use.loaded_bytes = len(blocks) * bs, nbytes * len(blocks) // len(keys)
+        use.load_s = time.perf_counter() - t0
+        use.bad_blocks = self._bad_since(bad0)
+        return use
+
+    def _bad_since(self, count: int) -> int:
+        return self.store.stats().corrupt_blocks - count
+
+    # ---- leaving ----
+    def save(self, req: Request) -> int:
+        """Queue the whole blocks of req's cached positions that the store lacks (save_seq)."""
+        return self.save_seq(req.all_ids(), req.seq)
+
+    def save_seq(self, ids: list[int], seq: SeqKV) -> int:
+        """Queue the whole blocks of `seq`'s cached positions (holding `ids`, from position 0) that the store
+        lacks; returns how many were queued. The only work on the caller's thread is one copy out of the pool."""
+        keys = self.store.keys(ids[: seq.length])
+        have = self.store.stored_blocks(keys)
+        if have == len(keys) or not self.store.writable:
+            return 0
+        kv = copy_out(seq, have * self.block_size, len(keys) * self.block_size)  # [L, 2, H_kv, n * bs, d_head]
+        L, _, H_kv, _, d_head = kv.shape
+        per_block = kv.view(L, 2, H_kv, len(keys) - have, self.block_size, d_head)
+        blocks = [per_block[:, :, :, i] for i in range(len(keys) - have)]  # views; the writer makes them contiguous
+        return self.store.put(keys[have:], blocks)
+
+    def flush(self) -> None:
+        """Wait for the queued writes (shutdown, tests, benchmarks)."""
+        self.store.flush()
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def copy_into(seq: SeqKV, start: int, blocks: list[KVBlock]) -> None:
+    """Write the K/V of `blocks` (each [L, 2, H_kv, bs, d_head], all layers) into seq's pool slots of positions
+    start .. start + len(blocks) * bs - 1 (blocks reserved already), one copy per layer and K/V."""
+    if not blocks:
+        return
+    pool, bs = seq.pool, seq.pool.block_size
+    slots = seq.slots(0, start, start + len(blocks) * bs).to(pool.k[0].device)
+    for layer in range(pool.L):
+        for j, dest in enumerate((pool.k[layer], pool.v[layer])):
+            src = torch.cat([b.kv[layer, j] for b in blocks], dim=1)  # [H_kv, n * bs, d_head]
+            dest.index_copy_(1, slots, src.to(dest.device))
+
+
+def copy_out(seq: SeqKV, start: int, end: int) -> torch.Tensor:
+    """A copy of K/V of positions start .. end - 1, every layer: [L, 2, H_kv, end - start, d_head], on the pool's
+    device (the writer thread moves it to the CPU, so a GPU's copy back is not on the loop's path either)."""
+    pool = seq.pool
+    slots = seq.slots(0, start, end).to(pool.k[0].device)
+    out = torch.empty((pool.L, 2, pool.H_kv, end - start, pool.d_head), dtype=pool.dtype, device=pool.k[0].device)
+    for layer in range(pool.L):
+        torch.index_select(pool.k[layer], 1, slots, out=out[layer, 0])
+        torch.index_select(pool.v[layer], 1, slots, out=out[layer, 1])
+    return out

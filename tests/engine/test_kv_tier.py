@@ -1,0 +1,202 @@
+"""The KV store wired below the prefix cache, on the real model (slow): stored blocks loaded at admission give
+the same greedy tokens and logits within the proofs' tolerance; a restart finds them; a corrupt block is a miss
+with a warning; a directory that cannot be written is no store. And the torch-free decision."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from prefill.costmodel.kv_store import compute_or_load, load_seconds
+from prefill.engine.kv_store.files import BlockFiles
+from prefill.engine.llm import Engine
+from prefill.engine.proofs import rounding_tolerance
+from prefill.engine.request import Request
+from prefill.engine.sampling import SamplingParams
+from prefill.errors import BadInput
+
+PROMPT = "The history of Paris, told in short plain sentences for a school essay. " * 8
+N_NEW = 8
+
+
+# ---- the decision (torch-free) ------------------------------------------------------------------------------
+
+
+def test_compute_or_load_picks_the_faster_and_says_by_how_much():
+    calls = []
+
+    def prefill_s(n: int, past: int) -> float:
+        calls.append((n, past))
+        return 1e-3 * n  # 1 ms a token
+
+    d = compute_or_load(256, 32, 50_000_000, 1e9, prefill_s)  # 0.05 s to load, 0.256 s to compute
+    assert (d.choice, d.load_s, d.compute_s) == ("load", 0.05, 0.256) and calls == [(256, 32)]
+    assert d.saved_s == pytest.approx(0.206)
+    slow = compute_or_load(16, 0, 50_000_000, 1e9, prefill_s)  # 0.05 s to load, 0.016 s to compute
+    assert (slow.choice, slow.saved_s) == ("compute", 0.0)
+    assert compute_or_load(0, 0, 0, 1e9, prefill_s).choice == "compute"
+    assert compute_or_load(10, 0, 10_000, 1e6, lambda n, p: 0.01).choice == "compute"  # a tie computes
+    assert load_seconds(3_000, 1_500.0) == 2.0
+    with pytest.raises(BadInput):
+        load_seconds(1, 0.0)
+
+
+def test_the_decision_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, prefill.costmodel.kv_store; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+# ---- on the real model -------------------------------------------------------------------------------------
+
+
+def restarted(smollm, directory, always_load: bool = True) -> Engine:
+    """A fresh engine over the session's weights with its own store object on `directory`: what a restarted
+    process has (nothing of the store in memory, everything from the files)."""
+    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    engine.attach_kv_store(directory, 256, always_load=always_load)
+    return engine
+
+
+def greedy(engine: Engine):
+    gen = engine.complete(PROMPT, chat=False, max_new_tokens=N_NEW)
+    if engine.kv_store is not None:
+        engine.kv_store.flush()
+    return gen
+
+
+@pytest.fixture(scope="module")
+def cold(smollm):
+    return greedy(smollm)
+
+
+@pytest.mark.slow
+def test_a_restart_loads_the_stored_prefix_and_answers_the_same(smollm, cold, tmp_path):
+    first = greedy(restarted(smollm, tmp_path))
+    assert first.cached_tokens == 0 and first.token_ids == cold.token_ids
+    assert first.kv_store.loaded_tokens == 0
+    second = greedy(restarted(smollm, tmp_path))
+    P, bs = second.P, 16
+    assert second.cached_tokens == (P - 1) // bs * bs > 0  # every whole block but the last token's
+    assert second.token_ids == cold.token_ids
+    use = second.kv_store
+    assert use.decision.choice == "load" and use.loaded_tokens == second.cached_tokens and use.bad_blocks == 0
+    assert use.loaded_bytes == use.decision.load_bytes and use.loaded_bytes > use.loaded_tokens * 2 * 30 * 3 * 64 * 4
+    assert second.timings()["kv_store"]["loaded_tokens"] == second.cached_tokens
+
+
+@pytest.mark.slow
+def test_loaded_kv_gives_logits_within_the_rounding_tolerance(smollm, tmp_path):
+    greedy(restarted(smollm, tmp_path))
+    engine = restarted(smollm, tmp_path)
+    ids = engine.encode_prompt(PROMPT, chat=False)
+    with torch.inference_mode():
+        cold_logits, cold_cache = engine.prefill(ids)  # [1, vocab]
+        seq = engine.new_cache(len(ids))
+        req = Request(ids, 1, SamplingParams(), None, lambda ev: None)
+        engine.kv_store.admit(req, seq, lambda needs: True, None)
+        n = seq.length
+        assert n == (len(ids) - 1) // 16 * 16
+        warm_logits, warm = engine.prefill(ids[n:], seq)
+    tol = rounding_tolerance(float(cold_logits.abs().max()), engine.spec, engine.dtype)
+    assert (warm_logits - cold_logits).abs().max().item() <= tol
+    for layer in (0, engine.spec.L - 1):  # the loaded positions are the stored bytes: bitwise those computed
+        assert torch.equal(warm.k(layer)[:, :, :n], cold_cache.k(layer)[:, :, :n])
+        assert torch.equal(warm.v(layer)[:, :, :n], cold_cache.v(layer)[:, :, :n])
+
+
+@pytest.mark.slow
+def test_the_cost_model_decides_and_the_record_says_so(smollm, tmp_path):
+    greedy(restarted(smollm, tmp_path))
+    gen = greedy(restarted(smollm, tmp_path, always_load=False))
+    d = gen.kv_store.decision
+    assert d.n_tokens == (gen.P - 1) // 16 * 16 and d.load_s > 0 and d.compute_s > 0
+    assert d.choice == ("load" if d.load_s < d.compute_s else "compute")
+    assert gen.cached_tokens == (d.n_tokens if d.choice == "load" else 0)
+    assert gen.token_ids == greedy(smollm).token_ids
+
+
+@pytest.mark.slow
+def test_a_corrupt_block_is_a_miss_with_a_warning_and_the_same_answer(smollm, cold, tmp_path, caplog):
+    engine = restarted(smollm, tmp_path)
+    greedy(engine)
+    keys = engine.kv_store.store.keys(engine.encode_prompt(PROMPT, chat=False))
+    path = BlockFiles(tmp_path).path(keys[3].digest)
+    data = bytearray(Path(path).read_bytes())
+    data[-100] ^= 0x01  # one bit of the fourth block's payload
+    Path(path).write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="prefill.kv_store"):
+        gen = greedy(restarted(smollm, tmp_path))
+    assert gen.cached_tokens == 3 * 16 and gen.kv_store.bad_blocks == 1  # the blocks before it still load
+    assert gen.token_ids == cold.token_ids
+    assert any("payload checksum mismatch" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_a_directory_that_cannot_be_written_is_no_store(smollm, cold, tmp_path, monkeypatch, caplog):
+    def read_only(self):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(BlockFiles, "check_writable", read_only)
+    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    with caplog.at_level(logging.WARNING, logger="prefill.kv_store"):
+        assert engine.attach_kv_store(tmp_path, 256) is None
+    assert any("running without a KV store" in r.getMessage() for r in caplog.records)
+    gen = greedy(engine)
+    assert gen.token_ids == cold.token_ids and gen.kv_store is None
+
+
+@pytest.mark.slow
+def test_a_size_of_zero_is_refused(smollm, tmp_path):
+    with pytest.raises(BadInput, match="> 0 MiB"):
+        Engine(smollm.runner, smollm.tokenizer).attach_kv_store(tmp_path, 0)
+
+
+@pytest.mark.slow
+def test_scoring_windows_load_their_unscored_context_and_score_the_same(smollm, tmp_path):
+    from prefill.engine.scoring import perplexity
+
+    ids = smollm.encode_prompt(PROMPT * 2, chat=False)  # ~260 tokens: windows of 128 every 64
+    plain = perplexity(smollm.runner, ids, window=128, stride=64)
+    first = restarted(smollm, tmp_path)
+    perplexity(first.runner, ids, window=128, stride=64, kv_tier=first.kv_store)
+    first.kv_store.flush()
+    again = restarted(smollm, tmp_path)
+    warm = perplexity(again.runner, ids, window=128, stride=64, kv_tier=again.kv_store)
+    # every window after the first scores its last 64 tokens: its first 63 are context, 48 of them whole blocks
+    assert again.kv_store.store.stats().hit_blocks == 3 * (len(warm.windows) - 1)
+    tol = rounding_tolerance(30.0, smollm.spec, smollm.dtype)  # log-probabilities of this model stay below 30
+    diffs = [abs(a - b) for a, b in zip(plain.logprobs, warm.logprobs, strict=True) if a is not None]
+    assert max(diffs) <= tol and warm.ppl == pytest.approx(plain.ppl, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_the_store_continues_where_the_ram_prefix_cache_match_ends(smollm, cold, tmp_path):
+    from prefill.engine.loop import StepLoop
+    from prefill.engine.prefix_cache import RadixPrefixCache
+
+    greedy(restarted(smollm, tmp_path))  # every whole block of the prompt is stored
+    engine = restarted(smollm, tmp_path)
+    ids = engine.encode_prompt(PROMPT, chat=False)
+    pool = engine.new_pool(4 * len(ids))
+    prefix = RadixPrefixCache(pool, 64 << 20)
+    with torch.inference_mode():
+        _, seq = engine.prefill(ids[:32], pool.new_seq())  # the RAM cache holds the first two blocks only
+    prefix.insert_prefix(ids[:32], seq)
+    seq.free()
+    loop = StepLoop(engine.runner, pool, prefix, kv_tier=engine.kv_store)
+    req = Request(ids, N_NEW, SamplingParams(), engine.tokenizer, lambda ev: None)
+    loop.add(req)
+    while not req.done:
+        loop.step()
+    use, gen = req.gen.kv_store, req.gen
+    assert use.decision.past == 32 and use.loaded_tokens == (len(ids) - 1) // 16 * 16 - 32  # only beyond RAM's
+    assert gen.cached_tokens == 32 + use.loaded_tokens
+    assert gen.token_ids == cold.token_ids
+    assert pool.used_blocks == prefix.n_blocks  # the request gave its blocks back; the tree keeps its own

@@ -1,0 +1,53 @@
+"""A restart of the real server on a warm KV store: the second app (a fresh engine object, pool and store, the same
+directory) serves the repeated prompt's prefix from the store's files, says so in usage, timings and /metrics, and
+answers the same text."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from prefill.engine.llm import Engine
+from prefill.server.app import ServeConfig, create_app, model_id_of
+
+pytestmark = pytest.mark.slow
+PROMPT = "A short history of Paris for a school essay, in plain sentences. " * 8
+
+
+def served(smollm, directory) -> tuple[dict, str]:
+    """One server's life on `directory`: start, one greedy completion, /metrics, shut down (the store flushed)."""
+    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    engine.attach_kv_store(directory, 256, always_load=True)  # the decision itself: tests/engine/test_kv_tier.py
+    cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=64)
+    with TestClient(create_app(engine, cfg)) as client:
+        body = {"model": cfg.model_id, "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+        reply = client.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply.json(), client.get("/metrics").text
+
+
+def sample(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_a_restarted_server_serves_the_prefix_from_the_store(smollm, tmp_path):
+    cold, cold_metrics = served(smollm, tmp_path)
+    warm, warm_metrics = served(smollm, tmp_path)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    P = warm["usage"]["prompt_tokens"]
+    cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (P - 1) // 16 * 16 > 0  # every whole block before the last prompt token
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+    store = warm["timings"]["kv_store"]
+    assert store["choice"] == "load" and store["loaded_tokens"] == cached and store["bad_blocks"] == 0
+    assert store["predicted_load_s"] > 0 and store["predicted_compute_s"] > 0
+    assert sample(cold_metrics, "prefill_kv_store_hits_total") == 0
+    assert sample(warm_metrics, "prefill_kv_store_hits_total") == 1
+    assert sample(warm_metrics, "prefill_kv_store_bytes_loaded_total") == store["loaded_bytes"]
+    assert sample(warm_metrics, "prefill_kv_store_seconds_saved_predicted_total") == pytest.approx(
+        store["predicted_saved_s"]
+    )
+    assert sample(warm_metrics, "prefill_kv_store_bad_blocks_total") == 0
