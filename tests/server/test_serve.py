@@ -232,7 +232,7 @@ def test_full_queue_answers_429(engine):
         assert [r.status_code for r in refused] == [429] * 4
         assert all(r.json()["error"]["code"] == "queue_full" for r in refused)
         assert httpx.get(f"{url}/health").status_code == 200
-        assert metric(url, 'prefill_errors_total{status="429"}') == 4
+        assert metric(url, 'prefill_errors_total{route="/v1/completions",status="429"}') == 4
 
 
 def test_responses_never_read_the_calibration_file(server, monkeypatch):

@@ -118,10 +118,11 @@ def test_seeds_at_the_edges_of_the_range_sample(server):
 )  # fmt: skip
 def test_lone_surrogates_are_a_json_400_counted_in_errors(server, path, body, param):
     url, model = server
-    errors0 = metric(url, 'prefill_errors_total{status="400"}')
+    series = f'prefill_errors_total{{route="{path}",status="400"}}'
+    errors0 = metric(url, series)
     err = refused(raw_post(url, path, body.replace('"M"', json.dumps(model))), param)
     assert "surrogate" in err["message"]
-    assert metric(url, 'prefill_errors_total{status="400"}') == errors0 + 1
+    assert metric(url, series) == errors0 + 1
     still_serving(url, model)
 
 

@@ -17,7 +17,7 @@ from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
 from prefill.server.config import ServeConfig
-from prefill.server.openai_schema import ApiError, ChatCompletionRequest, CompletionRequest
+from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
 
 Body = CompletionRequest | ChatCompletionRequest
@@ -69,6 +69,8 @@ class Intake:
         if any(t >= self.vocab for t, _ in bias):
             raise ApiError(400, f"logit_bias: token ids must lie in [0, {self.vocab})", param="logit_bias")
         self.logprobs_k(body, chat)
+        if chat:
+            check_messages(body.messages)
         if body.requested_max_tokens() == 0 and not echo_of(body, chat):
             raise ApiError(
                 400, "max_tokens 0 returns nothing without echo: true (a scoring request)", param="max_tokens"
@@ -217,6 +219,22 @@ class Intake:
         if fmt.json_schema is None:
             raise ApiError(400, "response_format of type json_schema needs json_schema", param="response_format")
         return self.grammars.json_schema(fmt.json_schema.schema_)
+
+
+def check_messages(messages: list[ChatMessage]) -> None:
+    """Each turn carries what its role needs; tool calls and tool results are refused by name (the chat templates
+    we render take no tool turns)."""
+    for i, m in enumerate(messages):
+        if m.tool_calls or m.role == "tool":
+            raise ApiError(
+                400,
+                f"messages.{i}: tool_calls in messages are not supported (neither are tool-role turns); send the "
+                "call and its result as text in assistant and user turns",
+                param=f"messages.{i}",
+                code="unsupported_value",
+            )
+        if m.content is None:
+            raise ApiError(400, f"messages.{i}.content: a {m.role} turn needs content", param=f"messages.{i}.content")
 
 
 def echo_of(body: Body, chat: bool) -> bool:

@@ -21,7 +21,14 @@ from prefill.engine.request import Event, Failed, Generation, TokenEvent
 from prefill.errors import BadInput
 from prefill.server.intake import Prepared
 from prefill.server.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
-from prefill.server.openai_schema import ApiError, ResponseShape, StreamOptions, error_body, usage_body
+from prefill.server.openai_schema import (
+    ApiError,
+    ResponseShape,
+    StreamOptions,
+    completion_tokens,
+    error_body,
+    usage_body,
+)
 from prefill.server.state import Aborted, Pending, ServerState
 from prefill.server.structured import tool_calls_of
 
@@ -52,6 +59,10 @@ class Reply:
     @property
     def endpoint(self) -> str:
         return "chat" if self.shape.chat else "completions"
+
+    @property
+    def route(self) -> str:
+        return "/v1/chat/completions" if self.shape.chat else "/v1/completions"
 
     def decode_one(self, token_id: int) -> str:
         return self.state.engine.tokenizer.decode([token_id], skip_special=False)
@@ -135,7 +146,7 @@ def full_body(reply: Reply, results: list[tuple[str, Generation]]) -> dict:
         scored = prompt_entries(gen.prompt_scores) if prepared.scored and gen.prompt_scores is not None else []
         lp = reply.logprobs_writer()(scored + generated_entries(gen.logprobs))
         choices.append(shape.choice(echoed + text, finish, lp, index=i, tool_calls=calls))
-        for j, n in enumerate((gen.P, len(gen.token_ids), gen.cached_tokens)):
+        for j, n in enumerate((gen.P, completion_tokens(gen), gen.cached_tokens)):
             totals[j] += n
     reply.state.settle(reply.pending, "ok", endpoint=reply.endpoint, finish_reason=choices[0]["finish_reason"])
     timings = [reply.final_timings(gen) for _, gen in results]
@@ -215,7 +226,7 @@ class StreamWriter:
         elif self.tools:
             out.append(sse(shape.chunk("".join(self.parts), logprobs=self.logprobs_of(rest), **self.extra)))
             rest = []
-        usage, timings = usage_body(gen.P, len(gen.token_ids), gen.cached_tokens), self.reply.final_timings(gen)
+        usage, timings = usage_body(gen.P, completion_tokens(gen), gen.cached_tokens), self.reply.final_timings(gen)
         if self.include_usage:
             last = shape.chunk(None, finish, logprobs=self.logprobs_of(rest), usage=usage if self.continuous else None)
             out += [sse(last), sse(shape.usage_chunk(usage, timings))]
@@ -235,7 +246,7 @@ async def stream_reply(reply: Reply, opts: StreamOptions | None) -> AsyncIterato
             if pending.settled == "cancelled":
                 break  # not read for too long: the request was dropped
             if isinstance(out, ApiError):
-                state.settle(pending, "error", status=str(out.status))
+                state.settle(pending, "error", route=reply.route, status=str(out.status))
                 yield sse(error_body(out.message, "server_error", None, f"http_{out.status}"))
                 break
             for chunk in writer.echo():
