@@ -50,9 +50,9 @@ def user_errors(command: F) -> F:
     return wrapper
 
 
-def echo(line: str) -> None:
-    """Print a line as it is (no markup, no highlighting): for messages from the library."""
-    console.print(line, highlight=False, markup=False)
+def note(line: str) -> None:
+    """A line about how the command runs (the dtype chosen, a warning), on stderr so stdout keeps the results."""
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def load_engine(
@@ -67,10 +67,12 @@ def load_engine(
     state; `dtype` "auto" becomes the fastest dtype native here, said in one line (float32 when `deterministic`:
     the batch-invariant mode)."""
     from prefill.engine.llm import Engine
+    from prefill.loading.resolve import model_path
     from prefill.machine.native import keep_compile, resolve_dtype
 
-    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=echo)
-    compile = compile and keep_compile(dtype, device, echo=echo)  # unless the last bench found it slower here
+    model_path(model)  # a wrong path fails now, before the dtype probe measures this machine
+    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=note)
+    compile = compile and keep_compile(dtype, device, echo=note)  # unless the last bench found it slower here
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads, progress=True, deterministic=deterministic)
     if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, console, echo, fail, load_engine
+from prefill.cli.common import AutoDtype, console, fail, load_engine, note
 
 ServeModel = Annotated[str | None, typer.Option(help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)")]
 Host = Annotated[str, typer.Option(help="address to bind (loopback by default)")]
@@ -36,12 +36,14 @@ def serve(
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from prefill.cli.common import deterministic_dtype
     from prefill.engine.llm import Engine
+    from prefill.loading.resolve import model_path
     from prefill.machine.native import resolve_dtype
     from prefill.server.app import ServeConfig, model_id_of
 
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
-    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=echo)
+    model_path(model)  # a wrong path fails now, before the dtype probe measures this machine
+    dtype = deterministic_dtype(dtype) if deterministic else resolve_dtype(dtype, device, echo=note)
     engine = Engine.load(model, dtype=dtype, device=device, threads=threads, deterministic=deterministic)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
     config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, **sizes)
