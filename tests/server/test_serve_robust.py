@@ -172,8 +172,8 @@ def test_n_as_an_integer_valued_number_and_empty_prompt(server):
     assert httpx.post(f"{url}/v1/completions", json={**ok, "n": 1.0}, timeout=60).status_code == 200
     for n in (2, 1.5, 0):
         refused(httpx.post(f"{url}/v1/completions", json={**ok, "n": n}, timeout=60), "n")
-    for prompt in ("", [], [""]):
-        refused(httpx.post(f"{url}/v1/completions", json={**ok, "prompt": prompt}, timeout=60), "prompt")
+    for prompt, param in (("", "prompt"), ([], "prompt"), ([""], "prompt.0")):
+        refused(httpx.post(f"{url}/v1/completions", json={**ok, "prompt": prompt}, timeout=60), param)
     still_serving(url, model)
 
 

@@ -16,7 +16,6 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -50,7 +49,9 @@ NOT_SUPPORTED: dict[str, tuple] = {
 IGNORED = ("user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity")
 
 
-def _valid_unicode(s: str) -> str:
+def _valid_unicode(s: Any) -> Any:
+    if not isinstance(s, str):
+        return s  # StrictStr refuses it next
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -68,7 +69,14 @@ def _finite(v: Any) -> Any:
     return v
 
 
-Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
+def text_of(min_length: int | None = None, max_length: int | None = None) -> Any:
+    """Valid Unicode text of a bounded length. The surrogate check runs first (pydantic's own length check cannot
+    read a lone surrogate), and the bounds sit on the string itself, so the document states them as minLength /
+    maxLength and the messages speak of characters."""
+    return Annotated[StrictStr, Field(min_length=min_length, max_length=max_length), BeforeValidator(_valid_unicode)]
+
+
+Text = text_of()
 Int = Annotated[StrictInt, BeforeValidator(_whole)]  # JSON Schema's integer: 2 and 2.0 alike
 
 
@@ -86,7 +94,7 @@ def float_in(ge: float | None = None, le: float | None = None, gt: float | None 
 
 
 MAX_STOPS, MAX_STOP_CHARS = 16, 1024  # stop strings in one request (OpenAI allows 4, vLLM any), characters in one
-Stop = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS), AfterValidator(_valid_unicode)]  # the cap ahead
+Stop = text_of(max_length=MAX_STOP_CHARS)
 
 
 class _Body(BaseModel):
@@ -192,7 +200,7 @@ class _Sampling(_Body):
 
 
 MAX_PROMPTS = 64  # prompts in one /v1/completions request (one choice each); ServeConfig.max_prompts may lower it
-_Prompt = Annotated[Text, Field(min_length=1)]
+_Prompt = text_of(min_length=1)
 _Ids = Annotated[list[Int], Field(min_length=1)]
 
 
