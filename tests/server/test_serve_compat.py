@@ -240,3 +240,78 @@ def test_a_runaway_json_integer_stops_at_int64(served, smollm):
     assert choice["finish_reason"] == "stop", choice
     n = json.loads(choice["message"]["content"])["n"]
     assert -(2**63) <= n < 2**63 and len(str(abs(n))) >= 18  # the bias ran it to the bound, not past
+
+
+# ---- 6: tool_choice "auto" and tool turns, in the template's own tool format ----
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER_FN = {"name": "get_weather", "description": "The weather in a city", "parameters": CITY}
+WEATHER = {"type": "function", "function": WEATHER_FN}
+# A Hermes-style template (the tool format of Qwen2.5 and Hermes), written for this test: tools in the system turn,
+# calls as <tool_call> JSON, results as <tool_response>.
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    'Answer a call as <tool_call>\n{"name": <name>, "arguments": <object>}\n</tool_call><|im_end|>\n{% endif %}'
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    '{% for c in m.tool_calls or [] %}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def hermes(smollm):
+    """The same weights behind a tokenizer whose chat template has a tool format."""
+    import dataclasses
+
+    from prefill.engine.llm import Engine
+
+    tok = dataclasses.replace(smollm.tokenizer, chat_template=HERMES_TEMPLATE, _template=None)
+    engine = Engine(smollm.runner, tok, smollm.source)
+    cfg = ServeConfig(model_id_of(engine), max_tokens_limit=MAX_TOKENS_LIMIT, chunk_size=64, kv_cache_mb=64)
+    with TestClient(create_app(engine, cfg)) as http:
+        yield http, cfg.model_id, tok
+
+
+def test_tool_choice_auto_needs_a_template_with_a_tool_format(served):
+    http, model = served
+    for extra in ({}, {"tool_choice": "auto"}):
+        body = {"model": model, "messages": SAY_OK, "tools": [WEATHER], **extra}
+        err = refused(post(http, "/v1/chat/completions", body), "tool_choice")
+        assert "needs a chat template with a tool format" in err["message"] and "has none" in err["message"]
+
+
+def test_tool_turns_are_rendered_through_a_template_with_a_tool_format(hermes):
+    http, model, tok = hermes
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]  # fmt: skip
+    r = post(http, "/v1/chat/completions", {"model": model, "messages": messages, "tools": [WEATHER],
+                                            "max_tokens": 8, "temperature": 0})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+    rendered = (  # what the template writes for these turns, spelled out
+        '<|im_start|>system\n# Tools\n<tools>\n{"type": "function", "function": {"name": "get_weather", "description": '
+        '"The weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, '
+        '"required": ["city"]}}}\n</tools>\nAnswer a call as <tool_call>\n{"name": <name>, "arguments": <object>}\n'
+        "</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n<|im_start|>user\n'
+        "<tool_response>\n18 C, sunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(rendered))
+
+
+def test_tool_choice_auto_answers_the_same_streamed_and_not(hermes):
+    http, model, _ = hermes
+    body = {"model": model, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 24, "temperature": 0}  # fmt: skip
+    full = post(http, "/v1/chat/completions", body).json()["choices"][0]
+    events = post(http, "/v1/chat/completions", {**body, "stream": True}).text.splitlines()
+    chunks = [json.loads(x[6:]) for x in events if x.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    streamed = "".join(d.get("content") or "" for d in deltas)
+    calls = [tc for d in deltas for tc in d.get("tool_calls") or []]
+    assert chunks[-1]["choices"][0]["finish_reason"] == full["finish_reason"]
+    assert streamed == (full["message"]["content"] or "")
+    assert [c["function"] for c in calls] == [c["function"] for c in full["message"].get("tool_calls") or []]

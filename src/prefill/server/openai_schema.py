@@ -348,7 +348,7 @@ class ResponseShape:
     ) -> dict:
         """One choice of a full response; `logprobs` as prefill.server.logprobs builds it, or None."""
         if self.chat:
-            message = {"role": "assistant", "content": None if tool_calls else text}
+            message = {"role": "assistant", "content": (text or None) if tool_calls else text}
             if tool_calls:
                 message["tool_calls"] = tool_calls
             return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}

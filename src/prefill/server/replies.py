@@ -31,6 +31,7 @@ from prefill.server.openai_schema import (
 )
 from prefill.server.state import Aborted, Pending, ServerState
 from prefill.server.structured import tool_calls_of
+from prefill.server.tool_parser import hermes_calls
 
 Outcome = TokenEvent | Generation | ApiError
 
@@ -98,6 +99,19 @@ class Reply:
         return out
 
 
+def calls_in(prepared: Prepared, text: str, finish: str) -> tuple[str | None, list[dict] | None]:
+    """The message content and tool_calls of a finished answer: a forced call's JSON (the grammar's), the
+    `<tool_call>` blocks a model chose to write (tool_choice "auto"), or the text alone (no call, or one cut short
+    by max_tokens or a stop string)."""
+    if finish == "stop" and prepared.tool_call and (calls := tool_calls_of(text)):
+        return None, calls
+    if finish == "stop" and prepared.auto_tools:
+        content, calls = hermes_calls(text, set(prepared.auto_tools))
+        if calls:
+            return content, calls
+    return text, None
+
+
 # ---- one JSON body ----
 async def disconnected(request: Request) -> None:
     """Returns when the client closes the connection (the body was read already, so only http.disconnect comes)."""
@@ -140,12 +154,11 @@ def full_body(reply: Reply, results: list[tuple[str, Generation]]) -> dict:
     prepared, shape = reply.prepared, reply.shape
     choices, totals = [], [0, 0, 0]
     for i, ((text, gen), echoed) in enumerate(zip(results, prepared.echoes, strict=True)):
-        finish, calls = gen.finish_reason, None
-        if prepared.tool_call and finish == "stop" and (calls := tool_calls_of(text)):
-            finish = "tool_calls"
+        content, calls = calls_in(prepared, text, gen.finish_reason)
+        finish = "tool_calls" if calls else gen.finish_reason
         scored = prompt_entries(gen.prompt_scores) if prepared.scored and gen.prompt_scores is not None else []
         lp = reply.logprobs_writer()(scored + generated_entries(gen.logprobs))
-        choices.append(shape.choice(echoed + text, finish, lp, index=i, tool_calls=calls))
+        choices.append(shape.choice(echoed + (content or ""), finish, lp, index=i, tool_calls=calls))
         for j, n in enumerate((gen.P, completion_tokens(gen), gen.cached_tokens)):
             totals[j] += n
     reply.state.settle(reply.pending, "ok", endpoint=reply.endpoint, finish_reason=choices[0]["finish_reason"])
@@ -168,7 +181,7 @@ class StreamWriter:
         self.continuous = self.include_usage and bool(opts.continuous_usage_stats)
         self.extra: dict = {"usage": None} if self.include_usage else {}
         self.echoed = reply.prepared.echoes[0]
-        self.tools = reply.prepared.tool_call
+        self.tools = reply.prepared.tool_call or bool(reply.prepared.auto_tools)  # held back until the end
         self.parts: list[str] = []  # a tool call's text, held back
         self.held: list = []  # a tool call's log-probability entries, held back
         self.sent = 0  # generated tokens whose log-probabilities were taken
@@ -219,12 +232,10 @@ class StreamWriter:
         """The finish reason, and the last chunks: the held-back tool call or text, the finish, the usage."""
         out, shape, finish = [], self.shape, gen.finish_reason
         rest = self.held + generated_entries(gen.logprobs[self.sent :])  # held back, and a final EOS's
-        if self.tools and finish == "stop" and (calls := tool_calls_of("".join(self.parts))):
-            finish = "tool_calls"
-            out.append(sse(shape.chunk(None, tool_calls=calls, logprobs=self.logprobs_of(rest), **self.extra)))
-            rest = []
-        elif self.tools:
-            out.append(sse(shape.chunk("".join(self.parts), logprobs=self.logprobs_of(rest), **self.extra)))
+        if self.tools:
+            content, calls = calls_in(self.reply.prepared, "".join(self.parts), finish)
+            finish = "tool_calls" if calls else finish
+            out.append(sse(shape.chunk(content, tool_calls=calls, logprobs=self.logprobs_of(rest), **self.extra)))
             rest = []
         usage, timings = usage_body(gen.P, completion_tokens(gen), gen.cached_tokens), self.reply.final_timings(gen)
         if self.include_usage:
