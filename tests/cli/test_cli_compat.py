@@ -76,3 +76,19 @@ def test_run_prints_its_dtype_line_to_stderr():
                        timeout=600, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "dtype auto: " in r.stderr and "dtype auto" not in r.stdout
+
+
+def test_an_unsupported_gguf_architecture_is_named(tmp_path):
+    import gguf
+
+    path = tmp_path / "mamba.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba")  # writes general.architecture
+    writer.add_uint32("mamba.embedding_length", 768)
+    writer.add_uint32("mamba.block_count", 24)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = run("kv", "--gguf", str(path))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: architecture 'mamba' is not supported (supported: "), result.stderr

@@ -188,6 +188,8 @@ class ModelSpec:
             f = reader.fields.get(key)
             if f is None:
                 if default is None:
+                    if key != "general.architecture":  # another kind of model (Mamba): say that, not the key
+                        check_runnable(arch)
                     raise ModelFileError(f"{path.name}: GGUF metadata has no {key!r}")
                 return default
             return f.contents()
