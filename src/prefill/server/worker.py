@@ -28,6 +28,7 @@ from prefill.engine.loop import StepLoop
 from prefill.engine.request import Event, Generation, Request, TokenEvent
 from prefill.errors import PrefillError
 from prefill.server.metrics import ServerMetrics
+from prefill.server.openai_schema import completion_tokens
 
 log = logging.getLogger("prefill.serve")
 T = TypeVar("T")
@@ -182,7 +183,7 @@ class Worker:
                 m.ttft.observe(ev.ttft_s)
             m.prefill.observe(ev.prefill_s)
             m.prompt_tokens.observe(ev.P)
-            m.generated_tokens.observe(len(ev.token_ids))
+            m.generated_tokens.observe(completion_tokens(ev))  # as usage counts them: the ending EOS too
             m.cached_tokens.inc(ev.cached_tokens)
             if ev.prompt_scores is not None:
                 m.scored_tokens.inc(ev.P)
