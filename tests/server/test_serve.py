@@ -64,7 +64,7 @@ def test_models_health_and_greedy_answer(server, client, engine):
     assert r.choices[0].message.content == engine.complete("What is the capital of France?", max_new_tokens=12).text
     assert r.choices[0].message.content == "The capital of France is Paris."
     assert r.choices[0].finish_reason == "stop"
-    assert r.usage.prompt_tokens == 37 and r.usage.completion_tokens == 7
+    assert r.usage.prompt_tokens == 37 and r.usage.completion_tokens == 8  # 7 of text and the EOS (as vLLM counts)
     timings = r.model_extra["timings"]
     assert set(timings) >= {"queue_s", "tokenize_s", "prefill_s", "ttft_s"}
     assert 0 < timings["prefill_s"] <= timings["ttft_s"] <= timings["total_s"]
@@ -232,8 +232,9 @@ def test_full_queue_answers_429(engine):
         assert held.result(60) and b.result(120).status_code == 200
         assert [r.status_code for r in refused] == [429] * 4
         assert all(r.json()["error"]["code"] == "queue_full" for r in refused)
+        assert all(r.headers["Retry-After"] == "1" for r in refused)  # seconds (RFC 9110)
         assert httpx.get(f"{url}/health").status_code == 200
-        assert metric(url, 'prefill_errors_total{status="429"}') == 4
+        assert metric(url, 'prefill_errors_total{route="/v1/completions",status="429"}') == 4
 
 
 def test_responses_never_read_the_calibration_file(server, monkeypatch):

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import console, err_console, fail, print_sections
+from prefill.cli.common import console, err_console, fail, note, print_sections
 
 Model = Annotated[str | None, typer.Option("--model", "-m", help="Preset (e.g. llama-3-8b) or .gguf/config.json.")]
 Params = Annotated[float | None, typer.Option("--params", help="Only a parameter count N, e.g. 7e9 (no shapes).")]
@@ -79,6 +79,8 @@ def estimate(
     stored = (weights, weights) if weights else storage.gguf_file_storage(gguf) if gguf else None
     shape = {"P": prompt_tokens, "spec": spec, "N": params, "B": batch, "T": tp, "dtype": dtype, "weights": stored}
     est = build_estimate(Setting(**shape, **machine, **ttft))
+    for warning in est.setting.warnings():
+        note(f"warning: {warning}")
     if json_out:
         typer.echo(json.dumps(est.to_dict(), indent=2))
     else:
@@ -130,6 +132,9 @@ def kv(
     if any(v is not None for v in shapes):
         if None in shapes or any(v is not None for v in (model, config, gguf)):
             fail("give --layers, --kv-heads and --head-dim together, and no model")
+        for flag, v in zip(("--layers", "--kv-heads", "--head-dim"), shapes, strict=True):
+            if v < 1:
+                fail(f"{flag} must be >= 1, got {v}")
         spec = shapes_spec(layers, kv_heads, head_dim)
     else:
         spec = spec_from(model, config, gguf)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, console, echo, fail
+from prefill.cli.common import AutoDtype, console, fail, note
 
 
 def _spec(model: str | None):
@@ -38,8 +38,8 @@ def calibrate(
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
     spec = _spec(model)
-    dtype = resolve_dtype(dtype, device, echo=None if json_out else echo)
-    profile = probe_profile(spec, dtype, device, threads, refresh=True, echo=None if json_out else echo)
+    dtype = resolve_dtype(dtype, device, echo=None if json_out else note)
+    profile = probe_profile(spec, dtype, device, threads, refresh=True, echo=None if json_out else note)
     used = profile_for(spec, dtype, device, threads)
     if json_out:
         typer.echo(json.dumps(profile.to_json(), indent=2))

@@ -56,10 +56,9 @@ def user_errors(command: F) -> F:
     return wrapper
 
 
-def echo(line: str) -> None:
-    """Print a line as it is (no markup, no highlighting) on stderr: the library's notes (which dtype, which
-    weights and why), kept out of the output a script reads (--json)."""
-    err_console.print(line, highlight=False, markup=False)
+def note(line: str) -> None:
+    """A line about how the command runs (the dtype chosen, a warning), on stderr so stdout keeps the results."""
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def load_engine(
@@ -81,9 +80,9 @@ def load_engine(
 
     dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
     if compile and weights == "native":
-        echo("note: native GGUF weights already run fused block operators; not compiling")
+        note("native GGUF weights already run fused block operators; not compiling")
         compile = False
-    compile = compile and keep_compile(dtype, device, echo=echo)  # unless the last bench found it slower here
+    compile = compile and keep_compile(dtype, device, echo=note)  # unless the last bench found it slower here
     load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
     engine = Engine.load(model, dtype=dtype, progress=True, **load)
     if compile:  # compiling ends with the warm-up runs
@@ -101,14 +100,16 @@ def resolve_storage(model: str | None, dtype: str, weights: str, device: str, de
     weights the GGUF's blocks or dense (prefill.engine.weights), each said in one line; the batch-invariant mode
     (`deterministic`) runs dense float32."""
     from prefill.engine.weights import resolve_weights
+    from prefill.loading.resolve import model_path
     from prefill.machine.native import resolve_dtype
 
+    model_path(model)  # a wrong path fails now, before the dtype probe measures this machine
     if deterministic:
         if weights not in ("auto", "float32"):
             fail(f"--deterministic runs dense float32 weights; drop --weights {weights}")
         return deterministic_dtype(dtype), "float32"
-    dtype = resolve_dtype(dtype, device, echo=echo)
-    return dtype, resolve_weights(weights, model, dtype, device, echo=echo)
+    dtype = resolve_dtype(dtype, device, echo=note)
+    return dtype, resolve_weights(weights, model, dtype, device, echo=note)
 
 
 def attach_store(engine, directory: str, max_mb: float) -> None:

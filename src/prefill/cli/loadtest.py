@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import console, echo
+from prefill.cli.common import console, note
 
 Url = Annotated[str, typer.Option(help="server root (without /v1)")]
 ModelId = Annotated[str | None, typer.Option(help="model id (default: the first of GET /v1/models)")]
@@ -78,7 +78,7 @@ def predicted_summary(records: list, model: str | None) -> dict:
     32 running, a KV pool of 2 GiB: the default's cap)."""
     from prefill.bench.simulate import simulate_server, trace_of
 
-    result, name = simulate_server(model, "cpu", None, "auto", trace_of(records), 256, 32, 2048.0, echo=echo)
+    result, name = simulate_server(model, "cpu", None, "auto", trace_of(records), 256, 32, 2048.0, echo=note)
     console.print(f"predicted: {name}", highlight=False)
     return summarize(result.records, result.wall_s)
 

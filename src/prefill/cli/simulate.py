@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import console, echo
+from prefill.cli.common import console, note
 from prefill.cli.loadtest import PromptLen, SloTpotMs, SloTtftMs, print_summary, seconds
 
 SimModel = Annotated[str | None, typer.Option("--model", "-m", help="Preset, .gguf or config.json (default: SmolLM2)")]
@@ -52,7 +52,7 @@ def simulate(
 
     trace = poisson_trace(rate, requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
     result, name = simulate_server(model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb,
-                                   echo=None if json_out else echo)  # fmt: skip
+                                   echo=None if json_out else note)  # fmt: skip
     summary = summarize(result.records, result.wall_s, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     summary["preemptions"], summary["steps"] = result.preemptions, len(result.steps)
     if json_out:

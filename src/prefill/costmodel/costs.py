@@ -417,6 +417,17 @@ def tp_kv_heads_per_gpu(H_kv: int, T: int) -> int:
     return math.ceil(H_kv / _tp(T))
 
 
+def tp_head_split_problem(H_q: int, H_kv: int, T: int) -> str | None:
+    """Why T GPUs cannot split the attention heads evenly, or None when they can. Each GPU takes H_q / T query
+    heads, and H_kv / T KV heads, or (T > H_kv) one KV head copied to T / H_kv GPUs: T must divide H_q, and divide
+    H_kv or be a multiple of it (vLLM's rule)."""
+    if H_q % _tp(T):
+        return f"T = {T} does not divide the {H_q} query heads"
+    if (H_kv % T) if H_kv >= T else (T % H_kv):
+        return f"T = {T} neither divides the {H_kv} KV heads nor is a multiple of them"
+    return None
+
+
 def tp_kv_cache_bytes_per_gpu(spec: ModelSpec, P: int, bytes_per_element: int, T: int, B: int = 1) -> int:
     """KV-cache bytes on each of T GPUs: tp_kv_heads_per_gpu(H_kv, T) KV heads each."""
     return kv_cache_bytes_for(spec, P, bytes_per_element, B, H_kv=tp_kv_heads_per_gpu(spec.H_kv, T))

@@ -52,6 +52,22 @@ class Setting:
             raise BadInput(f"an estimate needs P >= 0, B >= 1 and T >= 1; got P = {self.P}, B = {self.B}, T = {self.T}")
         if self.T > 1 and self.spec is None:
             raise BadInput("tensor parallelism (T > 1) needs the model's shapes, not only a parameter count N")
+        if self.T > 1 and (problem := costs.tp_head_split_problem(self.spec.H_q, self.spec.H_kv, self.T)):
+            H_q, H_kv = self.spec.H_q, self.spec.H_kv
+            fits = [t for t in range(1, H_q + 1) if not costs.tp_head_split_problem(H_q, H_kv, t)]
+            raise BadInput(
+                f"tensor parallelism over T = {self.T} GPUs: {problem}, so the heads cannot be split evenly; "
+                f"use T in {fits}"
+            )
+
+    def warnings(self) -> tuple[str, ...]:
+        """What makes the estimate less than a real prefill: a P beyond the model's trained context."""
+        if self.spec is not None and self.spec.context_length < self.P:
+            return (
+                f"P = {self.P} is beyond {self.spec.name}'s context length of {self.spec.context_length} tokens: "
+                "the model cannot serve such a prompt (the figures extrapolate its shapes)",
+            )
+        return ()
 
 
 @dataclass(frozen=True)
@@ -256,6 +272,7 @@ class Estimate:
         r |= self.ttft.to_dict() | {"calibrated_prefill_s": self.calibrated_prefill_s}
         r |= (self.kv.to_dict() if self.kv else {}) | self.roofline.to_dict()
         r |= self.weights.to_dict() if self.weights else {}
+        r |= {"warnings": list(s.warnings())} if s.warnings() else {}
         return r | ({"request": self.request.to_dict()} if self.request else {})
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefill.costmodel.families import Family, family_of, layer_windows
+from prefill.costmodel.families import Family, check_runnable, family_of, layer_windows
 from prefill.errors import BadInput, ModelFileError
 
 _SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")  # config.json and GGUF ({arch}.) keys
@@ -131,6 +131,8 @@ class ModelSpec:
 
         def need(key: str) -> Any:
             if c.get(key) is None:
+                if c.get("model_type") is not None:  # another kind of model (GPT-2, Mamba): say that, not the key
+                    check_runnable(str(c["model_type"]))
                 raise BadInput(f"config.json has no {key!r}; is this a decoder-only Llama-family config?")
             return c[key]
 
@@ -186,6 +188,8 @@ class ModelSpec:
             f = reader.fields.get(key)
             if f is None:
                 if default is None:
+                    if key != "general.architecture":  # another kind of model (Mamba): say that, not the key
+                        check_runnable(arch)
                     raise ModelFileError(f"{path.name}: GGUF metadata has no {key!r}")
                 return default
             return f.contents()

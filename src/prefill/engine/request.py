@@ -62,6 +62,7 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = "length"  # "stop" (EOS, stop string, finished grammar) | "length"
+    eos_id: int | None = None  # the EOS token the model generated to end (not in token_ids, never emitted)
     queue_s: float = 0.0
     tokenize_s: float = 0.0
     prefill_s: float = 0.0  # compute seconds of this request's prefill forwards
@@ -215,6 +216,7 @@ class Request:
             self.constraint.accept(token)
         eos = self.tokenizer.eos_ids if self.tokenizer is not None and not self.ignore_eos else set()
         if token in eos:
+            g.eos_id = token
             if self.logprobs is not None:  # reported as vLLM does (harnesses drop the last entry), never emitted
                 g.logprobs.append(TokenEvent(token, "", now - self.arrival))
                 g.logprobs[-1].logprob, g.logprobs[-1].top_logprobs = _logprobs(logits, token, self.logprobs)

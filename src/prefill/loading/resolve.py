@@ -45,6 +45,19 @@ def default_model_path() -> Path:
     raise ModelFileError(f"{EMBEDDED_DISTRIBUTION} is installed but ships no .gguf file")
 
 
+def model_path(model: str | Path | None) -> Path:
+    """The file or folder `model` names (None: the embedded SmolLM2), checked to be a .gguf file or a folder with a
+    config.json before anything is read or measured; ModelFileError otherwise."""
+    path = default_model_path() if model is None else Path(model)
+    if not path.exists():
+        raise ModelFileError(f"model not found: {path} (give a .gguf file or a Hugging Face model folder)")
+    if path.is_dir() and not (path / "config.json").exists():
+        raise ModelFileError(f"{path} has no config.json: a Hugging Face model folder needs one")
+    if not path.is_dir() and path.suffix != ".gguf":
+        raise ModelFileError(f"{path} is neither a .gguf file nor a model folder")
+    return path
+
+
 def load_model_files(
     model: str | Path | None,
     dtype: torch.dtype,
@@ -58,21 +71,15 @@ def load_model_files(
     a GGUF's quantized matrices stay blocks (prefill.model.quant.QuantWeight); ignored for dense files.
     """
     check = check or (lambda spec: None)
-    path = default_model_path() if model is None else Path(model)
-    if not path.exists():
-        raise ModelFileError(f"model not found: {path} (give a .gguf file or a Hugging Face model folder)")
+    path = model_path(model)
     if path.is_dir():
         from prefill.loading.hf import eos_ids_from_config, load_safetensors_state_dict
         from prefill.loading.tokenizer import tokenizer_from_folder
 
-        if not (path / "config.json").exists():
-            raise ModelFileError(f"{path} has no config.json: a Hugging Face model folder needs one")
         spec = ModelSpec.from_hf_config(path)
         check(spec)
         sd = load_safetensors_state_dict(path, dtype, progress)
         return LoadedModel(spec, sd, tokenizer_from_folder(path, eos_ids_from_config(path)), str(path))
-    if path.suffix != ".gguf":
-        raise ModelFileError(f"{path} is neither a .gguf file nor a model folder")
     from prefill.costmodel.specs import open_gguf
     from prefill.loading.gguf import load_gguf_state_dict
     from prefill.loading.tokenizer import tokenizer_from_gguf

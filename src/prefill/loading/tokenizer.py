@@ -66,8 +66,9 @@ class Tokenizer:
         """The prompt as the model sees it: one printable string per token."""
         return [self.tok.decode([i], skip_special_tokens=False) for i in self.encode(text)]
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to messages [{"role", "content"}], as transformers renders it."""
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None) -> str:
+        """The chat template applied to messages [{"role", "content"}] (and `tools`, OpenAI's list, for a template
+        that renders them), as transformers renders it."""
         if not self.chat_template:
             raise BadInput("this model has no chat template: pass the prompt raw (--raw)")
         from jinja2 import TemplateError
@@ -79,16 +80,23 @@ class Tokenizer:
         if self._template is None:  # compiling a template takes ~0.1 s: once per tokenizer, not per request
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = _tojson  # transformers' own: keys in order, no HTML escaping (tools, calls)
             self._template = env.from_string(self.chat_template)
         try:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
         except TemplateError as e:
             raise BadInput(f"chat template refused the messages: {e}") from None
+
+
+def _tojson(x, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    """The `tojson` filter as transformers defines it for chat templates (jinja2's sorts keys and escapes <>&')."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _gguf_field(reader, key: str):

@@ -25,7 +25,7 @@ from prefill.server import completions, info, tokenizer_routes
 from prefill.server.config import ServeConfig, model_id_of
 from prefill.server.error_handlers import add_error_handlers
 from prefill.server.middleware import BodyLimit
-from prefill.server.openapi import document, refusals_are_400, server_limits
+from prefill.server.openapi import document, generation_bounds, refusals_are_400, server_limits
 from prefill.server.state import ServerState
 
 __all__ = ["ServeConfig", "create_app", "model_id_of"]
@@ -59,5 +59,5 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     add_lesson_routes(app, LessonState(engine, cfg.model_id, state.worker.call))
     spec = engine.spec
     limits = partial(server_limits, cfg=cfg, vocab_size=spec.vocab_size)
-    document(app, refusals_are_400, limits, partial(document_context, context=spec.context_length))
+    document(app, refusals_are_400, generation_bounds, limits, partial(document_context, context=spec.context_length))
     return app

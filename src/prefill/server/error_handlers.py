@@ -1,5 +1,5 @@
 """Every refusal as OpenAI's error body {"error": {"message", "type", "param", "code"}}, counted in /metrics by
-HTTP status: our ApiError and BadInput, pydantic's validation errors (a 400, never FastAPI's 422), Starlette's
+route and HTTP status: our ApiError and BadInput, pydantic's validation errors (a 400, never FastAPI's 422), Starlette's
 404 / 405, and a bug (a JSON 500; the server keeps serving)."""
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ log = logging.getLogger("prefill.serve")
 
 
 def refuse(request: Request, status: int, body: dict) -> JSONResponse:
-    request.app.state.server.metrics.errors.labels(status=str(status)).inc()
+    request.app.state.server.metrics.error(request.scope, status)
     return JSONResponse(body, status_code=status)
 
 
 async def api_error(request: Request, e: ApiError) -> JSONResponse:
-    return refuse(request, e.status, error_body(e.message, e.type, e.param, e.code))
+    response = refuse(request, e.status, error_body(e.message, e.type, e.param, e.code))
+    response.headers.update(e.headers)
+    return response
 
 
 async def bad_input(request: Request, e: BadInput) -> JSONResponse:
@@ -33,10 +35,12 @@ async def bad_input(request: Request, e: BadInput) -> JSONResponse:
 
 
 async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-    # A union field (prompt: text | ids | [text]) fails once per member: report our own check's message if one
-    # fired (a lone surrogate), else the first.
+    # A union field (stop: text | [text]) fails once per member: report our own check's message if one fired (a
+    # lone surrogate), else a bound the member of the right type broke (17 stop strings: "at most 16 items"), else
+    # the first.
     errors = e.errors()
-    err = next((x for x in errors if x.get("type") == "value_error"), errors[0])
+    err = next((x for x in errors if x.get("type") == "value_error"), None)
+    err = err or next((x for x in errors if not str(x.get("type", "")).endswith("_type")), errors[0])
     if err.get("type") == "json_invalid":
         return refuse(
             request, 400, error_body("the body is not valid JSON", "invalid_request_error", None, "invalid_json")

@@ -17,8 +17,9 @@ from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
 from prefill.server.config import ServeConfig
-from prefill.server.openai_schema import ApiError, ChatCompletionRequest, CompletionRequest
+from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
+from prefill.server.tool_parser import template_messages, tool_format
 
 Body = CompletionRequest | ChatCompletionRequest
 
@@ -35,6 +36,7 @@ class Prepared:
     constraint: GrammarConstraint | None
     grammar: Grammar | None
     tokenize_s: float
+    auto_tools: tuple[str, ...] = ()  # tool_choice "auto": the tools the model may call in its template's format
 
     @property
     def tool_call(self) -> bool:
@@ -50,6 +52,7 @@ class Intake:
         self.context, self.vocab = engine.spec.context_length, engine.spec.vocab_size
         tok = engine.tokenizer
         self.grammars = Grammars(tok, self.vocab) if tok is not None else None
+        self.tool_format = tool_format(tok)  # "hermes", or None: the template cannot render tools and calls
         # No token is longer than this many characters, so a text longer than context * this cannot fit: it is
         # refused before it is tokenized.
         self.max_token_chars = max((len(t) for t in tok.tok.get_vocab()), default=1) if tok is not None else 1
@@ -69,6 +72,8 @@ class Intake:
         if any(t >= self.vocab for t, _ in bias):
             raise ApiError(400, f"logit_bias: token ids must lie in [0, {self.vocab})", param="logit_bias")
         self.logprobs_k(body, chat)
+        if chat:
+            check_messages(body.messages, self.tool_format)
         if body.requested_max_tokens() == 0 and not echo_of(body, chat):
             raise ApiError(
                 400, "max_tokens 0 returns nothing without echo: true (a scoring request)", param="max_tokens"
@@ -122,16 +127,18 @@ class Intake:
             ]
         grammar = self.grammar_of(body) if chat else None
         constraint = self.grammars.constraint(grammar) if grammar is not None else None
-        return Prepared(prompts, max_tokens, echoes, k, scored, constraint, grammar, tokenize_s)
+        auto = tuple(t.function.name for t in body.tools) if chat and _tools_auto(body) else ()
+        return Prepared(prompts, max_tokens, echoes, k, scored, constraint, grammar, tokenize_s, auto)
 
     def prompt_ids(self, body: Body, chat: bool) -> list[list[int]]:
         """Token ids of each prompt (one for chat)."""
         tok = self.engine.need_tokenizer()
         if chat:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            messages = template_messages(body.messages)
             if _tools_forced(body):
                 messages = with_tools_described(messages, body.tools)
-            return [tok.encode(tok.render_chat(messages, add_generation_prompt=True))]
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if _tools_auto(body) else None
+            return [tok.encode(tok.render_chat(messages, add_generation_prompt=True, tools=tools))]
         out = []
         for item in _prompt_items(body.prompt):
             out.append(tok.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item))
@@ -183,22 +190,27 @@ class Intake:
     def grammar_of(self, body: ChatCompletionRequest) -> Grammar | None:
         """The grammar the answer must follow: response_format or a forced tool call; None for free text.
 
-        tool_choice "none" ignores the tools; "auto" (the default when tools are given) is refused: this server
-        cannot let the model choose between text and a call."""
+        tool_choice "none" ignores the tools; "auto" (the default when tools are given) is free text in which the
+        model may write calls in its template's tool format (prefill.server.tool_parser), refused where the
+        template has none."""
         tools, choice, fmt = body.tools, body.tool_choice, body.response_format
         if choice == "none" or (choice is None and not tools):
             tools = None
         elif not tools:
             raise ApiError(400, "tool_choice needs tools", param="tool_choice")
-        elif choice in (None, "auto"):
+        elif choice in (None, "auto") and self.tool_format is None:
             raise ApiError(
                 400,
-                "tool_choice 'auto' (the default when tools are given) is not supported: this server "
-                "cannot let the model choose between text and a call; pass tool_choice 'required', "
+                "tool_choice 'auto' (the default when tools are given) needs a chat template with a tool format "
+                "(Hermes-style <tool_call>), and this model's template has none; pass tool_choice 'required', "
                 "{'type': 'function', 'function': {'name': ...}} or 'none'",
                 param="tool_choice",
                 code="unsupported_value",
             )
+        elif choice in (None, "auto"):
+            if fmt is not None and fmt.type != "text":
+                raise ApiError(400, "response_format cannot be combined with tool_choice 'auto'", param="tool_choice")
+            return None
         elif choice != "required":
             tools = [t for t in tools if t.function.name == choice.function.name]
             if not tools:
@@ -219,6 +231,22 @@ class Intake:
         return self.grammars.json_schema(fmt.json_schema.schema_)
 
 
+def check_messages(messages: list[ChatMessage], tool_format: str | None) -> None:
+    """Each turn carries what its role needs; tool calls and tool results need a template with a tool format
+    (`tool_format`), and are refused by name otherwise."""
+    for i, m in enumerate(messages):
+        if (m.tool_calls or m.role == "tool") and tool_format is None:
+            raise ApiError(
+                400,
+                f"messages.{i}: tool_calls in messages are not supported (neither are tool-role turns): this model's "
+                "chat template has no tool format; send the call and its result as text in assistant and user turns",
+                param=f"messages.{i}",
+                code="unsupported_value",
+            )
+        if m.content is None and not m.tool_calls:
+            raise ApiError(400, f"messages.{i}.content: a {m.role} turn needs content", param=f"messages.{i}.content")
+
+
 def echo_of(body: Body, chat: bool) -> bool:
     return not chat and body.echo
 
@@ -235,6 +263,10 @@ def _prompt_chars(prompt) -> int:
 
 def _tools_forced(body: ChatCompletionRequest) -> bool:
     return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
+
+
+def _tools_auto(body: ChatCompletionRequest) -> bool:
+    return bool(body.tools) and body.tool_choice in (None, "auto")
 
 
 def with_tools_described(messages: list[dict], tools) -> list[dict]:

@@ -9,6 +9,8 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")  # the POSTs counted in prefill_received_requests
+
 # Buckets: CPU prefill of a small model spans milliseconds to tens of seconds.
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKENS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -31,10 +33,16 @@ class ServerMetrics:
         self.requests = counter(
             "prefill_requests", "Requests finished, by endpoint and finish reason", ["endpoint", "finish_reason"]
         )
-        self.errors = counter("prefill_errors", "Requests refused or failed, by HTTP status", ["status"])
+        self.errors = counter(
+            "prefill_errors",
+            "Requests refused or failed, by route (its path template; `other`: unknown paths and methods) and HTTP "
+            "status",
+            ["route", "status"],
+        )
         self.received = counter(
             "prefill_received_requests",
-            "POSTs to /v1/completions and /v1/chat/completions; received = requests + errors + cancelled",
+            "POSTs to /v1/completions and /v1/chat/completions; received = requests + errors{route=those two} + "
+            "cancelled",
         )
         self.cancelled = counter(
             "prefill_cancelled",
@@ -69,6 +77,22 @@ class ServerMetrics:
             "Running requests preempted since the start (blocks taken back, prefill recomputed later)",
         )
 
+    def error(self, scope: dict, status: int) -> None:
+        """Count one refusal or failure of the request in ASGI `scope` under its route."""
+        self.errors.labels(route=route_of(scope), status=str(status)).inc()
+
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
+
+
+def route_of(scope: dict) -> str:
+    """The `route` label of a request: the path template of the route that took it ("/v1/models/{model}"), the path
+    of a generation POST refused before routing (a body over the limit), or "other" (an unknown path, a method the
+    route does not take), so that a generation route's errors are exactly the errors of its received requests."""
+    route, method = scope.get("route"), scope.get("method")
+    if route is not None and method in (getattr(route, "methods", None) or {method}):
+        return route.path
+    if method == "POST" and scope.get("path") in GENERATION_PATHS:
+        return scope["path"]
+    return "other"

@@ -7,10 +7,8 @@ import time
 
 from fastapi.responses import JSONResponse
 
-from prefill.server.metrics import ServerMetrics
+from prefill.server.metrics import GENERATION_PATHS, ServerMetrics
 from prefill.server.openai_schema import error_body
-
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
 class BodyLimit:
@@ -26,7 +24,8 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         scope.setdefault("state", {})["arrival"] = time.perf_counter()
-        if scope["method"] == "POST" and scope["path"] in GENERATION_PATHS:
+        generation = scope["method"] == "POST" and scope["path"] in GENERATION_PATHS
+        if generation:
             self.metrics.received.inc()
         declared = dict(scope["headers"]).get(b"content-length")
         too_large = declared is not None and declared.isdigit() and int(declared) > self.max_bytes
@@ -34,12 +33,14 @@ class BodyLimit:
         while more and not too_large:
             msg = await receive()
             if msg["type"] == "http.disconnect":
+                if generation:  # received, and gone before its body arrived
+                    self.metrics.cancelled.labels(reason="disconnect").inc()
                 return None
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             more, too_large = msg.get("more_body", False), size > self.max_bytes
         if too_large:
-            self.metrics.errors.labels(status="413").inc()
+            self.metrics.error(scope, 413)
             msg = f"request body is over the limit of {self.max_bytes} bytes; send a shorter prompt"
             response = JSONResponse(error_body(msg, "invalid_request_error", None, "request_too_large"), 413)
             return await response(scope, receive, send)

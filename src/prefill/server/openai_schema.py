@@ -10,12 +10,12 @@ number with no fraction (1.0) is an integer. Text must be valid Unicode: a lone 
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -26,6 +26,7 @@ from pydantic import (
     StrictStr,
 )
 
+from prefill.engine.request import Generation
 from prefill.engine.sampling import LOGIT_BIAS_MAX, SEED_MAX, SEED_MIN
 from prefill.server.logprobs import MAX_TOP_LOGPROBS
 
@@ -48,7 +49,9 @@ NOT_SUPPORTED: dict[str, tuple] = {
 IGNORED = ("user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity")
 
 
-def _valid_unicode(s: str) -> str:
+def _valid_unicode(s: Any) -> Any:
+    if not isinstance(s, str):
+        return s  # StrictStr refuses it next
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -60,8 +63,38 @@ def _whole(v: Any) -> Any:
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):  # before the bounds, which NaN fails with a misleading message
+        raise ValueError("must be a finite number")
+    return v
+
+
+def text_of(min_length: int | None = None, max_length: int | None = None) -> Any:
+    """Valid Unicode text of a bounded length. The surrogate check runs first (pydantic's own length check cannot
+    read a lone surrogate), and the bounds sit on the string itself, so the document states them as minLength /
+    maxLength and the messages speak of characters."""
+    return Annotated[StrictStr, Field(min_length=min_length, max_length=max_length), BeforeValidator(_valid_unicode)]
+
+
+Text = text_of()
 Int = Annotated[StrictInt, BeforeValidator(_whole)]  # JSON Schema's integer: 2 and 2.0 alike
+
+
+def int_in(ge: int | None = None, le: int | None = None) -> Any:
+    """An integer within [ge, le]. The bounds sit on the integer itself, ahead of the validator that reads 2.0 as 2,
+    so the OpenAPI document states them as JSON Schema's minimum / maximum (after a validator pydantic would write
+    its own `ge` / `le` keys, which JSON Schema does not know) and validation checks exactly those."""
+    return Annotated[StrictInt, Field(ge=ge, le=le), BeforeValidator(_whole)]
+
+
+def float_in(ge: float | None = None, le: float | None = None, gt: float | None = None) -> Any:
+    """A finite number within the bounds (minimum / maximum / exclusiveMinimum in the document); NaN and infinity
+    are refused as "must be a finite number"."""
+    return Annotated[StrictFloat, Field(ge=ge, le=le, gt=gt), BeforeValidator(_finite)]
+
+
+MAX_STOPS, MAX_STOP_CHARS = 16, 1024  # stop strings in one request (OpenAI allows 4, vLLM any), characters in one
+Stop = text_of(max_length=MAX_STOP_CHARS)
 
 
 class _Body(BaseModel):
@@ -110,21 +143,22 @@ class NamedToolChoice(_Body):
 
 class _Sampling(_Body):
     model: StrictStr
-    max_tokens: Int | None = Field(default=None, ge=0, description="0 only with echo: a scoring request")
-    max_completion_tokens: Int | None = Field(default=None, ge=1)
-    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0, description="below 1e-5: greedy, as in vLLM")
-    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: Int = Field(default=0, ge=0, description="vLLM's extension; 0 = no cut")
+    max_tokens: int_in(ge=0) | None = Field(default=None, description="0 only with echo: a scoring request")
+    max_completion_tokens: int_in(ge=1) | None = Field(default=None, description="wins over max_tokens")
+    temperature: float_in(ge=0.0, le=2.0) = Field(default=1.0, description="below 1e-5: greedy, as in vLLM")
+    top_p: float_in(gt=0.0, le=1.0) = 1.0
+    top_k: int_in(ge=0) = Field(default=0, description="vLLM's extension; 0 = no cut")
     ignore_eos: StrictBool = Field(default=False, description="vLLM's extension, for benchmarks: run to max_tokens")
-    stop: Text | list[Text] | None = Field(default=None, max_length=16)
-    seed: Int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description="what torch.Generator takes")
-    n: Int = Field(default=1, ge=1, le=1, description="only 1 (1.0 is the same number)")
+    # the item cap is on the list alone: a single string is capped by its characters (MAX_STOP_CHARS)
+    stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
+    seed: int_in(ge=SEED_MIN, le=SEED_MAX) | None = Field(default=None, description="what torch.Generator takes")
+    n: int_in(ge=1, le=1) = Field(default=1, description="only 1 (1.0 is the same number)")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logit_bias: (
         dict[
             Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
-            Annotated[StrictFloat, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)],
+            float_in(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX),
         ]
         | None
     ) = Field(default=None, max_length=300)
@@ -147,7 +181,8 @@ class _Sampling(_Body):
         return tuple(s for s in stops if s)
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+        """max_completion_tokens when sent (it wins, as in OpenAI and vLLM), else max_tokens, else None."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def refused_field(self) -> str | None:
         """The first OpenAI field set to something this server does not implement, or None."""
@@ -165,7 +200,7 @@ class _Sampling(_Body):
 
 
 MAX_PROMPTS = 64  # prompts in one /v1/completions request (one choice each); ServeConfig.max_prompts may lower it
-_Prompt = Annotated[Text, Field(min_length=1)]
+_Prompt = text_of(min_length=1)
 _Ids = Annotated[list[Int], Field(min_length=1)]
 
 
@@ -173,16 +208,12 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions: a prompt as text or token ids, or a list of them (one choice each); never empty."""
 
     prompt: (
-        _Prompt
-        | _Ids
-        | Annotated[list[_Prompt], Field(min_length=1, max_length=MAX_PROMPTS)]
-        | Annotated[list[_Ids], Field(min_length=1, max_length=MAX_PROMPTS)]
-    )
+        _Prompt | _Ids | Annotated[list[_Prompt], Field(min_length=1)] | Annotated[list[_Ids], Field(min_length=1)]
+    )  # at most ServeConfig.max_prompts of them: Intake.check says so by name (a cap here would fail every member
+    # of the union and report the first, "should be a valid string"); the document states it (openapi.server_limits)
     echo: StrictBool = Field(default=False, description="the prompt before the answer (with logprobs: scored)")
-    logprobs: Int | None = Field(
+    logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(
         default=None,
-        ge=0,
-        le=MAX_TOP_LOGPROBS,
         description="log-probabilities of the tokens and of the k most likely at each position",
     )
     best_of: Any = None
@@ -194,12 +225,31 @@ class TextPart(_Body):
     text: Text
 
 
+class CalledFunction(_Body):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    """A call an assistant turn made (OpenAI's message.tool_calls[])."""
+
+    id: StrictStr
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
+    """One turn. content may be null only on an assistant turn that made tool calls (Intake.check says so)."""
+
     model_config = ConfigDict(extra="ignore")  # e.g. "name": no instruction for the model
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: StrictStr | None = None  # a tool turn: the call it answers
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
@@ -208,7 +258,7 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: StrictBool | None = False
-    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
+    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(default=None, description="needs logprobs: true")
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(default=None, max_length=64)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -232,9 +282,11 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}  # e.g. Retry-After on a 429
 
 
 class ErrorDetail(BaseModel):
@@ -257,6 +309,12 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def completion_tokens(gen: Generation) -> int:
+    """Tokens the model generated, as vLLM counts them: the EOS that ended the answer too (it has a logprobs entry,
+    and no text). A stop string's tokens count (their text is cut); a finished grammar adds nothing."""
+    return len(gen.token_ids) + (gen.eos_id is not None)
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -290,7 +348,7 @@ class ResponseShape:
     ) -> dict:
         """One choice of a full response; `logprobs` as prefill.server.logprobs builds it, or None."""
         if self.chat:
-            message = {"role": "assistant", "content": None if tool_calls else text}
+            message = {"role": "assistant", "content": (text or None) if tool_calls else text}
             if tool_calls:
                 message["tool_calls"] = tool_calls
             return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from prefill.server.config import ServeConfig
-from prefill.server.openai_schema import NOT_SUPPORTED, ErrorResponse
+from prefill.server.openai_schema import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest, ErrorResponse
 
 
 class HealthBody(BaseModel):
@@ -35,7 +35,10 @@ GENERATION_RESPONSES: dict = {
     400: _error("Invalid request, or an OpenAI field this server refuses (`param` names it)"),
     404: _error("Unknown model"),
     413: _error("Request body over the server's limit"),
-    429: _error("The queue is full; retry later"),
+    429: {
+        **_error("The queue is full; retry after Retry-After seconds"),
+        "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer", "minimum": 0}}},
+    },
     500: _error("Generation failed for this request (the server keeps serving)"),
     503: _error("The server is shutting down or cannot serve (see /health)"),
 }
@@ -69,6 +72,30 @@ def refusals_are_400(doc: dict) -> None:
         schemas.pop(name, None)
 
 
+def exact_bounds(doc: dict, models: tuple[type[BaseModel], ...]) -> None:
+    """The request models' own numeric bounds, as validation checks them: FastAPI writes bounds as floats, and
+    seed's 2^64 - 1 becomes 1.8446744073709552e19, a number above what the server takes."""
+    schemas = doc.get("components", {}).get("schemas", {})
+    for model in models:
+        documented = schemas.get(model.__name__, {}).get("properties", {})
+        for name, source in model.model_json_schema()["properties"].items():
+            if name in documented:
+                _copy_bounds(source, documented[name])
+
+
+def generation_bounds(doc: dict) -> None:
+    """exact_bounds of the two generation requests."""
+    exact_bounds(doc, (CompletionRequest, ChatCompletionRequest))
+
+
+def _copy_bounds(source: dict, documented: dict) -> None:
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if key in source:
+            documented[key] = source[key]
+    for a, b in zip(source.get("anyOf", []), documented.get("anyOf", []), strict=False):
+        _copy_bounds(a, b)
+
+
 def server_limits(doc: dict, cfg: ServeConfig, vocab_size: int) -> None:
     """State this server's own limits in the request schemas: the one model it serves, its max_tokens limit,
     token ids (in a prompt, in a list of prompts, in /detokenize), the number of prompts."""
@@ -100,5 +127,5 @@ def _prompt_limits(option: dict, max_prompts: int, vocab_size: int) -> None:
         items.update(minimum=0, maximum=vocab_size - 1)
     if items.get("type") == "array" and items.get("items", {}).get("type") == "integer":
         items["items"].update(minimum=0, maximum=vocab_size - 1)
-    if "maxItems" in option and items.get("type") != "integer":  # a list of prompts
+    if items.get("type") in ("string", "array"):  # a list of prompts: Intake.check refuses more than max_prompts
         option["maxItems"] = max_prompts

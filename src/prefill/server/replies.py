@@ -21,9 +21,17 @@ from prefill.engine.request import Event, Failed, Generation, TokenEvent
 from prefill.errors import BadInput
 from prefill.server.intake import Prepared
 from prefill.server.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
-from prefill.server.openai_schema import ApiError, ResponseShape, StreamOptions, error_body, usage_body
+from prefill.server.openai_schema import (
+    ApiError,
+    ResponseShape,
+    StreamOptions,
+    completion_tokens,
+    error_body,
+    usage_body,
+)
 from prefill.server.state import Aborted, Pending, ServerState
 from prefill.server.structured import tool_calls_of
+from prefill.server.tool_parser import hermes_calls
 
 Outcome = TokenEvent | Generation | ApiError
 
@@ -52,6 +60,10 @@ class Reply:
     @property
     def endpoint(self) -> str:
         return "chat" if self.shape.chat else "completions"
+
+    @property
+    def route(self) -> str:
+        return "/v1/chat/completions" if self.shape.chat else "/v1/completions"
 
     def decode_one(self, token_id: int) -> str:
         return self.state.engine.tokenizer.decode([token_id], skip_special=False)
@@ -90,6 +102,19 @@ class Reply:
             count = costs.scoring_flops_exact(engine.spec, gen.P)
             out.update(scoring_flops=count.total, scoring_unembed_share=count.unembed_share)
         return out
+
+
+def calls_in(prepared: Prepared, text: str, finish: str) -> tuple[str | None, list[dict] | None]:
+    """The message content and tool_calls of a finished answer: a forced call's JSON (the grammar's), the
+    `<tool_call>` blocks a model chose to write (tool_choice "auto"), or the text alone (no call, or one cut short
+    by max_tokens or a stop string)."""
+    if finish == "stop" and prepared.tool_call and (calls := tool_calls_of(text)):
+        return None, calls
+    if finish == "stop" and prepared.auto_tools:
+        content, calls = hermes_calls(text, set(prepared.auto_tools))
+        if calls:
+            return content, calls
+    return text, None
 
 
 # ---- one JSON body ----
@@ -134,13 +159,12 @@ def full_body(reply: Reply, results: list[tuple[str, Generation]]) -> dict:
     prepared, shape = reply.prepared, reply.shape
     choices, totals = [], [0, 0, 0]
     for i, ((text, gen), echoed) in enumerate(zip(results, prepared.echoes, strict=True)):
-        finish, calls = gen.finish_reason, None
-        if prepared.tool_call and finish == "stop" and (calls := tool_calls_of(text)):
-            finish = "tool_calls"
+        content, calls = calls_in(prepared, text, gen.finish_reason)
+        finish = "tool_calls" if calls else gen.finish_reason
         scored = prompt_entries(gen.prompt_scores) if prepared.scored and gen.prompt_scores is not None else []
         lp = reply.logprobs_writer()(scored + generated_entries(gen.logprobs))
-        choices.append(shape.choice(echoed + text, finish, lp, index=i, tool_calls=calls))
-        for j, n in enumerate((gen.P, len(gen.token_ids), gen.cached_tokens)):
+        choices.append(shape.choice(echoed + (content or ""), finish, lp, index=i, tool_calls=calls))
+        for j, n in enumerate((gen.P, completion_tokens(gen), gen.cached_tokens)):
             totals[j] += n
     reply.state.settle(reply.pending, "ok", endpoint=reply.endpoint, finish_reason=choices[0]["finish_reason"])
     timings = [reply.final_timings(gen) for _, gen in results]
@@ -162,7 +186,7 @@ class StreamWriter:
         self.continuous = self.include_usage and bool(opts.continuous_usage_stats)
         self.extra: dict = {"usage": None} if self.include_usage else {}
         self.echoed = reply.prepared.echoes[0]
-        self.tools = reply.prepared.tool_call
+        self.tools = reply.prepared.tool_call or bool(reply.prepared.auto_tools)  # held back until the end
         self.parts: list[str] = []  # a tool call's text, held back
         self.held: list = []  # a tool call's log-probability entries, held back
         self.sent = 0  # generated tokens whose log-probabilities were taken
@@ -213,14 +237,12 @@ class StreamWriter:
         """The finish reason, and the last chunks: the held-back tool call or text, the finish, the usage."""
         out, shape, finish = [], self.shape, gen.finish_reason
         rest = self.held + generated_entries(gen.logprobs[self.sent :])  # held back, and a final EOS's
-        if self.tools and finish == "stop" and (calls := tool_calls_of("".join(self.parts))):
-            finish = "tool_calls"
-            out.append(sse(shape.chunk(None, tool_calls=calls, logprobs=self.logprobs_of(rest), **self.extra)))
+        if self.tools:
+            content, calls = calls_in(self.reply.prepared, "".join(self.parts), finish)
+            finish = "tool_calls" if calls else finish
+            out.append(sse(shape.chunk(content, tool_calls=calls, logprobs=self.logprobs_of(rest), **self.extra)))
             rest = []
-        elif self.tools:
-            out.append(sse(shape.chunk("".join(self.parts), logprobs=self.logprobs_of(rest), **self.extra)))
-            rest = []
-        usage, timings = usage_body(gen.P, len(gen.token_ids), gen.cached_tokens), self.reply.final_timings(gen)
+        usage, timings = usage_body(gen.P, completion_tokens(gen), gen.cached_tokens), self.reply.final_timings(gen)
         if self.include_usage:
             last = shape.chunk(None, finish, logprobs=self.logprobs_of(rest), usage=usage if self.continuous else None)
             out += [sse(last), sse(shape.usage_chunk(usage, timings))]
@@ -240,7 +262,7 @@ async def stream_reply(reply: Reply, opts: StreamOptions | None) -> AsyncIterato
             if pending.settled == "cancelled":
                 break  # not read for too long: the request was dropped
             if isinstance(out, ApiError):
-                state.settle(pending, "error", status=str(out.status))
+                state.settle(pending, "error", route=reply.route, status=str(out.status))
                 yield sse(error_body(out.message, "server_error", None, f"http_{out.status}"))
                 break
             for chunk in writer.echo():

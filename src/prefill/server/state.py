@@ -30,6 +30,7 @@ from prefill.server.supervisor import Supervisor
 from prefill.server.worker import QueueFull, Worker
 
 log = logging.getLogger("prefill.serve")
+RETRY_AFTER_S = 1  # a 429's Retry-After: a queued request of a small model on a CPU starts within about a second
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ class ServerState:
             for job in pending.jobs:
                 job.cancelled = True  # the ones already queued are dropped
             if isinstance(e, QueueFull):
-                raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from e
+                retry = {"Retry-After": str(RETRY_AFTER_S)}
+                raise ApiError(429, str(e), "rate_limit_error", code="queue_full", headers=retry) from e
             raise
         self.inflight.add(pending)
 

@@ -10,7 +10,9 @@ calls into llguidance grammars for one tokenizer; `Grammars.constraint(grammar)`
     if constraint.done(): finish with "stop"   # the grammar is complete: only EOS could follow
 
 JSON is compact (no free whitespace between tokens, ", " and ": " as separators): flexible whitespace lets a
-model pad forever. A generation cut by max_tokens still ends mid-JSON (finish_reason "length"), as in OpenAI.
+model pad forever; for the same reason integers the schema leaves unbounded are bounded to int64 (19 digits).
+A generation cut by max_tokens still ends mid-JSON (finish_reason "length": the JSON may be incomplete), as in
+OpenAI.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ class Grammars:
         import llguidance
 
         try:
-            text = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_JSON_OPTIONS)
+            bounded = json.dumps(int64_integers(schema))
+            text = llguidance.LLMatcher.grammar_from_json_schema(bounded, overrides=_JSON_OPTIONS)
         except (ValueError, TypeError) as e:
             raise SchemaError(f"{param}: the JSON schema is not valid: {e}", param) from None
         error = llguidance.LLMatcher.validate_grammar(text, self._lltokenizer())
@@ -134,6 +137,28 @@ class Grammars:
         if matcher.is_error():
             raise BadInput(f"the grammar cannot be used: {matcher.get_error()}")
         return GrammarConstraint(matcher, self.vocab_size)
+
+
+# How most JSON parsers read an integer: int64, at most 19 digits. The lowest 1,024 values are left out because
+# llguidance reads a bound through a float64 and cannot build the range from -(2^63 - 512) down.
+INT64_MIN, INT64_MAX = -(2**63) + 1024, 2**63 - 1
+
+
+def int64_integers(schema):
+    """`schema` with every integer that has no bound of its own bounded to the int64 range: the meaning is the
+    same for any parser that reads int64, and a small model can no longer write digits until max_tokens runs out."""
+    if isinstance(schema, list):
+        return [int64_integers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: int64_integers(v) if k not in ("const", "enum", "default", "examples") else v for k, v in schema.items()}
+    kinds = out.get("type")
+    if kinds == "integer" or (isinstance(kinds, list) and "integer" in kinds and "number" not in kinds):
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = INT64_MIN
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = INT64_MAX
+    return out
 
 
 def tool_calls_of(text: str) -> list[dict] | None:

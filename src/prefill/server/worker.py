@@ -29,6 +29,7 @@ from prefill.engine.loop import StepLoop
 from prefill.engine.request import Event, Generation, Request, TokenEvent
 from prefill.errors import PrefillError
 from prefill.server.metrics import ServerMetrics
+from prefill.server.openai_schema import completion_tokens
 
 log = logging.getLogger("prefill.serve")
 T = TypeVar("T")
@@ -183,7 +184,7 @@ class Worker:
                 m.ttft.observe(ev.ttft_s)
             m.prefill.observe(ev.prefill_s)
             m.prompt_tokens.observe(ev.P)
-            m.generated_tokens.observe(len(ev.token_ids))
+            m.generated_tokens.observe(completion_tokens(ev))  # as usage counts them: the ending EOS too
             m.cached_tokens.inc(ev.cached_tokens)
             if (use := ev.kv_store) is not None:
                 self._observe_store(use)
