@@ -43,6 +43,7 @@ class NoTemplateEngine:
 
     tokenizer = None
     source = "no-template.gguf"
+    kv_store = None
 
     def __init__(self):
         self.asked = {}

@@ -252,15 +252,15 @@ def test_responses_never_read_the_calibration_file(server, monkeypatch):
     assert r.status_code == 200 and r.json()["timings"]["predicted_by"], r.text
 
 
-def test_a_damaged_calibration_is_refused_before_the_server_starts(engine, tmp_path, monkeypatch):
+def test_the_machine_profile_is_read_before_the_server_starts(engine):
+    """The time model's profile (probed once, or read from the cache) is loaded when the app is built, so no
+    response's timings wait on a probe."""
     from prefill.engine.llm import Engine
-    from prefill.errors import BadInput
 
-    (tmp_path / "cal.json").write_text('{"broken')
-    monkeypatch.setenv("PREFILL_CALIBRATION", str(tmp_path / "cal.json"))
     fresh = Engine(engine.runner, engine.tokenizer, engine.source)  # the same weights, nothing read yet
-    with pytest.raises(BadInput, match="cannot read calibration .*delete it and calibrate again"):
-        create_app(fresh, ServeConfig(model_id_of(fresh), kv_cache_mb=16))
+    assert not fresh._profiles
+    create_app(fresh, ServeConfig(model_id_of(fresh), kv_cache_mb=16))
+    assert fresh._profiles and fresh.profile().peak_flops_per_s > 0
 
 
 def test_metrics_count_requests_and_tokens(server):

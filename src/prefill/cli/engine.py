@@ -59,24 +59,10 @@ def run(
     from prefill.engine.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    run_prompt(
-        prompt,
-        model=model,
-        dtype=dtype,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        stop=tuple(stop or ()),
-        raw=raw,
-        chat=chat,
-        chunk_size=chunk_size,
-        threads=threads,
-        device=device,
-        compile=compile,
-        deterministic=deterministic,
-        weights=weights,
-        kv_store=kv_store,
-        kv_store_mb=kv_store_mb,
-    )
+    load = {"model": model, "dtype": dtype, "weights": weights, "threads": threads, "device": device}
+    store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb}
+    run_prompt(prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), raw=raw, chat=chat,
+               chunk_size=chunk_size, compile=compile, deterministic=deterministic, **load, **store)  # fmt: skip
 
 
 def demo(
