@@ -76,8 +76,8 @@ def test_bad_window_is_one_error_line(args, match):
 def test_score_twice_on_a_kv_store_gives_the_same_perplexity(tmp_path):
     """The second run loads each later window's unscored context from the first run's blocks."""
     text = tmp_path / "text.txt"
-    text.write_text(TEXT * 12)  # ~210 tokens: windows of 96 every 48
-    args = ("score", str(text), "--json", "--window", "96", "--stride", "48", "--kv-store", str(tmp_path / "kv"))
+    text.write_text(TEXT * 6)  # ~105 tokens: windows of 48 every 32
+    args = ("score", str(text), "--json", "--window", "48", "--stride", "32", "--kv-store", str(tmp_path / "kv"))
     first, second = cli(*args), cli(*args)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     blocks = list((tmp_path / "kv" / "blocks").rglob("*.kv"))

@@ -96,12 +96,16 @@ def run_prompt(
     """Load the model, generate from `prompt` (chat template unless `raw`; `chat` requires one) and show the
     answer as it streams, then the prefill, the cache, TTFT measured beside predicted, and decode."""
     from prefill.cli.report import show_run
+    from prefill.engine.prompt import check_text
     from prefill.engine.sampling import SamplingParams
 
     if max_new_tokens < 0:
         fail(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     if chat and raw:
         fail("--chat and --raw contradict each other: give one")
+    check_text(prompt)  # bad input fails before the model loads
+    if kv_store is not None and kv_store_mb <= 0:
+        fail(f"--kv-store-mb must be > 0, got {kv_store_mb}")
     engine = load_engine(model, dtype, threads, device, compile, deterministic, weights, kv_store, kv_store_mb)
     if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
         if chat:

@@ -38,10 +38,12 @@ def score(
     With --kv-store, a window's context that it does not score (--stride below --window) is loaded from an
     earlier run of the same text when faster."""
     from prefill.cli import score_report
-    from prefill.engine.scoring import perplexity
+    from prefill.engine.scoring import perplexity, windows
     from prefill.engine.scoring import score as score_tokens
 
     text = read_text(file)
+    if window is not None:
+        windows(1, window, stride or window)  # a bad window or stride fails before the model loads
     engine = load_engine(model, dtype, threads, kv_store=kv_store, kv_store_mb=kv_store_mb)
     ids = engine.need_tokenizer().encode(text, add_special_tokens=True)
     score_tokens(engine, ids[:2])  # warm-up: the all-position unembedding's kernels, not timed
