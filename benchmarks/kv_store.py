@@ -147,7 +147,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     mb = 4096.0
-    engine = Engine.load(None, dtype="float32", progress=False)
+    engine = Engine.load(None, dtype="float32", weights="float32", progress=False)
     engine.warmup()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         directory = Path(tmp)

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench-results/predict.json")
     args = ap.parse_args(argv)
     lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
-    engine = Engine.load(None, dtype="float32", threads=args.threads, progress=False)
+    engine = Engine.load(None, dtype="float32", weights="float32", threads=args.threads, progress=False)
     engine.warmup()
     quick = engine.profile(fitted=False, echo=print)
     load = os.getloadavg()[0]
