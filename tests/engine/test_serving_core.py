@@ -35,7 +35,7 @@ def agree(ours: Generation, ref: Generation, tol: float) -> bool:
 
 
 def test_sixteen_requests_through_a_pool_that_holds_four(smollm):
-    ids, n = prompts(smollm), 12
+    ids, n = prompts(smollm), 20  # 20 tokens each: the growth past the pool is what preempts
     alone = [run_all(smollm, StepLoop(smollm.runner, smollm.new_pool(len(p) + n)), [p], n)[0] for p in ids]
     peak = max(len(p) for p in ids) + n - 1  # positions one request holds at its end
     pool = KVPool.for_tokens(smollm.spec, 4 * -(-peak // 16) * 16, smollm.dtype, smollm.device)
