@@ -78,6 +78,7 @@ def load_engine(
     from prefill.engine.llm import Engine
     from prefill.machine.native import keep_compile
 
+    check_store_size(kv_store, kv_store_mb)
     dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
     if compile and weights == "native":
         note("native GGUF weights already run fused block operators; not compiling")
@@ -112,11 +113,15 @@ def resolve_storage(model: str | None, dtype: str, weights: str, device: str, de
     return dtype, resolve_weights(weights, model, dtype, device, echo=note)
 
 
-def attach_store(engine, directory: str, max_mb: float) -> None:
-    """Attach the KV store at `directory` to `engine`, saying in one line on stderr (stdout may be JSON) what it
-    measured, or that it could not be used (the warning above it says why)."""
-    if max_mb <= 0:
+def check_store_size(directory: str | None, max_mb: float) -> None:
+    """--kv-store-mb, when a store is asked for, must be > 0: checked before the model loads."""
+    if directory is not None and max_mb <= 0:
         fail(f"--kv-store-mb must be > 0, got {max_mb}")
+
+
+def attach_store(engine, directory: str, max_mb: float) -> None:
+    """Attach the KV store at `directory` to `engine` (its size checked by check_store_size), saying in one line
+    on stderr (stdout may be JSON) what it measured, or that it could not be used (the warning above says why)."""
     tier = engine.attach_kv_store(directory, max_mb)
     if tier is None:
         err_console.print(f"KV store: {directory} cannot be used; running without it", highlight=False, markup=False)

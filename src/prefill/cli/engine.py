@@ -104,8 +104,6 @@ def run_prompt(
     if chat and raw:
         fail("--chat and --raw contradict each other: give one")
     check_text(prompt)  # bad input fails before the model loads
-    if kv_store is not None and kv_store_mb <= 0:
-        fail(f"--kv-store-mb must be > 0, got {kv_store_mb}")
     engine = load_engine(model, dtype, threads, device, compile, deterministic, weights, kv_store, kv_store_mb)
     if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
         if chat:
