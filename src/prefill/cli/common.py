@@ -75,17 +75,14 @@ def load_engine(
     """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
     state; `dtype` and `weights` as resolve_storage says; with `kv_store`, the KV store attached after the
     warm-up (so it stores no warm-up prompt)."""
-    from prefill.engine.llm import Engine
     from prefill.machine.native import keep_compile
 
     check_store_size(kv_store, kv_store_mb)
-    dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
+    engine, dtype, weights = open_engine(model, dtype, weights, device, threads, deterministic)
     if compile and weights == "native":
         note("native GGUF weights already run fused block operators; not compiling")
         compile = False
     compile = compile and keep_compile(dtype, device, echo=note)  # unless the last bench found it slower here
-    load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
-    engine = Engine.load(model, dtype=dtype, progress=True, **load)
     if compile:  # compiling ends with the warm-up runs
         with console.status("compiling the block functions (torch.compile)"):
             console.print(f"compiled in {engine.compile():.1f} s")
@@ -94,6 +91,18 @@ def load_engine(
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     return engine
+
+
+def open_engine(model: str | None, dtype: str, weights: str, device: str, threads: int | None, deterministic: bool):
+    """(engine, dtype, weights): Engine.load with the dtype and weights resolve_storage chose (said in a line
+    each), the model file parsed once for both."""
+    from prefill.costmodel.specs import reading_once
+    from prefill.engine.llm import Engine
+
+    with reading_once():
+        dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
+        load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
+        return Engine.load(model, dtype=dtype, **load), dtype, weights
 
 
 def resolve_storage(model: str | None, dtype: str, weights: str, device: str, deterministic: bool) -> tuple[str, str]:

@@ -37,16 +37,13 @@ def serve(
     kv_store_mb: KVStoreMb = KV_STORE_MB,
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    from prefill.cli.common import attach_store, check_store_size, resolve_storage
-    from prefill.engine.llm import Engine
+    from prefill.cli.common import attach_store, check_store_size, open_engine
     from prefill.server.app import ServeConfig, model_id_of
 
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     check_store_size(kv_store, kv_store_mb)
-    dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
-    load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
-    engine = Engine.load(model, dtype=dtype, **load)
+    engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic)
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}

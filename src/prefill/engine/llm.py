@@ -18,6 +18,7 @@ from prefill.costmodel import costs, storage, timemodel
 from prefill.costmodel.kv_store import DEFAULT_STORE_MB as DEFAULT_KV_STORE_MB
 from prefill.costmodel.ops import Layout, Row
 from prefill.costmodel.profile import MachineProfile
+from prefill.costmodel.specs import reading_once
 from prefill.engine.kv_tier import StoreTier
 from prefill.engine.kvcache import KVPool, SeqKV
 from prefill.engine.loop import StepLoop
@@ -76,14 +77,15 @@ class Engine:
             if weights == NATIVE:
                 raise BadInput("the batch-invariant mode runs dense float32 weights: drop --weights native")
             weights = "float32"
-        storage = resolve_weights(weights, model, str(torch_dtype(dtype)).removeprefix("torch."), device, echo=None)
-        dt = torch_dtype("float32" if storage == NATIVE else storage)
-        callback = _progress_bar("loading weights") if progress is True else (progress or None)
-        try:
-            files = load_model_files(model, dt, callback, check=check_supported, native=storage == NATIVE)
-        finally:
-            if progress is True:
-                callback(-1, -1)
+        with reading_once():  # the weights' choice and the loader read the same GGUF metadata
+            storage = resolve_weights(weights, model, str(torch_dtype(dtype)).removeprefix("torch."), device, None)
+            dt = torch_dtype("float32" if storage == NATIVE else storage)
+            callback = _progress_bar("loading weights") if progress is True else (progress or None)
+            try:
+                files = load_model_files(model, dt, callback, check=check_supported, native=storage == NATIVE)
+            finally:
+                if progress is True:
+                    callback(-1, -1)
         engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
         if deterministic:
             engine.runner.set_deterministic()

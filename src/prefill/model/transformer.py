@@ -52,7 +52,8 @@ def rope_inv_freq(spec: ModelSpec, local: bool = False) -> torch.Tensor:
     or linear), or of the windowed layers when they have their own base (`local`: rope_local_theta, unscaled)."""
     d = spec.d_head
     theta = spec.rope_local_theta if local else spec.rope_theta
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    # on the CPU even inside a meta-device scope (meta arange goes through torch._refs, which imports dynamo)
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
     rs = {} if local else spec.rope_scaling or {}
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "llama3":
@@ -211,7 +212,8 @@ class Transformer(nn.Module):
         super().__init__()
         check_supported(spec)
         self.spec = spec
-        self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
+        # [vocab, d_model]; given its (meta) weight, no initializer runs (normal_ on meta imports torch._dynamo: 2 s)
+        self.embed = nn.Embedding(spec.vocab_size, spec.d_model, _weight=torch.empty(spec.vocab_size, spec.d_model))
         self.embed_scale = spec.family.embedding_scale(spec.d_model)  # sqrt(d_model) for Gemma, else 1
         self.kernels = Kernels()
         self.layers = nn.ModuleList(Block(spec, self.kernels, i) for i in range(spec.L))

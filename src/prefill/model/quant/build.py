@@ -102,17 +102,40 @@ def build(cxx: str | None = None) -> Path:
         except OSError:
             continue
         os.close(fd)
-        cmd = [cxx, *FLAGS, *map(str, SOURCES), "-o", tmp, *_torch_flags()]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
+        try:
+            _compile_and_link(cxx, tmp)
+        except RuntimeError:
             os.unlink(tmp)
-            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"compiling the quantized kernels failed:\n{tail}")
+            raise
         path = folder / library_name()
         os.replace(tmp, path)
         _remove_stale(folder, keep=path)
         return path
     raise RuntimeError(f"no writable folder for the kernels among {', '.join(map(str, _folders()))}")
+
+
+def _compile_and_link(cxx: str, out: str) -> None:
+    """Compile every source to an object file at once (one process each: the build takes as long as the largest
+    file, not their sum), then link them into `out`. RuntimeError with the compiler's last lines on failure."""
+    with tempfile.TemporaryDirectory() as objdir:
+        objects = [str(Path(objdir) / f"{src.stem}.o") for src in SOURCES]
+        includes = [f for f in _torch_flags() if f.startswith(("-I", "-D"))]
+        flags = [f for f in FLAGS if f != "-shared"]
+        jobs = [
+            subprocess.Popen([cxx, *flags, "-c", str(src), "-o", obj, *includes], stderr=subprocess.PIPE, text=True)
+            for src, obj in zip(SOURCES, objects, strict=True)
+        ]
+        for job in jobs:
+            stderr = job.communicate()[1]  # one after another: each drains its own pipe, none can block the rest
+            _check("compiling", job.returncode, stderr)
+        done = subprocess.run([cxx, *FLAGS, *objects, "-o", out, *_torch_flags()], capture_output=True, text=True)
+        _check("linking", done.returncode, done.stderr)
+
+
+def _check(step: str, returncode: int, stderr: str) -> None:
+    if returncode != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"{step} the quantized kernels failed:\n{tail}")
 
 
 def _remove_stale(folder: Path, keep: Path) -> None:
