@@ -69,14 +69,16 @@ def estimate(
     from prefill.cli.estimate_report import print_estimate
     from prefill.costmodel import storage
     from prefill.costmodel.estimate import Setting, build_estimate
+    from prefill.costmodel.specs import reading_once
 
-    spec = spec_from(model, config, gguf, params)
+    with reading_once():  # the shapes and the storage come from the same GGUF
+        spec = spec_from(model, config, gguf, params)
+        stored = (weights, weights) if weights else storage.gguf_file_storage(gguf) if gguf else None
     if prompt_tokens < 1 or batch < 1 or tp < 1:
         fail("--prompt-tokens, --batch and --tp must be >= 1")
     on_cpu = hardware.lower() == "cpu"
     machine = hardware_fields(hardware, dtype, peak_flops, mfu, quiet=json_out, calibrated=spec is not None)
     ttft = {"network_s": network_ms / 1e3, "tokenize_s": tokenize_ms / 1e3}  # the rest of TTFT, in seconds
-    stored = (weights, weights) if weights else storage.gguf_file_storage(gguf) if gguf else None
     shape = {"P": prompt_tokens, "spec": spec, "N": params, "B": batch, "T": tp, "dtype": dtype, "weights": stored}
     est = build_estimate(Setting(**shape, **machine, **ttft))
     for warning in est.setting.warnings():

@@ -271,10 +271,26 @@ def reading_once() -> Iterator[None]:
             _READERS = None
 
 
+def _reader_class():
+    """gguf.GGUFReader over a plain ndarray view of its memory map: it slices the file once per string of the
+    vocabulary, and a numpy.memmap slice runs Python code each time (1.7 s instead of 4.2 s for 49,152 tokens)."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    class Reader(GGUFReader):
+        @property
+        def data(self):
+            return self._array
+
+        @data.setter
+        def data(self, mapped) -> None:
+            self._array = np.asarray(mapped)  # a view: its base keeps the map open
+
+    return Reader
+
+
 def open_gguf(path: str | Path):
     """A gguf.GGUFReader over `path`, or a ModelFileError saying the file is missing, truncated or not GGUF."""
-    from gguf import GGUFReader  # imported here: only GGUF files need it
-
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"no GGUF file at {path}")
@@ -283,7 +299,7 @@ def open_gguf(path: str | Path):
     if _READERS is not None and key in _READERS:
         return _READERS[key]
     try:
-        reader = GGUFReader(str(path))
+        reader = _reader_class()(str(path))
         if _READERS is not None:
             _READERS[key] = reader
         return reader

@@ -5,7 +5,9 @@
 // for the few rows of a decode step, where the weights stream from memory once for all rows (MR rows x NR
 // weight rows of accumulators per tile).
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

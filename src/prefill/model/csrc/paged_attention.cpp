@@ -12,7 +12,9 @@
 //   table  [R, T] int64: block ids; table[r][j] holds positions (j + first_block[r]) * bs ...
 //   first_block, first, end  [R] int64: the table's first block; the first and one-past-last positions read
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

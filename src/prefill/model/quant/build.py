@@ -29,7 +29,7 @@ MODEL_CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = (CSRC / "gemm.cpp", CSRC / "fused.cpp", MODEL_CSRC / "paged_attention.cpp", MODEL_CSRC / "linear.cpp")
 FLAGS = (
     "-O3",
-    "-std=c++17",
+    "-std=c++20",  # torch 2.13's headers use C++20 (bit-field initializers)
     "-ffp-contract=off",
     "-shared",
     "-fPIC",
