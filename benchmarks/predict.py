@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 
 from prefill.bench.gpu import catalog_rows, catalog_table, load_result
-from prefill.bench.runner import parse_ints
+from prefill.bench.results import parse_ints
 from prefill.costmodel.fit import Sample, fit_profile
 from prefill.costmodel.ops import Row
 from prefill.costmodel.timemodel import prefill_steps

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prefill.costmodel.specs import open_gguf
+from prefill.costmodel.gguf_file import open_gguf
 from prefill.loading import default_model_path
 from prefill.model.quant import ops
 from prefill.model.quant.weight import QuantWeight

@@ -8,14 +8,11 @@ from prefill.costmodel.costs import (
     Calibration,
     FlopCount,
     attended_pairs,
-    bound,
     bytes_to_mb,
     bytes_to_mib,
     calibrated_prefill_seconds,
     canonical_dtype,
-    compute_bound_prompt_length,
     compute_seconds,
-    decode_intensity,
     decode_rate,
     dtype_bytes,
     format_bytes,
@@ -23,26 +20,33 @@ from prefill.costmodel.costs import (
     kv_cache_bytes_for,
     max_context_tokens,
     mfu,
-    prefill_bytes_moved,
     prefill_flops,
     prefill_flops_exact,
-    prefill_intensity,
     prefill_seconds,
     request_output_rate,
     request_seconds,
-    ridge_point,
-    ring_allreduce_bytes_per_gpu,
     scoring_flops_exact,
+    ttft_seconds,
+)
+from prefill.costmodel.hardware import HARDWARE, Hardware, get_hardware, load_calibration, save_calibration
+from prefill.costmodel.ops import Row
+from prefill.costmodel.parallel import (
+    ring_allreduce_bytes_per_gpu,
     tp_allreduce_payload_bytes,
     tp_allreduce_seconds,
     tp_flops_per_gpu,
     tp_kv_cache_bytes_per_gpu,
-    ttft_seconds,
+)
+from prefill.costmodel.profile import MachineProfile, catalog_profile
+from prefill.costmodel.roofline import (
+    bound,
+    compute_bound_prompt_length,
+    decode_intensity,
+    prefill_bytes_moved,
+    prefill_intensity,
+    ridge_point,
     weight_reuse_intensity,
 )
-from prefill.costmodel.hardware import HARDWARE, Hardware, get_hardware, load_calibration, save_calibration
-from prefill.costmodel.ops import Row
-from prefill.costmodel.profile import MachineProfile, catalog_profile
 from prefill.costmodel.specs import PRESETS, ModelSpec, load_spec
 from prefill.costmodel.timemodel import Prediction, predict_decode, predict_prefill, predict_scoring, predict_step
 from prefill.errors import BadInput, ModelFileError, PrefillError

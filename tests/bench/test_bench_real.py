@@ -3,7 +3,8 @@
 import pytest
 
 from prefill.bench.peers import llamacpp_available
-from prefill.bench.runner import OURS, BenchConfig, run_bench
+from prefill.bench.results import OURS, BenchConfig
+from prefill.bench.runner import run_bench
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import save_file
 
 from prefill.bench import plot, report
-from prefill.bench.runner import OURS, BenchConfig, run_bench
+from prefill.bench.results import OURS, BenchConfig
+from prefill.bench.runner import run_bench
 from prefill.costmodel.costs import prefill_flops_exact
 
 # big enough that the matmuls, not Python, dominate a 1024-token prefill (so calibration has signal)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from prefill.bench.peers import parse_peers
-from prefill.bench.runner import parse_dtypes, parse_ints
+from prefill.bench.results import parse_dtypes, parse_ints
 from prefill.bench.timing import Timing, measure_peak_memory, percentile, time_call, time_interleaved
 from prefill.errors import BadInput
 

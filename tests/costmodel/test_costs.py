@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefill.costmodel import costs
+from prefill.costmodel import costs, parallel, roofline
 from prefill.costmodel.costs import (
     Calibration,
     FlopCount,
@@ -195,74 +195,74 @@ def test_prefill_seconds_is_flops_over_achieved_rate(N, P, rate, u):
 
 
 def test_decode_intensity_is_two_over_b():
-    assert costs.decode_intensity(2) == 1.0  # bf16
-    assert costs.decode_intensity(1) == 2.0  # fp8/int8
-    assert costs.decode_intensity(0.5) == 4.0  # 4-bit
+    assert roofline.decode_intensity(2) == 1.0  # bf16
+    assert roofline.decode_intensity(1) == 2.0  # fp8/int8
+    assert roofline.decode_intensity(0.5) == 4.0  # 4-bit
 
 
 def test_ridge_point_and_bound():
-    ridge = costs.ridge_point(989.4e12, 3.35e12)
+    ridge = roofline.ridge_point(989.4e12, 3.35e12)
     assert ridge == pytest.approx(295.34, abs=0.01)
-    assert costs.bound(1.0, ridge) == "memory-bound"
-    assert costs.bound(ridge, ridge) == "compute-bound"
+    assert roofline.bound(1.0, ridge) == "memory-bound"
+    assert roofline.bound(ridge, ridge) == "compute-bound"
 
 
 def test_prefill_bytes_moved_counts_weights_activations_and_kv():
     P, b = 1000, 2
     expected = LLAMA3_8B.N * b + 2 * 32 * P * 4096 * b + kv_cache_bytes_for(LLAMA3_8B, P, b)
-    assert costs.prefill_bytes_moved(LLAMA3_8B, P, b) == expected
+    assert roofline.prefill_bytes_moved(LLAMA3_8B, P, b) == expected
 
 
 @given(P=st.integers(1, 200_000))
 def test_prefill_intensity_grows_with_p(P):
-    assert costs.prefill_intensity(LLAMA3_8B, P + 1, 2) > costs.prefill_intensity(LLAMA3_8B, P, 2)
+    assert roofline.prefill_intensity(LLAMA3_8B, P + 1, 2) > roofline.prefill_intensity(LLAMA3_8B, P, 2)
 
 
 def test_prefill_intensity_without_shapes_counts_weights_only():
-    assert costs.prefill_intensity(None, 1000, 2) == 1000.0
-    assert costs.prefill_intensity(None, 1000, 2, B=4) == 4000.0
+    assert roofline.prefill_intensity(None, 1000, 2) == 1000.0
+    assert roofline.prefill_intensity(None, 1000, 2, B=4) == 4000.0
 
 
 def test_compute_bound_prompt_length_is_the_crossover():
-    ridge = costs.ridge_point(989.4e12, 3.35e12)
-    P = costs.compute_bound_prompt_length(LLAMA3_8B, 2, ridge)
-    assert costs.prefill_intensity(LLAMA3_8B, P, 2) >= ridge > costs.prefill_intensity(LLAMA3_8B, P - 1, 2)
+    ridge = roofline.ridge_point(989.4e12, 3.35e12)
+    P = roofline.compute_bound_prompt_length(LLAMA3_8B, 2, ridge)
+    assert roofline.prefill_intensity(LLAMA3_8B, P, 2) >= ridge > roofline.prefill_intensity(LLAMA3_8B, P - 1, 2)
     assert 250 < P < 400  # at ~2 FLOP per weight byte per token, ridge 295 needs ~300 tokens
     # weights only: 2 * P / b >= ridge  <=>  P >= ridge
-    assert costs.compute_bound_prompt_length(None, 2, 100.0) == 100
-    assert costs.compute_bound_prompt_length(None, 2, 1e30, max_P=2**20) is None
+    assert roofline.compute_bound_prompt_length(None, 2, 100.0) == 100
+    assert roofline.compute_bound_prompt_length(None, 2, 1e30, max_P=2**20) is None
 
 
 # ---- tensor parallelism ------------------------------------------------------------------------------
 
 
 def test_tensor_parallel_split_of_flops_and_kv():
-    assert costs.tp_flops_per_gpu(8e12, 4) == 2e12
+    assert parallel.tp_flops_per_gpu(8e12, 4) == 2e12
     full = kv_cache_bytes_for(LLAMA3_8B, 2048, 2)
-    assert costs.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=2) == full // 2
-    assert costs.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=8) == full // 8
+    assert parallel.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=2) == full // 2
+    assert parallel.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=8) == full // 8
     # 16 GPUs but only 8 KV heads: each GPU keeps a whole head
-    assert costs.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=16) == full // 8
+    assert parallel.tp_kv_cache_bytes_per_gpu(LLAMA3_8B, 2048, 2, T=16) == full // 8
     with pytest.raises(ValueError):
-        costs.tp_flops_per_gpu(1.0, 0)
-    assert [costs.tp_kv_heads_per_gpu(8, T) for T in (1, 2, 3, 8, 16)] == [8, 4, 3, 1, 1]
+        parallel.tp_flops_per_gpu(1.0, 0)
+    assert [parallel.tp_kv_heads_per_gpu(8, T) for T in (1, 2, 3, 8, 16)] == [8, 4, 3, 1, 1]
 
 
 def test_tensor_parallel_prefill_is_each_share_plus_the_allreduces():
     # 8e15 FLOPs over 4 GPUs at 1e15 FLOP/s x 0.5: 4 s of compute each, then 0.25 s of all-reduces
-    assert costs.tp_prefill_seconds(8e15, 4, 1e15, 0.5, allreduce_s=0.25) == pytest.approx(4.25)
-    assert costs.tp_prefill_seconds(8e15, 1, 1e15) == pytest.approx(8.0)
+    assert parallel.tp_prefill_seconds(8e15, 4, 1e15, 0.5, allreduce_s=0.25) == pytest.approx(4.25)
+    assert parallel.tp_prefill_seconds(8e15, 1, 1e15) == pytest.approx(8.0)
     with pytest.raises(ValueError):
-        costs.tp_prefill_seconds(8e15, 4, 1e15, 0.5, allreduce_s=-1.0)
+        parallel.tp_prefill_seconds(8e15, 4, 1e15, 0.5, allreduce_s=-1.0)
 
 
 def test_allreduce_bytes_and_seconds():
-    payload = costs.tp_allreduce_payload_bytes(LLAMA3_8B, P=1000, bytes_per_element=2)
+    payload = parallel.tp_allreduce_payload_bytes(LLAMA3_8B, P=1000, bytes_per_element=2)
     assert payload == 2 * 32 * 1000 * 4096 * 2  # 2 all-reduces per layer of [B, P, d_model]
-    assert costs.ring_allreduce_bytes_per_gpu(payload, 1) == 0
-    assert costs.ring_allreduce_bytes_per_gpu(payload, 2) == payload
-    assert costs.ring_allreduce_bytes_per_gpu(payload, 4) == 1.5 * payload
-    assert costs.tp_allreduce_seconds(payload, 2, 450e9) == pytest.approx(payload / 450e9)
+    assert parallel.ring_allreduce_bytes_per_gpu(payload, 1) == 0
+    assert parallel.ring_allreduce_bytes_per_gpu(payload, 2) == payload
+    assert parallel.ring_allreduce_bytes_per_gpu(payload, 4) == 1.5 * payload
+    assert parallel.tp_allreduce_seconds(payload, 2, 450e9) == pytest.approx(payload / 450e9)
 
 
 # ---- calibration -------------------------------------------------------------------------------------

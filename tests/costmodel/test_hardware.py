@@ -5,8 +5,13 @@ import sys
 
 import pytest
 
-from prefill.costmodel.costs import Calibration, ridge_point
+from prefill.costmodel.costs import (
+    Calibration,
+)
 from prefill.costmodel.hardware import HARDWARE, calibration_path, get_hardware, load_calibration, save_calibration
+from prefill.costmodel.roofline import (
+    ridge_point,
+)
 from prefill.errors import BadInput
 
 

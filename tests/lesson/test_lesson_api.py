@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from prefill.costmodel import costs
+from prefill.costmodel import costs, roofline
 from prefill.costmodel.causal import causal_pairs
 from prefill.costmodel.specs import PRESETS
 from prefill.lesson.api import human, seed_lines, short_sci
@@ -84,8 +84,8 @@ def test_estimate_with_a_preset_has_exact_flops_kv_and_the_roofline(url):
     rf = r["roofline"]
     assert rf["ridge"] == pytest.approx(989.4e12 / 3.35e12)
     assert rf["prefill_bound"] == "compute-bound" and rf["decode_bound"] == "memory-bound"
-    assert rf["decode_intensity"] == costs.decode_intensity(2) == 1.0
-    assert rf["compute_bound_from_P"] == costs.compute_bound_prompt_length(spec, 2, rf["ridge"])
+    assert rf["decode_intensity"] == roofline.decode_intensity(2) == 1.0
+    assert rf["compute_bound_from_P"] == roofline.compute_bound_prompt_length(spec, 2, rf["ridge"])
     roof = rf["roof"]
     assert max(roof["flops_per_s"]) == 989.4e12 and roof["flops_per_s"][0] == pytest.approx(0.1 * 3.35e12)
 
@@ -216,8 +216,8 @@ def test_predict_and_roofline_use_the_measured_rates(url, smollm):
     r = ok(url, "/api/roofline", P=3)
     assert r["peak"] == p["gemm_rate"]  # measured once per server: the same rate in both routes
     assert r["ridge"] == pytest.approx(r["peak"] / r["bandwidth"])
-    assert r["prefill_intensity"] == pytest.approx(costs.prefill_intensity(smollm.spec, 3, 4))
-    assert r["decode_bound"] == "memory-bound" and r["decode_intensity"] == costs.decode_intensity(4)
+    assert r["prefill_intensity"] == pytest.approx(roofline.prefill_intensity(smollm.spec, 3, 4))
+    assert r["decode_bound"] == "memory-bound" and r["decode_intensity"] == roofline.decode_intensity(4)
     cached = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.01)
     assert cached["flops"] == costs.prefill_flops_exact(smollm.spec, 8, 32).total  # only the 8 new tokens run
     refused(get(url, "/api/predict", P=40, cached=40), "cached must be in [0, 39]")

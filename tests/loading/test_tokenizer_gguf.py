@@ -5,7 +5,7 @@ import gguf
 import numpy as np
 import pytest
 
-from prefill.costmodel.specs import open_gguf
+from prefill.costmodel.gguf_file import open_gguf
 from prefill.errors import ModelFileError
 from prefill.loading.tokenizer import tokenizer_from_gguf
 from tiny_models import add_spm_tokenizer, finish

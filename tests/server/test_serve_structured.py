@@ -30,7 +30,7 @@ PERSON = {
 
 @pytest.fixture(scope="module")
 def grammars():
-    from prefill.costmodel.specs import open_gguf
+    from prefill.costmodel.gguf_file import open_gguf
     from prefill.loading.resolve import default_model_path
     from prefill.loading.tokenizer import tokenizer_from_gguf
 

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run, print the table, write gpu.json; returns the exit code."""
     from rich.console import Console
 
-    from prefill.bench.runner import parse_ints
+    from prefill.bench.results import parse_ints
 
     ap = argparse.ArgumentParser(prog="benchmarks/gpu.sh", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")

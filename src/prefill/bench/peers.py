@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from prefill.bench.results import LLAMA_DENSE, BenchConfig
 from prefill.errors import BadInput, ModelFileError
 
 PEER_NAMES = ("transformers", "llamacpp")
@@ -151,3 +152,56 @@ def transformers_version() -> str | None:
     except ImportError:
         return None
     return transformers.__version__
+
+
+def llamacpp_version() -> str | None:
+    if not llamacpp_available():
+        return None
+    import llama_cpp
+
+    return llama_cpp.__version__
+
+
+# ---- the peers of one sweep ---------------------------------------------------------------------------
+
+
+def load_transformers_peer(config: BenchConfig, model_path: str, dtype: str, notes: list[str]):
+    """transformers on the same weights in `dtype`, or None (not asked for, or not installed: said in `notes`)."""
+    if "transformers" not in config.peers:
+        return None
+    try:
+        return TransformersPeer.load(model_path, dtype, config.device)
+    except ImportError as e:
+        notes.append(f"transformers peer skipped: {e}")
+        return None
+
+
+def dense_dtypes(config: BenchConfig, model_path: str) -> tuple[str, ...]:
+    """The dtypes whose like-for-like llama.cpp peer (an F32 / BF16 GGUF of the same weights) can run."""
+    from prefill.bench.dense_gguf import FILE_TYPES
+
+    if "llamacpp" not in config.peers or not config.llama_dense or not model_path.endswith(".gguf"):
+        return ()
+    return tuple(dt for dt in config.dtypes if dt in FILE_TYPES)
+
+
+def load_llamacpp_peers(config: BenchConfig, model_path: str, dtype: str, first: bool, n_ctx: int, threads: int,
+                   notes: list[str]) -> list[LlamaCppPeer]:  # fmt: skip
+    """llama.cpp on the GGUF's own types (once per run, with the first dtype) and on the `dtype` copy."""
+    if "llamacpp" not in config.peers:
+        return []
+    if not llamacpp_available():
+        if first:
+            notes.append("llama.cpp peer skipped: llama-cpp-python is not installed (pip install 'prefill[llamacpp]')")
+        return []
+    if not model_path.endswith(".gguf") or config.device != "cpu":
+        if first:
+            notes.append("llama.cpp peer skipped: it needs a .gguf model on the CPU")
+        return []
+    from prefill.bench.dense_gguf import dense_gguf
+
+    peers = [LlamaCppPeer.load(model_path, n_ctx=n_ctx, threads=threads)] if first else []
+    if dtype in dense_dtypes(config, model_path):
+        dense = LlamaCppPeer.load(dense_gguf(model_path, dtype), n_ctx=n_ctx, threads=threads)
+        peers.append(replace(dense, name=LLAMA_DENSE, dtype=dtype))
+    return peers

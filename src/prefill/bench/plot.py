@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prefill.bench.runner import OURS, BenchResult
+from prefill.bench.results import OURS, BenchResult
 from prefill.costmodel.costs import (
     bytes_to_mib,
     calibrated_prefill_seconds,

@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from prefill.bench.calibrate import CalibrationReport
-from prefill.bench.runner import LLAMA_DENSE, OURS, OURS_COMPILED, BenchResult
+from prefill.bench.results import LLAMA_DENSE, OURS, OURS_COMPILED, BenchResult
 from prefill.costmodel.costs import bytes_to_mib
 
 

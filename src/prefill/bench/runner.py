@@ -13,117 +13,29 @@ import gc
 import os
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 from prefill.bench import calibrate, plan
-from prefill.bench.peers import LlamaCppPeer, TransformersPeer, llamacpp_available, transformers_version
+from prefill.bench.peers import (
+    dense_dtypes,
+    llamacpp_version,
+    load_llamacpp_peers,
+    load_transformers_peer,
+    transformers_version,
+)
+from prefill.bench.results import (
+    OURS,
+    OURS_COMPILED,
+    PROMPT_TEXT,
+    VERDICT_P,
+    BenchConfig,
+    BenchResult,
+    Measurement,
+)
 from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call, time_interleaved
-from prefill.costmodel.costs import FlopCount, canonical_dtype, mfu, prefill_flops_exact
+from prefill.costmodel.costs import FlopCount, mfu, prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
-
-DEFAULT_PROMPT_LENGTHS = (32, 128, 512, 1024, 2048, 4096)
-DEFAULT_DTYPES = ("auto",)  # the dtypes native on this device (plan.default_dtypes)
-OURS = "prefill"
-OURS_COMPILED = "prefill-compiled"  # the same engine with its block functions through torch.compile
-LLAMA_DENSE = "llamacpp-dense"  # llama.cpp on an F32 / BF16 GGUF of the same weights (like for like)
-VERDICT_P = 512  # the prompt length whose eager-vs-compiled result `run --compile` follows
-# Any fixed English text will do: attention and GEMM cost do not depend on which tokens they are.
-PROMPT_TEXT = (
-    "Prefill is the first phase of inference: the model reads every prompt token in one parallel pass, "
-    "fills the key-value cache, and produces the logits of the first new token. "
-)
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What to sweep. `model` None means the embedded SmolLM2 GGUF."""
-
-    model: str | None = None
-    prompt_lengths: tuple[int, ...] = DEFAULT_PROMPT_LENGTHS
-    dtypes: tuple[str, ...] = DEFAULT_DTYPES
-    repeats: int = 5
-    warmup: int = 1
-    peers: tuple[str, ...] = ("transformers", "llamacpp")
-    threads: int | None = None
-    calibrate: bool = False
-    calibrate_on: tuple[int, ...] | None = None  # default: the second-shortest and the longest P
-    chunk_sizes: tuple[int, ...] = ()
-    device: str = "cpu"
-    compile: bool = False  # also measure ours with its per-block functions compiled (Engine.compile)
-    force: bool = False  # measure an emulated dtype at every P, not just the smallest
-    llama_dense: bool = True  # llama.cpp also on F32 / BF16 GGUFs of the same weights (prefill.bench.dense_gguf)
-    weights: str = "auto"  # ours: the GGUF's blocks ("native"), dense, or the faster here (prefill.engine.weights)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One engine at one (dtype, P, chunk size): seconds, rates and memory. FLOPs are ours for every engine."""
-
-    engine: str
-    dtype: str
-    P: int
-    chunk_size: int | None
-    cold_s: float
-    median_s: float
-    p90_s: float
-    samples_s: tuple[float, ...]
-    tokens_per_s: float
-    flops: float
-    flops_per_s: float
-    mfu: float | None  # against the GEMM rate measured in this run in `dtype`; None for llama.cpp's own types
-    peak_bytes: int
-    peak_delta_bytes: int
-    memory_kind: str
-    predicted_s: float  # the time model on this machine's profile (prefill.costmodel.timemodel)
-    calibrated_s: float | None = None
-    predicted_bound: str = ""  # what the time model says dominates: compute, memory or overhead
-
-
-@dataclass
-class BenchResult:
-    """Everything one run measured, with the machine it ran on."""
-
-    config: BenchConfig
-    model: str
-    spec: ModelSpec
-    machine: dict[str, Any]
-    gemm_flops_per_s: dict[str, float]
-    measurements: list[Measurement] = field(default_factory=list)
-    calibrations: dict[str, calibrate.CalibrationReport] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def find(self, engine: str, dtype: str, P: int, chunk_size: int | None = None) -> Measurement | None:
-        """The measurement of `engine` at (dtype, P, chunk_size), or None."""
-        for m in self.measurements:
-            if (m.engine, m.dtype, m.P, m.chunk_size) == (engine, dtype, P, chunk_size):
-                return m
-        return None
-
-    def speedup(self, peer: str, dtype: str, P: int) -> float | None:
-        """Our tokens/s over the peer's at the same P (llama.cpp runs its own types: compared to any dtype)."""
-        ours = self.find(OURS, dtype, P)
-        theirs = self.find(peer, dtype, P) or self.find(peer, "gguf", P)
-        if ours is None or theirs is None:
-            return None
-        return ours.tokens_per_s / theirs.tokens_per_s
-
-
-def parse_ints(text: str, what: str) -> tuple[int, ...]:
-    """'32,128,512' -> (32, 128, 512); BadInput on anything but positive integers."""
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise BadInput(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise BadInput(f"{what} must be positive integers, got {text!r}")
-    return values
-
-
-def parse_dtypes(text: str) -> tuple[str, ...]:
-    """'float32,bf16' -> ('float32', 'bfloat16'), each checked by the cost model's dtype table."""
-    return tuple(canonical_dtype(x.strip()) for x in text.split(",") if x.strip())
 
 
 def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str]:
@@ -143,7 +55,7 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     # A bench re-probes (and re-caches) the rates: it is the command a user runs to measure this machine anew.
     shape = (spec.d_model, 2 * spec.d_ff)
     rates = gemm_rates(config.device, shape=shape, dtypes=dtypes, threads=config.threads, refresh=True)
-    dense = _dense_dtypes(config, model_path)
+    dense = dense_dtypes(config, model_path)
     seconds, per_point = plan.estimate(
         spec, dtypes, per, rates, peers=config.peers, compile=config.compile,
         llama_files_per_dtype={dt: (dt in dense) + (i == 0 and model_path.endswith(".gguf"))
@@ -190,8 +102,8 @@ def run_bench(
         result.notes.append(f"ours in {dtype}: {engine.weights} weights")
         if kernels is not None:
             result.notes.append(f"ours compiled with torch.compile (Engine.compile) in {kernels[2]:.1f} s ({dtype})")
-        llamas = _load_llamacpp(config, model_path, dtype, i == 0, longest, threads, result.notes)
-        peer = _load_transformers(config, model_path, dtype, result.notes)
+        llamas = load_llamacpp_peers(config, model_path, dtype, i == 0, longest, threads, result.notes)
+        peer = load_transformers_peer(config, model_path, dtype, result.notes)
         lengths = the_plan.lengths[dtype]
         weigh = lambda P, dt=dtype: the_plan.point_seconds.get((dt, P), 1.0)  # noqa: E731
         _sweep_dtype(engine, kernels, peer, llamas, dtype, lengths, prompt, gemm, config, result, step, weigh)
@@ -429,47 +341,6 @@ def _prompt_ids(tokenizer, P: int, vocab_size: int) -> list[int]:
     return (base * (P // len(base) + 1))[:P]
 
 
-def _load_transformers(config: BenchConfig, model_path: str, dtype: str, notes: list[str]):
-    if "transformers" not in config.peers:
-        return None
-    try:
-        return TransformersPeer.load(model_path, dtype, config.device)
-    except ImportError as e:
-        notes.append(f"transformers peer skipped: {e}")
-        return None
-
-
-def _dense_dtypes(config: BenchConfig, model_path: str) -> tuple[str, ...]:
-    """The dtypes whose like-for-like llama.cpp peer (an F32 / BF16 GGUF of the same weights) can run."""
-    from prefill.bench.dense_gguf import FILE_TYPES
-
-    if "llamacpp" not in config.peers or not config.llama_dense or not model_path.endswith(".gguf"):
-        return ()
-    return tuple(dt for dt in config.dtypes if dt in FILE_TYPES)
-
-
-def _load_llamacpp(config: BenchConfig, model_path: str, dtype: str, first: bool, n_ctx: int, threads: int,
-                   notes: list[str]) -> list[LlamaCppPeer]:  # fmt: skip
-    """llama.cpp on the GGUF's own types (once per run, with the first dtype) and on the `dtype` copy."""
-    if "llamacpp" not in config.peers:
-        return []
-    if not llamacpp_available():
-        if first:
-            notes.append("llama.cpp peer skipped: llama-cpp-python is not installed (pip install 'prefill[llamacpp]')")
-        return []
-    if not model_path.endswith(".gguf") or config.device != "cpu":
-        if first:
-            notes.append("llama.cpp peer skipped: it needs a .gguf model on the CPU")
-        return []
-    from prefill.bench.dense_gguf import dense_gguf
-
-    peers = [LlamaCppPeer.load(model_path, n_ctx=n_ctx, threads=threads)] if first else []
-    if dtype in _dense_dtypes(config, model_path):
-        dense = LlamaCppPeer.load(dense_gguf(model_path, dtype), n_ctx=n_ctx, threads=threads)
-        peers.append(replace(dense, name=LLAMA_DENSE, dtype=dtype))
-    return peers
-
-
 def _save_compile_verdicts(result: BenchResult, config: BenchConfig) -> None:
     """Remember, per dtype, whether compiling beat eager at the P nearest VERDICT_P (for `run --compile`)."""
     from prefill.machine.native import CompileVerdict, save_compile_verdict
@@ -501,11 +372,11 @@ def _spec_of(model_path: str) -> ModelSpec:
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
     import torch
 
-    from prefill.machine.capability import capability
+    from prefill.machine.capability import capability, cpu_name
 
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
     machine = {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "capability": cap.kind,
         "isa": cap.isa,
         "native_dtypes": list(cap.native_dtypes()),
@@ -515,28 +386,9 @@ def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers_version(),
-        "llama_cpp": _llamacpp_version(),
+        "llama_cpp": llamacpp_version(),
     }
     return BenchResult(config=config, model=model_path, spec=spec, machine=machine, gemm_flops_per_s=gemm)
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _llamacpp_version() -> str | None:
-    if not llamacpp_available():
-        return None
-    import llama_cpp
-
-    return llama_cpp.__version__
 
 
 def _inference():

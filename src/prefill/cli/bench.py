@@ -53,7 +53,8 @@ def bench(
     cpu_time: CpuTime = False,
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
-    from prefill.bench.runner import BenchConfig, prepare
+    from prefill.bench.results import BenchConfig
+    from prefill.bench.runner import prepare
 
     if llama_bench:
         return versus_llama(model, weights, threads, repeats, Path(out), "cpu" if cpu_time else "wall")
@@ -90,7 +91,7 @@ def versus_llama(model: str | None, weights: str, threads: int | None, repeats: 
 def parse_lists(prompt_lengths: str, dtypes: str, peers: str, calibrate_on: str | None, chunk_sizes: str | None):
     """The BenchConfig fields given as comma-separated lists; BadInput names the option at fault."""
     from prefill.bench.peers import parse_peers
-    from prefill.bench.runner import parse_dtypes, parse_ints
+    from prefill.bench.results import parse_dtypes, parse_ints
 
     return {
         "prompt_lengths": parse_ints(prompt_lengths, "--prompt-lengths"),

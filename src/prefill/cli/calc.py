@@ -69,7 +69,7 @@ def estimate(
     from prefill.cli.estimate_report import print_estimate
     from prefill.costmodel import storage
     from prefill.costmodel.estimate import Setting, build_estimate
-    from prefill.costmodel.specs import reading_once
+    from prefill.costmodel.gguf_file import reading_once
 
     with reading_once():  # the shapes and the storage come from the same GGUF
         spec = spec_from(model, config, gguf, params)

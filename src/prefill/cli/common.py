@@ -96,7 +96,7 @@ def load_engine(
 def open_engine(model: str | None, dtype: str, weights: str, device: str, threads: int | None, deterministic: bool):
     """(engine, dtype, weights): Engine.load with the dtype and weights resolve_storage chose (said in a line
     each), the model file parsed once for both."""
-    from prefill.costmodel.specs import reading_once
+    from prefill.costmodel.gguf_file import reading_once
     from prefill.engine.llm import Engine
 
     with reading_once():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prefill.costmodel import costs, storage
+from prefill.costmodel import costs, parallel, roofline, storage
 from prefill.errors import BadInput
 
 if TYPE_CHECKING:
@@ -52,9 +52,9 @@ class Setting:
             raise BadInput(f"an estimate needs P >= 0, B >= 1 and T >= 1; got P = {self.P}, B = {self.B}, T = {self.T}")
         if self.T > 1 and self.spec is None:
             raise BadInput("tensor parallelism (T > 1) needs the model's shapes, not only a parameter count N")
-        if self.T > 1 and (problem := costs.tp_head_split_problem(self.spec.H_q, self.spec.H_kv, self.T)):
+        if self.T > 1 and (problem := parallel.tp_head_split_problem(self.spec.H_q, self.spec.H_kv, self.T)):
             H_q, H_kv = self.spec.H_q, self.spec.H_kv
-            fits = [t for t in range(1, H_q + 1) if not costs.tp_head_split_problem(H_q, H_kv, t)]
+            fits = [t for t in range(1, H_q + 1) if not parallel.tp_head_split_problem(H_q, H_kv, t)]
             raise BadInput(
                 f"tensor parallelism over T = {self.T} GPUs: {problem}, so the heads cannot be split evenly; "
                 f"use T in {fits}"
@@ -310,15 +310,15 @@ def build_estimate(s: Setting) -> Estimate:
 
 
 def _tensor_parallel(s: Setting, b: int, exact: costs.FlopCount) -> TensorParallel:
-    payload = costs.tp_allreduce_payload_bytes(s.spec, s.P, b, s.B)
-    allreduce_s = costs.tp_allreduce_seconds(payload, s.T, s.link_bytes_per_s) if s.link_bytes_per_s else None
+    payload = parallel.tp_allreduce_payload_bytes(s.spec, s.P, b, s.B)
+    allreduce_s = parallel.tp_allreduce_seconds(payload, s.T, s.link_bytes_per_s) if s.link_bytes_per_s else None
     return TensorParallel(
         T=s.T,
-        flops_per_gpu=costs.tp_flops_per_gpu(exact.total, s.T),
-        allreduce_bytes_per_gpu=costs.ring_allreduce_bytes_per_gpu(payload, s.T),
+        flops_per_gpu=parallel.tp_flops_per_gpu(exact.total, s.T),
+        allreduce_bytes_per_gpu=parallel.ring_allreduce_bytes_per_gpu(payload, s.T),
         allreduce_s=allreduce_s,
-        prefill_s=costs.tp_prefill_seconds(exact.total, s.T, s.peak_flops_per_s, s.mfu, allreduce_s or 0.0),
-        kv_heads_per_gpu=costs.tp_kv_heads_per_gpu(s.spec.H_kv, s.T),
+        prefill_s=parallel.tp_prefill_seconds(exact.total, s.T, s.peak_flops_per_s, s.mfu, allreduce_s or 0.0),
+        kv_heads_per_gpu=parallel.tp_kv_heads_per_gpu(s.spec.H_kv, s.T),
     )
 
 
@@ -326,22 +326,22 @@ def _kv_cache(s: Setting, b: int) -> KVCache:
     return KVCache(
         bytes=costs.kv_cache_bytes_for(s.spec, s.P, b, s.B),
         bytes_per_token=costs.kv_cache_bytes_for(s.spec, 1, b, s.B),
-        bytes_per_gpu=costs.tp_kv_cache_bytes_per_gpu(s.spec, s.P, b, s.T, s.B),
+        bytes_per_gpu=parallel.tp_kv_cache_bytes_per_gpu(s.spec, s.P, b, s.T, s.B),
     )
 
 
 def _roofline(s: Setting, b: int) -> Roofline:
     peak, bandwidth = s.peak_flops_per_s, s.bandwidth_bytes_per_s
-    ridge = costs.ridge_point(peak, bandwidth)
-    prefill_i, decode_i = costs.prefill_intensity(s.spec, s.P, b, s.B), costs.decode_intensity(b)
+    ridge = roofline.ridge_point(peak, bandwidth)
+    prefill_i, decode_i = roofline.prefill_intensity(s.spec, s.P, b, s.B), roofline.decode_intensity(b)
     return Roofline(
         bandwidth_bytes_per_s=bandwidth,
         ridge_point=ridge,
         prefill_intensity=prefill_i,
-        prefill_bound=costs.bound(prefill_i, ridge),
-        prefill_attainable_flops_per_s=costs.attainable_flops_per_s(prefill_i, peak, bandwidth),
+        prefill_bound=roofline.bound(prefill_i, ridge),
+        prefill_attainable_flops_per_s=roofline.attainable_flops_per_s(prefill_i, peak, bandwidth),
         decode_intensity=decode_i,
-        decode_bound=costs.bound(decode_i, ridge),
-        decode_attainable_flops_per_s=costs.attainable_flops_per_s(decode_i, peak, bandwidth),
-        compute_bound_from_P=costs.compute_bound_prompt_length(s.spec, b, ridge, s.B),
+        decode_bound=roofline.bound(decode_i, ridge),
+        decode_attainable_flops_per_s=roofline.attainable_flops_per_s(decode_i, peak, bandwidth),
+        compute_bound_from_P=roofline.compute_bound_prompt_length(s.spec, b, ridge, s.B),
     )

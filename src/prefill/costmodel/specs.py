@@ -4,13 +4,12 @@ metadata or a built-in preset, and the parameter count N those shapes imply. No 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefill.costmodel.families import Family, check_runnable, family_of, layer_windows
+from prefill.costmodel.gguf_file import open_gguf
 from prefill.errors import BadInput, ModelFileError
 
 _SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")  # config.json and GGUF ({arch}.) keys
@@ -250,64 +249,6 @@ class ModelSpec:
         if key not in PRESETS:
             raise BadInput(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
         return PRESETS[key]
-
-
-_READERS: dict[tuple, Any] | None = None  # open_gguf's readers while a reading_once() scope is open
-
-
-@contextmanager
-def reading_once() -> Iterator[None]:
-    """Inside this scope open_gguf parses each file once: loading a model asks for its metadata, tensor types and
-    vocabulary from several places, and gguf's reader takes seconds on a 49,152-token vocabulary (3.2 s for the
-    embedded model here) and holds ~150 MB of views. The readers are let go when the outermost scope ends."""
-    global _READERS
-    outer = _READERS is None
-    if outer:
-        _READERS = {}
-    try:
-        yield
-    finally:
-        if outer:
-            _READERS = None
-
-
-def _reader_class():
-    """gguf.GGUFReader over a plain ndarray view of its memory map: it slices the file once per string of the
-    vocabulary, and a numpy.memmap slice runs Python code each time (1.7 s instead of 4.2 s for 49,152 tokens)."""
-    import numpy as np
-    from gguf import GGUFReader
-
-    class Reader(GGUFReader):
-        @property
-        def data(self):
-            return self._array
-
-        @data.setter
-        def data(self, mapped) -> None:
-            self._array = np.asarray(mapped)  # a view: its base keeps the map open
-
-    return Reader
-
-
-def open_gguf(path: str | Path):
-    """A gguf.GGUFReader over `path`, or a ModelFileError saying the file is missing, truncated or not GGUF."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"no GGUF file at {path}")
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if _READERS is not None and key in _READERS:
-        return _READERS[key]
-    try:
-        reader = _reader_class()(str(path))
-        if _READERS is not None:
-            _READERS[key] = reader
-        return reader
-    except Exception as e:  # the reader fails in many ways on a damaged file; all mean the same to a user
-        raise ModelFileError(
-            f"cannot read {path} as GGUF ({type(e).__name__}: {e}); "
-            "the file is truncated or not GGUF: download it again"
-        ) from None
 
 
 def load_spec(model: str | Path) -> ModelSpec:

@@ -90,7 +90,7 @@ def gguf_file_storage(path) -> tuple[str, str]:
     matrices (Q4_K_M files mix in a few Q6_K)."""
     from collections import Counter
 
-    from prefill.costmodel.specs import open_gguf
+    from prefill.costmodel.gguf_file import open_gguf
 
     tensors = open_gguf(path).tensors
     counts = Counter(t.tensor_type.name for t in tensors if t.name.startswith("blk.") and len(t.shape) == 2)

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from prefill.costmodel import costs, storage, timemodel
+from prefill.costmodel.gguf_file import reading_once
 from prefill.costmodel.kv_store import DEFAULT_STORE_MB as DEFAULT_KV_STORE_MB
 from prefill.costmodel.ops import Layout, Row
 from prefill.costmodel.profile import MachineProfile
-from prefill.costmodel.specs import reading_once
 from prefill.engine.kv_tier import StoreTier
 from prefill.engine.kvcache import KVPool, SeqKV
 from prefill.engine.loop import StepLoop

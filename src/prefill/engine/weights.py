@@ -10,7 +10,7 @@ from prefill.machine.weights import Choice, cached_probe, choose_weights
 
 def quantized_types(model: str | Path | None) -> tuple[str, ...]:
     """The GGUF types with a kernel among the model file's matrices, in file order (() for an HF folder)."""
-    from prefill.costmodel.specs import open_gguf
+    from prefill.costmodel.gguf_file import open_gguf
     from prefill.loading import default_model_path
     from prefill.model.quant import KERNEL_TYPES
 

@@ -14,7 +14,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from prefill.costmodel import costs
+from prefill.costmodel import costs, roofline
 from prefill.costmodel.causal import causal_mask, causal_pairs
 from prefill.costmodel.estimate import Estimate, Roofline, Setting, build_estimate
 from prefill.costmodel.estimate import request_time as estimate_request_time
@@ -162,7 +162,7 @@ def roofline_body(rf: Roofline, peak: float) -> dict:
         "prefill_attainable": rf.prefill_attainable_flops_per_s,
         "decode_attainable": rf.decode_attainable_flops_per_s,
         "compute_bound_from_P": rf.compute_bound_from_P,
-        "roof": {"intensity": xs, "flops_per_s": [costs.attainable_flops_per_s(x, peak, bandwidth) for x in xs]},
+        "roof": {"intensity": xs, "flops_per_s": [roofline.attainable_flops_per_s(x, peak, bandwidth) for x in xs]},
         "peak": peak,
         "bandwidth": bandwidth,
     }

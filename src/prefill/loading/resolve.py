@@ -80,7 +80,7 @@ def load_model_files(
         check(spec)
         sd = load_safetensors_state_dict(path, dtype, progress)
         return LoadedModel(spec, sd, tokenizer_from_folder(path, eos_ids_from_config(path)), str(path))
-    from prefill.costmodel.specs import open_gguf
+    from prefill.costmodel.gguf_file import open_gguf
     from prefill.loading.gguf import load_gguf_state_dict
     from prefill.loading.tokenizer import tokenizer_from_gguf
 
@@ -93,7 +93,7 @@ def load_model_files(
 
 def default_tokenize(text: str) -> list[str]:
     """The prompt split as the embedded model (SmolLM2) tokenizes it: one printable piece per token."""
-    from prefill.costmodel.specs import open_gguf
+    from prefill.costmodel.gguf_file import open_gguf
     from prefill.loading.tokenizer import tokenizer_from_gguf
 
     return tokenizer_from_gguf(open_gguf(default_model_path())).pieces(text)
