@@ -13,6 +13,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the
     torch.set_num_threads(1)
 
 
+# The files that take longest (pytest --durations), started first: the two workers then end on short files
+# together instead of one of them alone on a long one. Each file's tests stay together and in their order.
+HEAVY_FIRST = ("server/test_serve_openapi.py", "cli/test_cli_engine.py", "bench/test_bench_real.py",
+               "engine/test_scoring.py", "server/test_lm_eval.py", "engine/test_engine.py", "cli/test_cli_score.py",
+               "bench/test_dense_gguf.py", "engine/test_deterministic.py", "server/test_serve_robust.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))
+
+
 @pytest.fixture(scope="session")
 def smollm():
     """The embedded SmolLM2-135M-Instruct in float32 on the CPU."""
@@ -22,11 +34,30 @@ def smollm():
 
 
 @pytest.fixture(scope="session")
-def smollm_reference(smollm):
-    """The same GGUF weights in Hugging Face transformers (float32), the reference implementation."""
+def smollm_reference(smollm, tmp_path_factory):
+    """The same GGUF weights in Hugging Face transformers (float32), the reference implementation.
+
+    transformers converts the GGUF itself (its own reader and dequantization, independent of ours) in ~30 s here;
+    the first xdist worker to need it saves what it converted as safetensors in the run's shared temporary folder,
+    and the other worker loads that copy in a second or two."""
+    from filelock import FileLock
+    from safetensors.torch import save_model
+
     from prefill.engine.proofs import load_reference
 
-    return load_reference(smollm.source)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the parent is this run's own
+    folder = shared / "smollm-reference"
+    with FileLock(f"{folder}.lock"):
+        if (folder / "model.safetensors").is_file():
+            return load_reference(str(folder))
+        model = load_reference(smollm.source)
+        tmp = shared / f"smollm-reference.{os.getpid()}"
+        tmp.mkdir()
+        model.config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tmp.rename(folder)
+        return model
 
 
 @pytest.fixture(autouse=True, scope="session")

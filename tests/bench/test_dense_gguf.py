@@ -17,11 +17,20 @@ def files(tmp_path_factory):
     return src, {dt: dense_gguf(src, dt, out / f"{dt}.gguf") for dt in ("float32", "bfloat16")}
 
 
-def test_f32_gguf_gives_the_same_logits_as_the_original(files):
+@pytest.fixture(scope="module")
+def readers(files):
+    """The source's and each dense file's metadata and tensor table, parsed once for the module."""
+    from prefill.costmodel.gguf_file import open_gguf
+
+    src, dense = files
+    return open_gguf(src), {dt: open_gguf(path) for dt, path in dense.items()}
+
+
+def test_f32_gguf_gives_the_same_logits_as_the_original(files, smollm):
     from prefill.engine.llm import Engine
 
     src, dense = files
-    a = Engine.load(str(src), dtype="float32", weights="float32", progress=False)
+    a = smollm  # the embedded GGUF decoded to float32
     b = Engine.load(str(dense["float32"]), dtype="float32", progress=False)
     assert b.spec == a.spec
     for name, w in a.model.state_dict().items():
@@ -33,13 +42,10 @@ def test_f32_gguf_gives_the_same_logits_as_the_original(files):
     assert (la - lb).abs().max().item() <= 1e-5
 
 
-def test_metadata_copied_and_types_changed(files):
-    import gguf
-
-    src, dense = files
-    r0 = gguf.GGUFReader(src)
+def test_metadata_copied_and_types_changed(readers):
+    r0, dense = readers
     for dt, ftype, matrix_type in (("float32", 0, "F32"), ("bfloat16", 32, "BF16")):
-        r = gguf.GGUFReader(dense[dt])
+        r = dense[dt]
         assert r.fields["general.file_type"].contents() == ftype
         keys = set(r0.fields) - {"general.alignment"}
         assert keys <= set(r.fields)
@@ -50,13 +56,12 @@ def test_metadata_copied_and_types_changed(files):
         assert types["blk.0.ffn_up.weight"] == matrix_type and types["blk.0.attn_norm.weight"] == "F32"
 
 
-def test_bf16_gguf_holds_the_rounded_weights(files):
-    import gguf
+def test_bf16_gguf_holds_the_rounded_weights(readers):
     from gguf.quants import dequantize
 
-    src, dense = files
-    t0 = {t.name: t for t in gguf.GGUFReader(src).tensors}
-    for t in gguf.GGUFReader(dense["bfloat16"]).tensors[:12]:
+    r0, dense = readers
+    t0 = {t.name: t for t in r0.tensors}
+    for t in dense["bfloat16"].tensors[:12]:
         want = torch.from_numpy(np.asarray(dequantize(t0[t.name].data, t0[t.name].tensor_type), dtype=np.float32))
         got = torch.from_numpy(np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
         assert torch.equal(got.reshape(want.shape), want.to(torch.bfloat16).float()), t.name

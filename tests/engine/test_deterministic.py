@@ -44,7 +44,8 @@ def test_preempted_requests_resume_bitwise(deterministic):
     def run(loop: StepLoop, batch) -> list[Generation]:
         return run_requests(loop, batch, n, deterministic.tokenizer, logprobs=1)
 
-    alone = [run(StepLoop(deterministic.runner, deterministic.new_pool(len(p) + n)), [p])[0] for p in prompts]
+    once = {tuple(p): run(StepLoop(deterministic.runner, deterministic.new_pool(len(p) + n)), [p])[0] for p in prompts}
+    alone = [once[tuple(p)] for p in prompts]  # each of the four prompts alone, run once
     B = BLOCK_SIZE  # tokens per block
     admitted = 3 * -(-max(map(len, prompts)) // B) + 1  # blocks: three prompts and one spare, not their growth
     pool = KVPool.for_tokens(deterministic.spec, admitted * B, deterministic.dtype, "cpu")

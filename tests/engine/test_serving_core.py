@@ -34,13 +34,13 @@ def agree(ours: Generation, ref: Generation, tol: float) -> bool:
     return len(ours.token_ids) == len(ref.token_ids) or ours.finish_reason != ref.finish_reason
 
 
-def test_sixteen_requests_through_a_pool_that_holds_four(smollm):
-    ids, n = prompts(smollm), 20  # 20 tokens each: the growth past the pool is what preempts
+def test_eight_requests_through_a_pool_that_holds_three(smollm):
+    ids, n = prompts(smollm)[:8], 20  # 20 tokens each: the growth past the pool is what preempts
     alone = [run_all(smollm, StepLoop(smollm.runner, smollm.new_pool(len(p) + n)), [p], n)[0] for p in ids]
     peak = max(len(p) for p in ids) + n - 1  # positions one request holds at its end
-    pool = KVPool.for_tokens(smollm.spec, 4 * -(-peak // 16) * 16, smollm.dtype, smollm.device)
-    assert pool.max_tokens() < 5 * peak  # four at their peak, not five; more are admitted (prompts are shorter)
-    loop = StepLoop(smollm.runner, pool, max_running=16)
+    pool = KVPool.for_tokens(smollm.spec, 3 * -(-peak // 16) * 16, smollm.dtype, smollm.device)
+    assert pool.max_tokens() < 4 * peak  # three at their peak, not four; more are admitted (prompts are shorter)
+    loop = StepLoop(smollm.runner, pool, max_running=8)
     together = run_all(smollm, loop, ids, n)
     assert loop.scheduler.preemptions > 0  # the pool could not hold them all: some were preempted and resumed
     tol = rounding_tolerance(30.0, smollm.spec, smollm.dtype)  # logits of this model stay below 30

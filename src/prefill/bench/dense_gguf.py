@@ -54,7 +54,9 @@ def _write(source: Path, dtype: str, path: Path) -> None:
     import gguf
     from gguf.quants import dequantize, quantize
 
-    reader = gguf.GGUFReader(source)
+    from prefill.costmodel.gguf_file import open_gguf
+
+    reader = open_gguf(source)
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(path, arch)
     for key, field in reader.fields.items():

@@ -67,13 +67,9 @@ def estimate(
 ) -> None:
     """Predict a prefill: FLOPs (2*N*P and exact), seconds, TTFT, KV cache, compute- or memory-bound."""
     from prefill.cli.estimate_report import print_estimate
-    from prefill.costmodel import storage
     from prefill.costmodel.estimate import Setting, build_estimate
-    from prefill.costmodel.gguf_file import reading_once
 
-    with reading_once():  # the shapes and the storage come from the same GGUF
-        spec = spec_from(model, config, gguf, params)
-        stored = (weights, weights) if weights else storage.gguf_file_storage(gguf) if gguf else None
+    spec, stored = shapes_and_storage(model, config, gguf, params, weights)
     if prompt_tokens < 1 or batch < 1 or tp < 1:
         fail("--prompt-tokens, --batch and --tp must be >= 1")
     on_cpu = hardware.lower() == "cpu"
@@ -87,6 +83,17 @@ def estimate(
         typer.echo(json.dumps(est.to_dict(), indent=2))
     else:
         print_estimate(est, on_cpu)
+
+
+def shapes_and_storage(model, config, gguf, params, weights: str | None):
+    """spec_from's spec, and how the weights are stored (--weights, else the GGUF's own types), the GGUF parsed
+    once for both."""
+    from prefill.costmodel import storage
+    from prefill.costmodel.gguf_file import reading_once
+
+    with reading_once():
+        spec = spec_from(model, config, gguf, params)
+        return spec, (weights, weights) if weights else storage.gguf_file_storage(gguf) if gguf else None
 
 
 def hardware_fields(name: str, dtype: str, peak: float | None, mfu: float | None, quiet: bool, calibrated: bool):

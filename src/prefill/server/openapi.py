@@ -60,13 +60,16 @@ def document(app: FastAPI, *edits: Callable[[dict], None]) -> None:
 
 
 def refusals_are_400(doc: dict) -> None:
-    """Replace FastAPI's 422 (this server answers 400) and drop its validation-error schemas."""
+    """Replace FastAPI's 422 (this server answers 400), list 413 wherever a body is taken, and drop FastAPI's
+    validation-error schemas."""
+    body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
     for ops in doc.get("paths", {}).values():
         for op in ops.values():
             responses = op.get("responses", {})
             if responses.pop("422", None) is not None:
-                body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
                 responses.setdefault("400", {"description": "Invalid request", "content": body})
+            if "requestBody" in op:  # the body limit (middleware) stands before every route that takes a body
+                responses.setdefault("413", {"description": "Request body over the server's limit", "content": body})
     schemas = doc.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
