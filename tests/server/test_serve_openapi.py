@@ -1,5 +1,5 @@
 """schemathesis against the running server's /openapi.json, bounded (fixed seed, few examples per operation, the
-real model name pinned by the document itself, max_tokens at most 8, a 16 KiB body limit so that 413 is met on
+real model name pinned by the document itself, max_tokens at most 2, a 16 KiB body limit so that 413 is met on
 every route that takes a body): zero 5xx, zero hangs, zero responses that contradict the document."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 
 def test_schemathesis_finds_nothing(smollm, tmp_path):
     engine = smollm
-    cfg = ServeConfig(model_id_of(engine), max_tokens_limit=8, chunk_size=64, max_body_bytes=16 * 1024,
+    cfg = ServeConfig(model_id_of(engine), max_tokens_limit=2, chunk_size=64, max_body_bytes=16 * 1024,
                       kv_cache_mb=256)  # fmt: skip
     st = Path(sys.executable).parent / "st"
     with BackgroundServer(create_app(engine, cfg)) as url:
