@@ -52,7 +52,9 @@ def test_every_timing_is_a_finite_positive_rate():
 def test_the_gemm_curve_stops_where_the_budget_would_run_out(monkeypatch):
     # a GEMM of 1 ms per row, 3 calls per point: after 1, 2, 4 and 16 rows 69 ms are spent, and 64 rows would
     # add 192 ms to the 0.1 s budget
-    monkeypatch.setattr(probe, "gemm_seconds", lambda M, K, N, dtype, device="cpu", repeats=3, copies=1: 1e-3 * M)
+    monkeypatch.setattr(
+        probe, "gemm_seconds", lambda M, K, N, dtype, device="cpu", repeats=3, copies=1, qtype=None: 1e-3 * M
+    )
     monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 0)  # no cache to defeat: one copy of the weights
     curve = probe.gemm_curve(8, 8, "float32", budget_s=0.1)
     assert [M for M, _ in curve] == [1, 2, 4, 16]
@@ -60,7 +62,7 @@ def test_the_gemm_curve_stops_where_the_budget_would_run_out(monkeypatch):
 
 
 def fake_probe(monkeypatch, calls: list):
-    def curve(K, N, dtype, device="cpu", budget_s=0.5, Ms=probe.GEMM_MS):
+    def curve(K, N, dtype, device="cpu", budget_s=0.5, Ms=probe.GEMM_MS, qtype=None):
         calls.append(("gemm", K, N, dtype))
         return ((1, 1e10), (64, 5e10), (1024, 8e10))
 
@@ -149,7 +151,7 @@ def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
         and profiles.implausible(profiles.read_json(profiles.PROFILE_FILE)[profiles._key("cpu", 1, "float32")]) is None
     )
     monkeypatch.setattr(
-        probe, "gemm_curve", lambda K, N, dtype, device="cpu", budget_s=1.0, Ms=(): ((1, 4e9), (2, 1e8))
+        probe, "gemm_curve", lambda K, N, dtype, device="cpu", budget_s=1.0, Ms=(), qtype=None: ((1, 4e9), (2, 1e8))
     )
     profiles.probe_profile(SMOLLM2, "float32", threads=1, refresh=True, echo=notes.append)
     assert notes[-1].startswith("warning: the probe's GEMM of 2 rows") and "idle machine" in notes[-1]

@@ -221,8 +221,16 @@ class Engine:
         if fitted not in self._profiles:
             from prefill.machine.profiles import profile_for
 
-            self._profiles[fitted] = profile_for(self.spec, self.dtype_name, str(self.device), fitted=fitted, echo=echo)
+            device, qtypes = str(self.device), self.weight_types()
+            self._profiles[fitted] = profile_for(self.spec, self.dtype_name, device, fitted=fitted, echo=echo,
+                                                 qtypes=qtypes)  # fmt: skip
         return self._profiles[fitted]
+
+    def weight_types(self) -> dict[str, str]:
+        """ "KxN" -> the GGUF type of each GEMM's weight kept as blocks (none for dense weights), for the profile."""
+        b = self.model.layers[0]
+        weights = (b.wqkv.weight, b.wo.weight, b.w_gate_up.weight, b.w_down.weight, self.model.unembed_weight())
+        return {f"{w.K}x{w.N}": w.qtype for w in weights if hasattr(w, "qtype")}
 
     def layout(self) -> Layout:
         """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF

@@ -27,7 +27,9 @@ import numpy as np
 from prefill.costmodel.causal import causal_pairs
 from prefill.costmodel.costs import canonical_dtype, dtype_bytes
 
-GEMM_MS = (1, 2, 4, 16, 64, 256, 1024, 4096)  # row counts the GEMM curve is measured at (while the budget allows)
+# Row counts the GEMM curve is measured at (while the budget allows); 32 and 64 on both sides of the engine's
+# switch from its own few-rows kernel to MKL (prefill.model.transformer.FEW_ROWS).
+GEMM_MS = (1, 2, 4, 16, 32, 64, 256, 1024, 4096)
 COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
 COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
@@ -59,40 +61,62 @@ def best_seconds(fn: Callable[[], object], repeats: int, device: str = "cpu") ->
     return best
 
 
-def gemm_seconds(M: int, K: int, N: int, dtype: str, device: str = "cpu", repeats: int = 3, copies: int = 1) -> float:
-    """Best seconds of one F.linear([M, K], [N, K]), the GEMM every projection runs, cycling through `copies`
-    weights so that with enough of them each one comes from memory, not from the cache."""
+def gemm_seconds(M: int, K: int, N: int, dtype: str, device: str = "cpu", repeats: int = 3, copies: int = 1,
+                 qtype: str | None = None) -> float:  # fmt: skip
+    """Best seconds of one [M, K] x [N, K]^T as the engine's projections run it (few_rows_linear: MKL's F.linear,
+    for 2..32 rows of dense float32 the engine's own kernel, and with `qtype` the kernels of GGUF blocks kept
+    native), cycling through `copies` weights so that with enough of them each one comes from memory, not from
+    the cache."""
     import torch
-    import torch.nn.functional as F
+
+    from prefill.model.transformer import few_rows_linear
 
     dt = getattr(torch, canonical_dtype(dtype))
-    ws = [torch.full((N, K), 0.01, device=device, dtype=dt) for _ in range(copies)]  # copies x [N, K] (nn.Linear's)
+    ws = [_weight(N, K, dt, device, qtype) for _ in range(copies)]  # copies x [N, K] (nn.Linear's layout)
     a = torch.randn(M, K, device=device).to(dt)  # [M, K]
 
     def all_copies() -> None:
         for w in ws:
-            F.linear(a, w)
+            few_rows_linear(a, w)
 
     return best_seconds(all_copies, repeats, device) / copies
 
 
+def _weight(N: int, K: int, dt, device: str, qtype: str | None):
+    """A weight as the engine holds it: dense [N, K] in `dt`, or GGUF blocks of `qtype` (random values)."""
+    import torch
+
+    if qtype is None:
+        return torch.full((N, K), 0.01, device=device, dtype=dt)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from prefill.model.quant import QuantWeight
+
+    w = (np.random.default_rng(0).standard_normal((N, K)) * 0.02).astype(np.float32)
+    return QuantWeight(torch.from_numpy(quantize(w, GGMLQuantizationType[qtype])), qtype, N, K)
+
+
 def gemm_curve(
-    K: int, N: int, dtype: str, device: str = "cpu", budget_s: float = 1.0, Ms: tuple[int, ...] = GEMM_MS
-) -> tuple[tuple[int, float], ...]:
+    K: int, N: int, dtype: str, device: str = "cpu", budget_s: float = 1.0, Ms: tuple[int, ...] = GEMM_MS,
+    qtype: str | None = None,
+) -> tuple[tuple[int, float], ...]:  # fmt: skip
     """(M, FLOP/s) of [M, K] x [K, N] for M in Ms while the next M is predicted to fit the budget (its time grows
     at most 4x per step), so an emulated dtype costs a fraction of a second. Up to M = COLD_UP_TO the weights
     cycle through copies filling twice the last-level cache, so each is read from memory as in a forward (unless
     one GEMM is so slow that streaming cannot matter); a very wide N (an unembedding) is measured on its first
     GEMM_MAX_N columns, whose rate is the whole one's."""
+    from prefill.costmodel.storage import bytes_per_weight
+
     N = min(N, GEMM_MAX_N)
-    weight_bytes = K * N * dtype_bytes(dtype)
+    weight_bytes = K * N * (bytes_per_weight(qtype) if qtype else dtype_bytes(dtype))
     cold = max(1, min(64, math.ceil(2 * last_level_cache_bytes() / weight_bytes))) if device == "cpu" else 1
 
     def measure(M: int) -> tuple[float, float]:
         repeats = 2 if M * K * N < 2**31 else 1
-        t = gemm_seconds(M, K, N, dtype, device, repeats)
+        t = gemm_seconds(M, K, N, dtype, device, repeats, qtype=qtype)
         if M <= COLD_UP_TO and cold > 1 and t * cold < COLD_PASS_S:
-            t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold)
+            t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold, qtype=qtype)
         return 2.0 * M * K * N, t
 
     return _grow(Ms, measure, budget_s)

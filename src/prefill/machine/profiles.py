@@ -24,6 +24,7 @@ from prefill.machine import probe
 from prefill.machine.cache import machine_key, read_json, write_json
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
+PROBE_VERSION = 2  # entries of another version are measured again (2: GEMMs timed on the engine's own path)
 FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
@@ -80,13 +81,20 @@ def _heads(spec: ModelSpec) -> str:
     return f"{spec.H_q}/{spec.H_kv}x{spec.d_head}"
 
 
-def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, device: str) -> bool:
+def _gemm_key(K: int, N: int, qtypes: dict[str, str]) -> str:
+    """The entry's name of the GEMM curve at (K, N): "KxN" for dense weights, "KxN:Q4_1" for GGUF blocks."""
+    qtype = qtypes.get(f"{K}x{N}")
+    return f"{K}x{N}:{qtype}" if qtype else f"{K}x{N}"
+
+
+def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, device: str, qtypes=None) -> bool:
     """Measure what `entry` lacks for these shapes (and, with a spec, its attention and the memory system);
-    True if anything was measured."""
-    curves, measured = entry.setdefault("gemm", {}), False
+    True if anything was measured. `qtypes`: "KxN" -> the GGUF type of weights kept as blocks at that shape."""
+    curves, measured, qtypes = entry.setdefault("gemm", {}), False, qtypes or {}
     for K, N in shapes:
-        if f"{K}x{N}" not in curves:
-            curves[f"{K}x{N}"], measured = [list(p) for p in probe.gemm_curve(K, N, dtype, device)], True
+        if (name := _gemm_key(K, N, qtypes)) not in curves:
+            points = probe.gemm_curve(K, N, dtype, device, qtype=qtypes.get(f"{K}x{N}"))
+            curves[name], measured = [list(p) for p in points], True
     if spec is None:
         return measured
     attention = entry.setdefault("attention", {})
@@ -106,7 +114,7 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
 
 def _store(key: str, entry: dict) -> None:
     """Merge `entry` into the disk cache under `key` (another process may have written meanwhile)."""
-    entry["measured"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    entry["measured"], entry["version"] = time.strftime("%Y-%m-%d %H:%M:%S"), PROBE_VERSION
     data = read_json(PROFILE_FILE)
     old = _valid(data.get(key, {}))
     merged = {**old, **entry}
@@ -126,28 +134,30 @@ def probe_profile(
     threads: int | None = None,
     refresh: bool = False,
     echo: Callable[[str], None] | None = None,
+    qtypes: dict[str, str] | None = None,
 ) -> MachineProfile:
     """The quick probe's profile for `spec` in `dtype`: from this process, the disk cache, or measured now (a
-    few seconds; `echo` gets a one-line note first). `refresh` measures everything again."""
-    dtype, shapes = canonical_dtype(dtype), model_shapes(spec)
+    few seconds; `echo` gets a one-line note first). `refresh` measures everything again. `qtypes`: "KxN" -> the
+    GGUF type of the weights an engine keeps as blocks at that shape (their GEMMs are timed on those kernels)."""
+    dtype, shapes, qtypes = canonical_dtype(dtype), model_shapes(spec), qtypes or {}
     key = _key(device, threads, dtype)
-    memo = f"{key}|{spec.name}|{shapes}"
+    memo = f"{key}|{spec.name}|{shapes}|{sorted(qtypes.items())}"
     if not refresh and memo in _MEMO:
         return _MEMO[memo]
     entry = {} if refresh else _valid(read_json(PROFILE_FILE).get(key, {}))
     with _Threads(threads):
-        if echo is not None and not _has(entry, spec, shapes):
+        if echo is not None and not _has(entry, spec, shapes, qtypes):
             echo(
                 f"probing this machine for {spec.name} in {dtype}: GEMM rates at its shapes, attention, bandwidth, "
                 "overhead (a few seconds, once; `prefill calibrate` measures again)"
             )
-        if _measure_missing(entry, spec, shapes, dtype, device):
+        if _measure_missing(entry, spec, shapes, dtype, device, qtypes):
             _store(key, entry)
             busy = implausible(entry)
             if busy and echo is not None:
                 echo(f"warning: {busy}; predictions will be off: run `prefill calibrate` again on an idle machine")
         n_threads = None if device.startswith("cuda") else _torch_threads()
-    profile = _build(entry, spec, shapes, dtype, device, n_threads)
+    profile = _build(entry, spec, shapes, dtype, device, n_threads, qtypes)
     _MEMO[memo] = profile
     return profile
 
@@ -179,6 +189,8 @@ def _torch_threads() -> int:
 
 def _valid(entry) -> dict:
     """The cached entry, or {} when it is not what this version writes (a cache is only a cache: measure again)."""
+    if not isinstance(entry, dict) or entry.get("version") != PROBE_VERSION:
+        return {}
     try:
         if not isinstance(entry.get("gemm", {}), dict) or not isinstance(entry.get("attention", {}), dict):
             return {}
@@ -191,9 +203,9 @@ def _valid(entry) -> dict:
         return {}
 
 
-def _has(entry: dict, spec: ModelSpec, shapes) -> bool:
+def _has(entry: dict, spec: ModelSpec, shapes, qtypes: dict[str, str]) -> bool:
     return (
-        all(f"{K}x{N}" in entry.get("gemm", {}) for K, N in shapes)
+        all(_gemm_key(K, N, qtypes) in entry.get("gemm", {}) for K, N in shapes)
         and _heads(spec) in entry.get("attention", {})
         and "bandwidth_bytes_per_s" in entry
     )
@@ -203,14 +215,15 @@ def _points(rows: list) -> tuple[tuple[int, float], ...]:
     return tuple((int(n), float(r)) for n, r in rows)
 
 
-def _curve(entry: dict, K: int, N: int) -> GemmCurve:
-    return GemmCurve(K, N, _points(entry["gemm"][f"{K}x{N}"]))
+def _curve(entry: dict, K: int, N: int, qtypes: dict[str, str]) -> GemmCurve:
+    return GemmCurve(K, N, _points(entry["gemm"][_gemm_key(K, N, qtypes)]))
 
 
-def _build(entry: dict, spec: ModelSpec, shapes, dtype: str, device: str, threads: int | None) -> MachineProfile:
+def _build(entry: dict, spec: ModelSpec, shapes, dtype: str, device: str, threads: int | None,
+           qtypes: dict[str, str]) -> MachineProfile:  # fmt: skip
     from prefill.machine.capability import capability
 
-    curves = tuple(_curve(entry, K, N) for K, N in shapes)
+    curves = tuple(_curve(entry, K, N, qtypes) for K, N in shapes)
     cuda = device.startswith("cuda")
     return MachineProfile(
         name=f"{capability('cuda' if cuda else 'cpu').name} ({'GPU' if cuda else f'{threads} threads'}, {dtype})",
@@ -236,10 +249,12 @@ def profile_for(
     threads: int | None = None,
     fitted: bool = True,
     echo: Callable[[str], None] | None = None,
+    qtypes: dict[str, str] | None = None,
 ) -> MachineProfile:
-    """The profile predictions use: the quick probe's, with the parameters a benchmark fitted for this machine,
-    dtype and model applied when there are some (and `fitted`)."""
-    profile = probe_profile(spec, dtype, device, threads, echo=echo)
+    """The profile predictions use: the quick probe's (`qtypes` as probe_profile), with the parameters a benchmark
+    fitted for this machine, dtype and model applied when there are some (and `fitted`; dense weights only)."""
+    profile = probe_profile(spec, dtype, device, threads, echo=echo, qtypes=qtypes)
+    fitted = fitted and not qtypes  # a fit of dense weights says nothing of the block kernels
     saved = read_json(FITTED_FILE).get(f"{_key(device, threads, dtype)}|{spec.name}") if fitted else None
     if not saved:
         return profile
@@ -273,7 +288,7 @@ def gemm_rates(
         with _Threads(threads):
             if _measure_missing(entry, None, [shape], dt, device):
                 _store(key, {"gemm": {f"{K}x{N}": entry["gemm"][f"{K}x{N}"]}})
-        rates[dt] = _curve(entry, K, N).rate(PROBE_M)
+        rates[dt] = _curve(entry, K, N, {}).rate(PROBE_M)
     return rates
 
 
