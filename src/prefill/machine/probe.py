@@ -17,6 +17,7 @@ assembles these into a MachineProfile and caches it. torch is imported inside th
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -88,13 +89,20 @@ def _weight(N: int, K: int, dt, device: str, qtype: str | None):
 
     if qtype is None:
         return torch.full((N, K), 0.01, device=device, dtype=dt)
+    from prefill.model.quant import QuantWeight
+
+    return QuantWeight(_random_blocks(N, K, qtype).clone(), qtype, N, K)  # a copy each: from memory, not the cache
+
+
+@functools.lru_cache(maxsize=4)
+def _random_blocks(N: int, K: int, qtype: str):
+    """GGUF blocks uint8 [N, K / block * bytes] of `qtype` holding random weights (quantized once per shape)."""
+    import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    from prefill.model.quant import QuantWeight
-
     w = (np.random.default_rng(0).standard_normal((N, K)) * 0.02).astype(np.float32)
-    return QuantWeight(torch.from_numpy(quantize(w, GGMLQuantizationType[qtype])), qtype, N, K)
+    return torch.from_numpy(quantize(w, GGMLQuantizationType[qtype]))
 
 
 def gemm_curve(
