@@ -116,16 +116,7 @@ class ModelSpec:
         Reads head_dim when present instead of assuming d_model / H_q. Missing keys raise BadInput.
         """
         if not isinstance(config, dict):
-            path = Path(config)
-            if path.is_dir():
-                path = path / "config.json"
-            try:
-                config = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise ModelFileError(f"no config.json at {path}; pass a model folder or its config.json") from None
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ModelFileError(f"cannot read {path} as JSON ({e}); is it a Hugging Face config.json?") from None
-            name = name or path.parent.name
+            config, name = _read_hf_config(Path(config), name)
         if not isinstance(config, dict):
             raise BadInput("a Hugging Face config must be a JSON object")
         c = {**config, **config.get("text_config", {})}  # multimodal wrappers keep the decoder in text_config
@@ -177,10 +168,8 @@ class ModelSpec:
 
     @classmethod
     def from_gguf(cls, path: str | Path, reader=None) -> ModelSpec:
-        """A spec from a GGUF file's metadata and tensor names (no tensor data is read).
-
-        `reader`: the file already opened by open_gguf (parsing a vocabulary takes seconds; do it once).
-        """
+        """A spec from a GGUF file's metadata and tensor names (no tensor data is read). `reader`: the file already
+        opened by open_gguf (parsing a vocabulary takes seconds; do it once)."""
         path = Path(path)
         if reader is None:
             reader = open_gguf(path)
@@ -207,9 +196,6 @@ class ModelSpec:
         defaults = fam.gguf_defaults
         window = value(f"{arch}.attention.sliding_window", 0) if fam.windows != "none" else None
         pattern = value(f"{arch}.attention.sliding_window_pattern", defaults.get("sliding_window_pattern", 0))
-        kinds = None  # llama.cpp writes the pattern as a period or as one bool per layer (True: windowed)
-        if isinstance(pattern, list):
-            kinds, pattern = ["sliding_attention" if p else "full_attention" for p in pattern], 0
         rope_scaling = None
         if value(f"{arch}.rope.scaling.type", "none") == "linear":
             rope_scaling = {"rope_type": "linear", "factor": float(value(f"{arch}.rope.scaling.factor"))}
@@ -235,7 +221,7 @@ class ModelSpec:
             qkv_bias="blk.0.attn_q.bias" in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
             rope_scaling=rope_scaling,
-            windows=layer_windows(fam, L, int(window or 0) or None, kinds, int(pattern or 0) or None),
+            windows=_gguf_windows(fam, L, window, pattern),
             rope_local_theta=float(local_theta) or None,
             query_pre_attn_scalar=(d_model // H_q if wide_query else d_head) if fam.embed_scale else None,
             attn_softcap=softcaps[0] or None,
@@ -249,6 +235,27 @@ class ModelSpec:
         if key not in PRESETS:
             raise BadInput(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
         return PRESETS[key]
+
+
+def _read_hf_config(path: Path, name: str | None) -> tuple[Any, str]:
+    """The JSON of a config.json (or of a model folder's), and the model's name (the folder's unless given)."""
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelFileError(f"no config.json at {path}; pass a model folder or its config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"cannot read {path} as JSON ({e}); is it a Hugging Face config.json?") from None
+    return config, name or path.parent.name
+
+
+def _gguf_windows(fam: Family, L: int, window, pattern) -> tuple[int | None, ...]:
+    """Each layer's window from llama.cpp's keys: the pattern is a period or one bool per layer (True: windowed)."""
+    kinds = None
+    if isinstance(pattern, list):
+        kinds, pattern = ["sliding_attention" if p else "full_attention" for p in pattern], 0
+    return layer_windows(fam, L, int(window or 0) or None, kinds, int(pattern or 0) or None)
 
 
 def load_spec(model: str | Path) -> ModelSpec:
