@@ -125,8 +125,10 @@ def _compile_and_link(cxx: str, out: str) -> None:
             subprocess.Popen([cxx, *flags, "-c", str(src), "-o", obj, *includes], stderr=subprocess.PIPE, text=True)
             for src, obj in zip(SOURCES, objects, strict=True)
         ]
-        for job in jobs:
-            stderr = job.communicate()[1]  # one after another: each drains its own pipe, none can block the rest
+        # Every compiler ends before a failure is raised (none is left writing into the folder being removed);
+        # one after another, each drains its own pipe, so none can block the rest.
+        errors = [job.communicate()[1] for job in jobs]
+        for job, stderr in zip(jobs, errors, strict=True):
             _check("compiling", job.returncode, stderr)
         done = subprocess.run([cxx, *FLAGS, *objects, "-o", out, *_torch_flags()], capture_output=True, text=True)
         _check("linking", done.returncode, done.stderr)
