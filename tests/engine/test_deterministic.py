@@ -31,7 +31,7 @@ def test_logits_are_bitwise_the_same_alone_batched_and_chunked(deterministic):
 
 
 def test_the_default_mode_is_not_bitwise(smollm):
-    prompts = [smollm.encode_prompt(q) for q in QUESTIONS]
+    prompts = [smollm.encode_prompt(q) for q in QUESTIONS[:2]]  # batches of 2 and chunks of 7: M differs
     checks = proofs.batch_invariance(smollm, prompts, new_tokens=2, chunks=(7,))
     assert any(c.measured > 0 for c in checks)  # the check can fail: MKL sums in another order for another M
 
@@ -39,7 +39,7 @@ def test_the_default_mode_is_not_bitwise(smollm):
 def test_preempted_requests_resume_bitwise(deterministic):
     """Logprobs (from the logits) of 8 requests through a pool too small for all: equal to each alone, exactly."""
     prompts = [deterministic.encode_prompt(f"Write a line about {t}.") for t in ("owls", "tea", "snow", "ink")] * 2
-    n = 20  # each request grows past a block boundary (36 prompt tokens: 3 blocks, 55 positions at the end: 4)
+    n = 14  # each request grows past a block boundary (36 prompt tokens: 3 blocks, 49 positions at the end: 4)
 
     def run(loop: StepLoop, batch) -> list[Generation]:
         return run_requests(loop, batch, n, deterministic.tokenizer, logprobs=1)

@@ -25,13 +25,8 @@ def test_reference_answers_paris_like_us(smollm, smollm_reference):
     assert ref_text.startswith("The capital of France is Paris.")
 
 
-def test_gguf_tokenizer_matches_transformers_tokenizer(smollm):
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    path = Path(smollm.source)
-    ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+def test_gguf_tokenizer_matches_transformers_tokenizer(smollm, smollm_reference_tokenizer):
+    ref = smollm_reference_tokenizer
     for text in [
         "What is the capital of France?",
         "Numbers: 12345 and 3.14159, year 2026!",
@@ -42,3 +37,35 @@ def test_gguf_tokenizer_matches_transformers_tokenizer(smollm):
     ]:
         assert smollm.tokenizer.encode(text) == ref.encode(text, add_special_tokens=False), text
         assert smollm.tokenizer.decode(smollm.tokenizer.encode(text), skip_special=False) == text
+
+
+def test_quick_gguf_parsing_changes_nothing_transformers_loads(tmp_path):
+    """The reference and the transformers peer load GGUFs under quick_gguf_parsing: the same weights, bitwise, and
+    the same vocabulary as transformers' own unpatched load (a tiny Llama GGUF with a SentencePiece vocabulary)."""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from prefill.costmodel.gguf_file import quick_gguf_parsing
+    from tiny_models import spm_vocab, write_gguf_from_hf
+
+    shape = dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    config = LlamaConfig(vocab_size=len(spm_vocab("llama")[0]), max_position_embeddings=256, **shape)
+    torch.manual_seed(0)
+    path = write_gguf_from_hf(tmp_path / "tiny.gguf", AutoModelForCausalLM.from_config(config), "llama", "llama")
+
+    def load():
+        model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+        return model, AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+
+    plain_model, plain_tokenizer = load()
+    original = gguf.GGUFReader
+    with quick_gguf_parsing():
+        assert gguf.GGUFReader is not original
+        quick_model, quick_tokenizer = load()
+    assert gguf.GGUFReader is original  # put back when the scope ends
+    a, b = plain_model.state_dict(), quick_model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert plain_tokenizer.get_vocab() == quick_tokenizer.get_vocab()

@@ -75,8 +75,8 @@ def test_tiny_model_on_blocks_equals_dense_fused_or_not(arch, qtype):
 
 
 @pytest.fixture(scope="module")
-def smollm_pair():
-    return Engine.load(None, weights="native", progress=False), Engine.load(None, weights="float32", progress=False)
+def smollm_pair(smollm_native, smollm):
+    return smollm_native, smollm
 
 
 @pytest.mark.slow

@@ -22,8 +22,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def engine(smollm):
-    return smollm  # the session's one load of the embedded model
+def engine(smollm_native):
+    return smollm_native  # the session's load on the GGUF's own blocks (conftest): what is served, in less time
 
 
 @pytest.fixture(scope="module")

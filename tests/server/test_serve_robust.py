@@ -26,8 +26,8 @@ KV_MB = 256  # each app's KV pool: the default (up to 2 GiB) fills with a long t
 
 
 @pytest.fixture(scope="module")
-def engine(smollm):
-    return smollm  # the session's one load of the embedded model (conftest)
+def engine(smollm_native):
+    return smollm_native  # the session's load on the GGUF's own blocks (conftest): what is served, in less time
 
 
 @pytest.fixture(scope="module")

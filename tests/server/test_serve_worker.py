@@ -21,8 +21,8 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def engine(smollm):
-    return smollm
+def engine(smollm_native):
+    return smollm_native  # the session's load on the GGUF's own blocks (conftest): what is served, in less time
 
 
 def worker_of(engine, pool_tokens: int, chunk_size: int = 16, prefix_mb: float = 0.0) -> Worker:

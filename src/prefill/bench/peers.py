@@ -44,6 +44,8 @@ class TransformersPeer:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
+        from prefill.costmodel.gguf_file import quick_gguf_parsing
+
         hf_logging.set_verbosity_error()  # its load-time advice and progress bars would bury our tables
         hf_logging.disable_progress_bar()
         torch_dtype = _torch_dtype(dtype)
@@ -54,7 +56,7 @@ class TransformersPeer:
             path = path.parent
         elif not (path / "config.json").is_file():
             raise ModelFileError(f"{model_path}: the transformers peer needs a .gguf file or an HF model folder")
-        with contextlib.redirect_stderr(io.StringIO()):  # the GGUF dequantizer draws a raw tqdm bar
+        with contextlib.redirect_stderr(io.StringIO()), quick_gguf_parsing():  # its dequantizer draws a raw tqdm bar
             model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs).to(device)
         dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
         if dtypes != {dtype}:

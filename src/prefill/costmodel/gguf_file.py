@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +29,8 @@ def reading_once() -> Iterator[None]:
             _READERS = None
 
 
-def _reader_class():
+@functools.cache
+def reader_class():
     """gguf.GGUFReader over a plain ndarray view of its memory map: it slices the file once per string of the
     vocabulary, and a numpy.memmap slice runs Python code each time (1.7 s instead of 4.2 s for 49,152 tokens)."""
     import numpy as np
@@ -46,6 +48,23 @@ def _reader_class():
     return Reader
 
 
+@contextmanager
+def quick_gguf_parsing() -> Iterator[None]:
+    """For code that reads GGUF files with gguf's own functions (transformers' GGUF loader, for the reference and
+    the transformers peer): gguf.GGUFReader is reader_class() while the scope is open, and gguf's tensor-name table
+    is built once per architecture instead of once per module. The same bytes are parsed by the same code, so
+    what the caller gets is unchanged (bitwise, checked in the suite); the embedded model loads in transformers
+    in 6 s instead of 29 s here (3 parses of 7 s, and the table built 397 times)."""
+    import gguf
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader_class(), functools.cache(gguf.get_tensor_name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+
+
 def open_gguf(path: str | Path):
     """A gguf.GGUFReader over `path`, or a ModelFileError saying the file is missing, truncated or not GGUF."""
     path = Path(path)
@@ -56,7 +75,7 @@ def open_gguf(path: str | Path):
     if _READERS is not None and key in _READERS:
         return _READERS[key]
     try:
-        reader = _reader_class()(str(path))
+        reader = reader_class()(str(path))
         if _READERS is not None:
             _READERS[key] = reader
         return reader

@@ -135,10 +135,13 @@ def load_reference(source: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
+    from prefill.costmodel.gguf_file import quick_gguf_parsing
+
     logging.set_verbosity_error()  # its deprecation notices are not ours to show
     path = Path(source)
     if path.suffix == ".gguf":
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        with quick_gguf_parsing():
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.eval()
