@@ -15,9 +15,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the
 
 # The files that take longest (pytest --durations), started first: the two workers then end on short files
 # together instead of one of them alone on a long one. Each file's tests stay together and in their order.
-HEAVY_FIRST = ("server/test_serve_openapi.py", "cli/test_cli_engine.py", "bench/test_bench_real.py",
-               "engine/test_scoring.py", "server/test_lm_eval.py", "engine/test_engine.py", "cli/test_cli_score.py",
-               "bench/test_dense_gguf.py", "engine/test_deterministic.py", "server/test_serve_robust.py")  # fmt: skip
+HEAVY_FIRST = ("cli/test_cli_engine.py", "engine/test_scoring.py", "engine/test_engine.py",
+               "server/test_serve_openapi.py", "cli/test_cli_score.py", "server/test_lm_eval.py",
+               "engine/test_deterministic.py", "engine/test_kv_tier.py", "bench/test_bench_real.py",
+               "lesson/test_lesson_browser.py", "server/test_serve_robust.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
