@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefill.costmodel.families import TOKENIZER_KINDS, family_of
+from prefill.costmodel.gguf_reader import array_values
 from prefill.errors import BadInput, ModelFileError
 
 # Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre` (the regexes of the original tokenizers).
@@ -106,9 +107,7 @@ def _gguf_field(reader, key: str):
     import gguf
 
     if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
-        if f.types[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        return [f.parts[i].tolist()[0] for i in f.data]
+        return array_values(f, errors="replace")
     if f.types[0] == gguf.GGUFValueType.STRING:
         return bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
     return f.parts[f.data[0]].tolist()[0]

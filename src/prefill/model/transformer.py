@@ -229,8 +229,22 @@ class Transformer(nn.Module):
 
     def materialize(self, device, dtype: torch.dtype) -> Transformer:
         """Allocate the parameters of a model built on the meta device, directly in `dtype` on `device`
-        (uninitialized: load or initialize them next). The rotary frequencies stay float32, as in the reference."""
-        self.to(dtype=dtype).to_empty(device=device)
+        (uninitialized: load or initialize them next). The rotary frequencies stay float32, as in the reference.
+        Each tensor is made with torch.empty: Module.to_empty on meta tensors runs torch's Python reference of
+        empty_like, whose import of sympy and the symbolic-shapes machinery costs 1.6 s a load here."""
+        made: dict[int, torch.Tensor] = {}  # a tensor shared by two modules stays one tensor
+
+        def empty(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in made:
+                new = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+                made[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+            return made[id(t)]
+
+        for module in self.modules():
+            for table in (module._parameters, module._buffers):
+                for name, t in table.items():
+                    if t is not None:
+                        table[name] = empty(t)
         self.inv_freq = rope_inv_freq(self.spec).to(device)
         self.inv_freq_local = self._local_inv_freq().to(device)
         return self
