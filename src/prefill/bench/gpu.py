@@ -23,9 +23,20 @@ from prefill.errors import BadInput
 
 # Llama-3-8B's layout shrunk to two layers, for CPU runs of this script: GQA (H_q = 2 H_kv), SwiGLU, untied.
 TINY = ModelSpec(
-    name="tiny-llama", arch="llama", L=2, d_model=128, H_q=4, H_kv=2, d_head=32, d_ff=256, vocab_size=512,
-    context_length=8192, tied_embeddings=False, rope_theta=500000.0, norm_eps=1e-5,
-)  # fmt: skip
+    name="tiny-llama",
+    arch="llama",
+    L=2,
+    d_model=128,
+    H_q=4,
+    H_kv=2,
+    d_head=32,
+    d_ff=256,
+    vocab_size=512,
+    context_length=8192,
+    tied_embeddings=False,
+    rope_theta=500000.0,
+    norm_eps=1e-5,
+)
 DEFAULT_LENGTHS = {"llama-3-8b": (512, 2048, 8192), "tiny": (64, 256, 1024)}
 
 
@@ -131,7 +142,7 @@ def run(spec: ModelSpec, lengths: tuple[int, ...], device: str, repeats: int, pe
                     flops_per_s=flops / tm.median_s,
                     mfu=mfu(flops, tm.median_s, gemm),
                     peak_bytes=mem.peak_bytes,
-                )  # fmt: skip
+                )
             )
     return {
         "spec": asdict(spec),
@@ -165,10 +176,16 @@ def table(result: dict):
         hf = next((q for q in pts if q["engine"] == "transformers" and q["P"] == p["P"]), None)
         speedup = hf["median_s"] / p["median_s"] if hf and p["engine"] == "prefill" else None
         t.add_row(
-            str(p["P"]), p["engine"], f"{p['median_s'] * 1e3:.2f}", f"{p['p90_s'] * 1e3:.2f}",
-            f"{p['tokens_per_s']:,.0f}", f"{p['flops_per_s'] / 1e12:.2f}", f"{p['mfu']:.1%}",
-            f"{bytes_to_mib(p['peak_bytes']):,.0f}", "" if speedup is None else f"{speedup:.2f}x",
-        )  # fmt: skip
+            str(p["P"]),
+            p["engine"],
+            f"{p['median_s'] * 1e3:.2f}",
+            f"{p['p90_s'] * 1e3:.2f}",
+            f"{p['tokens_per_s']:,.0f}",
+            f"{p['flops_per_s'] / 1e12:.2f}",
+            f"{p['mfu']:.1%}",
+            f"{bytes_to_mib(p['peak_bytes']):,.0f}",
+            "" if speedup is None else f"{speedup:.2f}x",
+        )
     return t
 
 
@@ -253,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = TINY if args.preset == "tiny" else ModelSpec.from_preset(args.preset)
         lengths = parse_ints(args.prompt_lengths, "--prompt-lengths") if args.prompt_lengths else None
-        result = run(spec, lengths or DEFAULT_LENGTHS[args.preset], args.device, args.repeats,
-                     not args.no_transformers)  # fmt: skip
+        result = run(spec, lengths or DEFAULT_LENGTHS[args.preset], args.device, args.repeats, not args.no_transformers)
     except BadInput as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2

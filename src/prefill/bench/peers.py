@@ -187,8 +187,9 @@ def dense_dtypes(config: BenchConfig, model_path: str) -> tuple[str, ...]:
     return tuple(dt for dt in config.dtypes if dt in FILE_TYPES)
 
 
-def load_llamacpp_peers(config: BenchConfig, model_path: str, dtype: str, first: bool, n_ctx: int, threads: int,
-                   notes: list[str]) -> list[LlamaCppPeer]:  # fmt: skip
+def load_llamacpp_peers(
+    config: BenchConfig, model_path: str, dtype: str, first: bool, n_ctx: int, threads: int, notes: list[str]
+) -> list[LlamaCppPeer]:
     """llama.cpp on the GGUF's own types (once per run, with the first dtype) and on the `dtype` copy."""
     if "llamacpp" not in config.peers:
         return []

@@ -92,11 +92,17 @@ def plot_chunks(result: BenchResult, out_dir: Path) -> Path | None:
         c = [m.chunk_size for m in pts] + ([P] if whole else [])  # one pass = one chunk of C = P
         pts = pts + ([whole] if whole else [])
         (line,) = ax_t.plot(c, [m.median_s for m in pts], "o-", label=f"{dtype}, P={P} (C = P: one pass)")
-        ax_m.plot(c, [bytes_to_mib(m.peak_delta_bytes) for m in pts], "o-", color=line.get_color(),
-                  label=f"{dtype}, P={P}")  # fmt: skip
+        ax_m.plot(
+            c, [bytes_to_mib(m.peak_delta_bytes) for m in pts], "o-", color=line.get_color(), label=f"{dtype}, P={P}"
+        )
         kv = kv_cache_bytes_for(result.spec, P, dtype_bytes(dtype))
-        ax_m.axhline(bytes_to_mib(kv), linestyle="--", color=line.get_color(), alpha=0.6,
-                     label=f"KV cache of P={P} ({dtype}, cost model)")  # fmt: skip
+        ax_m.axhline(
+            bytes_to_mib(kv),
+            linestyle="--",
+            color=line.get_color(),
+            alpha=0.6,
+            label=f"KV cache of P={P} ({dtype}, cost model)",
+        )
     ax_t.set(xscale="log", xlabel="chunk size C", ylabel="prefill seconds (median)")
     ax_m.set(xscale="log", xlabel="chunk size C", ylabel=f"peak memory rise, MiB ({rows[0].memory_kind})")
     ticks = sorted({m.chunk_size for m in rows} | {m.P for m in rows})

@@ -223,8 +223,9 @@ def markdown(data: dict[str, Any]) -> str:
     cols = peer_columns({m["engine"] for m in ms})
 
     def find(engine: str, dtype: str, P: int) -> dict | None:
-        return next((m for m in ms if (m["engine"], m["dtype"], m["P"], m["chunk_size"]) == (engine, dtype, P, None)),
-                    None)  # fmt: skip
+        return next(
+            (m for m in ms if (m["engine"], m["dtype"], m["P"], m["chunk_size"]) == (engine, dtype, P, None)), None
+        )
 
     def cells(engine: str, which: str, m: dict) -> list[str]:
         theirs = find(engine, m["dtype"] if which == "same" else "gguf", m["P"])
@@ -247,8 +248,13 @@ def markdown(data: dict[str, Any]) -> str:
         "|" + "---|" * (7 + 2 * len(cols)),
     ]
     for m in ours:
-        row = [short(m["dtype"]), str(m["P"]), f"{m['median_s'] * 1e3:.1f} / {m['p90_s'] * 1e3:.1f}",
-               f"{m['tokens_per_s']:,.0f}", f"{m['mfu']:.0%}"]  # fmt: skip
+        row = [
+            short(m["dtype"]),
+            str(m["P"]),
+            f"{m['median_s'] * 1e3:.1f} / {m['p90_s'] * 1e3:.1f}",
+            f"{m['tokens_per_s']:,.0f}",
+            f"{m['mfu']:.0%}",
+        ]
         for engine, which, _ in cols:
             row += cells(engine, which, m)
         cal = m["calibrated_s"]
@@ -257,7 +263,15 @@ def markdown(data: dict[str, Any]) -> str:
         pred = f"{m['predicted_s'] * 1e3:.1f} ({error:+.0%}, {m.get('predicted_bound', '-')})"
         row += [pred, "-" if cal is None else f"{cal * 1e3:.1f}{err}"]
         lines.append("| " + " | ".join(row) + " |")
-    for dt, c in data["calibrations"].items():
+    lines += _calibration_lines(data["calibrations"]) + _chunk_lines([m for m in ms if m["chunk_size"] is not None])
+    lines += [f"\nNote: {n}" for n in data["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _calibration_lines(calibrations: dict[str, dict]) -> list[str]:
+    """A paragraph per dtype: the fitted overhead and rates, and their error over all and held-out points."""
+    lines = []
+    for dt, c in calibrations.items():
         cal = c["calibration"]
         held = c["holdout_mape_pct"]
         lines += [
@@ -268,14 +282,20 @@ def markdown(data: dict[str, Any]) -> str:
             + ("" if held is None else f", {held:.1f}% over the held-out ones")
             + ".",
         ]
-    chunks = [m for m in ms if m["chunk_size"] is not None]
-    if chunks:
-        lines += ["", "| dtype | P | chunk C | ms (median) | peak memory rise MiB |", "|---|---|---|---|---|"]
-        for m in chunks:
-            lines.append(f"| {short(m['dtype'])} | {m['P']} | {m['chunk_size']} | {m['median_s'] * 1e3:.1f} | "
-                         f"{bytes_to_mib(m['peak_delta_bytes']):,.0f} |")  # fmt: skip
-    lines += [f"\nNote: {n}" for n in data["notes"]]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _chunk_lines(chunks: list[dict]) -> list[str]:
+    """The chunked-prefill table (time and peak memory by chunk size), or nothing."""
+    if not chunks:
+        return []
+    lines = ["", "| dtype | P | chunk C | ms (median) | peak memory rise MiB |", "|---|---|---|---|---|"]
+    for m in chunks:
+        lines.append(
+            f"| {short(m['dtype'])} | {m['P']} | {m['chunk_size']} | {m['median_s'] * 1e3:.1f} | "
+            f"{bytes_to_mib(m['peak_delta_bytes']):,.0f} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

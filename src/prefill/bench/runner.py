@@ -42,12 +42,13 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     """Before loading anything: the model's path and spec, the dtypes (native ones for "auto") and lengths,
     and the estimated duration from the cost model at the probe's GEMM rates. Returns the config with
     concrete dtypes, the plan, the spec and the model path."""
-    from prefill.loading.resolve import default_model_path
+    from prefill.costmodel.specs import load_spec
+    from prefill.loading.resolve import model_path as checked_path
     from prefill.machine.capability import capability
     from prefill.machine.profiles import gemm_rates
 
-    model_path = str(default_model_path()) if config.model is None else config.model
-    spec = _spec_of(model_path)
+    model_path = str(checked_path(config.model))  # a .gguf file or a model folder, else a one-line error
+    spec = load_spec(model_path)
     notes: list[str] = []
     lengths = _capped_lengths(config.prompt_lengths, spec, notes)
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
@@ -56,12 +57,13 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     shape = (spec.d_model, 2 * spec.d_ff)
     rates = gemm_rates(config.device, shape=shape, dtypes=dtypes, threads=config.threads, refresh=True)
     dense = dense_dtypes(config, model_path)
+    llama_files = {dt: (dt in dense) + (i == 0 and model_path.endswith(".gguf")) for i, dt in enumerate(dtypes)}
+    runs = dict(
+        repeats=config.repeats, warmup=config.warmup, chunk_sizes=config.chunk_sizes, calibrate=config.calibrate
+    )
     seconds, per_point = plan.estimate(
-        spec, dtypes, per, rates, peers=config.peers, compile=config.compile,
-        llama_files_per_dtype={dt: (dt in dense) + (i == 0 and model_path.endswith(".gguf"))
-                               for i, dt in enumerate(dtypes)},
-        repeats=config.repeats, warmup=config.warmup, chunk_sizes=config.chunk_sizes, calibrate=config.calibrate,
-    )  # fmt: skip
+        spec, dtypes, per, rates, peers=config.peers, compile=config.compile, llama_files_per_dtype=llama_files, **runs
+    )
     return (
         replace(config, dtypes=dtypes),
         plan.Plan(dtypes, per, (*notes, *dt_notes), seconds, per_point),
@@ -81,9 +83,9 @@ def run_bench(
 
     config, the_plan, _spec, model_path = prepare(config) if prepared is None else (config, prepared, None, None)
     if model_path is None:
-        from prefill.loading.resolve import default_model_path
+        from prefill.loading.resolve import model_path as checked_path
 
-        model_path = str(default_model_path()) if config.model is None else config.model
+        model_path = str(checked_path(config.model))
     step = on_step or (lambda _d, _s: None)
     threads = config.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -92,8 +94,9 @@ def run_bench(
     longest = max(max(v) for v in the_plan.lengths.values())
     for i, dtype in enumerate(config.dtypes):
         weights = config.weights if dtype == "float32" else dtype  # GGUF blocks run with float32 activations
-        engine = Engine.load(model_path, dtype=dtype, device=config.device, threads=threads, progress=False,
-                             weights=weights)  # fmt: skip
+        engine = Engine.load(
+            model_path, dtype=dtype, device=config.device, threads=threads, progress=False, weights=weights
+        )
         kernels = _compile_both(engine) if config.compile else None
         if result is None:
             result = _new_result(config, model_path, engine.spec, threads, gemm)
@@ -144,8 +147,9 @@ def _note_contention(result: BenchResult) -> None:
         )
     unstable = [m for m in result.measurements if m.p90_s > UNSTABLE_P90_OVER_MEDIAN * m.median_s]
     if unstable:
-        names = ", ".join(f"{m.engine} {m.dtype} P={m.P}" + (f" C={m.chunk_size}" if m.chunk_size else "")
-                          for m in unstable)  # fmt: skip
+        names = ", ".join(
+            f"{m.engine} {m.dtype} P={m.P}" + (f" C={m.chunk_size}" if m.chunk_size else "") for m in unstable
+        )
         result.notes.append(
             f"unsteady points (p90 > {UNSTABLE_P90_OVER_MEDIAN} x median, the machine was busy): {names}"
         )
@@ -346,8 +350,11 @@ def _save_compile_verdicts(result: BenchResult, config: BenchConfig) -> None:
     from prefill.machine.native import CompileVerdict, save_compile_verdict
 
     for dt in config.dtypes:
-        pairs = [(m, result.find(OURS_COMPILED, dt, m.P)) for m in result.measurements
-                 if m.engine == OURS and m.dtype == dt and m.chunk_size is None]  # fmt: skip
+        pairs = [
+            (m, result.find(OURS_COMPILED, dt, m.P))
+            for m in result.measurements
+            if m.engine == OURS and m.dtype == dt and m.chunk_size is None
+        ]
         pairs = [(e, c) for e, c in pairs if c is not None]
         if not pairs:
             continue
@@ -355,18 +362,6 @@ def _save_compile_verdicts(result: BenchResult, config: BenchConfig) -> None:
         verdict = CompileVerdict(dt, e.P, e.tokens_per_s, c.tokens_per_s)
         save_compile_verdict(verdict, config.device, result.machine["threads"])
         result.notes.append(verdict.message().replace("in the last bench", "in this bench"))
-
-
-def _spec_of(model_path: str) -> ModelSpec:
-    """The model's shapes from its metadata alone (no weights read)."""
-    from pathlib import Path
-
-    path = Path(model_path)
-    if path.is_dir():
-        return ModelSpec.from_hf_config(path)
-    if path.suffix != ".gguf" or not path.is_file():
-        raise BadInput(f"{model_path}: give a .gguf file or a Hugging Face model folder")
-    return ModelSpec.from_gguf(path)
 
 
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:

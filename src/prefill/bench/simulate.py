@@ -59,8 +59,11 @@ def poisson_trace(
 def trace_of(records: Sequence[RequestRecord]) -> list[SimRequest]:
     """The trace a load test sent (its successful requests: start, prompt and output tokens as the server counted
     them), to simulate the same load. A fixed-concurrency test is replayed open-loop at its measured starts."""
-    return [SimRequest(r.start, r.usage_prompt_tokens, r.n_out) for r in records
-            if r.ok and r.usage_prompt_tokens and r.n_out >= 1]  # fmt: skip
+    return [
+        SimRequest(r.start, r.usage_prompt_tokens, r.n_out)
+        for r in records
+        if r.ok and r.usage_prompt_tokens and r.n_out >= 1
+    ]
 
 
 class SimClock:

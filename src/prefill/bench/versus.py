@@ -154,8 +154,7 @@ def _ours(engine, file_types: tuple[str, str]) -> Contender:
         token = torch.tensor([ids[-1]])
         return lambda: (cache.truncate(len(ids)), engine.decode_step(token, cache))
 
-    return Contender(f"prefill ({_label(storage)})", engine.prefill, fill_then_step, storage,
-                     engine.dtype.itemsize)  # fmt: skip
+    return Contender(f"prefill ({_label(storage)})", engine.prefill, fill_then_step, storage, engine.dtype.itemsize)
 
 
 def _llama(peer, file_types: tuple[str, str]) -> Contender:
@@ -206,8 +205,9 @@ def versus_table(result: VersusResult):
     """A rich Table: one line per (test, threads, engine), our speed over llama.cpp's, decode's memory floor."""
     from rich.table import Table
 
-    table = Table(title="ours vs llama.cpp on the same GGUF (llama-bench conventions: pp P, tg @ depth)",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title="ours vs llama.cpp on the same GGUF (llama-bench conventions: pp P, tg @ depth)", title_justify="left"
+    )
     for col in ("test", "threads", "engine", "ms", "tok/s", "vs llama.cpp", "bytes/step", "floor ms", "of floor"):
         table.add_column(col, justify="left" if col in ("test", "engine") else "right")
     for row in result.rows:
@@ -218,8 +218,15 @@ def versus_table(result: VersusResult):
             if row.step_bytes is None
             else (f"{row.step_bytes / 1e6:.1f} MB", f"{row.floor_s * 1e3:.2f}", f"{row.floor_s / row.seconds:.0%}")
         )
-        table.add_row(row.test, str(row.threads), row.engine, f"{row.seconds * 1e3:.2f}", f"{row.tokens_per_s:,.1f}",
-                      ratio, *floor)  # fmt: skip
+        table.add_row(
+            row.test,
+            str(row.threads),
+            row.engine,
+            f"{row.seconds * 1e3:.2f}",
+            f"{row.tokens_per_s:,.1f}",
+            ratio,
+            *floor,
+        )
     bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in result.bandwidth.items())
     clock = "thread CPU time" if result.config.clock == "cpu" else "wall clock"
     table.caption = f"{clock}, medians; read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
@@ -230,5 +237,9 @@ def to_json(result: VersusResult) -> dict:
     """The result as plain data (bench-results/versus.json)."""
     from dataclasses import asdict
 
-    return {"config": asdict(result.config), "bandwidth": result.bandwidth,
-            "rows": [asdict(r) for r in result.rows], "notes": result.notes}  # fmt: skip
+    return {
+        "config": asdict(result.config),
+        "bandwidth": result.bandwidth,
+        "rows": [asdict(r) for r in result.rows],
+        "notes": result.notes,
+    }

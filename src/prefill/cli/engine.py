@@ -61,8 +61,19 @@ def run(
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     load = {"model": model, "dtype": dtype, "weights": weights, "threads": threads, "device": device}
     store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb}
-    run_prompt(prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), raw=raw, chat=chat,
-               chunk_size=chunk_size, compile=compile, deterministic=deterministic, **load, **store)  # fmt: skip
+    run_prompt(
+        prompt,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stop=tuple(stop or ()),
+        raw=raw,
+        chat=chat,
+        chunk_size=chunk_size,
+        compile=compile,
+        deterministic=deterministic,
+        **load,
+        **store,
+    )
 
 
 def demo(

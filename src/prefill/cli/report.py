@@ -80,8 +80,12 @@ def ttft_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Table
     if (use := gen.kv_store) is not None and use.decision.n_tokens:  # a stored prefix was found
         d = use.decision
         measured = f"{ms(use.load_s)} ({use.loaded_tokens} tokens loaded)" if use.loaded_tokens else "-"
-        t.add_row(f"KV store: {d.choice} {d.n_tokens} tokens", measured,
-                  f"load {ms(d.load_s)} vs compute {ms(d.compute_s)}", "")  # fmt: skip
+        t.add_row(
+            f"KV store: {d.choice} {d.n_tokens} tokens",
+            measured,
+            f"load {ms(d.load_s)} vs compute {ms(d.compute_s)}",
+            "",
+        )
     t.add_row("first-token sampling", ms(gen.first_token_s), "-", "")
     t.add_row(
         "[bold]TTFT[/]",

@@ -51,8 +51,9 @@ def simulate(
     from prefill.bench.simulate import poisson_trace, simulate_server
 
     trace = poisson_trace(rate, requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
-    result, name = simulate_server(model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb,
-                                   echo=None if json_out else note)  # fmt: skip
+    result, name = simulate_server(
+        model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb, echo=None if json_out else note
+    )
     summary = summarize(result.records, result.wall_s, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     summary["preemptions"], summary["steps"] = result.preemptions, len(result.steps)
     if json_out:

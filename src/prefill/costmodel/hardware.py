@@ -45,8 +45,17 @@ class Hardware:
         return self.peak_flops[key]
 
 
-def _gpu(name: str, fp32: float, bf16: float, fp8: float | None, bw_gb: float, mem_gb: float, link_gb: float,
-         units: int, source: str) -> Hardware:  # fmt: skip
+def _gpu(
+    name: str,
+    fp32: float,
+    bf16: float,
+    fp8: float | None,
+    bw_gb: float,
+    mem_gb: float,
+    link_gb: float,
+    units: int,
+    source: str,
+) -> Hardware:
     peaks = {"float32": fp32 * TFLOPS, "bfloat16": bf16 * TFLOPS, "float16": bf16 * TFLOPS}
     if fp8 is not None:
         peaks["fp8"] = fp8 * TFLOPS
@@ -55,6 +64,8 @@ def _gpu(name: str, fp32: float, bf16: float, fp8: float | None, bw_gb: float, m
 
 # TFLOPS dense (the datasheets' sparsity figures halved), GB/s, GB, GB/s per direction between GPUs
 # (NVLink 900 = 900 GB/s both directions together), SMs (MI300X: compute units).
+# The formatter is off for this table alone: it reads better aligned.
+# fmt: off
 HARDWARE: dict[str, Hardware] = {
     "a100-40gb": _gpu("NVIDIA A100 40GB SXM", 19.5, 312, None, 1555, 40, 300, 108,
                       "NVIDIA A100 datasheet (2021): BF16 312 TFLOPS, 1,555 GB/s, NVLink 600 GB/s"),
@@ -70,7 +81,8 @@ HARDWARE: dict[str, Hardware] = {
                      "NVIDIA Ada whitepaper: BF16 165.2 TFLOPS (FP32 accumulate), 1,008 GB/s, PCIe Gen4 x16"),
     "mi300x": _gpu("AMD Instinct MI300X", 163.4, 1307.4, 2614.9, 5300, 192, 448, 304,
                    "AMD MI300X datasheet: BF16 1,307.4 TFLOPS dense, 5.3 TB/s, Infinity Fabric 896 GB/s"),
-}  # fmt: skip
+}
+# fmt: on
 
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "h200-sxm": "h200", "4090": "rtx-4090", "mi300": "mi300x"}
 

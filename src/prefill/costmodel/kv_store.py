@@ -32,9 +32,15 @@ class LoadDecision:
         return max(0.0, self.compute_s - self.load_s) if self.choice == "load" else 0.0
 
     def as_dict(self) -> dict:
-        return {"choice": self.choice, "n_tokens": self.n_tokens, "past": self.past, "load_bytes": self.load_bytes,
-                "predicted_load_s": self.load_s, "predicted_compute_s": self.compute_s,
-                "predicted_saved_s": self.saved_s}  # fmt: skip
+        return {
+            "choice": self.choice,
+            "n_tokens": self.n_tokens,
+            "past": self.past,
+            "load_bytes": self.load_bytes,
+            "predicted_load_s": self.load_s,
+            "predicted_compute_s": self.compute_s,
+            "predicted_saved_s": self.saved_s,
+        }
 
 
 def load_seconds(nbytes: int, bytes_per_s: float) -> float:

@@ -56,8 +56,10 @@ def bound(intensity: float, ridge: float) -> str:
 def attainable_flops_per_s(intensity: float, peak_flops_per_sec: float, bandwidth_bytes_per_s: float) -> float:
     """The roofline: FLOP/s a kernel of `intensity` FLOPs per byte can reach, min(peak, intensity * bandwidth)."""
     _non_negative("intensity", intensity)
-    return min(_positive("peak_flops_per_sec", peak_flops_per_sec),
-               intensity * _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s))  # fmt: skip
+    return min(
+        _positive("peak_flops_per_sec", peak_flops_per_sec),
+        intensity * _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s),
+    )
 
 
 def compute_bound_prompt_length(

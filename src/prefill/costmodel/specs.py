@@ -302,15 +302,30 @@ def _gemma3(
     """A Gemma 3 text decoder: every sixth layer global (sliding_window_pattern 6), the rest windowed; the
     4B and larger scale the global layers' rotary positions linearly by 8."""
     return _preset(
-        hf_id, "gemma3_text", L, d_model, H_q, H_kv, d_ff, vocab, d_head=d_head, context_length=context,
-        tied_embeddings=True, rope_theta=1_000_000.0, norm_eps=1e-6, qk_norm=True,
+        hf_id,
+        "gemma3_text",
+        L,
+        d_model,
+        H_q,
+        H_kv,
+        d_ff,
+        vocab,
+        d_head=d_head,
+        context_length=context,
+        tied_embeddings=True,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        qk_norm=True,
         rope_scaling={"rope_type": "linear", "factor": 8.0} if scaled else None,
-        windows=layer_windows(family_of("gemma3"), L, window, pattern=6), rope_local_theta=10_000.0,
+        windows=layer_windows(family_of("gemma3"), L, window, pattern=6),
+        rope_local_theta=10_000.0,
         query_pre_attn_scalar=query_pre_attn_scalar,
-    )  # fmt: skip
+    )
 
 
 # Copied from each model's published config.json on the Hugging Face Hub (name = repository id).
+# The formatter is off for this table alone: it reads better aligned.
+# fmt: off
 PRESETS: dict[str, ModelSpec] = {
     "llama-2-7b": _preset(
         "meta-llama/Llama-2-7b-hf", "llama", 32, 4096, 32, 32, 11008, 32000,
@@ -357,5 +372,6 @@ PRESETS: dict[str, ModelSpec] = {
         "HuggingFaceTB/SmolLM2-135M", "llama", 30, 576, 9, 3, 1536, 49152,
         context_length=8192, tied_embeddings=True, rope_theta=100000.0, norm_eps=1e-5,
     ),
-}  # fmt: skip
+}
+# fmt: on
 PRESETS["mistral-7b"] = PRESETS["mistral-7b-v0.1"]  # the name it had before windows were modelled

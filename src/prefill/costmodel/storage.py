@@ -34,9 +34,12 @@ GGUF_BLOCKS: dict[str, tuple[int, int]] = {
     "Q8_K": (256, 292),  # f32 d, 256 int8, 16 int16 block sums
 }
 # ggml's type numbers (the GGUF file's tensor type field).
+# The formatter is off for this table alone: it reads better aligned.
+# fmt: off
 GGUF_TYPE_IDS: dict[str, int] = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
                                  "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15,
-                                 "BF16": 30}  # fmt: skip
+                                 "BF16": 30}
+# fmt: on
 GGUF_BYTES_PER_WEIGHT: dict[str, float] = {t: nbytes / n for t, (n, nbytes) in GGUF_BLOCKS.items()}
 
 

@@ -30,8 +30,12 @@ def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device, every_tok
             first.append(lo)
         out.append(Row(offset, T, start, tuple(runs), tuple(first)))
         offset += T
-    queries = [(seq, row, p) for (seq, _), row in zip(rows, out, strict=True) if every_token or row.decode
-               for p in range(row.start, row.start + row.T)]  # fmt: skip
+    queries = [
+        (seq, row, p)
+        for (seq, _), row in zip(rows, out, strict=True)
+        if every_token or row.decode
+        for p in range(row.start, row.start + row.T)
+    ]
     return ForwardBatch(
         k=pool.k,
         v=pool.v,
@@ -54,8 +58,10 @@ def _paged_queries(pool: KVPool, queries: list[tuple[SeqKV, Row, int]], device, 
         for i, (seq, _, _) in enumerate(queries):
             table[i, : len(seq.tables[g])] = torch.tensor(seq.tables[g], dtype=torch.long)
         first_block = torch.tensor([seq.first[g] for seq, _, _ in queries])
-        lows = [seq.first_held(g) if group.window is None else max(seq.first_held(g), p - group.window + 1)
-                for seq, _, p in queries]  # fmt: skip
+        lows = [
+            seq.first_held(g) if group.window is None else max(seq.first_held(g), p - group.window + 1)
+            for seq, _, p in queries
+        ]
         end = torch.tensor([p + 1 for _, _, p in queries])
         tables.append((table.to(device), first_block.to(device), torch.tensor(lows).to(device), end.to(device)))
     index = torch.tensor([row.offset + p - row.start for _, row, p in queries], device=device)

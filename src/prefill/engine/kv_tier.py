@@ -51,8 +51,13 @@ class StoreUse:
     bad_blocks: int = 0  # stored blocks rejected on the way (checksum, fingerprint, truncation...)
 
     def as_dict(self) -> dict:
-        return {**self.decision.as_dict(), "loaded_tokens": self.loaded_tokens, "loaded_bytes": self.loaded_bytes,
-                "load_s": self.load_s, "bad_blocks": self.bad_blocks}  # fmt: skip
+        return {
+            **self.decision.as_dict(),
+            "loaded_tokens": self.loaded_tokens,
+            "loaded_bytes": self.loaded_bytes,
+            "load_s": self.load_s,
+            "bad_blocks": self.bad_blocks,
+        }
 
 
 class StoreTier:
@@ -62,15 +67,23 @@ class StoreTier:
     ones (the engine's time model). `always_load` skips the decision (tests of the load path itself).
     """
 
-    def __init__(self, store: KVStore, bandwidth: StoreBandwidth, prefill_seconds: PrefillSeconds,
-                 always_load: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, store: KVStore, bandwidth: StoreBandwidth, prefill_seconds: PrefillSeconds, always_load: bool = False
+    ) -> None:
         self.store, self.bandwidth = store, bandwidth
         self.prefill_seconds, self.always_load = prefill_seconds, always_load
         self.block_size = store.fp.block_size
 
     @classmethod
-    def open(cls, directory: str | Path, max_bytes: int, model: torch.nn.Module, dtype: torch.dtype,
-             prefill_seconds: PrefillSeconds, always_load: bool = False) -> StoreTier | None:  # fmt: skip
+    def open(
+        cls,
+        directory: str | Path,
+        max_bytes: int,
+        model: torch.nn.Module,
+        dtype: torch.dtype,
+        prefill_seconds: PrefillSeconds,
+        always_load: bool = False,
+    ) -> StoreTier | None:
         """The store at `directory` for `model` (fingerprinted from its weights, spec and dtype), its load rate
         probed; None, with one warning, when the model has windowed layers or the directory cannot be used."""
         spec = model.spec
@@ -105,8 +118,9 @@ class StoreTier:
         if use is not None:
             req.gen.kv_store = use
 
-    def load(self, ids: list[int], seq: SeqKV, chunk_size: int | None = None,
-             room: Callable[[int], bool] = lambda end: True) -> StoreUse | None:  # fmt: skip
+    def load(
+        self, ids: list[int], seq: SeqKV, chunk_size: int | None = None, room: Callable[[int], bool] = lambda end: True
+    ) -> StoreUse | None:
         """Extend `seq` past its `seq.length` cached positions with the stored whole blocks of `ids` that follow,
         when the cost model predicts loading them faster than computing them and `room(end)` says the pool can
         take positions up to `end`. Returns what was decided and loaded (None: not a whole block to look for)."""
@@ -119,8 +133,9 @@ class StoreTier:
         if not keys:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
         nbytes = match.nbytes * len(keys) // match.n_blocks  # every block file holds all layers: one size
-        decision = compute_or_load(len(keys) * bs, past, nbytes, self.load_bytes_per_s,
-                                   lambda n, p: self.prefill_seconds(n, p, chunk_size))  # fmt: skip
+        decision = compute_or_load(
+            len(keys) * bs, past, nbytes, self.load_bytes_per_s, lambda n, p: self.prefill_seconds(n, p, chunk_size)
+        )
         if self.always_load:
             decision = dataclasses.replace(decision, choice="load")
         use = StoreUse(decision, bad_blocks=self._bad_since(bad0))

@@ -46,8 +46,17 @@ def layer_groups(windows: Sequence[int | None]) -> list[LayerGroup]:
 class KVPool:
     """K and V of every layer, in blocks of `block_size` tokens per layer group, with reference counts."""
 
-    def __init__(self, L: int, H_kv: int, d_head: int, n_blocks: int | Sequence[int], dtype: torch.dtype, device,
-                 block_size: int = BLOCK_SIZE, windows: Sequence[int | None] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        L: int,
+        H_kv: int,
+        d_head: int,
+        n_blocks: int | Sequence[int],
+        dtype: torch.dtype,
+        device,
+        block_size: int = BLOCK_SIZE,
+        windows: Sequence[int | None] = (),
+    ) -> None:
         if block_size < 1:
             raise BadInput(f"a KV pool block needs at least one token, got {block_size}")
         self.groups = layer_groups(tuple(windows) or (None,) * L)
@@ -76,8 +85,10 @@ class KVPool:
         groups = layer_groups(spec.windows)
         ctx_blocks = math.ceil(spec.context_length / block_size)
         # Blocks one long sequence holds per group: all of them, or its window's plus a 256-token chunk's.
-        need = [ctx_blocks if g.window is None else min(ctx_blocks, math.ceil((g.window + 256) / block_size) + 1)
-                for g in groups]  # fmt: skip
+        need = [
+            ctx_blocks if g.window is None else min(ctx_blocks, math.ceil((g.window + 256) / block_size) + 1)
+            for g in groups
+        ]
         per_token = 2 * spec.H_kv * spec.d_head * torch.tensor([], dtype=dtype).element_size()  # one layer
         per_seq = sum(n * len(g.layers) * per_token * block_size for n, g in zip(need, groups, strict=True))
         seqs = max(1e-9, nbytes / per_seq)

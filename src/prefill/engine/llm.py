@@ -93,8 +93,9 @@ class Engine:
             engine.attach_kv_store(kv_store, kv_store_mb)
         return engine
 
-    def attach_kv_store(self, directory: str | Path, max_mb: float = DEFAULT_KV_STORE_MB,
-                        always_load: bool = False) -> StoreTier | None:  # fmt: skip
+    def attach_kv_store(
+        self, directory: str | Path, max_mb: float = DEFAULT_KV_STORE_MB, always_load: bool = False
+    ) -> StoreTier | None:
         """Keep K/V blocks under `directory` (at most `max_mb` MiB, LRU) below the prefix cache: every request
         that leaves writes its whole blocks there in the background, and a later one (also in another process,
         after a restart) loads its longest stored prefix when the cost model predicts loading is faster than
@@ -104,9 +105,14 @@ class Engine:
             raise BadInput(f"the KV store's size must be > 0 MiB, got {max_mb}")
         if self.kv_store is not None:
             self.kv_store.close()
-        self.kv_store = StoreTier.open(directory, int(max_mb * 1024**2), self.model, self.dtype,
-                                       lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
-                                       always_load)  # fmt: skip
+        self.kv_store = StoreTier.open(
+            directory,
+            int(max_mb * 1024**2),
+            self.model,
+            self.dtype,
+            lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
+            always_load,
+        )
         if self.kv_store is not None:  # the time model's inputs (GEMM rate, calibration) now, not in a request's TTFT
             self.predict_prefill_seconds(self.kv_store.block_size)
         return self.kv_store
@@ -198,8 +204,16 @@ class Engine:
         tokenize_s = time.perf_counter() - t0
         check_prompt(ids, self.spec, max_tokens=max_new_tokens, chunk_size=chunk_size, max_tokens_name="max_new_tokens")
         events: list = []
-        req = Request(ids, max_new_tokens, sampling or SamplingParams(), self.tokenizer, events.append, tuple(stop),
-                      arrival=t0, tokenize_s=tokenize_s)  # fmt: skip
+        req = Request(
+            ids,
+            max_new_tokens,
+            sampling or SamplingParams(),
+            self.tokenizer,
+            events.append,
+            tuple(stop),
+            arrival=t0,
+            tokenize_s=tokenize_s,
+        )
         loop = StepLoop(self.runner, self.new_pool(req.capacity), chunk_size=chunk_size, kv_tier=self.kv_store)
         loop.add(req)
         return _drain(loop, req, events)
@@ -222,8 +236,9 @@ class Engine:
             from prefill.machine.profiles import profile_for
 
             device, qtypes = str(self.device), self.weight_types()
-            self._profiles[fitted] = profile_for(self.spec, self.dtype_name, device, fitted=fitted, echo=echo,
-                                                 qtypes=qtypes)  # fmt: skip
+            self._profiles[fitted] = profile_for(
+                self.spec, self.dtype_name, device, fitted=fitted, echo=echo, qtypes=qtypes
+            )
         return self._profiles[fitted]
 
     def weight_types(self) -> dict[str, str]:

@@ -34,10 +34,17 @@ class StepLoop:
     (the server's metrics). `runner` is a ModelRunner, or anything with its run / sync / spec (the simulator's).
     """
 
-    def __init__(self, runner: ModelRunner, pool: KVPool, prefix_cache: PrefixCache | None = None,
-                 chunk_size: int | None = None, max_running: int = 64,
-                 observer: Callable[[Request, Event], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter, kv_tier: StoreTier | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runner: ModelRunner,
+        pool: KVPool,
+        prefix_cache: PrefixCache | None = None,
+        chunk_size: int | None = None,
+        max_running: int = 64,
+        observer: Callable[[Request, Event], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        kv_tier: StoreTier | None = None,
+    ) -> None:
         check_chunk_size(chunk_size)
         self.runner, self.pool, self.prefix_cache, self.observer = runner, pool, prefix_cache, observer
         self.clock = clock  # seconds: perf_counter, or a simulated clock (prefill.bench.simulate)
@@ -62,8 +69,10 @@ class StepLoop:
         than the pool could ever hold (it would wait forever). Reads nothing that changes: safe from any thread."""
         check_prompt(req.prompt_ids, self.runner.spec, max_tokens=req.max_tokens)
         if req.capacity > self.pool.max_tokens():
-            raise BadInput(f"the request needs {req.capacity} cache positions; the KV pool holds "
-                           f"{self.pool.max_tokens()} (raise --kv-cache-mb or ask for fewer tokens)")  # fmt: skip
+            raise BadInput(
+                f"the request needs {req.capacity} cache positions; the KV pool holds "
+                f"{self.pool.max_tokens()} (raise --kv-cache-mb or ask for fewer tokens)"
+            )
 
     def add(self, req: Request) -> None:
         """The only way in: check the request, then queue it (admitted at a later step, first come first served)."""
@@ -84,8 +93,10 @@ class StepLoop:
     def _run(self, step: Step) -> None:
         reqs = [req for req, _ in step.rows]
         decoding = [not req.prefilling for req in reqs]  # decode rows feed their last token
-        rows = [(req.seq, [req.next_input()] if dec else req.chunk_ids(n))
-                for (req, n), dec in zip(step.rows, decoding, strict=True)]  # fmt: skip
+        rows = [
+            (req.seq, [req.next_input()] if dec else req.chunk_ids(n))
+            for (req, n), dec in zip(step.rows, decoding, strict=True)
+        ]
         scoring = any(req.prompt_logprobs is not None and not dec for req, dec in zip(reqs, decoding, strict=True))
         t0 = self.clock()
         try:

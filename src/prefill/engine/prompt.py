@@ -24,9 +24,16 @@ def check_chunk_size(chunk_size: int | None) -> None:
         raise BadInput(f"chunk size must be >= 1, got {chunk_size}")
 
 
-def check_prompt(ids: Sequence[int], spec: ModelSpec, *, max_tokens: int = 0, past: int = 0,
-                 chunk_size: int | None = None, within_context: bool = True,
-                 max_tokens_name: str = "max_tokens") -> None:  # fmt: skip
+def check_prompt(
+    ids: Sequence[int],
+    spec: ModelSpec,
+    *,
+    max_tokens: int = 0,
+    past: int = 0,
+    chunk_size: int | None = None,
+    within_context: bool = True,
+    max_tokens_name: str = "max_tokens",
+) -> None:
     """BadInput, with what to do, when the token ids cannot be run: empty, outside the vocabulary, past the
     context length (unless `within_context` is False: scoring in windows), or with a chunk size below 1.
     `max_tokens_name` is what the caller calls max_tokens in its messages (max_new_tokens for Engine.generate)."""
@@ -40,6 +47,8 @@ def check_prompt(ids: Sequence[int], spec: ModelSpec, *, max_tokens: int = 0, pa
     P, ctx = past + len(ids), spec.context_length
     if within_context and P + max_tokens > ctx:
         asked = f"{P} prompt tokens" + (f" + {max_tokens_name} {max_tokens}" if max_tokens else "")
-        raise BadInput(f"{asked} exceed the model's context length {ctx}: shorten the prompt"
-                       + (" or ask for fewer tokens" if max_tokens else ""))  # fmt: skip
+        raise BadInput(
+            f"{asked} exceed the model's context length {ctx}: shorten the prompt"
+            + (" or ask for fewer tokens" if max_tokens else "")
+        )
     check_chunk_size(chunk_size)

@@ -49,8 +49,10 @@ def _logits_tolerance(engine: Engine, *logits: torch.Tensor) -> float:
 
 
 def _cache_tolerance(engine: Engine, cache, n: int) -> float:
-    magnitude = max(max(float(cache.k(i)[:, :, :n].abs().max()), float(cache.v(i)[:, :, :n].abs().max()))
-                    for i in range(len(cache.pool.k)))  # fmt: skip
+    magnitude = max(
+        max(float(cache.k(i)[:, :, :n].abs().max()), float(cache.v(i)[:, :, :n].abs().max()))
+        for i in range(len(cache.pool.k))
+    )
     return rounding_tolerance(magnitude, engine.spec, engine.dtype)
 
 
@@ -97,11 +99,17 @@ def parallel_vs_sequential(engine: Engine, ids: list[int], tol: float | None = N
     for token in ids:
         logits_seq = engine.decode_step(torch.tensor([token]), seq)  # [1, vocab]
     return [
-        Check("last-position logits: parallel vs sequential", float((logits_par - logits_seq).abs().max()),
-              tol or _logits_tolerance(engine, logits_par)),
-        Check(f"K and V of all {engine.spec.L} layers: parallel vs sequential", _max_cache_diff(par, seq, P),
-              tol or _cache_tolerance(engine, par, P)),
-    ]  # fmt: skip
+        Check(
+            "last-position logits: parallel vs sequential",
+            float((logits_par - logits_seq).abs().max()),
+            tol or _logits_tolerance(engine, logits_par),
+        ),
+        Check(
+            f"K and V of all {engine.spec.L} layers: parallel vs sequential",
+            _max_cache_diff(par, seq, P),
+            tol or _cache_tolerance(engine, par, P),
+        ),
+    ]
 
 
 @torch.inference_mode()
@@ -111,11 +119,17 @@ def chunked_vs_single(engine: Engine, ids: list[int], chunk_size: int, tol: floa
     logits_one, one = engine.prefill(ids)
     logits_chunked, chunked = engine.prefill(ids, chunk_size=chunk_size)
     return [
-        Check(f"logits: chunks of {chunk_size} vs one pass", float((logits_one - logits_chunked).abs().max()),
-              tol or _logits_tolerance(engine, logits_one)),
-        Check(f"K and V: chunks of {chunk_size} vs one pass", _max_cache_diff(one, chunked, len(ids)),
-              tol or _cache_tolerance(engine, one, len(ids))),
-    ]  # fmt: skip
+        Check(
+            f"logits: chunks of {chunk_size} vs one pass",
+            float((logits_one - logits_chunked).abs().max()),
+            tol or _logits_tolerance(engine, logits_one),
+        ),
+        Check(
+            f"K and V: chunks of {chunk_size} vs one pass",
+            _max_cache_diff(one, chunked, len(ids)),
+            tol or _cache_tolerance(engine, one, len(ids)),
+        ),
+    ]
 
 
 def kv_bytes_match_formula(engine: Engine, P: int) -> Check:
@@ -168,8 +182,13 @@ def parity_with_reference(engine: Engine, reference, ids: list[int], new_tokens:
             )
             for i, (lay, m) in enumerate(zip(layers, n, strict=True))
         )
-        checks.append(Check("K and V of every layer (a windowed one's window) vs transformers", kv,
-                            tol or _cache_tolerance(engine, cache, len(ids))))  # fmt: skip
+        checks.append(
+            Check(
+                "K and V of every layer (a windowed one's window) vs transformers",
+                kv,
+                tol or _cache_tolerance(engine, cache, len(ids)),
+            )
+        )
     # Greedy continuation, EOS not special: the reference recomputes the whole sequence each step.
     seq, ref_rows = x, []
     for _ in range(new_tokens):
@@ -181,14 +200,16 @@ def parity_with_reference(engine: Engine, reference, ids: list[int], new_tokens:
         our_rows.append(logits[0])
         logits = engine.decode_step(logits.argmax(-1), cache)
     differ, note = greedy_agreement(our_rows, ref_rows, logits_tol)
-    checks.append(Check(f"greedy continuation of {new_tokens} tokens: tokens that differ (near-ties aside)", differ,
-                        0, note))  # fmt: skip
+    checks.append(
+        Check(f"greedy continuation of {new_tokens} tokens: tokens that differ (near-ties aside)", differ, 0, note)
+    )
     return checks
 
 
 @torch.inference_mode()
-def batched_vs_alone(engine: Engine, prompts: list[list[int]], new_tokens: int = 8, tol: float | None = None
-                     ) -> list[Check]:  # fmt: skip
+def batched_vs_alone(
+    engine: Engine, prompts: list[list[int]], new_tokens: int = 8, tol: float | None = None
+) -> list[Check]:
     """B prompts of different lengths decoded together (one forward per step, each row at its own position) vs
     each decoded alone. The batched GEMMs sum in another order than the lone ones (another M), so the logits
     agree within `rounding_tolerance` of their magnitude (unless `tol` is given), and the greedy tokens agree
@@ -225,11 +246,20 @@ def batched_vs_alone(engine: Engine, prompts: list[list[int]], new_tokens: int =
             diff = max(diff, float((x - y).abs().max()))
     B, lengths = len(prompts), ", ".join(str(len(p)) for p in prompts)
     return [
-        Check(f"batched decode (B = {B}, P = {lengths}) vs alone: tokens that differ over {new_tokens} steps "
-              "(near-ties aside)", differ, 0, "; ".join(notes)),
-        Check(f"batched decode (B = {B}) vs alone: logits over {new_tokens} steps", diff, tol,
-              f"tolerance = u * sqrt(K) * L * max|logits| ({engine.dtype})"),
-    ]  # fmt: skip
+        Check(
+            f"batched decode (B = {B}, P = {lengths}) vs alone: tokens that differ over {new_tokens} steps "
+            "(near-ties aside)",
+            differ,
+            0,
+            "; ".join(notes),
+        ),
+        Check(
+            f"batched decode (B = {B}) vs alone: logits over {new_tokens} steps",
+            diff,
+            tol,
+            f"tolerance = u * sqrt(K) * L * max|logits| ({engine.dtype})",
+        ),
+    ]
 
 
 @torch.inference_mode()
@@ -238,8 +268,7 @@ def batch_invariance(engine: Engine, prompts: list[list[int]], new_tokens: int =
     every decode step are the same alone, decoded in batches of 1 .. B rows, and prefilled in chunks."""
 
     def decode(batch: list[list[int]]) -> list[list[torch.Tensor]]:
-        pool = KVPool.for_tokens(engine.spec, sum(len(p) + new_tokens + 16 for p in batch), engine.dtype,
-                                 engine.device)  # fmt: skip
+        pool = KVPool.for_tokens(engine.spec, sum(len(p) + new_tokens + 16 for p in batch), engine.dtype, engine.device)
         seqs = [pool.new_seq() for _ in batch]
         last = torch.stack([engine.prefill(p, s)[0][0] for p, s in zip(batch, seqs, strict=True)])  # [B, vocab]
         rows = [[] for _ in batch]

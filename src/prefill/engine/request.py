@@ -82,9 +82,15 @@ class Generation:
         return len(self.prompt_ids)
 
     def timings(self) -> dict[str, float | list[float] | dict]:
-        out = {"queue_s": self.queue_s, "tokenize_s": self.tokenize_s, "prefill_s": self.prefill_s,
-               "first_token_s": self.first_token_s, "ttft_s": self.ttft_s, "total_s": self.total_s,
-               "itl_s": list(self.itl_s)}  # fmt: skip
+        out = {
+            "queue_s": self.queue_s,
+            "tokenize_s": self.tokenize_s,
+            "prefill_s": self.prefill_s,
+            "first_token_s": self.first_token_s,
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "itl_s": list(self.itl_s),
+        }
         if self.kv_store is not None:
             out["kv_store"] = self.kv_store.as_dict()
         return out
@@ -259,8 +265,9 @@ class Request:
         """This request alone failed; the loop goes on with the others."""
         if not self.done:
             self.done = True
-            self._send(Failed(f"{type(error).__name__}: {error}" if not isinstance(error, BadInput) else str(error),
-                             error))  # fmt: skip
+            self._send(
+                Failed(f"{type(error).__name__}: {error}" if not isinstance(error, BadInput) else str(error), error)
+            )
 
 
 def _logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:

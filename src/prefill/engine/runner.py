@@ -103,8 +103,10 @@ class ModelRunner:
         if self.device.type != "cpu" or self.dtype != torch.float32:
             raise BadInput("--deterministic runs float32 on the CPU (use --dtype float32)")
         if not kernels.available():
-            raise BadInput("--deterministic needs the engine's C++ kernels, which could not be built here "
-                           "(install a C++ compiler, then run make install)")  # fmt: skip
+            raise BadInput(
+                "--deterministic needs the engine's C++ kernels, which could not be built here "
+                "(install a C++ compiler, then run make install)"
+            )
         self.deterministic = True
         self.model.kernels.set_deterministic()
 

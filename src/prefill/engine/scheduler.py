@@ -47,8 +47,14 @@ class Step:
 class Scheduler:
     """Waiting and running requests over one KV pool; `schedule()` says what the next forward runs."""
 
-    def __init__(self, pool: KVPool, prefix_cache: PrefixCache | None = None, chunk_size: int | None = None,
-                 max_running: int = 64, kv_tier: StoreTier | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: KVPool,
+        prefix_cache: PrefixCache | None = None,
+        chunk_size: int | None = None,
+        max_running: int = 64,
+        kv_tier: StoreTier | None = None,
+    ) -> None:
         self.pool, self.prefix_cache = pool, prefix_cache
         self.kv_tier = kv_tier  # the KV store below the prefix cache (prefill.engine.kv_tier), or None
         self.chunk_size, self.max_running = chunk_size, max_running

@@ -37,8 +37,9 @@ def weights_choice(requested: str, model: str | Path | None, dtype: str, device:
     return choose_weights(requested, quantized=quantized, dtype=dtype, device=device, kernels=kernels, probe=probe)
 
 
-def resolve_weights(requested: str, model, dtype: str, device: str = "cpu", echo: Callable[[str], None] | None = print
-                    ) -> str:  # fmt: skip
+def resolve_weights(
+    requested: str, model, dtype: str, device: str = "cpu", echo: Callable[[str], None] | None = print
+) -> str:
     """weights_choice's storage ("native" or a dense dtype), its reason echoed for auto, its warning always."""
     choice = weights_choice(requested, model, dtype, device)
     if echo is not None:

@@ -193,8 +193,13 @@ def _sentencepiece_bpe(reader, tokens: list[str], types: list[int], gemma: bool)
         scores = _gguf_field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in _gguf_field(reader, "tokenizer.ggml.merges") or []]
-    bpe = models.BPE(vocab=vocab, merges=merges or _merges_from_scores(vocab, tokens, scores), fuse_unk=True,
-                     byte_fallback=True, unk_token="<unk>" if gemma else None)  # fmt: skip
+    bpe = models.BPE(
+        vocab=vocab,
+        merges=merges or _merges_from_scores(vocab, tokens, scores),
+        fuse_unk=True,
+        byte_fallback=True,
+        unk_token="<unk>" if gemma else None,
+    )
     tok = HFTokenizer(bpe)
     decode = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:

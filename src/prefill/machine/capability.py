@@ -106,6 +106,7 @@ def capability(device: str = "cpu") -> Capability:
 
     if device.startswith("cuda"):
         major, minor = torch.cuda.get_device_capability()
-        return Capability("cuda", torch.cuda.get_device_name(), f"CUDA sm_{major}{minor}",
-                          cuda_bf16=torch.cuda.is_bf16_supported())  # fmt: skip
+        return Capability(
+            "cuda", torch.cuda.get_device_name(), f"CUDA sm_{major}{minor}", cuda_bf16=torch.cuda.is_bf16_supported()
+        )
     return Capability("cpu", cpu_name(), torch.backends.cpu.get_cpu_capability(), cpu_flags())

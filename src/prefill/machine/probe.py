@@ -62,8 +62,9 @@ def best_seconds(fn: Callable[[], object], repeats: int, device: str = "cpu") ->
     return best
 
 
-def gemm_seconds(M: int, K: int, N: int, dtype: str, device: str = "cpu", repeats: int = 3, copies: int = 1,
-                 qtype: str | None = None) -> float:  # fmt: skip
+def gemm_seconds(
+    M: int, K: int, N: int, dtype: str, device: str = "cpu", repeats: int = 3, copies: int = 1, qtype: str | None = None
+) -> float:
     """Best seconds of one [M, K] x [N, K]^T as the engine's projections run it (few_rows_linear: MKL's F.linear,
     for 2..32 rows of dense float32 the engine's own kernel, and with `qtype` the kernels of GGUF blocks kept
     native), cycling through `copies` weights so that with enough of them each one comes from memory, not from
@@ -106,9 +107,14 @@ def _random_blocks(N: int, K: int, qtype: str):
 
 
 def gemm_curve(
-    K: int, N: int, dtype: str, device: str = "cpu", budget_s: float = 1.0, Ms: tuple[int, ...] = GEMM_MS,
+    K: int,
+    N: int,
+    dtype: str,
+    device: str = "cpu",
+    budget_s: float = 1.0,
+    Ms: tuple[int, ...] = GEMM_MS,
     qtype: str | None = None,
-) -> tuple[tuple[int, float], ...]:  # fmt: skip
+) -> tuple[tuple[int, float], ...]:
     """(M, FLOP/s) of [M, K] x [K, N] for M in Ms while the next M is predicted to fit the budget (its time grows
     at most 4x per step), so an emulated dtype costs a fraction of a second. Up to M = COLD_UP_TO the weights
     cycle through copies filling twice the last-level cache, so each is read from memory as in a forward (unless
@@ -212,9 +218,19 @@ def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
     from prefill.costmodel.ops import LAUNCHES
 
     d = 64
-    t = {name: torch.randn(*shape, device=device) for name, shape in (
-        ("x", (1, 1, d)), ("w", (d,)), ("qkv", (3 * d, d)), ("sq", (d, d)), ("up", (4 * d, d)), ("down", (d, 2 * d)),
-        ("cos", (1, 1, 1, d)), ("pool", (1, 64, d)))}  # fmt: skip
+    t = {
+        name: torch.randn(*shape, device=device)
+        for name, shape in (
+            ("x", (1, 1, d)),
+            ("w", (d,)),
+            ("qkv", (3 * d, d)),
+            ("sq", (d, d)),
+            ("up", (4 * d, d)),
+            ("down", (d, 2 * d)),
+            ("cos", (1, 1, 1, d)),
+            ("pool", (1, 64, d)),
+        )
+    }
     slot = torch.tensor([3], device=device)
 
     def block() -> None:
@@ -231,8 +247,20 @@ def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
         gate, up = F.linear(F.rms_norm(x, (d,), t["w"]), t["up"]).chunk(2, dim=-1)
         _ = x + F.linear(F.silu(gate) * up, t["down"])
 
-    names = ("norm", "qkv", "rotary", "kv_write", "attention", "o", "residual", "norm", "gate_up", "mlp_act", "down",
-             "residual")  # fmt: skip
+    names = (
+        "norm",
+        "qkv",
+        "rotary",
+        "kv_write",
+        "attention",
+        "o",
+        "residual",
+        "norm",
+        "gate_up",
+        "mlp_act",
+        "down",
+        "residual",
+    )
     launches = sum(LAUNCHES[name] for name in names)
 
     def many() -> None:

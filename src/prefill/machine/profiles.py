@@ -219,8 +219,9 @@ def _curve(entry: dict, K: int, N: int, qtypes: dict[str, str]) -> GemmCurve:
     return GemmCurve(K, N, _points(entry["gemm"][_gemm_key(K, N, qtypes)]))
 
 
-def _build(entry: dict, spec: ModelSpec, shapes, dtype: str, device: str, threads: int | None,
-           qtypes: dict[str, str]) -> MachineProfile:  # fmt: skip
+def _build(
+    entry: dict, spec: ModelSpec, shapes, dtype: str, device: str, threads: int | None, qtypes: dict[str, str]
+) -> MachineProfile:
     from prefill.machine.capability import capability
 
     curves = tuple(_curve(entry, K, N, qtypes) for K, N in shapes)

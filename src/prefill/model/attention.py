@@ -123,8 +123,9 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
         # Every decode row (or every token) in one call, each query reading its past where it lies.
         qp = q[0, :, paged.index].transpose(0, 1).contiguous()  # [Q, H_q, d_head]
         table, first_block, first, end = paged.tables[batch.group_of[layer]]
-        op = kernels.paged_attention(qp, batch.k[layer], batch.v[layer], table, first_block, first, end,
-                                     paged.block_size, scale)  # fmt: skip
+        op = kernels.paged_attention(
+            qp, batch.k[layer], batch.v[layer], table, first_block, first, end, paged.block_size, scale
+        )
         out[0, :, paged.index] = op.transpose(0, 1)
         if paged.every_token:
             return out
@@ -165,8 +166,9 @@ def with_lse(q, k, v, mask: torch.Tensor | None, scale: float):
     (out [1, H_q, T, d], lse [1, H_q, T] float32; -inf where a query sees no key, and out 0 there)."""
     if q.device.type == "cpu":
         bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias,
-                                                                             scale=scale)  # fmt: skip
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=bias, scale=scale
+        )
     else:
         B, H_q, T, d = q.shape
         H_kv = k.shape[1]

@@ -185,16 +185,35 @@ class Block(nn.Module):
     def qkv(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The work before attention: x [B, T, d_model] -> q [B, H_q, T, d_head], k, v [B, H_kv, T, d_head]."""
         return self.kernels.qkv_rotary(
-            x, self.attn_norm.weight, self.eps, self.wqkv.weight, self.wqkv.bias, _weight(self.q_norm),
-            _weight(self.k_norm), cos, sin, self.H_q, self.H_kv, self.kernels.linear,
-        )  # fmt: skip
+            x,
+            self.attn_norm.weight,
+            self.eps,
+            self.wqkv.weight,
+            self.wqkv.bias,
+            _weight(self.q_norm),
+            _weight(self.k_norm),
+            cos,
+            sin,
+            self.H_q,
+            self.H_kv,
+            self.kernels.linear,
+        )
 
     def finish(self, x, o) -> torch.Tensor:
         """The work after attention: x [B, T, d_model], o [B, H_q, T, d_head] -> [B, T, d_model]."""
         return self.kernels.out_and_mlp(
-            x, o, self.wo.weight, self.mlp_norm.weight, self.eps, self.w_gate_up.weight, self.w_down.weight,
-            _weight(self.attn_post_norm), _weight(self.mlp_post_norm), self.gelu, self.kernels.linear,
-        )  # fmt: skip
+            x,
+            o,
+            self.wo.weight,
+            self.mlp_norm.weight,
+            self.eps,
+            self.w_gate_up.weight,
+            self.w_down.weight,
+            _weight(self.attn_post_norm),
+            _weight(self.mlp_post_norm),
+            self.gelu,
+            self.kernels.linear,
+        )
 
     def forward(self, x, cos, sin, batch: ForwardBatch, layer: int) -> torch.Tensor:
         q, k, v = self.qkv(x, cos, sin)
@@ -275,8 +294,9 @@ class Transformer(nn.Module):
         hidden states [N, d_model] (scoring unembeds them in slices, see prefill.engine.scoring).
         """
         x = self.embed_tokens(ids[None])  # [1, N, d_model]: the rows' tokens side by side
-        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, self.rope_tables(batch.positions[None], x.dtype),
-                                                    strict=True)):  # fmt: skip
+        for i, (layer, (cos, sin)) in enumerate(
+            zip(self.layers, self.rope_tables(batch.positions[None], x.dtype), strict=True)
+        ):
             x = layer(x, cos, sin, batch, i)
         if output == "hidden":
             return self.norm(x[0])  # [N, d_model]

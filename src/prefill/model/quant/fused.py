@@ -35,8 +35,9 @@ def install(model) -> bool:
         if q_norm_w is not None or x.dtype != torch.float32 or not _native(w_qkv, B * P):
             return eager_qkv(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv, lin or linear)
         # q [B, H_q, P, d_head], k, v [B, H_kv, P, d_head]
-        return torch.ops.prefill_quant.pre_attention(x, norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv,
-                                                     cos, sin, H_q, H_kv)  # fmt: skip
+        return torch.ops.prefill_quant.pre_attention(
+            x, norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv, cos, sin, H_q, H_kv
+        )
 
     def out_and_mlp(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=None):
         B, H_q, P, d = o.shape
@@ -45,10 +46,17 @@ def install(model) -> bool:
             return eager_out(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w, post_mlp_w, gelu, lin or linear)
         D = x.shape[-1]
         return torch.ops.prefill_quant.post_attention(
-            x.reshape(B * P, D), o.transpose(1, 2).reshape(B * P, H_q * d), w_o.blocks, GGUF_TYPE_IDS[w_o.qtype],
-            norm_w, eps, w_gate_up.blocks, GGUF_TYPE_IDS[w_gate_up.qtype], w_down.blocks,
+            x.reshape(B * P, D),
+            o.transpose(1, 2).reshape(B * P, H_q * d),
+            w_o.blocks,
+            GGUF_TYPE_IDS[w_o.qtype],
+            norm_w,
+            eps,
+            w_gate_up.blocks,
+            GGUF_TYPE_IDS[w_gate_up.qtype],
+            w_down.blocks,
             GGUF_TYPE_IDS[w_down.qtype],
-        ).view(B, P, D)  # fmt: skip
+        ).view(B, P, D)
 
     model.kernels.qkv_rotary, model.kernels.out_and_mlp = qkv_rotary, out_and_mlp
     return True
