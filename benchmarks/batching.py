@@ -35,9 +35,20 @@ RULES = ("rule", "one", "answer", "in", "one", "short", "sentence", "and", "chec
 
 def start_server(dtype: str, chunk_size: int, threads: int | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-c", "from prefill.cli.main import main; main()", "serve", "--port", str(port),
-           "--dtype", dtype,
-           "--chunk-size", str(chunk_size), "--kv-cache-mb", "1024"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from prefill.cli.main import main; main()",
+        "serve",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--chunk-size",
+        str(chunk_size),
+        "--kv-cache-mb",
+        "1024",
+    ]
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
@@ -56,9 +67,16 @@ def start_server(dtype: str, chunk_size: int, threads: int | None) -> tuple[subp
 
 
 def load(url: str, concurrency: int, requests: int, prompt_len: int, max_tokens: int) -> dict:
-    cfg = LoadTestConfig(url, concurrency=concurrency, max_requests=requests, duration_s=900,
-                         prompt_lengths=PromptLengths(prompt_len, prompt_len), max_tokens=max_tokens,
-                         ignore_eos=True, seed=concurrency)  # fmt: skip
+    cfg = LoadTestConfig(
+        url,
+        concurrency=concurrency,
+        max_requests=requests,
+        duration_s=900,
+        prompt_lengths=PromptLengths(prompt_len, prompt_len),
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        seed=concurrency,
+    )
     records, wall, _ = asyncio.run(run_load_test(cfg))
     return summarize(records, wall)
 
@@ -75,12 +93,16 @@ async def mixed(url: str, n_short: int, long_tokens: int, n_long: int, max_token
         tasks = [asyncio.create_task(one_request(client, short, model, p, recs[i], t0)) for i, p in enumerate(prompts)]
         await asyncio.sleep(3.0)  # the short streams are decoding now
         long_prompt = " ".join(WORDS[j % len(WORDS)] + str(j % 7) for j in range(long_tokens // 2))
-        tasks += [asyncio.create_task(one_request(client, long, model, f"{i} {long_prompt}", recs[n_short + i], t0))
-                  for i in range(n_long)]  # fmt: skip
+        tasks += [
+            asyncio.create_task(one_request(client, long, model, f"{i} {long_prompt}", recs[n_short + i], t0))
+            for i in range(n_long)
+        ]
         await asyncio.gather(*tasks)
     short_recs, long_recs = recs[:n_short], recs[n_short:]
-    return {"short": summarize(short_recs, 1.0), "long": [r.server_timings | {"prompt_tokens": r.usage_prompt_tokens}
-                                                           for r in long_recs]}  # fmt: skip
+    return {
+        "short": summarize(short_recs, 1.0),
+        "long": [r.server_timings | {"prompt_tokens": r.usage_prompt_tokens} for r in long_recs],
+    }
 
 
 async def shared_prefix(url: str, n: int, system_tokens: int, max_tokens: int) -> dict:
@@ -95,8 +117,9 @@ async def shared_prefix(url: str, n: int, system_tokens: int, max_tokens: int) -
         await one_request(client, LoadTestConfig(url, max_tokens=1, system_prompt=system), model, "hello", warm, t0)
         base = (await client.get(f"{url}/health")).json()
         recs = [RequestRecord(i, 0, 0.0) for i in range(n)]
-        tasks = [asyncio.create_task(one_request(client, cfg, model, f"Question {i}: why?", recs[i], t0))
-                 for i in range(n)]  # fmt: skip
+        tasks = [
+            asyncio.create_task(one_request(client, cfg, model, f"Question {i}: why?", recs[i], t0)) for i in range(n)
+        ]
         while not all(t.done() for t in tasks):
             h = (await client.get(f"{url}/health")).json()
             if h["running"] == n and h["kv_used_bytes"] > peak["kv_used_bytes"]:
@@ -112,9 +135,14 @@ async def shared_prefix(url: str, n: int, system_tokens: int, max_tokens: int) -
     # prefix's blocks (already in the pool before they came, held once however many requests use them).
     held = peak["kv_used_bytes"] - base["kv_used_bytes"] + cached * per_token
     one_prefix_plus_suffixes = cached * per_token + n * math.ceil((suffix + max_tokens - 1) / tokens) * block
-    return {"n": n, "prompt_tokens": P, "cached_tokens": cached, "kv_bytes_held_by_the_n": held,
-            "one_prefix_plus_suffixes": one_prefix_plus_suffixes,
-            "n_full_copies": n * math.ceil((P + max_tokens - 1) / tokens) * block}  # fmt: skip
+    return {
+        "n": n,
+        "prompt_tokens": P,
+        "cached_tokens": cached,
+        "kv_bytes_held_by_the_n": held,
+        "one_prefix_plus_suffixes": one_prefix_plus_suffixes,
+        "n_full_copies": n * math.ceil((P + max_tokens - 1) / tokens) * block,
+    }
 
 
 def main() -> None:
@@ -153,13 +181,19 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    print(f"output tok/s: c1 {tok['c1']:.1f}, c8 {tok['c8']:.1f} -> {result['throughput_ratio_c8_over_c1']:.2f}x "
-          "(target >= 4x)")  # fmt: skip
-    print(f"ITL p50: c1 {itl['c1'] * 1e3:.1f} ms, c8 {itl['c8'] * 1e3:.1f} ms -> "
-          f"{result['itl_p50_ratio_c8_over_c1']:.2f}x (target <= 1.5x)")  # fmt: skip
-    print(f"with 2,000-token prompts mixed in: ITL p99 {result['mixed_itl_p99_s'] * 1e3:.0f} ms vs one "
-          f"{args.chunk_size}-token chunk {chunk_s * 1e3:.0f} ms -> {result['mixed_itl_p99_over_chunk']:.2f}x "
-          "(target < 2x)")  # fmt: skip
+    print(
+        f"output tok/s: c1 {tok['c1']:.1f}, c8 {tok['c8']:.1f} -> {result['throughput_ratio_c8_over_c1']:.2f}x "
+        "(target >= 4x)"
+    )
+    print(
+        f"ITL p50: c1 {itl['c1'] * 1e3:.1f} ms, c8 {itl['c8'] * 1e3:.1f} ms -> "
+        f"{result['itl_p50_ratio_c8_over_c1']:.2f}x (target <= 1.5x)"
+    )
+    print(
+        f"with 2,000-token prompts mixed in: ITL p99 {result['mixed_itl_p99_s'] * 1e3:.0f} ms vs one "
+        f"{args.chunk_size}-token chunk {chunk_s * 1e3:.0f} ms -> {result['mixed_itl_p99_over_chunk']:.2f}x "
+        "(target < 2x)"
+    )
     s = share
     print(
         f"8 requests behind a {s['cached_tokens']}-token cached prefix: hold {s['kv_bytes_held_by_the_n']:,} B; "

@@ -69,8 +69,14 @@ def ttft_part(engine: Engine, directory: Path, P: int, mb: float) -> dict:
         if eng.kv_store is not None:
             eng.kv_store.flush()
         use = gen.kv_store.as_dict() if gen.kv_store else None
-        runs[label] = {"ttft_s": gen.ttft_s, "total_s": gen.total_s, "prefill_s": gen.prefill_s,
-                       "cached_tokens": gen.cached_tokens, "tokens": gen.token_ids, "kv_store": use}  # fmt: skip
+        runs[label] = {
+            "ttft_s": gen.ttft_s,
+            "total_s": gen.total_s,
+            "prefill_s": gen.prefill_s,
+            "cached_tokens": gen.cached_tokens,
+            "tokens": gen.token_ids,
+            "kv_store": use,
+        }
         print(f"  {label:<22} TTFT {gen.ttft_s * 1e3:9.1f} ms  cached {gen.cached_tokens:5}  E2E {gen.total_s:.2f} s")
 
     run("cold, no store", engine)
@@ -109,16 +115,26 @@ def decision_part(engine: Engine, directory: Path, sizes: list[int], mb: float) 
             seq.reserve(P)
             copy_into(seq, 0, tier.store.get(keys))
             measured[label] = time.perf_counter() - t0
-        d = compute_or_load(P, 0, match.nbytes, tier.load_bytes_per_s,
-                            lambda n, past: engine.predict_prefill_seconds(n, past)[0])  # fmt: skip
+        d = compute_or_load(
+            P, 0, match.nbytes, tier.load_bytes_per_s, lambda n, past: engine.predict_prefill_seconds(n, past)[0]
+        )
         faster = "load" if measured["disk"] < compute_s else "compute"
         within = (
             abs(d.load_s - measured["disk"]) <= 0.15 * measured["disk"]
             and abs(d.compute_s - compute_s) <= 0.15 * compute_s
         )
-        rows.append({"P": P, "bytes": match.nbytes, "compute_s": compute_s, "load_disk_s": measured["disk"],
-                     "load_ram_s": measured["ram"], "predicted": d.as_dict(), "measured_faster": faster,
-                     "agree": d.choice == faster or within})  # fmt: skip
+        rows.append(
+            {
+                "P": P,
+                "bytes": match.nbytes,
+                "compute_s": compute_s,
+                "load_disk_s": measured["disk"],
+                "load_ram_s": measured["ram"],
+                "predicted": d.as_dict(),
+                "measured_faster": faster,
+                "agree": d.choice == faster or within,
+            }
+        )
     return rows
 
 
@@ -126,16 +142,22 @@ def print_tables(ttft: dict, rows: list[dict]) -> None:
     print(f"\nTTFT of a {ttft['P']:,}-token prompt ({N_NEW} tokens generated)")
     print(f"{'run':<22} {'TTFT ms':>10} {'vs cold':>8} {'cached':>7} {'E2E s':>7} {'same':>5}")
     for label, r in ttft["runs"].items():
-        print(f"{label:<22} {r['ttft_s'] * 1e3:10.1f} {r['ttft_vs_cold']:8.1%} {r['cached_tokens']:7} "
-              f"{r['total_s']:7.2f} {str(r['same_tokens']):>5}")  # fmt: skip
+        print(
+            f"{label:<22} {r['ttft_s'] * 1e3:10.1f} {r['ttft_vs_cold']:8.1%} {r['cached_tokens']:7} "
+            f"{r['total_s']:7.2f} {str(r['same_tokens']):>5}"
+        )
     print("\ncompute or load (measured: prefill of P tokens; load = read + verify + copy into the pool)")
-    print(f"{'P':>5} {'MB':>7} {'compute s':>10} {'pred':>8} {'disk s':>8} {'RAM s':>8} {'pred':>8} "
-          f"{'choice':>8} {'faster':>8} {'agree':>6}")  # fmt: skip
+    print(
+        f"{'P':>5} {'MB':>7} {'compute s':>10} {'pred':>8} {'disk s':>8} {'RAM s':>8} {'pred':>8} "
+        f"{'choice':>8} {'faster':>8} {'agree':>6}"
+    )
     for r in rows:
         p = r["predicted"]
-        print(f"{r['P']:5} {r['bytes'] / 1e6:7.1f} {r['compute_s']:10.4f} {p['predicted_compute_s']:8.4f} "
-              f"{r['load_disk_s']:8.4f} {r['load_ram_s']:8.4f} {p['predicted_load_s']:8.4f} {p['choice']:>8} "
-              f"{r['measured_faster']:>8} {str(r['agree']):>6}")  # fmt: skip
+        print(
+            f"{r['P']:5} {r['bytes'] / 1e6:7.1f} {r['compute_s']:10.4f} {p['predicted_compute_s']:8.4f} "
+            f"{r['load_disk_s']:8.4f} {r['load_ram_s']:8.4f} {p['predicted_load_s']:8.4f} {p['choice']:>8} "
+            f"{r['measured_faster']:>8} {str(r['agree']):>6}"
+        )
 
 
 def main() -> None:
@@ -156,9 +178,13 @@ def main() -> None:
         bw = restarted(engine, directory / "ttft", mb).kv_store.bandwidth
         rows = decision_part(engine, directory / "decide", sizes, mb)
     print_tables(ttft, rows)
-    out = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-           "bandwidth": {"disk_bytes_per_s": bw.disk_bytes_per_s, "ram_bytes_per_s": bw.ram_bytes_per_s},
-           "ttft": ttft, "decision": rows}  # fmt: skip
+    out = {
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "bandwidth": {"disk_bytes_per_s": bw.disk_bytes_per_s, "ram_bytes_per_s": bw.ram_bytes_per_s},
+        "ttft": ttft,
+        "decision": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(f"\nwrote {args.out}")

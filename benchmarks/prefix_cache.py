@@ -92,9 +92,11 @@ def main() -> None:
     for label, recs in results.items():
         for r in recs:
             t = r.server_timings or {}
-            print(f"{label:18} {r.index:>3} {r.usage_prompt_tokens:>5} {r.cached_tokens:>6} "
-                  f"{(r.first_content - r.start) * 1e3:>14.1f} {t.get('ttft_s', float('nan')) * 1e3:>14.1f} "
-                  f"{t.get('prefill_s', float('nan')) * 1e3:>10.1f}")  # fmt: skip
+            print(
+                f"{label:18} {r.index:>3} {r.usage_prompt_tokens:>5} {r.cached_tokens:>6} "
+                f"{(r.first_content - r.start) * 1e3:>14.1f} {t.get('ttft_s', float('nan')) * 1e3:>14.1f} "
+                f"{t.get('prefill_s', float('nan')) * 1e3:>10.1f}"
+            )
         steady = recs[1:]  # request 0 of the cached run is the one that fills the cache
         summary[label] = {
             "median_client_ttft_s": statistics.median(r.first_content - r.start for r in steady),
@@ -103,10 +105,12 @@ def main() -> None:
             "median_prompt_tokens": statistics.median(r.usage_prompt_tokens for r in steady),
         }
     on, off = summary["prefix cache on"], summary["prefix cache off"]
-    print(f"requests 1..{len(questions) - 1}: median TTFT {on['median_client_ttft_s'] * 1e3:.0f} ms with the prefix "
-          f"cache vs {off['median_client_ttft_s'] * 1e3:.0f} ms without "
-          f"({off['median_client_ttft_s'] / on['median_client_ttft_s']:.1f}x faster; "
-          f"{on['median_cached_tokens']:.0f} of {on['median_prompt_tokens']:.0f} prompt tokens cached)")  # fmt: skip
+    print(
+        f"requests 1..{len(questions) - 1}: median TTFT {on['median_client_ttft_s'] * 1e3:.0f} ms with the prefix "
+        f"cache vs {off['median_client_ttft_s'] * 1e3:.0f} ms without "
+        f"({off['median_client_ttft_s'] / on['median_client_ttft_s']:.1f}x faster; "
+        f"{on['median_cached_tokens']:.0f} of {on['median_prompt_tokens']:.0f} prompt tokens cached)"
+    )
     if args.out:
         rows = {k: [vars(r) for r in v] for k, v in results.items()}
         args.out.write_text(json.dumps({"summary": summary, "requests": rows}, indent=2, default=str))

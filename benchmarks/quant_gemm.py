@@ -127,8 +127,9 @@ def bench_point(ws: list[QuantWeight], dense: list[torch.Tensor], M: int, rounds
         routes["compiled"] = lambda a, i: compiled_fn(a, *compiled[i])
     if w0.qtype == "Q4_1":
         packs = [int4pack(w) for w in ws]
-        routes["int4-bf16"] = lambda a, i: torch._weight_int4pack_mm_for_cpu(a.bfloat16(), packs[i][0], 32,
-                                                                             packs[i][1]).float()  # fmt: skip
+        routes["int4-bf16"] = lambda a, i: torch._weight_int4pack_mm_for_cpu(
+            a.bfloat16(), packs[i][0], 32, packs[i][1]
+        ).float()
     errors = {name: float((fn(x, 0) - ref).abs().max()) / scale for name, fn in routes.items()}
     cycles = {name: Cycle(len(ws), fn) for name, fn in routes.items()}
     best = {name: float("inf") for name in routes}

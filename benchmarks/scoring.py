@@ -40,8 +40,7 @@ def main() -> None:
     engine = Engine.load(dtype=args.dtype, progress=False)
     engine.warmup()
     rows = []
-    print(f"{engine.source} {args.dtype}, {torch.get_num_threads()} threads, "
-          f"{torch.backends.cpu.get_cpu_capability()}")  # fmt: skip
+    print(f"{engine.source} {args.dtype}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}")
     print(
         f"{'P':>6} {'generation s':>13} {'scoring s':>10} {'measured x':>11} {'predicted x':>12} {'unembed share':>14}"
     )
@@ -50,12 +49,21 @@ def main() -> None:
         gen_s = median_seconds(lambda ids=ids: (engine.prefill(ids), engine.sync()), args.repeats)
         score_s = median_seconds(lambda ids=ids: score(engine, ids), args.repeats)
         gen, scoring = costs.prefill_flops_exact(engine.spec, P), costs.scoring_flops_exact(engine.spec, P)
-        row = {"P": P, "generation_s": gen_s, "scoring_s": score_s, "measured_ratio": score_s / gen_s,
-               "predicted_ratio": scoring.total / gen.total, "unembed_share": scoring.unembed_share,
-               "scoring_flops": scoring.total, "generation_flops": gen.total}  # fmt: skip
+        row = {
+            "P": P,
+            "generation_s": gen_s,
+            "scoring_s": score_s,
+            "measured_ratio": score_s / gen_s,
+            "predicted_ratio": scoring.total / gen.total,
+            "unembed_share": scoring.unembed_share,
+            "scoring_flops": scoring.total,
+            "generation_flops": gen.total,
+        }
         rows.append(row)
-        print(f"{P:>6} {gen_s:>13.3f} {score_s:>10.3f} {row['measured_ratio']:>11.3f} {row['predicted_ratio']:>12.3f} "
-              f"{row['unembed_share']:>14.1%}")  # fmt: skip
+        print(
+            f"{P:>6} {gen_s:>13.3f} {score_s:>10.3f} {row['measured_ratio']:>11.3f} {row['predicted_ratio']:>12.3f} "
+            f"{row['unembed_share']:>14.1%}"
+        )
     print(json.dumps(rows))
 
 

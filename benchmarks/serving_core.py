@@ -51,12 +51,31 @@ def run_streams(engine: Engine, prompts: list[list[int]], new: int = NEW) -> dic
     decode_s = time.perf_counter() - first_all
     tokens = sum(len(r.gen.token_ids) for r in reqs)
     itls = [x for r in reqs for x in r.gen.itl_s]
-    return {"wall_s": wall, "decode_s": decode_s, "tokens": tokens, "tok_per_s": tokens / wall,
-            "decode_tok_per_s": (tokens - len(reqs)) / decode_s, "itl_p50_s": statistics.median(itls)}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "decode_s": decode_s,
+        "tokens": tokens,
+        "tok_per_s": tokens / wall,
+        "decode_tok_per_s": (tokens - len(reqs)) / decode_s,
+        "itl_p50_s": statistics.median(itls),
+    }
 
 
 def median_of(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def print_table(m: dict[str, dict], pred: dict[str, float]) -> None:
+    """Each case's throughput and ITL beside the time model's ITL and its error."""
+    print(f"{'case':<20} {'tok/s':>8} {'decode tok/s':>13} {'ITL p50 ms':>11} {'pred. ITL ms':>13} {'err':>6}")
+    for k, v in m.items():
+        p = pred.get(k)
+        err = f"{p / v['itl_p50_s'] - 1:+.0%}" if p else ""
+        ptxt = f"{p * 1e3:.1f}" if p else ""
+        print(
+            f"{k:<20} {v['tok_per_s']:>8.1f} {v['decode_tok_per_s']:>13.1f} {v['itl_p50_s'] * 1e3:>11.1f} "
+            f"{ptxt:>13} {err:>6}"
+        )
 
 
 def main() -> None:
@@ -88,28 +107,21 @@ def main() -> None:
     }
     cpu = torch.backends.cpu.get_cpu_capability()
     print(f"\nSmolLM2-135M, float32 activations, {default.weights} weights, {torch.get_num_threads()} threads, {cpu}")
-    print(f"{'case':<20} {'tok/s':>8} {'decode tok/s':>13} {'ITL p50 ms':>11} {'pred. ITL ms':>13} {'err':>6}")
-    for k, v in m.items():
-        p = pred.get(k)
-        err = f"{p / v['itl_p50_s'] - 1:+.0%}" if p else ""
-        ptxt = f"{p * 1e3:.1f}" if p else ""
-        print(f"{k:<20} {v['tok_per_s']:>8.1f} {v['decode_tok_per_s']:>13.1f} {v['itl_p50_s'] * 1e3:>11.1f} "
-              f"{ptxt:>13} {err:>6}")  # fmt: skip
+    print_table(m, pred)
     ratios = {
         "aggregate tok/s 8 / 1 (target >= 4)": m["B=8"]["tok_per_s"] / m["B=1"]["tok_per_s"],
         "decode tok/s 8 / 1": m["B=8"]["decode_tok_per_s"] / m["B=1"]["decode_tok_per_s"],
         "ITL p50 8 / 1 (target <= 1.5)": m["B=8"]["itl_p50_s"] / m["B=1"]["itl_p50_s"],
         "ITL p50 ctx 4096 / 64 (target <= 1.25)": m["ctx 4096"]["itl_p50_s"] / m["ctx 64"]["itl_p50_s"],
-        "deterministic tok/s cost at 8 (target <= 25%)": 1 - m["B=8 deterministic"]["tok_per_s"] / m["B=8"][
-            "tok_per_s"
-        ],
-    }  # fmt: skip
+        "deterministic tok/s cost at 8 (target <= 25%)": 1
+        - m["B=8 deterministic"]["tok_per_s"] / m["B=8"]["tok_per_s"],
+    }
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu": cpu, "weights": default.weights, "medians": m, "predicted_itl_s": pred,
-                               "ratios": ratios, "runs": runs}, indent=1) + "\n")  # fmt: skip
+    record = {"cpu": cpu, "weights": default.weights, "medians": m, "predicted_itl_s": pred, "ratios": ratios}
+    out.write_text(json.dumps({**record, "runs": runs}, indent=1) + "\n")
     print(f"wrote {out}")
 
 

@@ -7,8 +7,9 @@ from prefill.engine.request import Generation, Request
 from prefill.engine.sampling import SamplingParams
 
 
-def run_requests(loop: StepLoop, prompts: list[list[int]], max_tokens: int, tokenizer, logprobs: int | None = None
-                 ) -> list[Generation]:  # fmt: skip
+def run_requests(
+    loop: StepLoop, prompts: list[list[int]], max_tokens: int, tokenizer, logprobs: int | None = None
+) -> list[Generation]:
     """Add one greedy request per prompt, step until all are done; their Generations in order."""
     done: dict[int, Generation] = {}
 

@@ -104,8 +104,11 @@ def write_gguf_from_hf(path: Path, model, arch: str, style: str, chat_template: 
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
-            g = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                 "lm_head.weight": "output.weight"}[name]  # fmt: skip
+            g = {
+                "model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight",
+            }[name]
         else:
             i, rest = name.removeprefix("model.layers.").split(".", 1)
             g = f"blk.{i}.{back[rest]}"
@@ -125,13 +128,30 @@ def gemma3_config(window: int, softcaps: bool = False, **kw):
     """A tiny Gemma 3 text config: 4 layers (local, global, local, local) with windows of `window` tokens."""
     from transformers import Gemma3TextConfig
 
-    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}}  # fmt: skip
-    base = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=24, max_position_embeddings=256, rms_norm_eps=1e-6,
-                sliding_window=window, layer_types=GEMMA3_TYPES, rope_parameters=rope, query_pre_attn_scalar=20,
-                attn_logit_softcapping=30.0 if softcaps else None, final_logit_softcapping=3.0 if softcaps else None,
-                pad_token_id=0, bos_token_id=2, eos_token_id=1)  # fmt: skip
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+    }
+    base = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        sliding_window=window,
+        layer_types=GEMMA3_TYPES,
+        rope_parameters=rope,
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=30.0 if softcaps else None,
+        final_logit_softcapping=3.0 if softcaps else None,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
+    )
     return Gemma3TextConfig(**{**base, **kw})
 
 

@@ -8,8 +8,11 @@ from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 
 SPEC = ModelSpec.from_preset("smollm2-135m")
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 TRUE = Calibration(overhead_s=0.004, linear_flops_per_s=200e9, attention_flops_per_s=60e9, dtype="bfloat16",
-                   threads=2, source="synthetic")  # fmt: skip
+                   threads=2, source="synthetic")
+# fmt: on
 LENGTHS = (32, 128, 512, 1024, 2048, 4096)
 
 
@@ -20,8 +23,12 @@ def observe(P: int, past: int = 0, cal: Calibration = TRUE, noise: float = 1.0) 
 
 def two_lengths_and_halves(short: int = 128, long: int = 4096, cal: Calibration = TRUE) -> list[Observation]:
     """What the benchmark measures: two whole prompts, and each one's second half after its first is cached."""
-    return [observe(short, cal=cal), observe(long, cal=cal),
-            observe(short // 2, short // 2, cal), observe(long // 2, long // 2, cal)]  # fmt: skip
+    return [
+        observe(short, cal=cal),
+        observe(long, cal=cal),
+        observe(short // 2, short // 2, cal),
+        observe(long // 2, long // 2, cal),
+    ]
 
 
 def test_the_cached_half_carries_three_quarters_of_the_attention_and_half_the_linear_flops():
@@ -72,8 +79,10 @@ def test_report_predicts_every_point_and_marks_the_fit_points():
 
 
 def test_error_and_mape_worked_numbers():
-    rows = [PredictionRow(1, measured_s=0.100, predicted_s=0.110, fitted=True),
-            PredictionRow(2, measured_s=0.200, predicted_s=0.190, fitted=False)]  # fmt: skip
+    rows = [
+        PredictionRow(1, measured_s=0.100, predicted_s=0.110, fitted=True),
+        PredictionRow(2, measured_s=0.200, predicted_s=0.190, fitted=False),
+    ]
     assert rows[0].error_pct == pytest.approx(10.0)
     assert rows[1].error_pct == pytest.approx(-5.0)
     assert mape_pct(rows) == pytest.approx(7.5)
@@ -82,8 +91,10 @@ def test_error_and_mape_worked_numbers():
 
 
 def test_two_percent_noise_gives_a_few_percent_error():
-    fitted = [Observation(o.P, o.count, o.seconds * f, o.past)
-              for o, f in zip(two_lengths_and_halves(), (1.02, 0.98, 0.98, 1.02), strict=True)]  # fmt: skip
+    fitted = [
+        Observation(o.P, o.count, o.seconds * f, o.past)
+        for o, f in zip(two_lengths_and_halves(), (1.02, 0.98, 0.98, 1.02), strict=True)
+    ]
     cal = fit_calibration(fitted, dtype="bfloat16", threads=2)
     rep = report(cal, [observe(P) for P in LENGTHS], fitted)
     assert rep.mape_pct < 5.0

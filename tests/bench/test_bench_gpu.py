@@ -11,8 +11,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_gpu_script_runs_on_cpu_with_the_tiny_preset(tmp_path):
-    cmd = [str(ROOT / "benchmarks" / "gpu.sh"), "--device", "cpu", "--preset", "tiny", "--prompt-lengths",
-           "32,128", "--repeats", "2", "--out", str(tmp_path)]  # fmt: skip
+    cmd = [
+        str(ROOT / "benchmarks" / "gpu.sh"),
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--prompt-lengths",
+        "32,128",
+        "--repeats",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "gpu.json").read_text())

@@ -47,8 +47,17 @@ def test_no_default_sweep_spends_minutes_on_an_emulated_dtype():
 def test_estimate_is_the_cost_model_at_the_probe_rate():
     spec = ModelSpec.from_preset("smollm2-135m")
     rate = 100e9
-    total, points = plan.estimate(spec, ("float32",), {"float32": (512,)}, {"float32": rate}, peers=(),
-                                  compile=False, llama_files_per_dtype={}, repeats=5, warmup=1)  # fmt: skip
+    total, points = plan.estimate(
+        spec,
+        ("float32",),
+        {"float32": (512,)},
+        {"float32": rate},
+        peers=(),
+        compile=False,
+        llama_files_per_dtype={},
+        repeats=5,
+        warmup=1,
+    )
     one = prefill_flops_exact(spec, 512).total / rate / plan.EFFICIENCY["prefill"]
     assert points[("float32", 512)] == pytest.approx(8 * one)  # cold + warm-up + 5 repeats + memory
     assert total == pytest.approx(8 * one + plan.LOAD_S)

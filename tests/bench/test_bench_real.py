@@ -9,8 +9,15 @@ from prefill.bench.runner import run_bench
 
 @pytest.mark.slow
 def test_tiny_sweep_on_the_embedded_model_with_peers():
-    cfg = BenchConfig(prompt_lengths=(32, 64), dtypes=("float32",), repeats=1, warmup=0,
-                      peers=("transformers", "llamacpp"), threads=2, llama_dense=False)  # fmt: skip
+    cfg = BenchConfig(
+        prompt_lengths=(32, 64),
+        dtypes=("float32",),
+        repeats=1,
+        warmup=0,
+        peers=("transformers", "llamacpp"),
+        threads=2,
+        llama_dense=False,
+    )
     # llama_dense=False: the F32 copy for llama.cpp is tested in test_dense_gguf.py
     result = run_bench(cfg)
     assert result.spec.L == 30 and result.spec.d_model == 576  # SmolLM2-135M

@@ -12,12 +12,15 @@ from prefill.bench.runner import run_bench
 from prefill.costmodel.costs import prefill_flops_exact
 
 # big enough that the matmuls, not Python, dominate a 1024-token prefill (so calibration has signal)
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 CONFIG = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 1024,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
     "vocab_size": 256, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
     "tie_word_embeddings": False, "torch_dtype": "float32",
-}  # fmt: skip
+}
+# fmt: on
 
 
 @pytest.fixture(scope="module")
@@ -35,19 +38,32 @@ def tiny_folder(tmp_path_factory):
     for i in range(2):
         p = f"model.layers.{i}."
         sd |= {
-            p + "input_layernorm.weight": torch.ones(d), p + "post_attention_layernorm.weight": torch.ones(d),
-            p + "self_attn.q_proj.weight": w(d, d), p + "self_attn.k_proj.weight": w(kv, d),
-            p + "self_attn.v_proj.weight": w(kv, d), p + "self_attn.o_proj.weight": w(d, d),
-            p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d),
+            p + "input_layernorm.weight": torch.ones(d),
+            p + "post_attention_layernorm.weight": torch.ones(d),
+            p + "self_attn.q_proj.weight": w(d, d),
+            p + "self_attn.k_proj.weight": w(kv, d),
+            p + "self_attn.v_proj.weight": w(kv, d),
+            p + "self_attn.o_proj.weight": w(d, d),
+            p + "mlp.gate_proj.weight": w(f, d),
+            p + "mlp.up_proj.weight": w(f, d),
             p + "mlp.down_proj.weight": w(d, f),
-        }  # fmt: skip
+        }
     save_file(sd, str(folder / "model.safetensors"))
     return folder
 
 
 def test_sweep_measures_every_point_with_calibration_and_chunks(tiny_folder, tmp_path):
-    cfg = BenchConfig(model=str(tiny_folder), prompt_lengths=(16, 64, 256, 1024, 2048), dtypes=("float32",),
-                      repeats=2, warmup=0, peers=(), threads=1, calibrate=True, chunk_sizes=(256, 512))  # fmt: skip
+    cfg = BenchConfig(
+        model=str(tiny_folder),
+        prompt_lengths=(16, 64, 256, 1024, 2048),
+        dtypes=("float32",),
+        repeats=2,
+        warmup=0,
+        peers=(),
+        threads=1,
+        calibrate=True,
+        chunk_sizes=(256, 512),
+    )
     seen = []
     result = run_bench(cfg, on_step=lambda description, seconds: seen.append(description))
     # 2048 exceeds the context length 1024: dropped with a note
@@ -76,8 +92,12 @@ def test_sweep_measures_every_point_with_calibration_and_chunks(tiny_folder, tmp
     from rich.console import Console
 
     con = Console(record=True, width=200)
-    for t in (report.ours_table(result), report.peers_table(result), report.chunk_table(result),
-              report.calibration_table("float32", rep)):  # fmt: skip
+    for t in (
+        report.ours_table(result),
+        report.peers_table(result),
+        report.chunk_table(result),
+        report.calibration_table("float32", rep),
+    ):
         con.print(t)
     console_text = con.export_text()
     assert "calibrated ms" in console_text and "chunked prefill" in console_text
@@ -95,9 +115,26 @@ def test_bench_command_writes_json_plot_and_calibration(tiny_folder, tmp_path):
     import sys
 
     env = os.environ | {"PREFILL_CALIBRATION": str(tmp_path / "cal.json")}
-    args = ["bench", "--model", str(tiny_folder), "--prompt-lengths", "16,128,1024", "--dtypes", "float32",
-            "--repeats", "1", "--warmup", "0", "--peers", "none", "--threads", "1", "--calibrate",
-            "--out", str(tmp_path / "out")]  # fmt: skip
+    args = [
+        "bench",
+        "--model",
+        str(tiny_folder),
+        "--prompt-lengths",
+        "16,128,1024",
+        "--dtypes",
+        "float32",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--peers",
+        "none",
+        "--threads",
+        "1",
+        "--calibrate",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     cmd = [sys.executable, "-c", "from prefill.cli.main import main; main()", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr

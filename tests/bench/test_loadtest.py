@@ -105,8 +105,17 @@ def scripted_app() -> FastAPI:
 @pytest.mark.parametrize("chat,include_usage,rate", [(False, True, None), (True, False, None), (False, True, 50.0)])
 def test_client_against_scripted_server(tmp_path, chat, include_usage, rate):
     with BackgroundServer(scripted_app()) as url:
-        cfg = LoadTestConfig(url, chat=chat, concurrency=3, rate=rate, duration_s=30, max_requests=7,
-                             prompt_lengths=PromptLengths(4, 8), max_tokens=4, include_usage=include_usage)  # fmt: skip
+        cfg = LoadTestConfig(
+            url,
+            chat=chat,
+            concurrency=3,
+            rate=rate,
+            duration_s=30,
+            max_requests=7,
+            prompt_lengths=PromptLengths(4, 8),
+            max_tokens=4,
+            include_usage=include_usage,
+        )
         records, wall, model = asyncio.run(run_load_test(cfg))
     assert model == "scripted"
     assert len(records) == 7 and all(r.ok for r in records), [r.error for r in records]
@@ -151,9 +160,27 @@ def test_loadtest_command_prints_table_and_writes_files(tmp_path):
     from prefill.cli.main import app
 
     with BackgroundServer(scripted_app()) as url:
-        args = ["loadtest", "--url", url, "--requests", "3", "--concurrency", "2", "--prompt-len", "5",
-                "--max-tokens", "4", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
-                "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]  # fmt: skip
+        args = [
+            "loadtest",
+            "--url",
+            url,
+            "--requests",
+            "3",
+            "--concurrency",
+            "2",
+            "--prompt-len",
+            "5",
+            "--max-tokens",
+            "4",
+            "--slo-ttft-ms",
+            "60000",
+            "--slo-tpot-ms",
+            "60000",
+            "--out",
+            str(tmp_path / "r.json"),
+            "--plot",
+            str(tmp_path / "r.png"),
+        ]
         result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     for word in ("TTFT", "ITL", "TPOT", "E2E", "goodput", "definitions", "3/3 requests ok"):
@@ -168,7 +195,8 @@ def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
     from pathlib import Path
 
     prefill = Path(sys.executable).parent / "prefill"
-    r = subprocess.run([str(prefill), "loadtest", "--prompt-len", "20:10"], capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)  # fmt: skip
+    r = subprocess.run(
+        [str(prefill), "loadtest", "--prompt-len", "20:10"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error:") and "Traceback" not in r.stderr

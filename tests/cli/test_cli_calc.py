@@ -48,8 +48,17 @@ def test_estimate_interactive_lesson_0_28_s():
 def test_estimate_llama3_8b_on_h100_tables():
     result = run("estimate", "--model", "llama-3-8b", "--prompt-tokens", "1000", "--hardware", "h100", "--mfu", "0.5")
     assert result.exit_code == 0, result.output
-    for text in ("2*N*P", "exact total", "exact - 2*N*P", "TTFT", "131,072,000 B = 125.0 MiB", "compute-bound",
-                 "memory-bound", "ridge point", "compute-bound from"):  # fmt: skip
+    for text in (
+        "2*N*P",
+        "exact total",
+        "exact - 2*N*P",
+        "TTFT",
+        "131,072,000 B = 125.0 MiB",
+        "compute-bound",
+        "memory-bound",
+        "ridge point",
+        "compute-bound from",
+    ):
         assert text in result.stdout, text
 
 
@@ -69,8 +78,23 @@ def test_estimate_json_llama3_8b():
 
 
 def test_estimate_ttft_breakdown_batch_and_dtype():
-    r = run_json("estimate", "-m", "mistral-7b", "-p", "512", "--batch", "4", "--dtype", "fp8", "--hardware", "h200",
-                 "--network-ms", "20", "--tokenize-ms", "1")  # fmt: skip
+    r = run_json(
+        "estimate",
+        "-m",
+        "mistral-7b",
+        "-p",
+        "512",
+        "--batch",
+        "4",
+        "--dtype",
+        "fp8",
+        "--hardware",
+        "h200",
+        "--network-ms",
+        "20",
+        "--tokenize-ms",
+        "1",
+    )
     assert r["B"] == 4 and r["dtype"] == "fp8" and r["mfu"] == 0.5
     assert r["peak_flops_per_s"] == 1978.9e12
     assert r["ttft_s"] == pytest.approx(r["prefill_s_exact"] + 0.021)
@@ -129,10 +153,20 @@ def test_estimate_tensor_parallel():
 
 
 def test_estimate_from_config_file(tmp_path):
-    config = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-              "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06,
-              "tie_word_embeddings": False}  # fmt: skip
+    config = {
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     r = run_json("estimate", "--config", str(tmp_path / "config.json"), "-p", "100")
     assert r["N"] == PRESETS["qwen3-8b"].N
@@ -224,16 +258,31 @@ def test_mask_caps_the_grid_for_long_prompts():
 
 @pytest.mark.parametrize(
     "args",
-    [("estimate",), ("estimate", "--params", "7e9", "--model", "llama-3-8b"), ("estimate", "--model", "gpt-9"),
-     ("estimate", "--params", "7e9", "--mfu", "1.5"), ("estimate", "--params", "7e9", "--mfu", "0"),
-     ("estimate", "--params", "7e9", "--mfu", "-0.1"), ("estimate", "--params", "7e9", "--mfu", "nan"),
-     ("estimate", "--params", "-5"), ("estimate", "--params", "7e9", "--hardware", "tpu"),
-     ("estimate", "--params", "7e9", "--dtype", "fp7"), ("estimate", "--params", "7e9", "--tp", "2"),
-     ("estimate", "--params", "7e9", "-p", "0"), ("estimate", "--params", "7e9", "-p", "abc"),
-     ("estimate", "--config", "/nonexistent/config.json"), ("estimate", "--gguf", "/nonexistent/m.gguf"),
-     ("estimate", "-m", "llama-3-8b", "--hardware", "a100", "--dtype", "fp8"), ("kv",), ("kv", "--layers", "32"),
-     ("mask",), ("mask", "   "), ("mask", "--tokens", "0"), ("mask", "a b", "--tokens", "2")],
-)  # fmt: skip
+    [
+        ("estimate",),
+        ("estimate", "--params", "7e9", "--model", "llama-3-8b"),
+        ("estimate", "--model", "gpt-9"),
+        ("estimate", "--params", "7e9", "--mfu", "1.5"),
+        ("estimate", "--params", "7e9", "--mfu", "0"),
+        ("estimate", "--params", "7e9", "--mfu", "-0.1"),
+        ("estimate", "--params", "7e9", "--mfu", "nan"),
+        ("estimate", "--params", "-5"),
+        ("estimate", "--params", "7e9", "--hardware", "tpu"),
+        ("estimate", "--params", "7e9", "--dtype", "fp7"),
+        ("estimate", "--params", "7e9", "--tp", "2"),
+        ("estimate", "--params", "7e9", "-p", "0"),
+        ("estimate", "--params", "7e9", "-p", "abc"),
+        ("estimate", "--config", "/nonexistent/config.json"),
+        ("estimate", "--gguf", "/nonexistent/m.gguf"),
+        ("estimate", "-m", "llama-3-8b", "--hardware", "a100", "--dtype", "fp8"),
+        ("kv",),
+        ("kv", "--layers", "32"),
+        ("mask",),
+        ("mask", "   "),
+        ("mask", "--tokens", "0"),
+        ("mask", "a b", "--tokens", "2"),
+    ],
+)
 def test_bad_arguments_exit_2_without_traceback(args):
     result = run(*args)
     assert result.exit_code == 2, result.output
@@ -249,8 +298,24 @@ PREFILL = Path(sys.executable).parent / "prefill"
 
 @pytest.mark.skipif(not PREFILL.exists(), reason="console script not installed (pip install -e .)")
 def test_console_script_kv_and_bad_argument():
-    ok = subprocess.run([str(PREFILL), "kv", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
-                         "--prompt-tokens", "2048", "--dtype", "bf16"], capture_output=True, text=True)  # fmt: skip
+    ok = subprocess.run(
+        [
+            str(PREFILL),
+            "kv",
+            "--layers",
+            "32",
+            "--kv-heads",
+            "8",
+            "--head-dim",
+            "128",
+            "--prompt-tokens",
+            "2048",
+            "--dtype",
+            "bf16",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "268,435,456 B" in ok.stdout and "256.0 MiB" in ok.stdout and "268.4 MB" in ok.stdout
     bad = subprocess.run([str(PREFILL), "estimate", "--params", "7e9", "--mfu", "1.5"], capture_output=True, text=True)

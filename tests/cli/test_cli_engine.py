@@ -23,8 +23,16 @@ def test_demo_answers_and_shows_every_part():
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "answer: The capital of France is Paris." in out
-    for part in ("prompt tokens P", "37", "K and V each [B, H_kv, P, d_head] = [1, 3, 37, 64]", "TTFT",
-                 "ITL p50 / p90", "TTFT + (n-1)·ITL", "MFU", "prefill achieved"):  # fmt: skip
+    for part in (
+        "prompt tokens P",
+        "37",
+        "K and V each [B, H_kv, P, d_head] = [1, 3, 37, 64]",
+        "TTFT",
+        "ITL p50 / p90",
+        "TTFT + (n-1)·ITL",
+        "MFU",
+        "prefill achieved",
+    ):
         assert part in out, part
     # measured KV bytes beside the formula: 2 * 30 * 1 * 3 * 37 * 64 * 4
     assert out.count("1,704,960 B") == 2 and "equal" in out

@@ -15,8 +15,7 @@ TEXT = "The quick brown fox jumps over the lazy dog. Paris is the capital of Fra
 
 def cli(*args, stdin=None, timeout=600):
     env = {**os.environ, "COLUMNS": "160"}
-    return subprocess.run([str(PREFILL), *args], capture_output=True, text=True, timeout=timeout, env=env,
-                          input=stdin)  # fmt: skip
+    return subprocess.run([str(PREFILL), *args], capture_output=True, text=True, timeout=timeout, env=env, input=stdin)
 
 
 @pytest.mark.slow

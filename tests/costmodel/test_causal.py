@@ -58,9 +58,13 @@ def test_prefill_matches_sequential_on_toy_example():
 
 @pytest.mark.parametrize(
     "X, W",
-    [(np.ones(3), np.eye(3)), (np.ones((3, 2)), np.eye(3)), (np.ones((3, 2)), np.ones((2, 3))),
-     (np.ones((2, 2, 2)), np.eye(2))],
-)  # fmt: skip
+    [
+        (np.ones(3), np.eye(3)),
+        (np.ones((3, 2)), np.eye(3)),
+        (np.ones((3, 2)), np.ones((2, 3))),
+        (np.ones((2, 2, 2)), np.eye(2)),
+    ],
+)
 def test_prefill_matches_sequential_rejects_wrong_shapes(X, W):
     with pytest.raises(ValueError, match="shape"):
         prefill_matches_sequential(X, W)

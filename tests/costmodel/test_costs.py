@@ -53,9 +53,18 @@ def test_prefill_seconds_rejects_bad_utilization(utilization):
 
 
 @pytest.mark.parametrize(
-    "N, P, rate", [(0, 10, 1e14), (-1, 10, 1e14), (7e9, -1, 1e14), (7e9, 10, 0), (7e9, 10, -1e14),
-                   (math.nan, 10, 1e14), (7e9, math.inf, 1e14), (7e9, 10, math.nan)],
-)  # fmt: skip
+    "N, P, rate",
+    [
+        (0, 10, 1e14),
+        (-1, 10, 1e14),
+        (7e9, -1, 1e14),
+        (7e9, 10, 0),
+        (7e9, 10, -1e14),
+        (math.nan, 10, 1e14),
+        (7e9, math.inf, 1e14),
+        (7e9, 10, math.nan),
+    ],
+)
 def test_prefill_seconds_rejects_bad_arguments(N, P, rate):
     with pytest.raises(ValueError):
         prefill_seconds(N, P, rate)
@@ -155,6 +164,8 @@ def test_flop_count_total():
     assert FlopCount(linear=1.0, attention=2.0, unembed=3.0).total == 6.0
 
 
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 spec_strategy = st.builds(
     lambda L, H_kv, group, d_head, d_ff, vocab, tied: ModelSpec(
         name="random", arch="llama", L=L, d_model=H_kv * group * d_head, H_q=H_kv * group, H_kv=H_kv,
@@ -163,7 +174,8 @@ spec_strategy = st.builds(
     ),
     st.integers(1, 80), st.integers(1, 16), st.integers(1, 8), st.sampled_from([32, 64, 128, 256]),
     st.integers(1, 50_000), st.integers(1, 300_000), st.booleans(),
-)  # fmt: skip
+)
+# fmt: on
 
 
 @given(spec=spec_strategy, P=st.integers(0, 100_000), past=st.integers(0, 100_000))
@@ -269,8 +281,9 @@ def test_allreduce_bytes_and_seconds():
 
 
 def test_calibrated_prefill_seconds():
-    cal = Calibration(overhead_s=0.01, linear_flops_per_s=1e11, attention_flops_per_s=5e10, dtype="float32",
-                      threads=2, source="test")  # fmt: skip
+    cal = Calibration(
+        overhead_s=0.01, linear_flops_per_s=1e11, attention_flops_per_s=5e10, dtype="float32", threads=2, source="test"
+    )
     count = FlopCount(linear=1e11, attention=5e10, unembed=1e10)
     assert calibrated_prefill_seconds(count, cal) == pytest.approx(0.01 + 1.1 + 1.0)
 
@@ -332,8 +345,9 @@ def test_window_pairs_count_the_mask(P, past, W):
     assert costs.attended_pairs(P, past, W) == int(((j <= t) & (j > t - W)).sum())
 
 
-@given(spec=spec_strategy, P=st.integers(0, 5000), past=st.integers(0, 5000), extra=st.integers(0, 10_000),
-       data=st.data())  # fmt: skip
+@given(
+    spec=spec_strategy, P=st.integers(0, 5000), past=st.integers(0, 5000), extra=st.integers(0, 10_000), data=st.data()
+)
 def test_windows_at_least_as_long_as_the_context_give_todays_numbers(spec, P, past, extra, data):
     import dataclasses
 

@@ -46,8 +46,15 @@ def test_a_llama_like_family_is_one_table_entry(monkeypatch):
 
     entry = Family("olmo2", ("olmo2",), ("olmo2",), qk_norm=True)
     monkeypatch.setattr(families, "FAMILIES", (*families.FAMILIES, entry))
-    config = {"model_type": "olmo2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "vocab_size": 100, "max_position_embeddings": 128}  # fmt: skip
+    config = {
+        "model_type": "olmo2",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+    }
     spec = ModelSpec.from_hf_config(config)
     assert spec.family is entry and spec.qk_norm and not spec.windowed
     model = Transformer(spec)

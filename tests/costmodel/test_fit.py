@@ -15,15 +15,20 @@ LAYOUT = layout_for("float32")
 SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152))
 CURVE = ((1, 13e9), (4, 21e9), (16, 50e9), (64, 75e9), (256, 90e9), (1024, 90e9), (4096, 80e9))
 # What a quick probe of a 2-core AVX2 machine looks like (round numbers)
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 BASE = MachineProfile(
     "synthetic probe", "float32", 90e9, 16e9, 1.5e-6, "synthetic",
     gemm=tuple(GemmCurve(K, N, CURVE) for K, N in SHAPES),
     attention=((16, 10e9), (64, 26e9), (256, 34e9), (1024, 46e9)),
     attention_decode=((64, 3e9), (1024, 14e9), (4096, 15e9)),
     cache_bytes=32 * 2**20, cache_bandwidth_bytes_per_s=50e9,
-)  # fmt: skip
+)
+# fmt: on
+# fmt: off
 TRUTH = BASE.with_fit(gemm_efficiency=0.8, attention_efficiency=0.6, bandwidth_bytes_per_s=12e9,
-                      cache_bandwidth_bytes_per_s=37.5e9, op_overhead_s=4e-6, step_overhead_s=2e-3)  # fmt: skip
+                      cache_bandwidth_bytes_per_s=37.5e9, op_overhead_s=4e-6, step_overhead_s=2e-3)
+# fmt: on
 
 
 def measurements(truth: MachineProfile, noise=lambda i: 1.0) -> list[Sample]:
@@ -68,8 +73,9 @@ def test_the_fit_holds_under_noise():
 def test_a_rate_the_measurements_barely_reach_keeps_the_probes_value():
     # Prompts of 2..6 tokens: attention sets under 1% of each one's time, so the fit leaves its rate alone.
     lengths = (2, 3, 4, 5, 6)
-    samples = [Sample(tuple(map(tuple, prefill_steps(P))), predict_prefill(SMOLLM2, P, TRUTH, LAYOUT).seconds)
-               for P in lengths]  # fmt: skip
+    samples = [
+        Sample(tuple(map(tuple, prefill_steps(P))), predict_prefill(SMOLLM2, P, TRUTH, LAYOUT).seconds) for P in lengths
+    ]
     fit = fit_profile(SMOLLM2, BASE, LAYOUT, samples)
     assert fit.profile.attention_efficiency == BASE.attention_efficiency != TRUTH.attention_efficiency
     for s, P in zip(samples, lengths, strict=True):  # within the share it left alone
@@ -81,8 +87,10 @@ def test_a_gpu_profile_fits_too():
     truth = gpu.with_fit(gemm_efficiency=0.6, bandwidth_bytes_per_s=2.2e12)
     lay = layout_for("bfloat16", gathers_kv=False)
     spec = PRESETS["llama-3-8b"]
-    samples = [Sample(tuple(map(tuple, prefill_steps(P))), predict_prefill(spec, P, truth, lay).seconds)
-               for P in (1, 16, 256, 1024, 4096, 8192)]  # fmt: skip
+    samples = [
+        Sample(tuple(map(tuple, prefill_steps(P))), predict_prefill(spec, P, truth, lay).seconds)
+        for P in (1, 16, 256, 1024, 4096, 8192)
+    ]
     fit = fit_profile(spec, gpu, lay, samples)
     assert fit.profile.gemm_efficiency == pytest.approx(0.6, rel=1e-6)
     assert fit.profile.bandwidth_bytes_per_s == pytest.approx(2.2e12, rel=1e-6)

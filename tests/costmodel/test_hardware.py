@@ -27,10 +27,16 @@ def test_catalog_has_the_required_entries_with_dense_datasheet_figures():
 
 @pytest.mark.parametrize(
     "name, bf16_tflops, bandwidth_gb_s, memory_gb",
-    [("h100", 989.4, 3350, 80), ("h200", 989.4, 4800, 141), ("a100-40gb", 312, 1555, 40),
-     ("a100-80gb", 312, 2039, 80), ("l4", 121, 300, 24), ("rtx-4090", 165.2, 1008, 24),
-     ("mi300x", 1307.4, 5300, 192)],
-)  # fmt: skip
+    [
+        ("h100", 989.4, 3350, 80),
+        ("h200", 989.4, 4800, 141),
+        ("a100-40gb", 312, 1555, 40),
+        ("a100-80gb", 312, 2039, 80),
+        ("l4", 121, 300, 24),
+        ("rtx-4090", 165.2, 1008, 24),
+        ("mi300x", 1307.4, 5300, 192),
+    ],
+)
 def test_datasheet_figures(name, bf16_tflops, bandwidth_gb_s, memory_gb):
     hw = get_hardware(name)
     assert hw.peak("bf16") == pytest.approx(bf16_tflops * 1e12)

@@ -17,6 +17,8 @@ def embedded_gguf() -> Path:
 
 
 # Trimmed copies of the published config.json files (only the keys a config of that family carries).
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 CONFIGS = {
     "llama-3-8b": {
         "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -49,7 +51,8 @@ CONFIGS = {
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
         "max_position_embeddings": 8192, "rope_theta": 10000.0, "rms_norm_eps": 1e-06,
     },
-}  # fmt: skip
+}
+# fmt: on
 
 
 @pytest.mark.parametrize("preset", CONFIGS)
@@ -61,12 +64,19 @@ def test_hf_config_of_each_family_matches_its_preset(tmp_path, preset):
     expected = PRESETS[preset]
     for spec in (from_folder, from_file, from_dict):
         assert (spec.L, spec.d_model, spec.H_q, spec.H_kv, spec.d_head, spec.d_ff) == (
-            expected.L, expected.d_model, expected.H_q, expected.H_kv, expected.d_head, expected.d_ff,
-        )  # fmt: skip
+            expected.L,
+            expected.d_model,
+            expected.H_q,
+            expected.H_kv,
+            expected.d_head,
+            expected.d_ff,
+        )
         assert spec.N == expected.N and spec.N_non_embedding == expected.N_non_embedding
         assert (spec.tied_embeddings, spec.qkv_bias, spec.qk_norm) == (
-            expected.tied_embeddings, expected.qkv_bias, expected.qk_norm,
-        )  # fmt: skip
+            expected.tied_embeddings,
+            expected.qkv_bias,
+            expected.qk_norm,
+        )
         assert spec.rope_theta == expected.rope_theta and spec.norm_eps == expected.norm_eps
         assert spec.context_length == expected.context_length
 
@@ -109,8 +119,14 @@ def gguf_spec() -> ModelSpec:
 def test_embedded_gguf_metadata(gguf_spec):
     spec = gguf_spec
     assert (spec.arch, spec.L, spec.d_model, spec.H_q, spec.H_kv, spec.d_head, spec.d_ff) == (
-        "llama", 30, 576, 9, 3, 64, 1536,
-    )  # fmt: skip
+        "llama",
+        30,
+        576,
+        9,
+        3,
+        64,
+        1536,
+    )
     assert spec.vocab_size == 49152 and spec.context_length == 8192
     assert spec.tied_embeddings and not spec.qkv_bias and not spec.qk_norm
     assert spec.rope_theta == 100000.0
@@ -136,10 +152,18 @@ def test_missing_gguf(tmp_path):
 
 @pytest.mark.parametrize(
     "preset, advertised, tolerance",
-    [("llama-2-7b", 6.74e9, 0.005), ("llama-3-8b", 8.03e9, 0.005), ("llama-3-70b", 70.6e9, 0.005),
-     ("mistral-7b", 7.24e9, 0.005), ("qwen2.5-7b", 7.61e9, 0.005), ("qwen3-8b", 8.19e9, 0.005),
-     ("gemma-2-9b", 9.24e9, 0.005), ("smollm2-135m", 1.35e8, 0.005), ("llama-3.1-8b", 8.03e9, 0.005)],
-)  # fmt: skip
+    [
+        ("llama-2-7b", 6.74e9, 0.005),
+        ("llama-3-8b", 8.03e9, 0.005),
+        ("llama-3-70b", 70.6e9, 0.005),
+        ("mistral-7b", 7.24e9, 0.005),
+        ("qwen2.5-7b", 7.61e9, 0.005),
+        ("qwen3-8b", 8.19e9, 0.005),
+        ("gemma-2-9b", 9.24e9, 0.005),
+        ("smollm2-135m", 1.35e8, 0.005),
+        ("llama-3.1-8b", 8.03e9, 0.005),
+    ],
+)
 def test_preset_parameter_counts_match_advertised_sizes(preset, advertised, tolerance):
     assert abs(PRESETS[preset].N / advertised - 1) < tolerance
 
@@ -173,6 +197,7 @@ def test_invalid_shapes():
 # Trimmed published Gemma 3 configs: the 270M (transformers 4.55, with layer_types), the 4B (multimodal: the
 # decoder nested in text_config, sliding_window_pattern instead of layer_types, linear rope scaling).
 _G270M_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+# fmt: off
 GEMMA3_CONFIGS = {
     "gemma-3-270m": {
         "model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
@@ -193,7 +218,8 @@ GEMMA3_CONFIGS = {
         },
         "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
     },
-}  # fmt: skip
+}
+# fmt: on
 
 
 @pytest.mark.parametrize("preset", GEMMA3_CONFIGS)
@@ -221,8 +247,13 @@ def test_window_rules_of_other_families():
     assert not ModelSpec.from_hf_config({**CONFIGS["mistral-7b"], "sliding_window": None}).windowed  # v0.2+
     # Qwen2 configs carry a sliding_window that use_sliding_window leaves off
     assert not ModelSpec.from_hf_config({**CONFIGS["qwen2.5-7b"], "sliding_window": 131072}).windowed
-    gemma2 = {**CONFIGS["gemma-2-9b"], "sliding_window": 4096, "query_pre_attn_scalar": 256,
-              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}  # fmt: skip
+    gemma2 = {
+        **CONFIGS["gemma-2-9b"],
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    }
     assert ModelSpec.from_hf_config(gemma2) == dataclasses.replace(PRESETS["gemma-2-9b"], name="gemma2")
     with pytest.raises(BadInput, match="windows"):
         dataclasses.replace(PRESETS["llama-3-8b"], windows=(4096,) * 3)

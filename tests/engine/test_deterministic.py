@@ -13,8 +13,11 @@ from prefill.model import kernels
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not kernels.available(), reason="C++ kernels not built")]
 
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "Two plus two?",
-             "Tell me a story about a dragon and a knight who became friends."]  # fmt: skip
+             "Tell me a story about a dragon and a knight who became friends."]
+# fmt: on
 
 
 @pytest.fixture(scope="module")

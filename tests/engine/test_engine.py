@@ -23,8 +23,28 @@ def test_answers_paris(smollm):
 def test_chat_prompt_tokens_match_the_reference_tokenizer(smollm):
     # ids of transformers' apply_chat_template on the same GGUF (checked once by hand, fixed here)
     ids = smollm.encode_prompt(QUESTION)
-    assert ids[:20] == [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
-                        19712, 8182, 2]  # fmt: skip
+    assert ids[:20] == [
+        1,
+        9690,
+        198,
+        2683,
+        359,
+        253,
+        5356,
+        5646,
+        11173,
+        3365,
+        3511,
+        308,
+        34519,
+        28,
+        7018,
+        411,
+        407,
+        19712,
+        8182,
+        2,
+    ]
     assert len(ids) == 37
 
 

@@ -153,8 +153,12 @@ def test_weights_digest_sees_one_changed_element():
 
 def test_fingerprint_covers_weights_dtype_spec_and_version():
     base = fingerprint()
-    others = [fingerprint(weights="w1"), fingerprint(dtype="bfloat16"), fingerprint(windows=(32, None, 32)),
-              Fingerprint("w0", tiny_spec(), "float32", engine_kv_version=2)]  # fmt: skip
+    others = [
+        fingerprint(weights="w1"),
+        fingerprint(dtype="bfloat16"),
+        fingerprint(windows=(32, None, 32)),
+        Fingerprint("w0", tiny_spec(), "float32", engine_kv_version=2),
+    ]
     assert len({base.digest, *(f.digest for f in others)}) == 5
     renamed = Fingerprint("w0", ModelSpec(**{**tiny_spec().__dict__, "name": "other-file-name"}), "float32")
     assert renamed.digest == base.digest  # the same weights under another name are the same model
@@ -376,8 +380,9 @@ def test_lookup_uses_blocks_only_as_far_as_their_layers_serve(open_store):
     keys = store.keys(ids)
     # Blocks 0, 1 without layer 0 (a windowed pool had freed them), block 6 without layer 2 (full attention).
     layers = {0: (1, 2), 1: (1, 2), 6: (0, 1)}
-    blocks = [KVBlock(block_for(k, fp)[list(layers.get(k.index, (0, 1, 2)))], layers.get(k.index, (0, 1, 2)))
-              for k in keys]  # fmt: skip
+    blocks = [
+        KVBlock(block_for(k, fp)[list(layers.get(k.index, (0, 1, 2)))], layers.get(k.index, (0, 1, 2))) for k in keys
+    ]
     assert store.put(keys, blocks) == 7
     store.flush()
     assert store.longest_prefix(ids).n_blocks == 6  # block 6 lacks a full-attention layer: the match ends before
@@ -497,10 +502,16 @@ def _degraded(directory: str, held: list[int], new: list[int]) -> dict:
     finally:
         logging.getLogger("prefill.kv_store").removeHandler(handler)
     litter = [p.name for p in Path(directory).rglob("*.tmp")]
-    return {"warnings": messages, "held": len(got), "held_ok": all(torch.equal(g.kv, block_for(k, fp))
-            for g, k in zip(got, store.keys(held), strict=False)), "queued": queued, "new": len(found_new),
-            "new_ok": all(torch.equal(g.kv, block_for(k, fp)) for g, k in zip(found_new, keys, strict=False)),
-            "writable": store.writable, "litter": litter}  # fmt: skip
+    return {
+        "warnings": messages,
+        "held": len(got),
+        "held_ok": all(torch.equal(g.kv, block_for(k, fp)) for g, k in zip(got, store.keys(held), strict=False)),
+        "queued": queued,
+        "new": len(found_new),
+        "new_ok": all(torch.equal(g.kv, block_for(k, fp)) for g, k in zip(found_new, keys, strict=False)),
+        "writable": store.writable,
+        "litter": litter,
+    }
 
 
 HELD, NEW = list(range(3 * BS)), list(range(7, 7 + 30 * BS))
@@ -556,8 +567,12 @@ def private_mounts(tmp_path_factory):
                           "full": t._degraded({str(full)!r}, t.HELD, t.NEW)}}))
     """)
     setup = f"mount --bind {ro} {ro} && mount -o remount,ro,bind {ro} && mount -t tmpfs -o size=64k tmpfs {full}"
-    out = subprocess.run(["unshare", "-rm", "sh", "-c", f'{setup} && exec "$0" -c "$1"', sys.executable, code],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f'{setup} && exec "$0" -c "$1"', sys.executable, code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -40,6 +40,8 @@ def prefill_matches_sequential(X, W):
 """
 
 # Each a plausible mistake, and the check that must catch it.
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 WRONG = {
     "def prefill_flops(N, P):\n    return 2 * N * P": ("def prefill_flops(N, P):\n    return N * P", "prefill_flops"),
     "    if not 0 < utilization <= 1:\n        raise ValueError(\"utilization must be in (0, 1]\")\n": (
@@ -47,7 +49,8 @@ WRONG = {
     "return P * (P + 1) // 2": ("return P * P", "causal_pairs: P = 4"),
     "np.tril(np.ones((P, P), dtype=bool))": ("np.ones((P, P), dtype=bool)", "causal_mask: P = 3"),
     "return bool(np.allclose(parallel, np.array(rows)))": ("return True", "NaN input"),
-}  # fmt: skip
+}
+# fmt: on
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -59,8 +59,19 @@ def test_page_static_files_and_openapi_are_served(url):
     assert "javascript" in httpx.get(f"{url}/static/js/main.js").headers["content-type"]
     assert "http" not in page.text.replace("http-equiv", "")  # nothing fetched from the network
     paths = httpx.get(f"{url}/openapi.json").json()["paths"]
-    for route in ("/api/estimate", "/api/mask", "/api/kv", "/api/request", "/api/answer", "/api/catalog",
-                  "/api/exercise", "/api/tokens", "/api/attention", "/api/predict", "/api/roofline"):  # fmt: skip
+    for route in (
+        "/api/estimate",
+        "/api/mask",
+        "/api/kv",
+        "/api/request",
+        "/api/answer",
+        "/api/catalog",
+        "/api/exercise",
+        "/api/tokens",
+        "/api/attention",
+        "/api/predict",
+        "/api/roofline",
+    ):
         assert route in paths, route
 
 
@@ -92,13 +103,24 @@ def test_estimate_with_a_preset_has_exact_flops_kv_and_the_roofline(url):
 
 @pytest.mark.parametrize(
     "params,words",
-    [({"N": 0}, ("N must be in (0",)), ({"N": -7e9}, ("N must be",)), ({"N": 1e20}, ("N must be",)),
-     ({"P": -1}, ("P must be in [0",)), ({"P": 10**9}, ("P must be",)), ({"mfu": 0}, ("mfu must be in (0, 1]",)),
-     ({"mfu": 1.5}, ("mfu",)), ({"peak": 0}, ("peak",)), ({"N": "abc"}, ("N", "valid number")),
-     ({"model": "gpt-9"}, ("unknown model", "llama-3-8b")), ({"dtype": "int3"}, ("unknown dtype",)),
-     ({"N": "nan"}, ("N must be",)), ({"bandwidth": -1}, ("bandwidth",)),
-     ({"peak": 5e-324}, ("float64",)), ({"mfu": 1e-320, "peak": 1e-10}, ("float64",))],
-)  # fmt: skip
+    [
+        ({"N": 0}, ("N must be in (0",)),
+        ({"N": -7e9}, ("N must be",)),
+        ({"N": 1e20}, ("N must be",)),
+        ({"P": -1}, ("P must be in [0",)),
+        ({"P": 10**9}, ("P must be",)),
+        ({"mfu": 0}, ("mfu must be in (0, 1]",)),
+        ({"mfu": 1.5}, ("mfu",)),
+        ({"peak": 0}, ("peak",)),
+        ({"N": "abc"}, ("N", "valid number")),
+        ({"model": "gpt-9"}, ("unknown model", "llama-3-8b")),
+        ({"dtype": "int3"}, ("unknown dtype",)),
+        ({"N": "nan"}, ("N must be",)),
+        ({"bandwidth": -1}, ("bandwidth",)),
+        ({"peak": 5e-324}, ("float64",)),
+        ({"mfu": 1e-320, "peak": 1e-10}, ("float64",)),
+    ],
+)
 def test_estimate_refuses_bad_input_with_a_clear_message(url, params, words):
     refused(get(url, "/api/estimate", **params), *words)
 
@@ -128,8 +150,11 @@ def test_kv_of_the_loaded_model_and_of_a_preset(url, smollm):
 
 def test_request_is_the_worked_example(url):
     r = ok(url, "/api/request", ttft=0.2, itl=0.05, n=5)
-    assert r["lines"] == {"request": "0.20 + 4 × 0.05 = 0.40 s", "decode": "1 / 0.05 = 20 tokens/s",
-                          "output": "5 / 0.40 = 12.5 tokens/s"}  # fmt: skip
+    assert r["lines"] == {
+        "request": "0.20 + 4 × 0.05 = 0.40 s",
+        "decode": "1 / 0.05 = 20 tokens/s",
+        "output": "5 / 0.40 = 12.5 tokens/s",
+    }
     assert r["request_s"] == pytest.approx(0.4) and r["output_rate"] == pytest.approx(12.5)
     refused(get(url, "/api/request", ttft=0.2, itl=0, n=5), "itl must be in (0")
     refused(get(url, "/api/request", ttft=-1, itl=0.05, n=5), "ttft")

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
-    pytest.skip("no Chromium found: install the Debian package `chromium` (make test does as root)",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "no Chromium found: install the Debian package `chromium` (make test does as root)", allow_module_level=True
+    )
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -56,8 +57,10 @@ def page(browser, url, problems):
     pg.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     pg.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     # A fetch the page cancels on purpose (a newer slider value replaced it) is not a failure.
-    pg.on("requestfailed", lambda r: None if r.failure == "net::ERR_ABORTED" else problems.append(
-        f"request failed: {r.url} {r.failure}"))  # fmt: skip
+    pg.on(
+        "requestfailed",
+        lambda r: None if r.failure == "net::ERR_ABORTED" else problems.append(f"request failed: {r.url} {r.failure}"),
+    )
     pg.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
     pg.goto(url + "/")
     pg.wait_for_function("document.getElementById('model-badge').textContent.startsWith('this server runs')")

@@ -50,9 +50,14 @@ def test_first_token_attends_only_to_itself(smollm, prompt):
 
 @pytest.mark.parametrize(
     "layer,head,n,match",
-    [(30, 0, 3, "layer must be in"), (-1, 0, 3, "layer must be in"), (0, 9, 3, "head must be in"),
-     (0, 0, MAX_P + 1, "prompts of 1..64 tokens"), (0, 0, 0, "prompts of 1..64 tokens")],
-)  # fmt: skip
+    [
+        (30, 0, 3, "layer must be in"),
+        (-1, 0, 3, "layer must be in"),
+        (0, 9, 3, "head must be in"),
+        (0, 0, MAX_P + 1, "prompts of 1..64 tokens"),
+        (0, 0, 0, "prompts of 1..64 tokens"),
+    ],
+)
 def test_bad_layer_head_or_length_is_refused(smollm, layer, head, n, match):
     with pytest.raises(BadInput, match=match):
         attention_weights(smollm.model, list(range(1, n + 1)), layer, head)

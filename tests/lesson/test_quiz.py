@@ -13,10 +13,22 @@ from prefill.lesson.quiz import QUESTIONS, check_answer, parse_number
 
 @pytest.mark.parametrize(
     "text,value",
-    [("1.4e13", 1.4e13), ("14e12", 1.4e13), ("1.4 × 10^13", 1.4e13), ("1.4x10^13", 1.4e13), ("1.4·10¹³", 1.4e13),
-     ("1.4 * 10**13", 1.4e13), ("14,000,000,000,000", 1.4e13), ("1.4e+13 FLOPs", 1.4e13), ("10^13", 1e13),
-     ("0.28 s", 0.28), (" 10 ", 10), ("10 pairs", 10), ("−3", -3)],
-)  # fmt: skip
+    [
+        ("1.4e13", 1.4e13),
+        ("14e12", 1.4e13),
+        ("1.4 × 10^13", 1.4e13),
+        ("1.4x10^13", 1.4e13),
+        ("1.4·10¹³", 1.4e13),
+        ("1.4 * 10**13", 1.4e13),
+        ("14,000,000,000,000", 1.4e13),
+        ("1.4e+13 FLOPs", 1.4e13),
+        ("10^13", 1e13),
+        ("0.28 s", 0.28),
+        (" 10 ", 10),
+        ("10 pairs", 10),
+        ("−3", -3),
+    ],
+)
 def test_numbers_read_in_every_usual_notation(text, value):
     assert parse_number(text) == pytest.approx(value, rel=1e-12)
 
@@ -39,9 +51,16 @@ def test_expected_values_come_from_the_cost_model():
 
 
 @pytest.mark.parametrize(
-    "qid,text", [("flops", "1.4e13"), ("flops", "14e12"), ("flops", "1.4 × 10^13"), ("seconds", "0.28"),
-                 ("seconds", "0.2801"), ("pairs", "10")]
-)  # fmt: skip
+    "qid,text",
+    [
+        ("flops", "1.4e13"),
+        ("flops", "14e12"),
+        ("flops", "1.4 × 10^13"),
+        ("seconds", "0.28"),
+        ("seconds", "0.2801"),
+        ("pairs", "10"),
+    ],
+)
 def test_right_answers_pass(qid, text):
     v = check_answer(qid, text)
     assert v.correct and v.message.startswith("Right") and v.answer is None
@@ -49,9 +68,16 @@ def test_right_answers_pass(qid, text):
 
 @pytest.mark.parametrize(
     "qid,text,hint",
-    [("flops", "7e12", "2 FLOPs"), ("flops", "1.5e13", "powers of ten"), ("seconds", "0.14", "effective rate"),
-     ("seconds", "0.3", "Divide"), ("pairs", "16", "P²"), ("pairs", "6", "diagonal"), ("pairs", "11", "add them up")],
-)  # fmt: skip
+    [
+        ("flops", "7e12", "2 FLOPs"),
+        ("flops", "1.5e13", "powers of ten"),
+        ("seconds", "0.14", "effective rate"),
+        ("seconds", "0.3", "Divide"),
+        ("pairs", "16", "P²"),
+        ("pairs", "6", "diagonal"),
+        ("pairs", "11", "add them up"),
+    ],
+)
 def test_wrong_answers_get_a_hint_not_the_answer(qid, text, hint):
     v = check_answer(qid, text)
     assert not v.correct and hint in v.message and v.answer is None

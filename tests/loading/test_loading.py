@@ -68,8 +68,13 @@ def test_gguf_of_unknown_architecture(tmp_path):
 
     path = tmp_path / "mamba.gguf"
     w = gguf.GGUFWriter(str(path), "mamba")
-    for key, value in [("block_count", 1), ("embedding_length", 8), ("feed_forward_length", 16),
-                       ("context_length", 32), ("vocab_size", 10)]:  # fmt: skip
+    for key, value in [
+        ("block_count", 1),
+        ("embedding_length", 8),
+        ("feed_forward_length", 16),
+        ("context_length", 32),
+        ("vocab_size", 10),
+    ]:
         w.add_uint32(f"mamba.{key}", value)
     w.add_uint32("mamba.attention.head_count", 2)
     w.add_tensor("token_embd.weight", np.zeros((10, 8), dtype=np.float32))
@@ -87,9 +92,19 @@ def test_folder_without_config(tmp_path):
 
 
 def test_folder_without_weights(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
-        "intermediate_size": 16, "vocab_size": 10, "max_position_embeddings": 32}))  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 8,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+                "intermediate_size": 16,
+                "vocab_size": 10,
+                "max_position_embeddings": 32,
+            }
+        )
+    )
     with pytest.raises(ModelFileError, match="no \\*.safetensors"):
         Engine.load(str(tmp_path), progress=False)
 

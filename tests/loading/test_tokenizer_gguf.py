@@ -29,8 +29,14 @@ def tokenizer_gguf(folder, arch: str, style: str, chat_template: str | None = No
     """A GGUF holding a SentencePiece vocabulary and the few model keys transformers needs to read it."""
     path = folder / f"{arch}.gguf"
     w = gguf.GGUFWriter(str(path), arch)
-    keys = {"context_length": 64, "embedding_length": 8, "block_count": 1, "feed_forward_length": 16,
-            "attention.head_count": 2, "attention.head_count_kv": 1}  # fmt: skip
+    keys = {
+        "context_length": 64,
+        "embedding_length": 8,
+        "block_count": 1,
+        "feed_forward_length": 16,
+        "attention.head_count": 2,
+        "attention.head_count_kv": 1,
+    }
     for key, value in keys.items():
         w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)

@@ -53,10 +53,20 @@ def test_bfloat16_within_bf16_rounding():
 
 @pytest.mark.parametrize(
     "P,start,window,held",
-    [(20, 0, 5, None), (7, 13, 5, None), (1, 30, 8, None), (1, 3, 8, None), (33, 40, 16, None), (9, 0, 64, None),
-     (6, 10, 4, 9), (1, 30, 8, 8), (12, 20, 8, 19),  # held: the cache keeps only the last `held` positions
-     (1100, 0, 100, None), (700, 37, 600, None)],  # long prompts: SDPA in bands of max(W, 512) queries
-)  # fmt: skip
+    [
+        (20, 0, 5, None),
+        (7, 13, 5, None),
+        (1, 30, 8, None),
+        (1, 3, 8, None),
+        (33, 40, 16, None),
+        (9, 0, 64, None),
+        (6, 10, 4, 9),
+        (1, 30, 8, 8),
+        (12, 20, 8, 19),  # held: the cache keeps only the last `held` positions
+        (1100, 0, 100, None),
+        (700, 37, 600, None),
+    ],  # long prompts: SDPA in bands of max(W, 512) queries
+)
 @pytest.mark.parametrize("H_q,H_kv", [(4, 4), (6, 2)])
 def test_sliding_window_equals_the_definition(P, start, window, held, H_q, H_kv):
     g = torch.Generator().manual_seed(P * 100 + start + window)
@@ -64,8 +74,11 @@ def test_sliding_window_equals_the_definition(P, start, window, held, H_q, H_kv)
     q = torch.randn(1, H_q, P, 16, generator=g)
     k, v = torch.randn(1, H_kv, S, 16, generator=g), torch.randn(1, H_kv, S, 16, generator=g)
     ref = naive(q, k, v, start, window)
-    for out in (sdpa_causal(q, k, v, start, window), blocked_causal(q, k, v, start, window, block=4),
-                causal_attention(q, k, v, start, window)):  # fmt: skip
+    for out in (
+        sdpa_causal(q, k, v, start, window),
+        blocked_causal(q, k, v, start, window, block=4),
+        causal_attention(q, k, v, start, window),
+    ):
         assert torch.allclose(out, ref, atol=1e-5)
     if window < start + P and held is None:  # the window bites: not the same as full attention
         assert not torch.allclose(ref, naive(q, k, v, start), atol=1e-3)

@@ -8,8 +8,11 @@ from tiny_models import gemma3_config, random_gemma3
 
 pytestmark = pytest.mark.slow
 
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)  # fmt: skip
+              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+# fmt: on
 
 
 def families():
@@ -17,8 +20,14 @@ def families():
 
     yield "llama", LlamaConfig(**COMMON, tie_word_embeddings=False)
     yield "llama-tied", LlamaConfig(**COMMON, tie_word_embeddings=True)
-    rope3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-             "original_max_position_embeddings": 64, "rope_theta": 500000.0}  # fmt: skip
+    rope3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 500000.0,
+    }
     yield "llama3-rope-scaling", LlamaConfig(**COMMON, rope_parameters=rope3)
     yield "mistral", MistralConfig(**COMMON, sliding_window=None)
     yield "qwen2", Qwen2Config(**COMMON, tie_word_embeddings=True)
@@ -189,8 +198,9 @@ def test_tiny_gemma3_gguf_runs_like_transformers(tmp_path):
     from tiny_models import spm_vocab, write_gguf_from_hf
 
     vocab = len(spm_vocab("gemma")[0])
-    config = gemma3_config(7, vocab_size=vocab, num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=24,
-                           rope_parameters=None)  # fmt: skip
+    config = gemma3_config(
+        7, vocab_size=vocab, num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=24, rope_parameters=None
+    )
     ref = random_gemma3(config)
     path = write_gguf_from_hf(tmp_path / "tiny-gemma3.gguf", ref, "gemma3", "gemma")
     engine = Engine.load(str(path), progress=False)

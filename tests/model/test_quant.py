@@ -74,8 +74,9 @@ def test_portable_path_when_no_library(monkeypatch):
         x = torch.randn(3, K)
         exact = F.linear(x.double(), gguf_dequant(blocks, "Q4_1", N, K).double())
         got = ops.gemm(x, blocks, "Q4_1", N, K)
-        assert ((got.double() - exact).abs() <= ops.error_bound(x, ops.term_magnitudes(blocks, "Q4_1", N, K),
-                                                                "scalar")).all()  # fmt: skip
+        assert (
+            (got.double() - exact).abs() <= ops.error_bound(x, ops.term_magnitudes(blocks, "Q4_1", N, K), "scalar")
+        ).all()
     finally:
         ops.forget()
 

@@ -17,9 +17,22 @@ PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "Li
 
 
 def tiny_spec(arch: str) -> ModelSpec:
-    return ModelSpec(f"tiny-{arch}", arch, L=2, d_model=64, H_q=4, H_kv=2, d_head=16, d_ff=96, vocab_size=160,
-                     context_length=256, tied_embeddings=True, rope_theta=10_000.0, norm_eps=1e-6,
-                     qkv_bias=arch == "qwen2")  # fmt: skip
+    return ModelSpec(
+        f"tiny-{arch}",
+        arch,
+        L=2,
+        d_model=64,
+        H_q=4,
+        H_kv=2,
+        d_head=16,
+        d_ff=96,
+        vocab_size=160,
+        context_length=256,
+        tied_embeddings=True,
+        rope_theta=10_000.0,
+        norm_eps=1e-6,
+        qkv_bias=arch == "qwen2",
+    )
 
 
 QMAX = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15}  # the largest |q| of a type: weights of size 0.1 for every type
@@ -40,10 +53,15 @@ def tiny_state_dict(spec: ModelSpec, qtype: str) -> dict:
     for i in range(spec.L):
         p = f"model.layers.{i}."
         sd |= {p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm()}
-        sd |= {p + "self_attn.q_proj.weight": q(D, D), p + "self_attn.k_proj.weight": q(kv, D),
-               p + "self_attn.v_proj.weight": q(kv, D), p + "self_attn.o_proj.weight": q(D, D),
-               p + "mlp.gate_proj.weight": q(F, D), p + "mlp.up_proj.weight": q(F, D),
-               p + "mlp.down_proj.weight": q(D, F)}  # fmt: skip
+        sd |= {
+            p + "self_attn.q_proj.weight": q(D, D),
+            p + "self_attn.k_proj.weight": q(kv, D),
+            p + "self_attn.v_proj.weight": q(kv, D),
+            p + "self_attn.o_proj.weight": q(D, D),
+            p + "mlp.gate_proj.weight": q(F, D),
+            p + "mlp.up_proj.weight": q(F, D),
+            p + "mlp.down_proj.weight": q(D, F),
+        }
         if spec.qkv_bias:
             for n, width in (("q", D), ("k", kv), ("v", kv)):
                 sd[p + f"self_attn.{n}_proj.bias"] = 0.1 * torch.randn(width, generator=g)

@@ -65,8 +65,9 @@ def test_multiple_choice_loglikelihoods_equal_transformers(
     worst = 0.0
     for sample in samples:
         assert len(sample["arguments"]) == 4 == len(sample["filtered_resps"])
-        for (context, continuation), (loglikelihood, _greedy) in zip(sample["arguments"], sample["filtered_resps"],
-                                                                     strict=True):  # fmt: skip
+        for (context, continuation), (loglikelihood, _greedy) in zip(
+            sample["arguments"], sample["filtered_resps"], strict=True
+        ):
             expected = transformers_loglikelihood(smollm_reference, tokenizer, context, continuation)
             worst = max(worst, abs(loglikelihood - expected))
             assert loglikelihood < 0

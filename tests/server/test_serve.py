@@ -28,8 +28,9 @@ def engine(smollm_native):
 
 @pytest.fixture(scope="module")
 def server(engine):
-    cfg = ServeConfig(model_id_of(engine), chunk_size=16, max_body_bytes=256 * 1024, max_tokens_limit=512,
-                      kv_cache_mb=256)  # fmt: skip
+    cfg = ServeConfig(
+        model_id_of(engine), chunk_size=16, max_body_bytes=256 * 1024, max_tokens_limit=512, kv_cache_mb=256
+    )
     with BackgroundServer(create_app(engine, cfg)) as url:
         yield url, cfg.model_id
 
@@ -87,8 +88,9 @@ def test_stream_equals_non_stream_for_the_same_seed(server, client):
     kw = dict(model=model, max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
     full = client.chat.completions.create(messages=QUESTION, **kw)
     parts, usage = [], None
-    for chunk in client.chat.completions.create(messages=QUESTION, stream=True,
-                                                stream_options={"include_usage": True}, **kw):  # fmt: skip
+    for chunk in client.chat.completions.create(
+        messages=QUESTION, stream=True, stream_options={"include_usage": True}, **kw
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             parts.append(chunk.choices[0].delta.content)
         usage = chunk.usage or usage
@@ -105,8 +107,9 @@ def test_sixteen_concurrent_streams_complete(server):
     aclient = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
 
     async def one(i: int) -> tuple[str, str]:
-        stream = await aclient.completions.create(model=model, prompt=f"Item {i}: the number {i} is", max_tokens=6,
-                                                  temperature=0, stream=True)  # fmt: skip
+        stream = await aclient.completions.create(
+            model=model, prompt=f"Item {i}: the number {i} is", max_tokens=6, temperature=0, stream=True
+        )
         text, finish = "", None
         async for chunk in stream:
             text += chunk.choices[0].text
@@ -181,8 +184,9 @@ def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(server, cas
     url, model = server
     ok = {"model": model, "prompt": "hi", "max_tokens": 2}
     requests = {
-        "malformed JSON": lambda: _post(url, "/v1/completions", content=b'{"model": ',
-                                        headers={"content-type": "application/json"}),
+        "malformed JSON": lambda: _post(
+            url, "/v1/completions", content=b'{"model": ', headers={"content-type": "application/json"}
+        ),
         "wrong type": lambda: _post(url, "/v1/completions", json={**ok, "max_tokens": "2"}),
         "missing field": lambda: _post(url, "/v1/chat/completions", json={"model": model}),
         "unknown model": lambda: _post(url, "/v1/completions", json={**ok, "model": "gpt-9"}),
@@ -190,7 +194,7 @@ def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(server, cas
         "max_tokens over limit": lambda: _post(url, "/v1/completions", json={**ok, "max_tokens": 100_000}),
         "body over size limit": lambda: _post(url, "/v1/completions", json={**ok, "prompt": "x" * 300_000}),
         "unknown route": lambda: httpx.get(f"{url}/v1/nothing"),
-    }  # fmt: skip
+    }
     r = requests[case]()
     assert r.status_code == status
     err = r.json()["error"]
@@ -266,10 +270,17 @@ def test_the_machine_profile_is_read_before_the_server_starts(engine):
 def test_metrics_count_requests_and_tokens(server):
     url, _ = server
     text = httpx.get(f"{url}/metrics").text
-    for name in ("prefill_ttft_seconds_bucket", "prefill_queue_seconds_count", "prefill_prefill_seconds_sum",
-                 "prefill_inter_token_latency_seconds_count", "prefill_prompt_tokens_count",
-                 "prefill_generated_tokens_sum", "prefill_requests_total", "prefill_errors_total",
-                 "prefill_cached_prompt_tokens_total"):  # fmt: skip
+    for name in (
+        "prefill_ttft_seconds_bucket",
+        "prefill_queue_seconds_count",
+        "prefill_prefill_seconds_sum",
+        "prefill_inter_token_latency_seconds_count",
+        "prefill_prompt_tokens_count",
+        "prefill_generated_tokens_sum",
+        "prefill_requests_total",
+        "prefill_errors_total",
+        "prefill_cached_prompt_tokens_total",
+    ):
         assert name in text
     assert metric(url, "prefill_cached_prompt_tokens_total") > 0
     assert metric(url, "prefill_ttft_seconds_count") >= 1
@@ -280,8 +291,9 @@ def test_loadtest_against_our_server(server, tmp_path):
     from prefill.bench.loadtest_report import summarize, write_json
 
     url, model = server
-    cfg = LoadTestConfig(url, concurrency=2, duration_s=120, max_requests=4, prompt_lengths=PromptLengths(8, 24),
-                         max_tokens=6)  # fmt: skip
+    cfg = LoadTestConfig(
+        url, concurrency=2, duration_s=120, max_requests=4, prompt_lengths=PromptLengths(8, 24), max_tokens=6
+    )
     records, wall, model_id = asyncio.run(run_load_test(cfg))
     assert model_id == model
     assert all(r.ok for r in records), [r.error for r in records]

@@ -17,8 +17,11 @@ from prefill.server.server import BackgroundServer
 
 pytestmark = pytest.mark.slow
 CLIENTS, PER_CLIENT = 16, 5
+# The formatter is off for the tables in this file alone: they read better aligned.
+# fmt: off
 PERSON = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
-          "additionalProperties": False}  # fmt: skip
+          "additionalProperties": False}
+# fmt: on
 
 
 def totals(url: str) -> dict[str, float]:
@@ -34,34 +37,72 @@ def totals(url: str) -> dict[str, float]:
 
 def valid(model: str, rng: random.Random) -> tuple[str, dict]:
     n = rng.randint(1, 6)
-    return rng.choice([
-        ("/v1/completions", {"model": model, "prompt": f"Number {n} is", "max_tokens": n, "temperature": 0}),
-        ("/v1/completions", {"model": model, "prompt": "Once", "max_tokens": n, "temperature": 0.7, "seed": n,
-                             "stream": True}),
-        ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": f"Say {n}"}],
-                                  "max_tokens": n, "stream": rng.random() < 0.5, "temperature": 1e-45}),
-        ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "Is water wet?"}],
-                                  "max_tokens": 12, "response_format": {"type": "json_schema", "json_schema": {
-                                      "name": "a", "schema": PERSON, "strict": True}}}),
-        ("/v1/completions", {"model": model, "prompt": "The sky is", "max_tokens": n, "logit_bias": {"198": -100},
-                             "top_p": 1e-300, "temperature": 1}),
-    ])  # fmt: skip
+    return rng.choice(
+        [
+            ("/v1/completions", {"model": model, "prompt": f"Number {n} is", "max_tokens": n, "temperature": 0}),
+            (
+                "/v1/completions",
+                {"model": model, "prompt": "Once", "max_tokens": n, "temperature": 0.7, "seed": n, "stream": True},
+            ),
+            (
+                "/v1/chat/completions",
+                {
+                    "model": model,
+                    "messages": [{"role": "user", "content": f"Say {n}"}],
+                    "max_tokens": n,
+                    "stream": rng.random() < 0.5,
+                    "temperature": 1e-45,
+                },
+            ),
+            (
+                "/v1/chat/completions",
+                {
+                    "model": model,
+                    "messages": [{"role": "user", "content": "Is water wet?"}],
+                    "max_tokens": 12,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "a", "schema": PERSON, "strict": True},
+                    },
+                },
+            ),
+            (
+                "/v1/completions",
+                {
+                    "model": model,
+                    "prompt": "The sky is",
+                    "max_tokens": n,
+                    "logit_bias": {"198": -100},
+                    "top_p": 1e-300,
+                    "temperature": 1,
+                },
+            ),
+        ]
+    )
 
 
 def invalid(model: str, rng: random.Random) -> tuple[str, dict | str]:
     ok = {"model": model, "prompt": "Hi", "max_tokens": 2}
-    return rng.choice([
-        ("/v1/completions", {**ok, "seed": 18446744073709551616, "temperature": 1}),
-        ("/v1/completions", json.dumps(ok).replace('"Hi"', '"Hi \\ud800"')),
-        ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "x"}], "echo": True}),
-        ("/v1/completions", {**ok, "max_tokens": "2"}),
-        ("/v1/completions", {**ok, "model": "gpt-9"}),
-        ("/v1/completions", {**ok, "max_tokens": 100_000}),
-        ("/v1/completions", '{"model": '),
-        ("/v1/completions", {**ok, "logprobs": 21}),
-        ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "x"}],
-                                  "tools": [{"type": "function", "function": {"name": "f"}}]}),
-    ])  # fmt: skip
+    return rng.choice(
+        [
+            ("/v1/completions", {**ok, "seed": 18446744073709551616, "temperature": 1}),
+            ("/v1/completions", json.dumps(ok).replace('"Hi"', '"Hi \\ud800"')),
+            ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "x"}], "echo": True}),
+            ("/v1/completions", {**ok, "max_tokens": "2"}),
+            ("/v1/completions", {**ok, "model": "gpt-9"}),
+            ("/v1/completions", {**ok, "max_tokens": 100_000}),
+            ("/v1/completions", '{"model": '),
+            ("/v1/completions", {**ok, "logprobs": 21}),
+            (
+                "/v1/chat/completions",
+                {
+                    "model": model,
+                    "messages": [{"role": "user", "content": "x"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                },
+            ),
+        ]
+    )
 
 
 async def send(http: httpx.AsyncClient, url: str, path: str, body) -> httpx.Response:
@@ -99,8 +140,9 @@ async def client(i: int, url: str, model: str, log: list) -> None:
 
 def test_chaos_leaves_the_server_serving_and_the_books_balanced(smollm):
     engine = smollm
-    cfg = ServeConfig(model_id_of(engine), chunk_size=32, max_tokens_limit=64, max_running=8, max_queue=128,
-                      kv_cache_mb=256)  # fmt: skip
+    cfg = ServeConfig(
+        model_id_of(engine), chunk_size=32, max_tokens_limit=64, max_running=8, max_queue=128, kv_cache_mb=256
+    )
     app = create_app(engine, cfg)
     with BackgroundServer(app) as url:
         before = totals(url)

@@ -109,8 +109,9 @@ def _bounds(schema: dict):
             yield "maximum", option["maximum"] + step
 
 
-@pytest.mark.parametrize("path,name", [("/v1/completions", "CompletionRequest"),
-                                       ("/v1/chat/completions", "ChatCompletionRequest")])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,name", [("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")]
+)
 def test_a_value_just_outside_each_documented_bound_is_a_400(served, path, name):
     http, model = served
     doc = http.get("/openapi.json").json()
@@ -134,8 +135,11 @@ def test_a_value_just_outside_each_documented_bound_is_a_400(served, path, name)
 def test_an_assistant_turn_with_tool_calls_is_refused_by_name(served):
     http, model = served
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    messages = [*SAY_OK, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "42"}]  # fmt: skip
+    messages = [
+        *SAY_OK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ]
     err = refused(post(http, "/v1/chat/completions", {"model": model, "messages": messages}), "messages.1")
     assert "tool_calls in messages are not supported" in err["message"]
     err = refused(post(http, "/v1/chat/completions", {"model": model, "messages": [{"role": "user"}]}))
@@ -196,8 +200,12 @@ def _series(http: TestClient, family: str) -> dict[str, float]:
 
 def test_generation_routes_balance_after_a_mixed_load(served):
     http, model = served
-    families = ("prefill_received_requests_total", "prefill_requests_total", "prefill_errors_total",
-                "prefill_cancelled_total")  # fmt: skip
+    families = (
+        "prefill_received_requests_total",
+        "prefill_requests_total",
+        "prefill_errors_total",
+        "prefill_cancelled_total",
+    )
     before = {f: _series(http, f) for f in families}
     good = {"model": model, "prompt": "Hi", "max_tokens": 2}
     load = [
@@ -233,9 +241,14 @@ def test_a_runaway_json_integer_stops_at_int64(served, smollm):
     assert len(one) == 1
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     schema["additionalProperties"] = False  # so the object must close once n is written
-    body = {"model": model, "messages": [{"role": "user", "content": "A number, as JSON"}], "temperature": 0,
-            "max_tokens": MAX_TOKENS_LIMIT, "logit_bias": {str(one[0]): 100},
-            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "A number, as JSON"}],
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS_LIMIT,
+        "logit_bias": {str(one[0]): 100},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    }
     choice = post(http, "/v1/chat/completions", body).json()["choices"][0]
     assert choice["finish_reason"] == "stop", choice
     n = json.loads(choice["message"]["content"])["n"]
@@ -284,11 +297,16 @@ def test_tool_choice_auto_needs_a_template_with_a_tool_format(served):
 def test_tool_turns_are_rendered_through_a_template_with_a_tool_format(hermes):
     http, model, tok = hermes
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [{"role": "user", "content": "Weather in Paris?"},
-                {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]  # fmt: skip
-    r = post(http, "/v1/chat/completions", {"model": model, "messages": messages, "tools": [WEATHER],
-                                            "max_tokens": 8, "temperature": 0})  # fmt: skip
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ]
+    r = post(
+        http,
+        "/v1/chat/completions",
+        {"model": model, "messages": messages, "tools": [WEATHER], "max_tokens": 8, "temperature": 0},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
     rendered = (  # what the template writes for these turns, spelled out
@@ -304,8 +322,14 @@ def test_tool_turns_are_rendered_through_a_template_with_a_tool_format(hermes):
 
 def test_tool_choice_auto_answers_the_same_streamed_and_not(hermes):
     http, model, _ = hermes
-    body = {"model": model, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-            "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 24, "temperature": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER],
+        "tool_choice": "auto",
+        "max_tokens": 24,
+        "temperature": 0,
+    }
     full = post(http, "/v1/chat/completions", body).json()["choices"][0]
     events = post(http, "/v1/chat/completions", {**body, "stream": True}).text.splitlines()
     chunks = [json.loads(x[6:]) for x in events if x.startswith("data: {")]

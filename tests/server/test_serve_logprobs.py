@@ -60,9 +60,11 @@ def test_k_zero_reports_the_chosen_token_only_and_offsets_run_across_chunks():
 
 
 def test_generated_entries_come_from_the_events_that_carry_a_logprob():
-    events = [TokenEvent(2, " cat", 0.1, logprob=-0.5, top_logprobs=[(2, -0.5), (4, -1.0)]),
-              TokenEvent(-1, "held-back text", 0.2),  # a flushed tail: no token, no logprob
-              TokenEvent(0, "", 0.3, logprob=-2.0, top_logprobs=[])]  # fmt: skip
+    events = [
+        TokenEvent(2, " cat", 0.1, logprob=-0.5, top_logprobs=[(2, -0.5), (4, -1.0)]),
+        TokenEvent(-1, "held-back text", 0.2),  # a flushed tail: no token, no logprob
+        TokenEvent(0, "", 0.3, logprob=-2.0, top_logprobs=[]),
+    ]
     assert generated_entries(events) == [TokenLogprob(2, -0.5, ((2, -0.5), (4, -1.0))), TokenLogprob(0, -2.0, ())]
 
 

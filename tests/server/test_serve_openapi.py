@@ -19,12 +19,26 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 
 def test_schemathesis_finds_nothing(smollm_native, tmp_path):
     engine = smollm_native  # what is checked is the server, not the weights: a forward in a third of the time
-    cfg = ServeConfig(model_id_of(engine), max_tokens_limit=2, chunk_size=64, max_body_bytes=16 * 1024,
-                      kv_cache_mb=256)  # fmt: skip
+    cfg = ServeConfig(model_id_of(engine), max_tokens_limit=2, chunk_size=64, max_body_bytes=16 * 1024, kv_cache_mb=256)
     st = Path(sys.executable).parent / "st"
     with BackgroundServer(create_app(engine, cfg)) as url:
-        cmd = [str(st), "run", f"{url}/openapi.json", "--checks", CHECKS, "--max-examples", "12", "--seed", "13",
-               "--request-timeout", "30", "--workers", "1", "--report-dir", str(tmp_path)]  # fmt: skip
+        cmd = [
+            str(st),
+            "run",
+            f"{url}/openapi.json",
+            "--checks",
+            CHECKS,
+            "--max-examples",
+            "12",
+            "--seed",
+            "13",
+            "--request-timeout",
+            "30",
+            "--workers",
+            "1",
+            "--report-dir",
+            str(tmp_path),
+        ]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache goes there
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "FAILURES" not in run.stdout and " passed" in run.stdout, run.stdout[-6000:]

@@ -79,8 +79,11 @@ def test_echo_scoring_equals_transformers_for_a_list_of_prompts(server, smollm, 
 def test_token_id_prompt_with_one_generated_token_as_lm_eval_sends_it(server, smollm, smollm_reference):
     url, model = server
     ids = smollm.tokenizer.encode(TEXTS[1])
-    r = post(url, "/v1/completions", {"model": model, "prompt": [ids], "echo": True, "max_tokens": 1, "logprobs": 1,
-                                      "temperature": 0})  # fmt: skip
+    r = post(
+        url,
+        "/v1/completions",
+        {"model": model, "prompt": [ids], "echo": True, "max_tokens": 1, "logprobs": 1, "temperature": 0},
+    )
     lp = r.json()["choices"][0]["logprobs"]
     assert len(lp["token_logprobs"]) == len(ids) + 1  # the prompt, then the generated token (lm-eval drops it)
     ref = reference_logprobs(smollm_reference, ids)
@@ -92,8 +95,14 @@ def test_token_id_prompt_with_one_generated_token_as_lm_eval_sends_it(server, sm
 
 def test_stream_carries_the_logprobs_of_each_chunk(server):
     url, model = server
-    body = {"model": model, "prompt": "Once upon a time", "echo": True, "max_tokens": 5, "logprobs": 2,
-            "temperature": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "echo": True,
+        "max_tokens": 5,
+        "logprobs": 2,
+        "temperature": 0,
+    }
     full = post(url, "/v1/completions", body).json()["choices"][0]
     tokens, logprobs, text = [], [], ""
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=300) as r:
@@ -111,22 +120,25 @@ def test_stream_carries_the_logprobs_of_each_chunk(server):
 
 def test_openai_client_reads_logprobs_from_both_endpoints(server, client):
     _, model = server
-    r = client.completions.create(model=model, prompt="The capital of France is", echo=True, max_tokens=2, logprobs=3,
-                                  temperature=0)  # fmt: skip
+    r = client.completions.create(
+        model=model, prompt="The capital of France is", echo=True, max_tokens=2, logprobs=3, temperature=0
+    )
     lp = r.choices[0].logprobs
     assert r.choices[0].text.startswith("The capital of France is")
     assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:])
     assert len(lp.tokens) == len(lp.text_offset) == r.usage.prompt_tokens + r.usage.completion_tokens
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True,
-                                          top_logprobs=3)  # fmt: skip
+    chat = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = chat.choices[0].logprobs.content
     assert "".join(c.token for c in content) == chat.choices[0].message.content
     for c in content:
         assert len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.logprob
         assert c.top_logprobs[0].token == c.token  # greedy: the chosen token is the most likely
-    streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
-                                              logprobs=True, top_logprobs=1, stream=True)  # fmt: skip
+    streamed = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=1, stream=True
+    )
     tokens = [
         c.token for ch in streamed if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content
     ]
@@ -180,8 +192,10 @@ def test_a_list_of_prompts_is_one_request_in_the_counters_and_limits_hold_over_t
     for extra in refused:
         assert post(url, "/v1/completions", {"model": model, "max_tokens": 1, **extra}).status_code == 400, extra
     after = counters(url)
-    d = {f: after.get(f, 0) - before.get(f, 0) for f in ("prefill_received_requests_total", "prefill_requests_total",
-                                                          "prefill_errors_total")}  # fmt: skip
+    d = {
+        f: after.get(f, 0) - before.get(f, 0)
+        for f in ("prefill_received_requests_total", "prefill_requests_total", "prefill_errors_total")
+    }
     assert d == {"prefill_received_requests_total": 5, "prefill_requests_total": 1, "prefill_errors_total": 4}
 
 

@@ -20,23 +20,27 @@ pytestmark = pytest.mark.slow
 STOP_WITHIN_S = 20  # uvicorn's graceful window is 5 s; the rest is the worker finishing its current forward
 
 
+def wait_healthy(proc, url: str, log) -> None:
+    for _ in range(600):  # bounded: 120 s for the model to load
+        assert proc.poll() is None, log.read_text()
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_serve_in_bounded_time(sig, tmp_path):
     port = free_port()
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below; a pipe nobody reads could block the server
-    cmd = [sys.executable, "-c", "from prefill.cli.main import main; main()", "serve", "--port", str(port),
-           "--max-running", "1", "--threads", "1", "--kv-cache-mb", "256"]  # fmt: skip
+    serve = ["serve", "--port", str(port), "--max-running", "1", "--threads", "1", "--kv-cache-mb", "256"]
+    cmd = [sys.executable, "-c", "from prefill.cli.main import main; main()", *serve]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):  # bounded: 120 s for the model to load
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(proc, url, tmp_path / "serve.log")
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         lines, started = [], threading.Event()
 

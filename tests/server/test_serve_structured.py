@@ -73,10 +73,18 @@ def test_json_object_is_an_object(grammars):
 
 
 def test_tool_call_names_one_of_the_tools_and_its_arguments_validate(grammars):
-    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
-               "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"], "additionalProperties": False}  # fmt: skip
-    clock = {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
-             "additionalProperties": False}  # fmt: skip
+    weather = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    }
+    clock = {
+        "type": "object",
+        "properties": {"tz": {"enum": ["UTC", "CET"]}},
+        "required": ["tz"],
+        "additionalProperties": False,
+    }
     tools = [{"name": "get_weather", "parameters": weather}, {"name": "get_time", "parameters": clock}]
     grammar = grammars.tool_call(tools)
     assert grammar.tool_names == ("get_weather", "get_time")

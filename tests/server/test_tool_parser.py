@@ -27,8 +27,11 @@ def test_two_calls_and_no_text_leave_no_content():
 
 
 def test_a_block_that_does_not_parse_or_names_an_unknown_tool_stays_text():
-    for text in ('<tool_call>{"name": "get_weather", "arguments": </tool_call>',
-                 '<tool_call>{"name": "launch", "arguments": {}}</tool_call>', "plain text"):  # fmt: skip
+    for text in (
+        '<tool_call>{"name": "get_weather", "arguments": </tool_call>',
+        '<tool_call>{"name": "launch", "arguments": {}}</tool_call>',
+        "plain text",
+    ):
         assert hermes_calls(text, NAMES) == (text, [])
 
 
