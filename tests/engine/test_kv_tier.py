@@ -200,3 +200,27 @@ def test_the_store_continues_where_the_ram_prefix_cache_match_ends(smollm, cold,
     assert gen.cached_tokens == 32 + use.loaded_tokens
     assert gen.token_ids == cold.token_ids
     assert pool.used_blocks == prefix.n_blocks  # the request gave its blocks back; the tree keeps its own
+
+
+def test_copy_into_a_fragmented_sequence_puts_each_block_where_its_positions_are():
+    """Blocks loaded into a sequence whose pool blocks are not consecutive (another sequence took every other
+    one) read back bitwise through copy_out: each run of consecutive blocks gets its own copies."""
+    from prefill.costmodel.specs import ModelSpec
+    from prefill.engine.kv_store.store import KVBlock
+    from prefill.engine.kv_tier import copy_into, copy_out
+    from prefill.engine.kvcache import KVPool
+
+    spec = ModelSpec.from_preset("smollm2-135m")
+    pool = KVPool.for_tokens(spec, 16 * 16, torch.float32, "cpu")
+    ours, other = pool.new_seq(), pool.new_seq()
+    for end in range(16, 16 * 6 + 1, 16):  # interleaved: ours gets blocks 0, 2, 4, ... (runs of one block)
+        ours.reserve(end)
+        other.reserve(end)
+    ours.reserve(16 * 8)  # then two consecutive blocks: a run of two
+    assert len(ours.runs(0, 0, 16 * 8)) == 7
+    g = torch.Generator().manual_seed(0)
+    shape = (spec.L, 2, spec.H_kv, 16, spec.d_head)
+    blocks = [KVBlock(torch.randn(shape, generator=g), tuple(range(spec.L))) for _ in range(8)]
+    copy_into(ours, 0, blocks)
+    back = copy_out(ours, 0, 16 * 8)  # [L, 2, H_kv, 8 * 16, d_head]
+    assert torch.equal(back, torch.cat([b.kv for b in blocks], dim=3))

@@ -183,15 +183,21 @@ class StoreTier:
 
 def copy_into(seq: SeqKV, start: int, blocks: list[KVBlock]) -> None:
     """Write the K/V of `blocks` (each [L, 2, H_kv, bs, d_head], all layers) into seq's pool slots of positions
-    start .. start + len(blocks) * bs - 1 (blocks reserved already), one copy per layer and K/V."""
+    start .. start + len(blocks) * bs - 1 (blocks reserved already; `start` a block boundary): the blocks stacked
+    once, then one strided copy per layer, K/V and run of consecutive pool blocks (a fresh sequence has one run:
+    61 copies for the embedded model, where a copy per block and layer would be 7,620)."""
     if not blocks:
         return
     pool, bs = seq.pool, seq.pool.block_size
-    slots = seq.slots(0, start, start + len(blocks) * bs).to(pool.k[0].device)
-    for layer in range(pool.L):
-        for j, dest in enumerate((pool.k[layer], pool.v[layer])):
-            src = torch.cat([b.kv[layer, j] for b in blocks], dim=1)  # [H_kv, n * bs, d_head]
-            dest.index_copy_(1, slots, src.to(dest.device))
+    kv = torch.stack([b.kv for b in blocks]).to(pool.k[0].device)  # [n, L, 2, H_kv, bs, d_head]
+    first = 0  # the first block of kv the next run takes
+    for slot, end in seq.runs(0, start, start + len(blocks) * bs):
+        n = (end - slot) // bs
+        for layer in range(pool.L):
+            for j, dest in enumerate((pool.k[layer], pool.v[layer])):
+                into = dest[:, slot:end].view(pool.H_kv, n, bs, pool.d_head)  # [H_kv, n, bs, d_head] of the pool
+                into.copy_(kv[first : first + n, layer, j].transpose(0, 1))
+        first += n
 
 
 def copy_out(seq: SeqKV, start: int, end: int) -> torch.Tensor:
