@@ -37,6 +37,11 @@ def _interpolate(points: tuple[tuple[float, float], ...], x: float) -> float:
     return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
 
 
+def shape_key(K: int, N: int) -> str:
+    """A GEMM shape's name, "KxN": the key of a profile's GEMM curves and of Engine.weight_types."""
+    return f"{K}x{N}"
+
+
 @dataclass(frozen=True)
 class GemmCurve:
     """FLOP/s of [M, K] x [K, N] (weights hot in cache: the compute side of the roofline) at measured row counts.
@@ -54,7 +59,7 @@ class GemmCurve:
 
     @property
     def key(self) -> str:
-        return f"{self.K}x{self.N}"
+        return shape_key(self.K, self.N)
 
 
 # Stated efficiencies of a catalog GPU (fractions of the datasheet's dense peak and bandwidth), for eager PyTorch:

@@ -243,9 +243,11 @@ class Engine:
 
     def weight_types(self) -> dict[str, str]:
         """ "KxN" -> the GGUF type of each GEMM's weight kept as blocks (none for dense weights), for the profile."""
+        from prefill.costmodel.profile import shape_key
+
         b = self.model.layers[0]
         weights = (b.wqkv.weight, b.wo.weight, b.w_gate_up.weight, b.w_down.weight, self.model.unembed_weight())
-        return {f"{w.K}x{w.N}": w.qtype for w in weights if hasattr(w, "qtype")}
+        return {shape_key(w.K, w.N): w.qtype for w in weights if hasattr(w, "qtype")}
 
     def layout(self) -> Layout:
         """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF

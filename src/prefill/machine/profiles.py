@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from prefill.costmodel.costs import canonical_dtype
 from prefill.costmodel.hardware import Hardware
-from prefill.costmodel.profile import GemmCurve, MachineProfile
+from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
 from prefill.machine import probe
 from prefill.machine.cache import machine_key, read_json, write_json
@@ -83,8 +83,8 @@ def _heads(spec: ModelSpec) -> str:
 
 def _gemm_key(K: int, N: int, qtypes: dict[str, str]) -> str:
     """The entry's name of the GEMM curve at (K, N): "KxN" for dense weights, "KxN:Q4_1" for GGUF blocks."""
-    qtype = qtypes.get(f"{K}x{N}")
-    return f"{K}x{N}:{qtype}" if qtype else f"{K}x{N}"
+    qtype = qtypes.get(shape_key(K, N))
+    return f"{shape_key(K, N)}:{qtype}" if qtype else shape_key(K, N)
 
 
 def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, device: str, qtypes=None) -> bool:
@@ -93,7 +93,7 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
     curves, measured, qtypes = entry.setdefault("gemm", {}), False, qtypes or {}
     for K, N in shapes:
         if (name := _gemm_key(K, N, qtypes)) not in curves:
-            points = probe.gemm_curve(K, N, dtype, device, qtype=qtypes.get(f"{K}x{N}"))
+            points = probe.gemm_curve(K, N, dtype, device, qtype=qtypes.get(shape_key(K, N)))
             curves[name], measured = [list(p) for p in points], True
     if spec is None:
         return measured
@@ -285,10 +285,10 @@ def gemm_rates(
         key = _key(device, threads, dt)
         entry = read_json(PROFILE_FILE).get(key, {})
         if refresh:
-            entry["gemm"] = {name: pts for name, pts in entry.get("gemm", {}).items() if name != f"{K}x{N}"}
+            entry["gemm"] = {name: pts for name, pts in entry.get("gemm", {}).items() if name != shape_key(K, N)}
         with _Threads(threads):
             if _measure_missing(entry, None, [shape], dt, device):
-                _store(key, {"gemm": {f"{K}x{N}": entry["gemm"][f"{K}x{N}"]}})
+                _store(key, {"gemm": {shape_key(K, N): entry["gemm"][shape_key(K, N)]}})
         rates[dt] = _curve(entry, K, N, {}).rate(PROBE_M)
     return rates
 
