@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,14 +23,8 @@ class _LazyParts(Sequence):
     per element, [its length, its bytes] (strings) or [its value] (scalars); views made when indexed."""
 
     def __init__(self, reader, head: list, starts, end: int, dtype, strings: bool) -> None:
-        self.reader, self.head, self.starts, self.end, self.dtype, self.strings = (
-            reader,
-            head,
-            starts,
-            end,
-            dtype,
-            strings,
-        )
+        self.reader, self.head, self.starts, self.end = reader, head, starts, end
+        self.dtype, self.strings = dtype, strings
         self.per = 2 if strings else 1  # parts per element
 
     def values(self, errors: str = "strict") -> list:
@@ -38,9 +33,8 @@ class _LazyParts(Sequence):
             return []
         first = self.starts[0]
         raw = self.reader.data[first : self.end].tobytes()  # the array's bytes, sliced below as Python bytes
-        if not self.strings:
-            order = "<" if self.reader.byte_order == "I" else ">"
-            return np.frombuffer(raw, dtype=np.dtype(self.dtype).newbyteorder(order)).tolist()
+        if not self.strings:  # in the file's byte order, as gguf's _get reads it ("I": the host's, "S": swapped)
+            return np.frombuffer(raw, dtype=np.dtype(self.dtype).newbyteorder(self.reader.byte_order)).tolist()
         ends = [*self.starts[1:], self.end]
         return [raw[a + 8 - first : b - first].decode("utf-8", errors) for a, b in zip(self.starts, ends, strict=True)]
 
@@ -109,7 +103,7 @@ def reader_class():
                 return None  # arrays of arrays: rare and short
             n, start = int(count[0]), offs + 12
             if strings:
-                starts, end = _string_starts(self.data, start, n, "<" if self.byte_order == "I" else ">")
+                starts, end = _string_starts(self.data, start, n, self.byte_order)
             else:
                 size = np.dtype(dtype).itemsize
                 starts, end = range(start, start + n * size, size), start + n * size
@@ -135,9 +129,12 @@ def array_values(field, errors: str = "strict") -> list:
     return [field.parts[i].tolist()[0] for i in field.data]
 
 
-def _string_starts(buffer: np.ndarray, offset: int, n: int, order: str) -> tuple[list[int], int]:
-    """Where each of n GGUF strings (a uint64 length, then the bytes) starts, and where the last one ends."""
-    starts, size, read = [], len(buffer), struct.Struct(f"{order}Q").unpack_from
+def _string_starts(buffer: np.ndarray, offset: int, n: int, byte_order: str) -> tuple[list[int], int]:
+    """Where each of n GGUF strings (a uint64 length, then the bytes) starts, and where the last one ends;
+    `byte_order` is the reader's: "I" the host's, "S" the other one."""
+    swapped = ">" if sys.byteorder == "little" else "<"
+    read = struct.Struct(f"{'=' if byte_order == 'I' else swapped}Q").unpack_from
+    starts, size = [], len(buffer)
     for _ in range(n):
         if offset + 8 > size:
             raise ValueError("a string runs past the end of the file")
