@@ -47,7 +47,7 @@ def serve(
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
-    config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, **sizes)
+    config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, populate_kv=True, **sizes)
     code = serve_engine(engine, config, host, port, dtype)
     if code:
         fail("the server stopped because its scheduler could not serve (see the log above)", code)

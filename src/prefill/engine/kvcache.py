@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from prefill.engine.blocks import BlockManager, PoolFull
+from prefill.engine.pages import populate
 from prefill.errors import BadInput
 
 BLOCK_SIZE = 16  # tokens per block: also the prefix cache's unit of sharing
@@ -67,9 +68,14 @@ class KVPool:
             for layer in group.layers:
                 self.group_of[layer] = g
         # Uninitialised: memory is touched only as blocks are written, and only written slots are ever read.
-        shapes = [(H_kv, counts[self.group_of[i]] * block_size, d_head) for i in range(L)]
-        self.k = [torch.empty(s, dtype=dtype, device=device) for s in shapes]  # L x [H_kv, n_slots, d_head]
-        self.v = [torch.empty(s, dtype=dtype, device=device) for s in shapes]  # L x [H_kv, n_slots, d_head]
+        # One tensor per group, [n_layers, 2, H_kv, n_slots, d_head]; each layer's K and V are views of it.
+        self.kv = [
+            torch.empty((len(g.layers), 2, H_kv, n * block_size, d_head), dtype=dtype, device=device)
+            for g, n in zip(self.groups, counts, strict=True)
+        ]
+        row = {layer: (g, i) for g, group in enumerate(self.groups) for i, layer in enumerate(group.layers)}
+        self.k = [self.kv[row[i][0]][row[i][1], 0] for i in range(L)]  # L x [H_kv, n_slots, d_head]
+        self.v = [self.kv[row[i][0]][row[i][1], 1] for i in range(L)]  # L x [H_kv, n_slots, d_head]
         self.L, self.H_kv, self.d_head, self.dtype, self.block_size = L, H_kv, d_head, dtype, block_size
 
     @classmethod
@@ -125,6 +131,11 @@ class KVPool:
     def allocated_bytes(self) -> int:
         """Bytes the pool's tensors take (all blocks, used or not)."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def populate(self) -> int:
+        """Make every K/V tensor's pages resident now (prefill.engine.pages: contents unchanged), so that no
+        request pays first-touch page faults; a server does this once at its start. Returns the bytes."""
+        return sum(populate(t) for t in self.kv)
 
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)

@@ -20,6 +20,7 @@ class ServeConfig:
     model_id: str
     prefix_cache_mb: float = 256.0  # the prefix cache's share of the KV pool; 0 disables it
     kv_cache_mb: float | None = None  # the shared KV pool; None: default_kv_cache_bytes()
+    populate_kv: bool = False  # make the pool's pages resident at start (`prefill serve` does; tests need not)
     max_queue: int = 64  # requests that may wait; more get a 429
     max_running: int = 32  # requests prefilled or decoded at once (their decode steps share one batch)
     chunk_size: int = 256  # prefill chunk, interleaved with decode steps

@@ -83,6 +83,8 @@ class ServerState:
         engine.profile()
         metrics = ServerMetrics()
         pool = KVPool.for_bytes(engine.spec, cfg.kv_pool_bytes(engine), engine.dtype, engine.device)
+        if cfg.populate_kv:
+            pool.populate()  # the first requests after a (re)start pay no page faults, as later ones
         prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))
         loop = StepLoop(engine.runner, pool, prefix, cfg.chunk_size, cfg.max_running, kv_tier=engine.kv_store)
         return cls(engine, cfg, metrics, Worker(loop, metrics, cfg.max_queue), Intake(engine, cfg))

@@ -1,0 +1,38 @@
+"""prefill.engine.pages.populate: a tensor's pages made resident, its contents unchanged."""
+
+import sys
+
+import pytest
+import torch
+
+from prefill.costmodel.specs import ModelSpec
+from prefill.engine.kvcache import KVPool
+from prefill.engine.pages import populate
+
+
+def test_populate_changes_no_byte_of_a_tensor_in_use():
+    t = torch.arange(3 * 1024 * 1024, dtype=torch.float32)  # 12 MiB, written: its pages exist
+    before = t.clone()
+    n = populate(t)
+    assert torch.equal(t, before)
+    if sys.platform.startswith("linux"):
+        assert n >= t.numel() * 4 - 2 * 4096  # every whole page inside it (a kernel without the call: 0)
+    assert populate(torch.empty(0)) == 0
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and /proc are Linux's")
+def test_a_pools_pages_are_resident_after_populate():
+    spec = ModelSpec.from_preset("smollm2-135m")
+    pool = KVPool.for_tokens(spec, 2048, torch.float32, "cpu")  # 94 MB, untouched: not resident
+    before = resident_bytes()
+    n = pool.populate()
+    if n == 0:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    assert n == pytest.approx(pool.allocated_bytes(), abs=2 * 4096 * len(pool.kv))
+    assert resident_bytes() - before >= 0.9 * n  # the pages are there now, before any write
+    assert all(t.data_ptr() == pool.kv[0][i, 0].data_ptr() for i, t in enumerate(pool.k))  # layers are views
