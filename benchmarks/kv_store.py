@@ -1,11 +1,12 @@
 """The KV store: TTFT of a long prompt cold, after a restart with a warm store (disk tier and page-cache tier), and
 the compute-or-load decision at several prompt lengths, measured both ways beside the cost model's prediction.
 
-Part 1 (TTFT, P = --prompt-tokens): the prompt once without a store (cold), once more with an empty store (cold,
-and the store's write cost in its E2E), then through fresh engine objects on the same directory (a restart: no
-store state in memory): once with every block file dropped from the page cache (fsync + POSIX_FADV_DONTNEED, as
-the probe does: the disk tier), once with the files in the page cache (the RAM tier). Greedy tokens must equal
-the cold run's.
+Part 1 (TTFT, P = --prompt-tokens): each run is the first request of a freshly built server state (the KV pool,
+made resident at start, an empty prefix cache and the step loop that `prefill serve` builds). The prompt once
+without a store (cold), once more with an empty store (cold, and the store's write cost in its E2E), then through
+fresh engine objects on the same directory (a restart: no store state in memory): once with every block file
+dropped from the page cache (fsync + POSIX_FADV_DONTNEED, as the probe does: the disk tier), once with the files
+in the page cache (the RAM tier). Greedy tokens must equal the cold run's.
 Part 2 (the decision): for each P, the measured prefill of P tokens, the measured load of their stored blocks
 (disk tier and RAM tier: read, verify, copy into a pool), and compute_or_load's prediction; "agree" when the
 predicted choice is the measured faster one, or the predicted times are within 15% of the measured.
@@ -27,10 +28,14 @@ import torch
 
 from prefill.costmodel.kv_store import compute_or_load
 from prefill.engine.kv_store.probe import drop_from_page_cache
-from prefill.engine.kv_tier import copy_into
 from prefill.engine.llm import Engine
+from prefill.engine.request import Generation, Request
+from prefill.engine.sampling import SamplingParams
+from prefill.server.config import ServeConfig, model_id_of
+from prefill.server.state import ServerState
 
 N_NEW = 4  # generated tokens per run: enough to compare answers
+POOL_MB = 512  # the served runs' KV pool: 10 sequences of 2,048 tokens
 
 
 def long_ids(engine: Engine, n: int) -> list[int]:
@@ -46,6 +51,18 @@ def restarted(engine: Engine, directory: Path, mb: float) -> Engine:
     fresh = Engine(engine.runner, engine.tokenizer, engine.source)
     fresh.attach_kv_store(directory, mb)  # measures the GEMM rate now, as a server does at its start
     return fresh
+
+
+def serve_once(engine: Engine, ids: list[int]) -> Generation:
+    """`ids` through the step loop `prefill serve` builds when it starts (ServerState.build: its KV pool, made
+    resident, an empty prefix cache, the engine's store), as the first request after that start."""
+    cfg = ServeConfig(model_id_of(engine), kv_cache_mb=POOL_MB, populate_kv=True)
+    loop = ServerState.build(engine, cfg).worker.loop
+    req = Request(ids, N_NEW, SamplingParams(), engine.tokenizer, lambda event: None)  # greedy
+    loop.add(req)
+    while not req.done:
+        loop.step()
+    return req.gen
 
 
 def drop_store(directory: Path) -> None:
@@ -65,7 +82,7 @@ def ttft_part(engine: Engine, directory: Path, P: int, mb: float) -> dict:
     runs = {}
 
     def run(label: str, eng: Engine) -> None:
-        gen = eng.complete(ids, max_new_tokens=N_NEW)
+        gen = serve_once(eng, ids)
         if eng.kv_store is not None:
             eng.kv_store.flush()
         use = gen.kv_store.as_dict() if gen.kv_store else None
@@ -113,7 +130,7 @@ def decision_part(engine: Engine, directory: Path, sizes: list[int], mb: float) 
             seq = engine.new_cache(P)
             t0 = time.perf_counter()
             seq.reserve(P)
-            copy_into(seq, 0, tier.store.get(keys))
+            tier.load_blocks(keys, seq, 0)
             measured[label] = time.perf_counter() - t0
         d = compute_or_load(
             P, 0, match.nbytes, tier.load_bytes_per_s, lambda n, past: engine.predict_prefill_seconds(n, past)[0]

@@ -92,18 +92,33 @@ def test_a_restart_loads_the_stored_prefix_and_answers_the_same(smollm, cold, tm
 
 
 @pytest.mark.slow
+def test_a_prompt_of_whole_stored_blocks_computes_only_its_last_token(smollm, tmp_path):
+    ids = smollm.encode_prompt(PROMPT, chat=False)
+    ids = ids[: len(ids) // 16 * 16]
+    cold_ids = smollm.complete(ids, max_new_tokens=N_NEW).token_ids
+    first = restarted(smollm, tmp_path)
+    first.complete(ids, max_new_tokens=N_NEW)
+    first.kv_store.flush()
+    gen = restarted(smollm, tmp_path).complete(ids, max_new_tokens=N_NEW)
+    assert gen.kv_store.loaded_tokens == gen.cached_tokens == len(ids) - 1  # the last block loaded whole
+    assert gen.kv_store.loaded_bytes == gen.kv_store.decision.load_bytes  # every stored block was read
+    assert gen.token_ids == cold_ids
+
+
+@pytest.mark.slow
 def test_loaded_kv_gives_logits_within_the_rounding_tolerance(smollm, tmp_path):
     greedy(restarted(smollm, tmp_path))
     engine = restarted(smollm, tmp_path)
     ids = engine.encode_prompt(PROMPT, chat=False)
+    ids = ids[: len(ids) // 16 * 16]  # whole blocks, every one stored: the last is loaded, its last token computed
     with torch.inference_mode():
         cold_logits, cold_cache = engine.prefill(ids)  # [1, vocab]
         seq = engine.new_cache(len(ids))
         req = Request(ids, 1, SamplingParams(), None, lambda ev: None)
         engine.kv_store.admit(req, seq, lambda needs: True, None)
         n = seq.length
-        assert n == (len(ids) - 1) // 16 * 16
-        warm_logits, warm = engine.prefill(ids[n:], seq)
+        assert n == len(ids) - 1 and req.gen.kv_store.loaded_tokens == n
+        warm_logits, warm = engine.prefill(ids[n:], seq)  # 1 token after n loaded
     tol = rounding_tolerance(float(cold_logits.abs().max()), engine.spec, engine.dtype)
     assert (warm_logits - cold_logits).abs().max().item() <= tol
     for layer in (0, engine.spec.L - 1):  # the loaded positions are the stored bytes: bitwise those computed
@@ -169,8 +184,9 @@ def test_scoring_windows_load_their_unscored_context_and_score_the_same(smollm, 
     first.kv_store.flush()
     again = restarted(smollm, tmp_path)
     warm = perplexity(again.runner, ids, window=128, stride=64, kv_tier=again.kv_store)
-    # every window after the first scores its last 64 tokens: its first 63 are context, 48 of them whole blocks
-    assert again.kv_store.store.stats().hit_blocks == 3 * (len(warm.windows) - 1)
+    # every window after the first scores its last 64 tokens: its first 63 are context, in 4 blocks (the 4th
+    # loaded whole, its last position computed again: its hidden state gives the first score)
+    assert again.kv_store.store.stats().hit_blocks == 4 * (len(warm.windows) - 1)
     tol = rounding_tolerance(30.0, smollm.spec, smollm.dtype)  # log-probabilities of this model stay below 30
     diffs = [abs(a - b) for a, b in zip(plain.logprobs, warm.logprobs, strict=True) if a is not None]
     assert max(diffs) <= tol and warm.ppl == pytest.approx(plain.ppl, rel=1e-4)
@@ -206,7 +222,6 @@ def test_copy_into_a_fragmented_sequence_puts_each_block_where_its_positions_are
     """Blocks loaded into a sequence whose pool blocks are not consecutive (another sequence took every other
     one) read back bitwise through copy_out: each run of consecutive blocks gets its own copies."""
     from prefill.costmodel.specs import ModelSpec
-    from prefill.engine.kv_store.store import KVBlock
     from prefill.engine.kv_tier import copy_into, copy_out
     from prefill.engine.kvcache import KVPool
 
@@ -220,7 +235,7 @@ def test_copy_into_a_fragmented_sequence_puts_each_block_where_its_positions_are
     assert len(ours.runs(0, 0, 16 * 8)) == 7
     g = torch.Generator().manual_seed(0)
     shape = (spec.L, 2, spec.H_kv, 16, spec.d_head)
-    blocks = [KVBlock(torch.randn(shape, generator=g), tuple(range(spec.L))) for _ in range(8)]
-    copy_into(ours, 0, blocks)
+    blocks = [torch.randn(shape, generator=g) for _ in range(8)]
+    copy_into(ours, 0, torch.stack(blocks))
     back = copy_out(ours, 0, 16 * 8)  # [L, 2, H_kv, 8 * 16, d_head]
-    assert torch.equal(back, torch.cat([b.kv for b in blocks], dim=3))
+    assert torch.equal(back, torch.cat(blocks, dim=3))

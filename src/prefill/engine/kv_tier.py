@@ -2,10 +2,11 @@
 admitted, and a finished request's whole blocks handed to the store's background writer.
 
 At admission (prefill.engine.scheduler), after the RAM prefix cache's match, `admit` looks up the longest
-stored prefix beyond it (whole 16-token blocks of the request's reusable ids, so the last prompt token is
-always computed and gives the first token's logits), asks the cost model whether loading those tokens is
-faster than prefilling them (prefill.costmodel.kv_store.compute_or_load), and if so copies their K/V into
-freshly reserved pool blocks of every layer and marks them cached: the prefill starts after them. When a
+stored prefix beyond it (whole 16-token blocks of the request's ids, the block holding the last prompt token
+included), asks the cost model whether loading those tokens is faster than prefilling them
+(prefill.costmodel.kv_store.compute_or_load), and if so copies their K/V into freshly reserved pool blocks of
+every layer and marks them cached up to the reusable ids: the last prompt token is always computed, as a
+1-token prefill, and gives the first token's logits (its K/V, loaded, is written again by that prefill). When a
 request leaves (`save`), the whole blocks the store lacks are cloned out of the pool (one copy, on the loop's
 thread) and queued; serialising, checksumming and writing run on the store's writer thread.
 Blocks that the prefix cache evicts later need no write of their own: every block in it came from a request
@@ -29,7 +30,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from prefill.costmodel.kv_store import LoadDecision, compute_or_load
-from prefill.engine.kv_store import Fingerprint, KVBlock, KVStore, StoreBandwidth, probe_bandwidth, weights_digest
+from prefill.engine.kv_store import (
+    BlockKey,
+    Fingerprint,
+    KVBlock,
+    KVStore,
+    StoreBandwidth,
+    probe_bandwidth,
+    weights_digest,
+)
 from prefill.engine.kvcache import SeqKV
 
 if TYPE_CHECKING:
@@ -38,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("prefill.kv_store")
 PrefillSeconds = Callable[[int, int, int | None], float]  # (n, past, chunk_size) -> predicted seconds
 PROBE_BYTES = 16 << 20  # enough files for a steady read rate, a fraction of a second to write and read
+STAGE_BYTES = 4 << 20  # a load reads this many bytes of block files at a time, then copies them into the pool
 
 
 @dataclass
@@ -73,6 +83,7 @@ class StoreTier:
         self.store, self.bandwidth = store, bandwidth
         self.prefill_seconds, self.always_load = prefill_seconds, always_load
         self.block_size = store.fp.block_size
+        self._staging: bytearray | None = None  # STAGE_BYTES of block files, reused by every load
 
     @classmethod
     def open(
@@ -114,43 +125,84 @@ class StoreTier:
         def room(end: int) -> bool:
             return fits(seq.reserve_needs(min(target, end + (chunk_size or target))))
 
-        use = self.load(req.reusable_ids(), seq, chunk_size, room)
+        use = self.load(req.all_ids()[:target], seq, chunk_size, room, limit=len(req.reusable_ids()))
         if use is not None:
             req.gen.kv_store = use
 
     def load(
-        self, ids: list[int], seq: SeqKV, chunk_size: int | None = None, room: Callable[[int], bool] = lambda end: True
+        self,
+        ids: list[int],
+        seq: SeqKV,
+        chunk_size: int | None = None,
+        room: Callable[[int], bool] = lambda end: True,
+        limit: int | None = None,
     ) -> StoreUse | None:
         """Extend `seq` past its `seq.length` cached positions with the stored whole blocks of `ids` that follow,
-        when the cost model predicts loading them faster than computing them and `room(end)` says the pool can
-        take positions up to `end`. Returns what was decided and loaded (None: not a whole block to look for)."""
+        up to `limit` positions (default: all of ids), when the cost model predicts loading them faster than
+        computing them and `room(end)` says the pool can take positions up to `end`. A block that crosses
+        `limit` is loaded whole and the positions after `limit` are recomputed (a prompt's last token, whose
+        logits give the first token: 1 token to prefill instead of a block). Returns what was decided and
+        loaded (None: not a whole block to look for)."""
         past, bs = seq.length, self.block_size
-        if len(ids) < past + bs:
+        limit = len(ids) if limit is None else min(limit, len(ids))
+        ids = ids[: -(-limit // bs) * bs]  # the blocks that hold a position before `limit`
+        if limit <= past or len(ids) < past + bs:
             return None
         bad0 = self.store.stats().corrupt_blocks
         match = self.store.longest_prefix(ids)
         keys = match.keys[past // bs :]
-        if not keys:
+        usable = min(limit, past + len(keys) * bs) - past  # positions the blocks save computing
+        if not keys or usable <= 0:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
         nbytes = match.nbytes * len(keys) // match.n_blocks  # every block file holds all layers: one size
         decision = compute_or_load(
-            len(keys) * bs, past, nbytes, self.load_bytes_per_s, lambda n, p: self.prefill_seconds(n, p, chunk_size)
+            usable, past, nbytes, self.load_bytes_per_s, lambda n, p: self.prefill_seconds(n, p, chunk_size)
         )
         if self.always_load:
             decision = dataclasses.replace(decision, choice="load")
         use = StoreUse(decision, bad_blocks=self._bad_since(bad0))
-        end = past + decision.n_tokens
+        end = past + len(keys) * bs
         if decision.choice != "load" or not room(end):
             return use
         t0 = time.perf_counter()
         seq.reserve(end)
-        blocks = self.store.get(keys)
-        copy_into(seq, past, blocks)
-        seq.length = past + len(blocks) * bs
-        use.loaded_tokens, use.loaded_bytes = len(blocks) * bs, nbytes * len(blocks) // len(keys)
+        loaded = self.load_blocks(keys, seq, past)
+        seq.length = min(limit, past + loaded * bs)
+        use.loaded_tokens, use.loaded_bytes = seq.length - past, nbytes * loaded // len(keys)
         use.load_s = time.perf_counter() - t0
         use.bad_blocks = self._bad_since(bad0)
         return use
+
+    def load_blocks(self, keys: tuple[BlockKey, ...], seq: SeqKV, start: int) -> int:
+        """Read `keys`' blocks a staging buffer's worth at a time (STAGE_BYTES, reused: its pages are faulted in
+        once and stay in cache between the read and the copy) and copy each batch into seq's pool slots from
+        position `start`; stops at the first missing or bad block. Returns the blocks loaded."""
+        per_batch = max(1, STAGE_BYTES // self.store.slot_bytes)
+        if self._staging is None:
+            self._staging = bytearray(per_batch * self.store.slot_bytes)
+        loaded = 0
+        for i in range(0, len(keys), per_batch):
+            batch = keys[i : i + per_batch]
+            blocks = self.store.get(batch, self._staging)
+            copy_into(seq, start + loaded * self.block_size, self._stacked(blocks))
+            loaded += len(blocks)
+            if len(blocks) < len(batch):
+                break
+        return loaded
+
+    def _stacked(self, blocks: list[KVBlock]) -> torch.Tensor:
+        """The blocks as one tensor [n, L, 2, H_kv, bs, d_head]: a strided view of the staging buffer when get()
+        read block i into slot i (each holds every layer), else a stacked copy."""
+        if not blocks:
+            return torch.empty(0)
+        first, slot = blocks[0].kv, self.store.slot_bytes
+        whole = torch.frombuffer(self._staging, dtype=torch.uint8).view(first.dtype)
+        if any(
+            b.kv.shape != first.shape or b.kv.data_ptr() != first.data_ptr() + i * slot for i, b in enumerate(blocks)
+        ):
+            return torch.stack([b.kv for b in blocks])
+        offset = (first.data_ptr() - whole.data_ptr()) // first.element_size()
+        return whole.as_strided((len(blocks), *first.shape), (slot // first.element_size(), *first.stride()), offset)
 
     def _bad_since(self, count: int) -> int:
         return self.store.stats().corrupt_blocks - count
@@ -181,22 +233,21 @@ class StoreTier:
         self.store.close()
 
 
-def copy_into(seq: SeqKV, start: int, blocks: list[KVBlock]) -> None:
-    """Write the K/V of `blocks` (each [L, 2, H_kv, bs, d_head], all layers) into seq's pool slots of positions
-    start .. start + len(blocks) * bs - 1 (blocks reserved already; `start` a block boundary): the blocks stacked
-    once, then one strided copy per layer, K/V and run of consecutive pool blocks (a fresh sequence has one run:
-    61 copies for the embedded model, where a copy per block and layer would be 7,620)."""
-    if not blocks:
+def copy_into(seq: SeqKV, start: int, kv: torch.Tensor) -> None:
+    """Write kv [n, L, 2, H_kv, bs, d_head] (n blocks of all layers, any strides) into seq's pool slots of
+    positions start .. start + n * bs - 1 (blocks reserved already; `start` a block boundary; one layer group
+    holding every layer, as the store requires): one strided copy of every layer's K and V per run of
+    consecutive pool blocks (a fresh sequence has one run)."""
+    if not len(kv):
         return
     pool, bs = seq.pool, seq.pool.block_size
-    kv = torch.stack([b.kv for b in blocks]).to(pool.k[0].device)  # [n, L, 2, H_kv, bs, d_head]
+    whole = pool.kv[0]  # [L, 2, H_kv, n_slots, d_head]
+    kv = kv.to(whole.device)
     first = 0  # the first block of kv the next run takes
-    for slot, end in seq.runs(0, start, start + len(blocks) * bs):
+    for slot, end in seq.runs(0, start, start + len(kv) * bs):
         n = (end - slot) // bs
-        for layer in range(pool.L):
-            for j, dest in enumerate((pool.k[layer], pool.v[layer])):
-                into = dest[:, slot:end].view(pool.H_kv, n, bs, pool.d_head)  # [H_kv, n, bs, d_head] of the pool
-                into.copy_(kv[first : first + n, layer, j].transpose(0, 1))
+        into = whole[:, :, :, slot:end].unflatten(3, (n, bs))  # [L, 2, H_kv, n, bs, d_head] of the pool
+        into.copy_(kv[first : first + n].permute(1, 2, 3, 0, 4, 5))
         first += n
 
 

@@ -152,7 +152,7 @@ def score(
     t0 = time.perf_counter()
     cache = runner.new_cache(len(ids))
     if kv_tier is not None:
-        kv_tier.load(ids[: start - 1], cache, chunk_size)
+        kv_tier.load(ids, cache, chunk_size, limit=start - 1)
     done = cache.length
     for s, e in costs.prefill_chunks(len(ids) - done, chunk_size):
         prefill_scored(runner, ids[done + s : done + e], cache, acc)

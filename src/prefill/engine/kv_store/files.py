@@ -89,12 +89,14 @@ class BlockFiles:
         finally:
             os.close(fd)
 
-    def read(self, key: bytes) -> bytearray | None:
-        """The whole block file, or None when there is none. The open file is one inode: a rename over it
-        while we read does not mix two versions."""
+    def read(self, key: bytes, into: memoryview | None = None) -> bytearray | memoryview | None:
+        """The whole block file, or None when there is none: read into the start of `into` when the file fits
+        there (a reused buffer: no fresh pages to fault in), else into a new bytearray. The open file is one
+        inode: a rename over it while we read does not mix two versions."""
         try:
             with open(self.path(key), "rb", buffering=0) as f:
-                buf = bytearray(os.fstat(f.fileno()).st_size)
+                size = os.fstat(f.fileno()).st_size
+                buf = into[:size] if into is not None and size <= len(into) else bytearray(size)
                 n = f.readinto(buf)
         except FileNotFoundError:
             return None

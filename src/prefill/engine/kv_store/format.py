@@ -61,6 +61,11 @@ def payload_size(fp: Fingerprint, n_layers: int) -> int:
     return kv_cache_bytes(n_layers, fp.spec.H_kv, fp.spec.d_head, fp.block_size, dtype_bytes(fp.kv_dtype))
 
 
+def file_size(fp: Fingerprint, n_layers: int) -> int:
+    """Bytes of a block file holding `n_layers` layers: its header and its payload."""
+    return header_size(n_layers, fp.block_size) + payload_size(fp, n_layers)
+
+
 def encode_header(fp: Fingerprint, key: BlockKey, layers: tuple[int, ...], payload: memoryview) -> bytes:
     """The header of block `key` holding `payload` (the K/V bytes of `layers`, in order)."""
     n, hb = len(layers), header_size(len(layers), fp.block_size)
@@ -74,7 +79,7 @@ def encode_header(fp: Fingerprint, key: BlockKey, layers: tuple[int, ...], paylo
     return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
 
 
-def parse_header(buf: bytes | bytearray, file_size: int, fp: Fingerprint, key: BlockKey) -> Header:
+def parse_header(buf: bytes | bytearray | memoryview, file_size: int, fp: Fingerprint, key: BlockKey) -> Header:
     """Check the header at the start of `buf` (a file of `file_size` bytes) against the block `key`."""
     if len(buf) < _FIXED.size:
         raise BlockError(f"truncated: {file_size} bytes, a header alone is at least {_FIXED.size}")
@@ -105,8 +110,8 @@ def parse_header(buf: bytes | bytearray, file_size: int, fp: Fingerprint, key: B
     return Header(tuple(layers), hb, nbytes, check)
 
 
-def decode_payload(buf: bytearray, header: Header, fp: Fingerprint) -> torch.Tensor:
-    """The payload of a whole file read into `buf`, checksum verified, as a tensor sharing `buf`'s memory:
+def decode_payload(buf: bytearray | memoryview, header: Header, fp: Fingerprint) -> torch.Tensor:
+    """The payload of a whole file read into `buf` (writable), checksum verified, as a tensor sharing its memory:
     [n_layers, 2, H_kv, block_size, d_head]."""
     payload = memoryview(buf)[header.header_bytes :]
     if xxhash.xxh3_64_intdigest(payload) != header.payload_checksum:

@@ -36,6 +36,7 @@ from prefill.engine.kv_store.format import (
     Header,
     decode_payload,
     encode_header,
+    file_size,
     parse_header,
 )
 from prefill.engine.kv_store.keys import BlockKey, block_keys, chain_root, layers_needed
@@ -143,6 +144,11 @@ class KVStore:
         nbytes = sum(h.header_bytes + h.payload_bytes for h in found[:n])
         return StoreMatch(tuple(keys[:n]), n * self.fp.block_size, nbytes)
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of a block file holding every layer: a slot of get()'s `into` buffer."""
+        return file_size(self.fp, self.fp.spec.L)
+
     def stored_blocks(self, keys: Sequence[BlockKey]) -> int:
         """How many of `keys`, from the first, have a block file (existence only, nothing read or verified:
         what a put of a chain may skip)."""
@@ -151,14 +157,18 @@ class KVStore:
             n += 1
         return n
 
-    def get(self, keys: Sequence[BlockKey]) -> list[KVBlock]:
+    def get(self, keys: Sequence[BlockKey], into: bytearray | None = None) -> list[KVBlock]:
         """The blocks of `keys` in order, each verified (checksums, fingerprint, version, key, shapes); stops
-        at the first missing or bad one, so the result is always a prefix of `keys`."""
+        at the first missing or bad one, so the result is always a prefix of `keys`. With `into` (a reused
+        buffer), block i is read into its i-th slot of `slot_bytes` and the blocks are views of it, valid until
+        the buffer is read into again (a file that does not fit its slot is read into fresh memory)."""
         out: list[KVBlock] = []
-        loaded = 0
-        for key in keys if self.files else ():
+        loaded, view, slot = 0, memoryview(into) if into is not None else None, self.slot_bytes
+        for i, key in enumerate(keys if self.files else ()):
             try:
-                got = read_block(self.files, self.fp, key)
+                got = read_block(
+                    self.files, self.fp, key, view[i * slot : (i + 1) * slot] if view is not None else None
+                )
             except BlockError as e:
                 self._reject(key, e)
                 break
@@ -306,11 +316,13 @@ class KVStore:
             log.warning("kv store %s: cannot write (%s); serving its blocks, storing none", self.directory, _why(e))
 
 
-def read_block(files: BlockFiles, fp: Fingerprint, key: BlockKey) -> tuple[KVBlock, int] | None:
-    """Block `key` read whole and verified, with its file's size in bytes; None when there is no file;
-    BlockError (the reason) when it must not be used."""
+def read_block(
+    files: BlockFiles, fp: Fingerprint, key: BlockKey, into: memoryview | None = None
+) -> tuple[KVBlock, int] | None:
+    """Block `key` read whole (into `into` when it fits) and verified, with its file's size in bytes; None when
+    there is no file; BlockError (the reason) when it must not be used."""
     try:
-        buf = files.read(key.digest)
+        buf = files.read(key.digest, into)
     except OSError as e:
         raise BlockError(f"unreadable: {_why(e)}") from None
     if buf is None:
