@@ -118,6 +118,9 @@ def resolve_storage(model: str | None, dtype: str, weights: str, device: str, de
         if weights not in ("auto", "float32"):
             fail(f"--deterministic runs dense float32 weights; drop --weights {weights}")
         return deterministic_dtype(dtype), "float32"
+    if weights == "native" and dtype == "auto":  # the blocks' kernels take float32 activations, on any CPU
+        note("dtype auto: float32 (--weights native runs float32 activations)")
+        dtype = "float32"
     dtype = resolve_dtype(dtype, device, echo=note)
     return dtype, resolve_weights(weights, model, dtype, device, echo=note)
 
