@@ -105,6 +105,23 @@ def test_round_trip_is_bitwise(open_store, dtype):
     assert s.written_blocks == 5 and s.bytes_loaded == s.written_bytes == 5 * file_bytes(store.fp)
 
 
+def test_get_into_a_staging_buffer_is_bitwise_and_shares_its_memory(open_store):
+    store = open_store(fingerprint())
+    ids = list(range(7, 7 + 4 * BS))
+    blocks = put_all(store, ids)
+    assert store.stats().writer_cpu_s > 0  # the writer thread's CPU time is counted
+    keys = store.longest_prefix(ids).keys
+    staging = bytearray(3 * store.slot_bytes)  # room for 3: the 4th is read into fresh memory
+    got = store.get(keys, staging)
+    assert len(got) == 4
+    for g, b in zip(got, blocks, strict=True):
+        assert torch.equal(g.kv.view(torch.uint8), b.view(torch.uint8))
+    base = torch.frombuffer(staging, dtype=torch.uint8).data_ptr()
+    for i, g in enumerate(got[:3]):  # block i in slot i, after its header
+        assert base + i * store.slot_bytes < g.kv.data_ptr() < base + (i + 1) * store.slot_bytes
+    assert not base <= got[3].kv.data_ptr() < base + len(staging)
+
+
 def test_a_block_of_some_layers_round_trips(open_store):
     store = open_store()
     key = store.keys(list(range(BS)))

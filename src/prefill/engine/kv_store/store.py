@@ -83,6 +83,7 @@ class StoreStats:
     written_bytes: int = 0
     dropped_blocks: int = 0  # put() refused: the writer's queue was full, or the store cannot write
     evicted_blocks: int = 0  # files removed to stay under max_bytes (by this process)
+    writer_cpu_s: float = 0.0  # CPU seconds the background writer spent (serialising, checksums, writes, evictions)
 
 
 class KVStore:
@@ -224,8 +225,9 @@ class KVStore:
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
+        writer = getattr(self, "_writer", None)  # none when the directory could not be opened
         with self._lock:
-            return dataclasses.replace(self._stats)
+            return dataclasses.replace(self._stats, writer_cpu_s=writer.cpu_s if writer else 0.0)
 
     # ---- inside ----------------------------------------------------------------------------------------
 

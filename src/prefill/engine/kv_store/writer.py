@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("prefill.kv_store")
@@ -25,6 +26,7 @@ class BackgroundWriter:
         self._pending = 0  # bytes held by queued jobs
         self._lock = threading.Lock()
         self._closed = False
+        self.cpu_s = 0.0  # CPU seconds the thread has spent in jobs (time.thread_time): what it took from the cores
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -62,7 +64,11 @@ class BackgroundWriter:
             try:
                 if job is _STOP:
                     return
-                job()
+                t0 = time.thread_time()
+                try:
+                    job()
+                finally:
+                    self.cpu_s += time.thread_time() - t0
             except Exception:  # a bug in a job must not kill the writer; the store handles OSError itself
                 log.exception("kv store: a background write failed")
             finally:
