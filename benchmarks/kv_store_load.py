@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from serving_core import prompt
 
 from prefill.engine.llm import Engine
 from prefill.engine.loop import StepLoop
@@ -30,14 +31,7 @@ from prefill.engine.request import Request
 from prefill.engine.sampling import SamplingParams
 
 STREAMS = 8
-_salts = itertools.count()
-
-
-def new_prompt(engine: Engine, n: int) -> list[int]:
-    """n token ids of a text no other request of this run shares (its first words carry a fresh number)."""
-    salt = next(_salts)
-    words = f"Request {salt} asks about shelf {salt * 37 % 101} and book {salt * 13 % 17} in the old library. "
-    return engine.tokenizer.encode(f"{salt} " + words * (n // 12 + 2))[:n]
+_salts = itertools.count()  # every request of a run gets its own text: no prefix shared, no stored block hit
 
 
 def closed_loop(engine: Engine, requests: int, P: int, new: int, tier) -> list[float]:
@@ -47,7 +41,9 @@ def closed_loop(engine: Engine, requests: int, P: int, new: int, tier) -> list[f
     sent, running, e2e = 0, [], []
     while sent < requests or running:
         while sent < requests and len(running) < STREAMS:
-            req = Request(new_prompt(engine, P), new, SamplingParams(), None, lambda ev: None, ignore_eos=True)
+            req = Request(
+                prompt(engine, P, next(_salts)), new, SamplingParams(), None, lambda ev: None, ignore_eos=True
+            )
             loop.add(req)
             running.append(req)
             sent += 1
@@ -72,8 +68,8 @@ def main() -> None:
     P, new = args.prompt_tokens, args.new_tokens
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        stored = Engine(engine.runner, engine.tokenizer, engine.source)
-        tier = stored.attach_kv_store(Path(tmp), 4096.0)
+        with_store = Engine(engine.runner, engine.tokenizer, engine.source)
+        tier = with_store.attach_kv_store(Path(tmp), 4096.0)
         closed_loop(engine, STREAMS, P, new, None)  # a warm-up round: the pool's first pages, the threads
         for r in range(args.rounds):
             for label, t in (
@@ -106,8 +102,8 @@ def main() -> None:
         f"store writes add {ratio - 1:+.1%} to a request's E2E ({stats.written_blocks} blocks, "
         f"{stats.written_bytes / 1e6:.0f} MB written, {stats.dropped_blocks} dropped)"
     )
-    stored = [x for x in rows if x["case"] == "store"]
-    share = sum(x["writer_cpu_s"] for x in stored) / sum(x["process_cpu_s"] for x in stored)
+    store_rounds = [x for x in rows if x["case"] == "store"]
+    share = sum(x["writer_cpu_s"] for x in store_rounds) / sum(x["process_cpu_s"] for x in store_rounds)
     print(f"the writer thread took {share:.2%} of the process's CPU time in the store rounds")
     out = {
         "cpu": platform.processor() or platform.machine(),

@@ -9,7 +9,7 @@ import torch
 
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVPool
-from prefill.engine.pages import populate
+from prefill.engine.pages import page_range, populate
 
 
 def test_populate_changes_no_byte_of_a_tensor_in_use():
@@ -26,10 +26,8 @@ def resident_fraction(t: torch.Tensor) -> float:
     """The share of the whole pages inside t's memory that are resident now (mincore(2): per page, exact)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    page = mmap.PAGESIZE
-    start = -(-t.data_ptr() // page) * page
-    end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
-    vec = ctypes.create_string_buffer((end - start) // page)
+    start, end = page_range(t)
+    vec = ctypes.create_string_buffer((end - start) // mmap.PAGESIZE)
     assert libc.mincore(start, end - start, vec) == 0, ctypes.get_errno()
     return sum(b & 1 for b in vec.raw) / len(vec.raw)
 

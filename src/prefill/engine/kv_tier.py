@@ -152,7 +152,7 @@ class StoreTier:
         match = self.store.longest_prefix(ids)
         keys = match.keys[past // bs :]
         usable = min(limit, past + len(keys) * bs) - past  # positions the blocks save computing
-        if not keys or usable <= 0:
+        if not keys:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
         nbytes = match.nbytes * len(keys) // match.n_blocks  # every block file holds all layers: one size
         decision = compute_or_load(

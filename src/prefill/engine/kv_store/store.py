@@ -225,9 +225,8 @@ class KVStore:
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
-        writer = getattr(self, "_writer", None)  # none when the directory could not be opened
         with self._lock:
-            return dataclasses.replace(self._stats, writer_cpu_s=writer.cpu_s if writer else 0.0)
+            return dataclasses.replace(self._stats, writer_cpu_s=self._writer.cpu_s if self.files else 0.0)
 
     # ---- inside ----------------------------------------------------------------------------------------
 
