@@ -24,7 +24,7 @@ from prefill.machine import probe
 from prefill.machine.cache import machine_key, read_json, write_json
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
-PROBE_VERSION = 2  # entries of another version are measured again (2: GEMMs timed on the engine's own path)
+PROBE_VERSION = 3  # entries of another version are measured again (2: GEMMs timed on the engine's own path; 3: one row too)
 FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
@@ -257,7 +257,7 @@ def profile_for(
     profile = probe_profile(spec, dtype, device, threads, echo=echo, qtypes=qtypes)
     fitted = fitted and not qtypes  # a fit of dense weights says nothing of the block kernels
     saved = read_json(FITTED_FILE).get(f"{_key(device, threads, dtype)}|{spec.name}") if fitted else None
-    if not saved:
+    if not saved or saved.get("version") != PROBE_VERSION:  # a fit of another probe's curves does not apply
         return profile
     return profile.with_fit(**{k: saved[k] for k in FITTED_FIELDS if k in saved})
 
@@ -266,7 +266,8 @@ def save_fitted(spec: ModelSpec, profile: MachineProfile, device: str = "cpu", t
     """Remember `profile`'s fitted parameters for this machine, its dtype and `spec` (profile_for applies them)."""
     data = read_json(FITTED_FILE)
     row = {k: getattr(profile, k) for k in FITTED_FIELDS}
-    data[f"{_key(device, threads, profile.dtype)}|{spec.name}"] = {**row, "saved": time.strftime("%Y-%m-%d %H:%M")}
+    saved = {**row, "saved": time.strftime("%Y-%m-%d %H:%M"), "version": PROBE_VERSION}
+    data[f"{_key(device, threads, profile.dtype)}|{spec.name}"] = saved
     write_json(FITTED_FILE, data)
 
 
