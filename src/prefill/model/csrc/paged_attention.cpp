@@ -17,6 +17,7 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -90,18 +91,70 @@ PA_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
+// The dot product of one query and one key from its 8 lane sums, in a fixed order: ((0+1)+(2+3))+((4+5)+(6+7)),
+// the order the four-key reduction below produces, so a score does not depend on which path computed it.
+PA_AVX2 inline float lane_sum(__m256 d) {
+  alignas(32) float a[8];
+  _mm256_store_ps(a, d);
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// Scores s[t] = scale * q.k_t of n keys; four keys at a time, four independent FMA chains (a single chain waits
+// on each FMA's latency), reduced together by one hadd tree.
+PA_AVX2 void scores_avx2(const float* qg, int64_t D, const float* kb, int64_t n, float scale, float* s) {
+  int64_t t = 0;
+  const __m128 vs = _mm_set1_ps(scale);
+  for (; t + 4 <= n; t += 4) {
+    __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+    const float* k0 = kb + t * D;
+    for (int64_t i = 0; i < D; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(qg + i);
+      d0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), d0);
+      d1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + i), d1);
+      d2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + i), d2);
+      d3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + i), d3);
+    }
+    // hadd(hadd(d0, d1), hadd(d2, d3)) = [d0..d3 of lanes 0-3 | d0..d3 of lanes 4-7]
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(d0, d1), _mm256_hadd_ps(d2, d3));
+    const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(s + t, _mm_mul_ps(r, vs));
+  }
+  for (; t < n; t++) {
+    __m256 d = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) d = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(kb + t * D + i), d);
+    s[t] = lane_sum(d) * scale;
+  }
+}
+
+// a[0, w) = a * corr + sum_t p[t] v_t[0, w), for w <= 64 floats: eight accumulators, one FMA chain per 8 floats
+// (each element's terms added in the order of t, as before).
+PA_AVX2 inline void weighted_sum_avx2(float* a, int64_t w, float corr, const float* p, const float* vb, int64_t D,
+                                      int64_t n) {
+  __m256 x[8];
+  const int64_t c = w / 8;
+  const __m256 vc = _mm256_set1_ps(corr);
+  for (int64_t j = 0; j < c; j++) x[j] = _mm256_mul_ps(_mm256_loadu_ps(a + 8 * j), vc);
+  if (c == 8) {
+    for (int64_t t = 0; t < n; t++) {
+      const __m256 pt = _mm256_set1_ps(p[t]);
+      const float* vt = vb + t * D;
+      for (int64_t j = 0; j < 8; j++) x[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), x[j]);
+    }
+  } else {
+    for (int64_t t = 0; t < n; t++) {
+      const __m256 pt = _mm256_set1_ps(p[t]);
+      for (int64_t j = 0; j < c; j++) x[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vb + t * D + 8 * j), x[j]);
+    }
+  }
+  for (int64_t j = 0; j < c; j++) _mm256_storeu_ps(a + 8 * j, x[j]);
+}
+
 // One block of n keys for the G query heads of one KV head (D a multiple of 8).
 PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const float* kb, const float* vb, int64_t n,
                               float scale, float* m, float* l, float* acc) {
   alignas(32) float s[kMaxBlock];
   for (int64_t g = 0; g < G; g++) {
-    const float* qg = q + g * D;
-    for (int64_t t = 0; t < n; t++) {
-      __m256 d = _mm256_setzero_ps();
-      for (int64_t i = 0; i < D; i += 8)
-        d = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(kb + t * D + i), d);
-      s[t] = hsum(d) * scale;
-    }
+    scores_avx2(q + g * D, D, kb, n, scale, s);
     float mx = m[g];
     for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
     for (int64_t t = n; t < (n + 7) / 8 * 8; t++) s[t] = -INFINITY;
@@ -111,12 +164,7 @@ PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const float*
     float sum = l[g] * corr;
     for (int64_t t = 0; t < n; t++) sum += s[t];
     float* a = acc + g * D;
-    const __m256 vc = _mm256_set1_ps(corr);
-    for (int64_t i = 0; i < D; i += 8) {
-      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(a + i), vc);
-      for (int64_t t = 0; t < n; t++) x = _mm256_fmadd_ps(_mm256_set1_ps(s[t]), _mm256_loadu_ps(vb + t * D + i), x);
-      _mm256_storeu_ps(a + i, x);
-    }
+    for (int64_t i = 0; i < D; i += 64) weighted_sum_avx2(a + i, std::min<int64_t>(64, D - i), corr, s, vb + i, D, n);
     m[g] = mx;
     l[g] = sum;
   }
@@ -166,6 +214,20 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
         const float* kb = kp + h * khs + slot * D;
         const float* vb = vp + h * khs + slot * D;
 #ifdef PA_HAVE_X86
+        if (j + 1 < T && stop < ep[r]) {
+          // the next block's K and V, fetched while this one computes: a block is a page of its own in the pool,
+          // where the hardware prefetcher stops, and the table may put it anywhere
+          const int64_t next = tp[r * T + j + 1] * block_size;
+          if (next >= 0 && next + block_size <= n_slots) {
+            const char* kn = reinterpret_cast<const char*>(kp + h * khs + next * D);
+            const char* vn = reinterpret_cast<const char*>(vp + h * khs + next * D);
+            const int64_t bytes = std::min(ep[r] - stop, block_size) * D * 4;
+            for (int64_t o = 0; o < bytes; o += 64) {
+              _mm_prefetch(kn + o, _MM_HINT_T0);
+              _mm_prefetch(vn + o, _MM_HINT_T0);
+            }
+          }
+        }
         if (simd)
           query_block_avx2(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc.data());
         else
