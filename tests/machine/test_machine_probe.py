@@ -111,6 +111,32 @@ def test_a_saved_fit_replaces_the_quick_probe_for_that_model(tmp_path, monkeypat
     assert profiles.profile_for(PRESETS["llama-3-8b"], "float32", threads=1).kind == "probe"  # another model
 
 
+def test_a_fit_of_another_probe_version_is_not_applied(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    fake_probe(monkeypatch, [])
+    quick = profiles.profile_for(SMOLLM2, "float32", threads=1)
+    profiles.save_fitted(SMOLLM2, quick.with_fit(gemm_efficiency=0.5, kind="fitted"), threads=1)
+    monkeypatch.setattr(profiles, "PROBE_VERSION", profiles.PROBE_VERSION + 1)
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1).gemm_efficiency == 1.0
+
+
+def test_the_decode_curve_times_the_engines_paged_kernel(monkeypatch):
+    """On a CPU in float32 with the kernels built, a decode row's attention is timed through paged_attention (the
+    engine's decode path), per row and layer; without them, through SDPA."""
+    from prefill.model import kernels
+
+    if not kernels.available():
+        pytest.skip("the engine's kernels are not built here")
+    calls = []
+    real = probe.paged_decode_seconds
+    monkeypatch.setattr(probe, "paged_decode_seconds", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    _, decode = probe.attention_curves(9, 3, 64, "float32", budget_s=0.5)
+    assert calls == [S for S, _ in decode] and calls[:2] == list(probe.DECODE_KEYS[:2])
+    calls.clear()
+    probe.attention_curves(9, 3, 64, "bfloat16", budget_s=0.05)
+    assert calls == []
+
+
 def test_a_damaged_cache_entry_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
     calls = []

@@ -36,6 +36,7 @@ COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
 ATTENTION_PS = (16, 64, 256, 1024, 2048)  # causal prefill lengths of the attention curve
 DECODE_KEYS = (64, 256, 1024, 4096)  # keys of the decode curve (one query per row)
+DECODE_ROWS = 4  # decode rows of one paged-attention call in the probe (a batch: every thread has K/V heads)
 BANDWIDTH_BYTES = 256 * 2**20  # the GEMV's matrix: far larger than any CPU's last-level cache
 CACHE_BYTES_FALLBACK = 8 * 2**20  # when sysfs does not say how large the last-level cache is
 
@@ -158,8 +159,41 @@ def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str =
 
     flops = 4.0 * H_q * d_head
     prefill = _grow(ATTENTION_PS, lambda P: (flops * causal_pairs(P), timed(P, P)), budget_s / 2)
-    decode = _grow(DECODE_KEYS, lambda S: (flops * S, timed(1, S)), budget_s / 2)
+    paged = device == "cpu" and dt == torch.float32 and kernels_built()
+    decode_s = (lambda S: paged_decode_seconds(H_q, H_kv, d_head, S)) if paged else (lambda S: timed(1, S))
+    decode = _grow(DECODE_KEYS, lambda S: (flops * S, decode_s(S)), budget_s / 2)
     return prefill, decode
+
+
+def kernels_built() -> bool:
+    from prefill.model import kernels
+
+    return kernels.available()
+
+
+def paged_decode_seconds(H_q: int, H_kv: int, d_head: int, S: int, rows: int = DECODE_ROWS, block: int = 16) -> float:
+    """Best seconds of one decode row's attention over S cached keys as the engine runs it on a CPU in float32
+    (kernels.paged_attention over a pool's blocks, `rows` rows a call so both threads work), with the K/V of
+    enough layers cycled through (twice the last-level cache) that they come from memory, as a step's do."""
+    import torch
+
+    from prefill.model import kernels
+
+    if not kernels.available():  # loads the library
+        raise RuntimeError("the engine's kernels are not built")
+    n_blocks = -(-S // block)
+    layer_bytes = 2 * H_kv * rows * n_blocks * block * d_head * 4
+    layers = max(1, min(256, math.ceil(2 * last_level_cache_bytes() / layer_bytes)))
+    kv = torch.full((layers, 2, H_kv, rows * n_blocks * block, d_head), 0.01)  # a pool: [layers, 2, H_kv, slots, D]
+    q = torch.full((rows, H_q, d_head), 0.01)  # [R, H_q, d_head]
+    table = torch.arange(rows * n_blocks).view(rows, n_blocks)  # [R, blocks]: a fresh pool's blocks, in order
+    zero, end = torch.zeros(rows, dtype=torch.long), torch.full((rows,), S, dtype=torch.long)
+
+    def every_layer() -> None:
+        for layer in range(layers):
+            kernels.paged_attention(q, kv[layer, 0], kv[layer, 1], table, zero, zero, end, block, d_head**-0.5)
+
+    return best_seconds(every_layer, 3) / (layers * rows)
 
 
 def _grow(sizes, measure, budget_s: float) -> tuple[tuple[int, float], ...]:
