@@ -250,7 +250,11 @@ class SeqKV:
     # ---- what it holds ----
     def held_positions(self, layer: int) -> int:
         """Filled positions whose blocks `layer` still holds (all of them in a full-attention layer)."""
-        return self.length - min(self.length, self.first_held(self.pool.group_of[layer]))
+        return self.held_in_group(self.pool.group_of[layer])
+
+    def held_in_group(self, group: int) -> int:
+        """Filled positions whose blocks each layer of `group` still holds."""
+        return self.length - min(self.length, self.first_held(group))
 
     def nbytes(self) -> int:
         """Bytes of K and V of the filled positions the sequence still holds, all layers (sizes read off the
@@ -258,7 +262,8 @@ class SeqKV:
         yet trimmed (prefill.costmodel.costs.kv_cache_bytes_held is the formula)."""
         one = self.pool.k[0]
         per_position = 2 * one.shape[0] * one.shape[2] * one.element_size()  # K and V of one layer
-        return per_position * sum(self.held_positions(layer) for layer in range(self.pool.L))
+        groups = enumerate(self.pool.groups)
+        return per_position * sum(len(group.layers) * self.held_in_group(g) for g, group in groups)
 
     def reserved_bytes(self) -> int:
         """Bytes of the blocks this sequence holds (filled or not)."""
