@@ -24,6 +24,9 @@ MaxRunning = Annotated[int, typer.Option(help="requests running at once (as pref
 KvCacheMb = Annotated[float, typer.Option(help="the KV pool in MiB (as prefill serve --kv-cache-mb)")]
 Seed = Annotated[int, typer.Option(help="seed of arrivals and lengths")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")]
+Plan = Annotated[
+    bool, typer.Option("--plan", help="a catalog GPU: replicas per TP width for p99 TTFT <= --slo-ttft-ms at --rate")
+]
 
 
 def simulate(
@@ -42,6 +45,7 @@ def simulate(
     slo_tpot_ms: SloTpotMs = None,
     seed: Seed = 0,
     json_out: JsonOut = False,
+    plan: Plan = False,
 ) -> None:
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
     import json
@@ -50,7 +54,24 @@ def simulate(
     from prefill.bench.loadtest_report import summarize
     from prefill.bench.simulate import poisson_trace, simulate_server
 
-    trace = poisson_trace(rate, requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
+    prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
+    if plan:
+        return plan_deployment(
+            model,
+            hardware,
+            dtype,
+            weights,
+            rate,
+            slo_ttft_ms,
+            requests,
+            prompts,
+            outputs,
+            seed,
+            chunk_size,
+            max_running,
+            json_out,
+        )
+    trace = poisson_trace(rate, requests, prompts, outputs, seed)
     result, name = simulate_server(
         model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb, echo=None if json_out else note
     )
@@ -64,3 +85,45 @@ def simulate(
     )
     print_summary(name, summary, result.wall_s, slo_ttft_ms, slo_tpot_ms)
     console.print(f"{len(result.steps):,} steps, {result.preemptions} preemptions (simulated time)", highlight=False)
+
+
+def plan_deployment(
+    model,
+    hardware,
+    dtype,
+    weights,
+    rate,
+    slo_ttft_ms,
+    requests,
+    prompts,
+    outputs,
+    seed,
+    chunk_size,
+    max_running,
+    as_json,
+) -> None:
+    """--plan: prefill.bench.capacity.plan on a catalog GPU, printed (or as JSON)."""
+    import dataclasses
+    import json
+
+    from prefill.bench.capacity import Workload, plan
+    from prefill.cli.plan_report import print_plan
+    from prefill.costmodel.hardware import get_hardware
+    from prefill.costmodel.specs import load_spec
+    from prefill.errors import BadInput
+    from prefill.loading.resolve import default_model_path
+
+    if hardware.lower() == "cpu":
+        raise BadInput("--plan sizes a GPU deployment: give a catalog GPU, e.g. --hardware h100")
+    if slo_ttft_ms is None:
+        raise BadInput("--plan needs --slo-ttft-ms, the p99 TTFT to keep under")
+    hw, spec = get_hardware(hardware), load_spec(model if model is not None else default_model_path())
+    workload = Workload(requests, prompts, outputs, seed)
+    echo = None if as_json else note
+    rows = plan(
+        spec, hw, dtype or "bfloat16", weights, rate, slo_ttft_ms / 1e3, workload, chunk_size, max_running, echo=echo
+    )
+    if as_json:
+        typer.echo(json.dumps([{**dataclasses.asdict(r), "gpus": r.gpus} for r in rows], indent=2))
+        return
+    print_plan(f"{spec.name} on {hw.name}", rate, slo_ttft_ms, rows)

@@ -1,0 +1,170 @@
+"""A deployment planned: how many replicas, at which tensor-parallel width, keep p99 TTFT under an SLO at a rate.
+
+    rows = plan(spec, get_hardware("h100"), "bfloat16", None, rate=20.0, slo_ttft_s=0.5, workload=Workload(...))
+
+For each TP width T that splits the model's heads and leaves room for a KV pool on each GPU, one replica is
+simulated (prefill.bench.simulate: the server's own step loop on a simulated clock, each step timed by the time
+model on the catalog GPU's profile with T-way tensor parallelism). Poisson arrivals split evenly over R replicas
+are Poisson at rate / R, so R replicas meet the SLO when one replica meets it at rate / R. R starts at what the
+saturated replica's throughput says is needed, doubles until p99 TTFT meets the SLO, then is bisected down. A
+replica loaded past its saturated throughput never meets it (its queue grows without end, which a finite trace
+would hide). Nothing is extrapolated: every R reported was simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prefill.bench.loadtest import PromptLengths
+from prefill.bench.loadtest_report import summarize
+from prefill.bench.simulate import SimRequest, poisson_trace, simulate
+from prefill.costmodel import costs, storage, timemodel
+from prefill.costmodel.hardware import Hardware
+from prefill.costmodel.parallel import tp_head_split_problem, tp_kv_cache_bytes_per_gpu
+from prefill.costmodel.profile import catalog_profile
+from prefill.costmodel.specs import ModelSpec
+from prefill.errors import BadInput
+
+TPS = (1, 2, 4, 8)  # tensor-parallel widths tried (one node)
+MEMORY_FRACTION = 0.9  # of each GPU's memory a server takes (vLLM's gpu_memory_utilization default)
+MAX_REPLICAS = 256
+IDLE_UTILISATION = 0.05  # a replica this lightly loaded that still misses the SLO misses it at no load
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests a plan is for: `requests` of them, prompt and output lengths drawn from the two ranges."""
+
+    requests: int
+    prompts: PromptLengths
+    outputs: PromptLengths
+    seed: int = 0
+
+    def trace(self, rate: float) -> list[SimRequest]:
+        return poisson_trace(rate, self.requests, self.prompts, self.outputs, self.seed)
+
+    def burst(self) -> list[SimRequest]:
+        """The same requests all arriving at once: what a saturated replica serves."""
+        return [SimRequest(0.0, r.prompt_tokens, r.output_tokens) for r in self.trace(1.0)]
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One TP width's answer: replicas needed (None: no count meets the SLO, or the width does not fit), the
+    saturated throughput of one replica, and the simulated latencies of the replica at rate / replicas."""
+
+    tp: int
+    replicas: int | None = None
+    pool_tokens: int = 0
+    capacity_req_per_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    itl_p50_s: float | None = None
+    simulations: int = 0
+    note: str = ""
+
+    @property
+    def gpus(self) -> int | None:
+        return None if self.replicas is None else self.replicas * self.tp
+
+
+def pool_tokens(spec: ModelSpec, hw: Hardware, dtype: str, weights: str | None, T: int) -> int:
+    """Positions of the KV pool each replica has: what MEMORY_FRACTION of each GPU's memory leaves after its
+    1/T of the weights, over one position's K/V on one GPU (its share of the KV heads)."""
+    free = MEMORY_FRACTION * hw.memory_bytes - storage.weight_bytes(spec, weights or dtype) / T
+    per_position = tp_kv_cache_bytes_per_gpu(spec, 1, costs.dtype_bytes(dtype), T)
+    return max(0, int(free // per_position))
+
+
+def plan(
+    spec: ModelSpec,
+    hw: Hardware,
+    dtype: str,
+    weights: str | None,
+    rate: float,
+    slo_ttft_s: float,
+    workload: Workload,
+    chunk_size: int = 256,
+    max_running: int = 32,
+    tps: tuple[int, ...] = TPS,
+    echo: Callable[[str], None] | None = None,
+) -> list[PlanRow]:
+    """One PlanRow per TP width in `tps` (see the module docstring)."""
+    if rate <= 0 or slo_ttft_s <= 0:
+        raise BadInput(f"a plan needs rate > 0 and an SLO > 0, got rate = {rate}, SLO = {slo_ttft_s} s")
+    dt = costs.canonical_dtype(dtype)
+    profile = catalog_profile(hw, dt)
+    rows = []
+    for T in tps:
+        problem = tp_head_split_problem(spec.H_q, spec.H_kv, T)
+        tokens = pool_tokens(spec, hw, dt, weights, T)
+        longest = workload.prompts.hi + workload.outputs.hi
+        if problem is None and tokens < longest:
+            problem = f"{tokens:,} positions of KV pool per replica, fewer than the longest request's {longest:,}"
+        if problem is not None:
+            rows.append(PlanRow(T, pool_tokens=tokens, note=problem))
+            continue
+        wb = storage.bytes_per_weight(weights) if weights else None
+        layout = timemodel.layout_for(dt, wb, tp=T, gathers_kv=False)
+
+        def step_seconds(rows_, layout=layout) -> float:
+            return timemodel.predict_step(spec, rows_, profile, layout).seconds
+
+        def run(trace, tokens=tokens):
+            result = simulate(spec, trace, step_seconds, tokens, chunk_size, max_running)
+            return summarize(result.records, result.wall_s)
+
+        rows.append(_replicas(T, tokens, rate, slo_ttft_s, workload, run, echo))
+    return rows
+
+
+def _replicas(T, tokens, rate, slo_ttft_s, workload: Workload, run, echo) -> PlanRow:
+    """The fewest simulated replicas of TP width T whose p99 TTFT at rate / R meets the SLO."""
+    saturated = run(workload.burst())
+    capacity = saturated["throughput_req_per_s"]
+    tried: dict[int, dict] = {}
+
+    def meets(R: int) -> bool:
+        if R not in tried:
+            tried[R] = run(workload.trace(rate / R))
+            if echo is not None:
+                p99 = tried[R]["latency"]["ttft_s"]["p99"]
+                each = f"{rate / R:.3g} req/s each, p99 TTFT {p99 * 1e3:,.0f} ms (simulated)"
+                echo(f"TP {T}, {R} replica{'s' if R > 1 else ''}: {each}")
+        # beyond its saturated throughput a replica's queue only grows: a finite trace would hide that
+        return rate / R <= capacity and tried[R]["latency"]["ttft_s"]["p99"] <= slo_ttft_s
+
+    lo, R = 0, max(1, math.ceil(rate / capacity))  # lo: the largest R known to miss
+    while not meets(R):
+        if rate / R / capacity < IDLE_UTILISATION or R >= MAX_REPLICAS:
+            p99 = tried[R]["latency"]["ttft_s"]["p99"]
+            why = "at no load" if R < MAX_REPLICAS else f"at {MAX_REPLICAS} replicas"
+            return PlanRow(T, None, tokens, capacity, simulations=len(tried) + 1, note=_miss(p99, slo_ttft_s, why))
+        lo, R = R, min(MAX_REPLICAS, 2 * R)
+    hi = R
+    while hi - lo > 1:  # meets(hi), not meets(lo)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    lat = tried[hi]["latency"]
+    return PlanRow(
+        T,
+        hi,
+        tokens,
+        capacity,
+        lat["ttft_s"]["p50"],
+        lat["ttft_s"]["p99"],
+        (lat["itl_s"] or {}).get("p50"),
+        len(tried) + 1,
+    )
+
+
+def _miss(p99: float, slo: float, where: str) -> str:
+    return f"p99 TTFT {p99 * 1e3:,.0f} ms {where}, above the SLO of {slo * 1e3:,.0f} ms"
+
+
+def cheapest(rows: list[PlanRow]) -> PlanRow | None:
+    """The row needing the fewest GPUs (ties: the lower p99 TTFT), or None when none meets the SLO."""
+    ok = [r for r in rows if r.gpus is not None]
+    return min(ok, key=lambda r: (r.gpus, r.ttft_p99_s or 0.0)) if ok else None
