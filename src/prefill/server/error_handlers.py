@@ -62,9 +62,14 @@ def param_of(loc) -> str | None:
     loc = [str(x) for x in loc if x != "body"]
     if loc[:1] in (["query"], ["path"]):  # a URL's parameter (e.g. the lesson's ?N=): its name as it is
         loc = loc[1:2]
-    else:  # pydantic names the member of a union it tried ("prompt.str"): keep the field path only
-        loc = [x for x in loc if not (x[:1].isupper() or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
+    else:  # pydantic names the member of a union it tried ("prompt.str", "messages.0.UserMessage"): keep the field
+        # path only (a class name is CamelCase; the lesson's single-letter fields, "P", are names of fields)
+        loc = [x for x in loc if not (_class_name(x) or x in _UNION_TAGS or any(c in x for c in "[(-'"))]
     return ".".join(loc) or None
+
+
+def _class_name(x: str) -> bool:
+    return x[:1].isupper() and x[1:2].islower()
 
 
 async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
