@@ -149,10 +149,16 @@ def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1) -> dict:
     }
 
 
+def roof_points(peak: float, bandwidth: float, lo: int = -1, hi: int = 5) -> dict:
+    """The roof min(peak, intensity x bandwidth) at 8 intensities a decade from 10**lo to 10**hi FLOP/B, for
+    drawing."""
+    xs = [10 ** (k / 8) for k in range(8 * lo, 8 * hi + 1)]
+    return {"intensity": xs, "flops_per_s": [roofline.attainable_flops_per_s(x, peak, bandwidth) for x in xs]}
+
+
 def roofline_body(rf: Roofline, peak: float) -> dict:
     """The estimate's roofline (this prefill and one decode step against the ridge point) and the roof's points."""
     bandwidth = rf.bandwidth_bytes_per_s
-    xs = [10 ** (k / 8) for k in range(-8, 8 * 5 + 1)]  # 0.1 .. 1e5 FLOP/B
     return {
         "prefill_intensity": rf.prefill_intensity,
         "decode_intensity": rf.decode_intensity,
@@ -162,7 +168,7 @@ def roofline_body(rf: Roofline, peak: float) -> dict:
         "prefill_attainable": rf.prefill_attainable_flops_per_s,
         "decode_attainable": rf.decode_attainable_flops_per_s,
         "compute_bound_from_P": rf.compute_bound_from_P,
-        "roof": {"intensity": xs, "flops_per_s": [roofline.attainable_flops_per_s(x, peak, bandwidth) for x in xs]},
+        "roof": roof_points(peak, bandwidth),  # 0.1 .. 1e5 FLOP/B
         "peak": peak,
         "bandwidth": bandwidth,
     }

@@ -1,5 +1,6 @@
 """What the lesson page's routes read (`request.app.state.lesson`): the server's engine, the name its OpenAI
-routes answer to, the way onto the server's worker thread (every forward runs there), and this machine's rates."""
+routes answer to, the way onto the server's worker thread (every forward runs there), the scheduler's sizes (for
+the simulated load), and this machine's rates."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 
 if TYPE_CHECKING:
+    from prefill.costmodel.profile import MachineProfile
     from prefill.costmodel.specs import ModelSpec
     from prefill.engine.llm import Engine
+    from prefill.lesson.load import SimulatedServer
 
 T = TypeVar("T")
 OnWorker = Callable[[Callable[[], Any]], Future]  # prefill.server.worker.Worker.call
@@ -49,11 +53,17 @@ class MachineRates:
 
 @dataclass(eq=False)
 class LessonState:
-    """The page's view of the server: its model, and `on_worker(fn)` to run model code on the worker thread."""
+    """The page's view of the server: its model, `on_worker(fn)` to run model code on the worker thread, and its
+    scheduler's sizes: the prefill chunk (tokens, None: unchunked), the most requests running at once, and the
+    KV pool's capacity in tokens. The server passes its own (ServeConfig's). They have no defaults here: the
+    lesson does not import the server (imports run one way), and a copy of ServeConfig's would drift."""
 
     engine: Engine
     model_id: str
     on_worker: OnWorker
+    chunk_size: int | None
+    max_running: int
+    pool_tokens: int
     rates: MachineRates = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +80,17 @@ class LessonState:
     async def run(self, fn: Callable[[], T]) -> T:
         """fn() on the worker thread, awaited from the event loop."""
         return await asyncio.wrap_future(self.on_worker(fn))
+
+    async def profile(self) -> MachineProfile:
+        """The engine's machine profile (what the time model reads), probed on the worker thread on first need."""
+        return await self.run(self.engine.profile)
+
+    @cached_property
+    def load(self) -> SimulatedServer:
+        """This server under simulated load (prefill.lesson.load), made on the page's first ask."""
+        from prefill.lesson.load import SimulatedServer  # load.py reads lesson_of from here
+
+        return SimulatedServer(self)
 
 
 def lesson_of(request: Request) -> LessonState:

@@ -56,7 +56,9 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     add_error_handlers(app)
     for module in (info, tokenizer_routes, completions):
         app.include_router(module.router)
-    add_lesson_routes(app, LessonState(engine, cfg.model_id, state.worker.call))
+    pool_tokens = state.worker.loop.pool.max_tokens()
+    lesson = LessonState(engine, cfg.model_id, state.worker.call, cfg.chunk_size, cfg.max_running, pool_tokens)
+    add_lesson_routes(app, lesson)
     spec = engine.spec
     limits = partial(server_limits, cfg=cfg, vocab_size=spec.vocab_size)
     document(app, refusals_are_400, generation_bounds, limits, partial(document_context, context=spec.context_length))
