@@ -13,7 +13,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from prefill.lesson import api, live
+from prefill.lesson import api, live, sweep
 from prefill.lesson.state import LessonState
 
 STATIC = Path(__file__).parent / "static"
@@ -26,9 +26,10 @@ async def lesson_page() -> FileResponse:
 
 
 def add_lesson_routes(app: FastAPI, state: LessonState) -> None:
-    """Serve the page at `/` and /static, the calculator API and the live-model API, all reading `state`."""
+    """Serve the page at `/` and /static, the calculator API, the live-model API and the P sweep, all reading
+    `state`."""
     app.state.lesson = state
-    app.include_router(api.router)
-    app.include_router(live.router)
+    for module in (api, live, sweep):
+        app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="lesson-static")
     app.include_router(router)

@@ -1,0 +1,216 @@
+"""The lesson page's P sweep: where prefill turns compute-bound on this machine, measured beside the time model.
+
+GET /api/sweep/curve: the time model's prefill (one forward of P tokens, unchunked) over a log grid of P, with the
+roof of this machine's profile. POST /api/sweep/measure {"P": 64}: one warm prefill of P tokens on the server's
+model, timed on the worker thread (between two steps of the serving loop, which waits for it: about 4 forwards),
+beside its prediction and a plain-words note on what sets its time. Every number comes from
+prefill.costmodel.timemodel's Prediction; the page draws them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from functools import partial
+
+import torch
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from prefill.costmodel import costs, roofline
+from prefill.costmodel.profile import MachineProfile
+from prefill.costmodel.timemodel import Prediction
+from prefill.engine.llm import Engine
+from prefill.lesson.api import finite, human, in_range, roof_points, short_sci
+from prefill.lesson.state import lesson_of
+
+MEASURE_P = (1, 4, 16, 64, 256, 1024)  # what the page measures: a forward of 1024 tokens is ~2 s on 2 cores
+MAX_CURVE_P = 8192
+CURVE_POINTS = 30
+REPEATS = 3  # timed forwards after the untimed one; the answer is their median
+router = APIRouter(prefix="/api/sweep", tags=["lesson: P sweep"])
+
+
+class MeasureBody(BaseModel):
+    """Which prompt length to prefill and time (at most 1024 tokens, and fewer than the model's context)."""
+
+    model_config = ConfigDict(extra="forbid")
+    P: StrictInt = Field(ge=1, le=MEASURE_P[-1], description="prompt tokens")
+
+
+def warm_prefill_seconds(engine: Engine, P: int, repeats: int = REPEATS) -> float:
+    """Median seconds of `repeats` prefill forwards of P tokens, after one untimed forward at this P (its kernels
+    and buffers), each a fresh sequence whose pool blocks are reserved before the clock starts. Worker thread."""
+    vocab = engine.spec.vocab_size
+    ids = torch.tensor([[(7919 * i + 11) % vocab for i in range(P)]], device=engine.device)  # [1, P]: fixed ids
+    pool = engine.new_pool(P + 32)
+
+    def once() -> float:
+        seq = pool.new_seq()
+        seq.reserve(P + 1)
+        try:
+            t = time.perf_counter()
+            engine.forward(ids, [seq])  # [1, vocab]
+            engine.sync()
+            return time.perf_counter() - t
+        finally:
+            seq.free()
+
+    once()
+    return statistics.median(once() for _ in range(repeats))
+
+
+def measured_lengths(context: int) -> list[int]:
+    """The P the page measures, below the context length (a forward of P needs P + 1 positions at most)."""
+    return [n for n in MEASURE_P if n < context]
+
+
+def curve_lengths(context: int) -> list[int]:
+    """About CURVE_POINTS prompt lengths spaced evenly in log P from 1 to min(context, MAX_CURVE_P), and the
+    measured ones (so each measured point has its predicted twin)."""
+    top = min(context, MAX_CURVE_P)
+    grid = {round(top ** (k / (CURVE_POINTS - 1))) for k in range(CURVE_POINTS)}
+    return sorted(grid | set(measured_lengths(context)))
+
+
+def point(P: int, pred: Prediction) -> dict:
+    """One P of the curve: the prediction's seconds, FLOPs, bytes and where it sits on the roofline."""
+    return {
+        "P": P,
+        "predicted_s": pred.seconds,
+        "flops": pred.flops,
+        "bytes": pred.bytes,
+        "intensity": pred.flops / pred.bytes,  # FLOP per byte moved, as the time model counts both
+        "attainable_flops_per_s": pred.flops / pred.seconds,
+        "dominant": pred.dominant,
+    }
+
+
+def compute_bound_from(engine: Engine, profile: MachineProfile, points: list[dict]) -> int | None:
+    """The shortest prompt whose predicted prefill is compute-bound: bisected between the P of the curve's first
+    compute-bound point and the P before it (None if no point is)."""
+    bound = [p["P"] for p in points if p["dominant"] == "compute"]
+    if not bound:
+        return None
+    hi = bound[0]
+    lo = max((p["P"] for p in points if p["P"] < hi), default=0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if engine.predict_prefill(mid, profile=profile).dominant == "compute" else (mid, hi)
+    return hi
+
+
+def weight_bytes(pred: Prediction) -> float:
+    """Bytes of weights one forward of the prediction reads (every weight, once)."""
+    return sum(o.weight_bytes for o in pred.ops) / pred.steps
+
+
+def regime_note(P: int, pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile) -> str:
+    """What sets a prefill's time, in plain words, with the prediction's own numbers (its ops' FLOPs, bytes and
+    seconds), and how it was measured."""
+    compute_s = sum(o.compute_s for o in pred.ops)  # the FLOPs at the GEMM and attention rates measured here
+    memory_s = sum(o.memory_s for o in pred.ops)
+    flops, moved, weights = pred.flops, pred.bytes, weight_bytes(pred)
+    bandwidth = human(profile.bandwidth_bytes_per_s, "B/s")
+    if pred.dominant == "memory":  # (a GEMM rate measured at so few rows already includes the weights' reading)
+        peak_s = costs.compute_seconds(flops, profile.peak_flops_per_s)
+        why = (
+            f"memory-bound: every forward reads the {human(weights, 'B')} of {dtype} weights, however short the "
+            f"prompt ({human(moved, 'B')} moved in all: {human(memory_s, 's')} at {bandwidth}); its "
+            f"{short_sci(flops)} FLOPs alone would take {human(peak_s, 's')} at the peak GEMM rate "
+            f"({human(profile.peak_flops_per_s, 'FLOP/s')})"
+        )
+    elif pred.dominant == "compute":
+        why = (
+            f"compute-bound: {short_sci(flops)} FLOPs at the GEMM rate measured at these shapes take "
+            f"{human(compute_s, 's')} ({human(flops / compute_s, 'FLOP/s')} predicted, "
+            f"{human(flops / measured_s, 'FLOP/s')} measured); reading the {human(weights, 'B')} of weights "
+            f"({human(memory_s, 's')} at {bandwidth}) hides under the compute"
+        )
+    else:
+        launch_s = sum(o.overhead_s for o in pred.ops) + pred.steps * pred.step_overhead_s
+        why = (
+            f"overhead-bound: launching the forward's kernels ({human(launch_s, 's')}) takes longer than its "
+            f"FLOPs ({human(compute_s, 's')}) or its bytes ({human(memory_s, 's')})"
+        )
+    how = (
+        f"Measured warm: one untimed forward first, then the median of {REPEATS}: {human(measured_s, 's')}, "
+        f"predicted {human(pred.seconds, 's')}."
+    )
+    return f"P = {P:,}: {why}. {how}"
+
+
+@router.get("/curve")
+async def curve(request: Request) -> dict:
+    """The time model's prefill of one forward of P tokens over a log grid of P on this machine's profile (probed
+    on the worker thread on first need), the roof (min of the profile's peak and intensity x bandwidth), the
+    ridge, the P the page measures, and the seconds measuring them takes (4 forwards each, predicted)."""
+    lesson = lesson_of(request)
+    engine, context = lesson.engine, lesson.spec.context_length
+    profile = await lesson.profile()
+    points = [point(P, engine.predict_prefill(P, profile=profile)) for P in curve_lengths(context)]
+    peak, bandwidth = profile.peak_flops_per_s, profile.bandwidth_bytes_per_s
+    ridge = roofline.ridge_point(peak, bandwidth)
+    intensities = [p["intensity"] for p in points] + [ridge]
+    lo, hi = math.floor(math.log10(min(intensities))), math.ceil(math.log10(max(intensities)))
+    by_P = {p["P"]: p for p in points}
+    measure, total = [], 0.0
+    for P in measured_lengths(context):
+        total += (1 + REPEATS) * by_P[P]["predicted_s"]
+        measure.append({"P": P, "predicted_s": by_P[P]["predicted_s"], "sweep_s": total, "sweep": human(total, "s")})
+    turn = compute_bound_from(engine, profile, points)
+    short, longer = engine.predict_prefill(3, profile=profile), engine.predict_prefill(30, profile=profile)
+    summary = (
+        f"Predicted on this machine: a 3-token prompt takes {human(short.seconds, 's')}, a 30-token one "
+        f"{human(longer.seconds, 's')}: {longer.flops / short.flops:.2g} times the FLOPs for "
+        f"{longer.seconds / short.seconds:.2g} times the time, as each forward reads all "
+        f"{human(weight_bytes(short), 'B')} of weights first. "
+        + (f"From P = {turn:,} the FLOPs take longer than the bytes: compute-bound." if turn else "")
+    )
+    return finite(
+        {
+            "model": lesson.spec.name,
+            "dtype": lesson.dtype,
+            "profile": {"name": profile.name, "kind": profile.kind, "source": profile.source},
+            "peak_flops_per_s": peak,
+            "bandwidth_bytes_per_s": bandwidth,
+            "ridge": ridge,
+            "roof": roof_points(peak, bandwidth, lo, hi),
+            "points": points,
+            "measure": measure,
+            "measure_P": [m["P"] for m in measure],
+            "compute_bound_from_P": turn,
+            "summary": summary,
+            "human": {"peak": human(peak, "FLOP/s"), "bandwidth": human(bandwidth, "B/s")},
+        }
+    )
+
+
+@router.post("/measure")
+async def measure(request: Request, body: MeasureBody) -> dict:
+    """A warm prefill of P tokens on the server's model, timed on the worker thread (one untimed forward, then the
+    median of 3), beside the time model's prediction; error = predicted / measured - 1."""
+    lesson = lesson_of(request)
+    P = int(in_range("P", body.P, 1, min(MEASURE_P[-1], lesson.spec.context_length - 1)))
+    profile = await lesson.profile()
+    pred = lesson.engine.predict_prefill(P, profile=profile)
+    measured_s = await lesson.run(partial(warm_prefill_seconds, lesson.engine, P))
+    error = pred.seconds / measured_s - 1
+    return finite(
+        {
+            **point(P, pred),
+            "measured_s": measured_s,
+            "error": error,
+            "measured_flops_per_s": pred.flops / measured_s,
+            "predicted_flops_per_s": pred.flops / pred.seconds,
+            "explain": pred.explain(),
+            "note": regime_note(P, pred, measured_s, lesson.dtype, profile),
+            "repeats": REPEATS,
+            "human": {
+                "measured": human(measured_s, "s"),
+                "predicted": human(pred.seconds, "s"),
+                "error": f"{error:+.0%}",
+            },
+        }
+    )
