@@ -12,16 +12,9 @@ from prefill.costmodel import costs, roofline
 from prefill.costmodel.causal import causal_pairs
 from prefill.costmodel.specs import PRESETS
 from prefill.lesson.api import human, seed_lines, short_sci
-from prefill.server.app import ServeConfig, create_app, model_id_of
-from prefill.server.server import BackgroundServer
+from prefill.server.app import model_id_of
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def url(smollm):
-    with BackgroundServer(create_app(smollm, ServeConfig(model_id_of(smollm), kv_cache_mb=64))) as root:
-        yield root
 
 
 def get(url: str, path: str, **params) -> httpx.Response:
@@ -71,6 +64,9 @@ def test_page_static_files_and_openapi_are_served(url):
         "/api/attention",
         "/api/predict",
         "/api/roofline",
+        "/api/sweep/curve",
+        "/api/sweep/measure",
+        "/api/load",
     ):
         assert route in paths, route
 

@@ -1,0 +1,153 @@
+"""The lesson page's P sweep and simulated load on the real server (the embedded model): the predicted curve's
+shape, one warm measurement beside its prediction, TTFT against the arrival rate, and bad input answered 400.
+
+The time model reads a fixed profile here: a quick probe on a busy shared machine can be anything (one here
+predicted P = 1 at 1.2 s and P = 269-1024 memory-bound), and these tests are about the routes and the time model,
+not the probe's noise. The browser test runs the page on the probed profile."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from test_lesson_api import get, ok, refused
+
+from prefill.costmodel import costs
+from prefill.costmodel.profile import MachineProfile
+from prefill.lesson import load, sweep
+from prefill.lesson.state import LessonState
+
+pytestmark = pytest.mark.slow
+FIXED = MachineProfile("a fixed CPU", "float32", 1e11, 1.6e10, 5e-6, "fixed in tests/lesson/test_sweep_and_load.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fixed_profile():
+    async def profile(self) -> MachineProfile:
+        return FIXED
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LessonState, "profile", profile)
+        yield
+
+
+def post(url: str, body) -> httpx.Response:
+    return httpx.post(f"{url}/api/sweep/measure", json=body, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def curve(url):
+    return ok(url, "/api/sweep/curve")
+
+
+@pytest.fixture(scope="module")
+def capacity(url):
+    return ok(url, "/api/load")["capacity_req_per_s"]
+
+
+def test_the_predicted_curve_turns_from_memory_to_compute_bound(curve, smollm):
+    points = curve["points"]
+    Ps = [p["P"] for p in points]
+    assert Ps == sorted(set(Ps)) and Ps[0] == 1 and Ps[-1] == min(smollm.spec.context_length, 8192)
+    assert 25 <= len(points) <= 40 and set(curve["measure_P"]) <= set(Ps)
+    for key in ("predicted_s", "flops", "intensity"):
+        values = [p[key] for p in points]
+        assert all(a < b for a, b in zip(values, values[1:], strict=False)), key
+    assert curve["profile"]["name"] == FIXED.name
+    for p in points:  # the time model's own numbers, nothing re-derived on the way
+        pred = smollm.predict_prefill(p["P"], profile=FIXED)
+        assert (p["predicted_s"], p["flops"], p["bytes"], p["dominant"]) == (
+            pred.seconds,
+            pred.flops,
+            pred.bytes,
+            pred.dominant,
+        )
+    assert points[0]["dominant"] == "memory" and points[-1]["dominant"] == "compute"
+    turn = curve["compute_bound_from_P"]
+    assert all((p["dominant"] == "compute") == (p["P"] >= turn) for p in points)
+    assert curve["ridge"] == pytest.approx(curve["peak_flops_per_s"] / curve["bandwidth_bytes_per_s"])
+    assert max(curve["roof"]["flops_per_s"]) == curve["peak_flops_per_s"]
+    assert curve["measure_P"] == [1, 4, 16, 64, 256, 1024]
+    sweep_s = [m["sweep_s"] for m in curve["measure"]]
+    assert sweep_s[-1] == pytest.approx(4 * sum(m["predicted_s"] for m in curve["measure"]))
+    exact = costs.prefill_flops_exact(smollm.spec, 1024).total
+    assert next(p for p in points if p["P"] == 1024)["flops"] == pytest.approx(exact, rel=1e-3)
+
+
+def test_a_warm_measurement_at_P_4_sits_beside_its_prediction(url, curve, monkeypatch):
+    threads = []
+    timed = sweep.warm_prefill_seconds
+
+    def recorded(*args):
+        threads.append(threading.current_thread().name)
+        return timed(*args)
+
+    monkeypatch.setattr(sweep, "warm_prefill_seconds", recorded)
+    r = post(url, {"P": 4})
+    assert r.status_code == 200, r.text
+    m = r.json()
+    assert threads == ["prefill-worker"]  # the forwards ran between two steps of the serving loop
+    assert m["P"] == 4 and m["measured_s"] > 0
+    assert m["error"] == pytest.approx(m["predicted_s"] / m["measured_s"] - 1)
+    assert m["predicted_s"] == next(p for p in curve["points"] if p["P"] == 4)["predicted_s"]
+    assert m["measured_flops_per_s"] == pytest.approx(m["flops"] / m["measured_s"])
+    assert m["intensity"] == pytest.approx(m["flops"] / m["bytes"])
+    assert m["note"].startswith(f"P = 4: {m['dominant']}-bound") and "one untimed forward first" in m["note"]
+
+
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        ({"P": 0}, ("P:", "greater than or equal to 1")),
+        ({"P": -3}, ("P:",)),
+        ({"P": "4"}, ("P:", "valid integer")),
+        ({"P": 4.0}, ("P:", "valid integer")),
+        ({"P": 1025}, ("P:", "less than or equal to 1024")),
+        ({"P": 4, "repeats": 100}, ("repeats", "does not know this field")),
+        ({}, ("P:", "required")),
+    ],
+)
+def test_measure_refuses_bad_P(url, body, words):
+    refused(post(url, body), *words)
+
+
+def test_load_at_a_low_and_a_high_rate(url, capacity):
+    low, high = (ok(url, "/api/load", rate=f * capacity) for f in (0.2, 0.9))
+    for r in (low, high):
+        assert r["ttft_p99_s"] >= r["ttft_p50_s"] > 0 and r["itl_p50_s"] > 0
+        assert r["utilisation"] == pytest.approx(r["rate"] / capacity) and r["capacity_req_per_s"] == capacity
+        assert r["explanation"].startswith(f"At {r['rate']:.3g} req/s") and "simulated clock" in r["explanation"]
+    assert high["ttft_p50_s"] > low["ttft_p50_s"]  # queueing: the same mix, arriving faster
+    curve = high["curve"]
+    assert [c["rate"] for c in curve] == sorted(c["rate"] for c in curve) and len(curve) == len(load.FRACTIONS)
+    assert curve[-1]["utilisation"] == pytest.approx(1.1, rel=0.01)
+    assert ok(url, "/api/load")["utilisation"] == pytest.approx(load.DEFAULT_UTILISATION, rel=0.01)
+
+
+def test_each_rate_is_simulated_once_on_a_thread_of_its_own(url, capacity, monkeypatch):
+    threads = []
+    simulate = load.simulate
+
+    def recorded(*args):
+        threads.append(threading.current_thread().name)
+        return simulate(*args)
+
+    monkeypatch.setattr(load, "simulate", recorded)
+    rate = 0.333 * capacity  # on no curve point
+    first = ok(url, "/api/load", rate=rate)
+    again = ok(url, "/api/load", rate=rate * 1.0001)  # the same rate to 3 significant digits
+    assert first == again and len(threads) == 1
+    assert threads[0] not in ("prefill-worker", "MainThread") and threads[0].startswith("asyncio")
+
+
+@pytest.mark.parametrize(
+    "rate,words", [(0, ("rate must be > 0",)), (-1, ("rate must be",)), ("nan", ("rate must be",)), ("abc", ("rate",))]
+)
+def test_load_refuses_a_bad_rate(url, rate, words):
+    refused(get(url, "/api/load", rate=rate), *words)
+
+
+@pytest.mark.parametrize("fraction", [11, 1e-300])  # at 1e-300 req/s a step's seconds vanish in the clock's rounding
+def test_load_refuses_a_rate_far_from_capacity(url, capacity, fraction):
+    refused(get(url, "/api/load", rate=fraction * capacity), "rate must be in [", "capacity")
