@@ -51,3 +51,23 @@ export function latest(work, delay = 50) {
 }
 
 export const $ = (id) => document.getElementById(id);
+
+// The page's long server jobs (the sweep's timed forwards, the load curve's simulations), one at a time: on a
+// machine of few cores a simulation running beside a timed forward would slow the forward's clock.
+let heavy = Promise.resolve();
+export function oneAtATime(work) {
+  const run = heavy.then(work, work);
+  heavy = run.catch(() => {});
+  return run;
+}
+
+// fn() once, when `el` first comes into the viewport (a section's data loads when a student scrolls to it).
+export function onFirstView(el, fn) {
+  if (!("IntersectionObserver" in window)) { fn(); return; }
+  const seen = new IntersectionObserver((entries) => {
+    if (!entries.some((e) => e.isIntersecting)) return;
+    seen.disconnect();
+    fn();
+  });
+  seen.observe(el);
+}

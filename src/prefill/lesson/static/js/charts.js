@@ -1,5 +1,6 @@
-// The two charts of the live section, drawn with uPlot (vendored, MIT): the request's tokens over time and
-// the roofline. uPlot is loaded on first use so the page's first paint does not wait for it.
+// The page's charts, drawn with uPlot (vendored, MIT): the live request's tokens over time and its roofline,
+// the P sweep's roofline, and TTFT against the arrival rate. uPlot is loaded on first use so the page's first
+// paint does not wait for it. Every value drawn comes from the API.
 
 let uPlotModule = null;
 async function uPlot() {
@@ -29,28 +30,74 @@ function fit(el, chart, height) {
   return chart;
 }
 
-// Vertical lines at x values: [{x, color, dash, label}].
+// Vertical lines at x values: [{x, color, dash, label}]; every line first, then the labels over them (each on a
+// light backing, right of its line, or left where the plot ends), stacked so that no two share a row.
 function markers(lines) {
   return (u) => {
     const { ctx } = u;
+    const px = devicePixelRatio;
+    const shown = lines.filter((m) => m.x != null).map((m) => ({ ...m, at: u.valToPos(m.x, "x", true) }));
     ctx.save();
-    for (const [k, m] of lines.entries()) {
-      if (m.x == null) continue;
-      const x = u.valToPos(m.x, "x", true);
+    ctx.lineWidth = 2 * px;
+    for (const m of shown) {
       ctx.strokeStyle = m.color;
-      ctx.lineWidth = 2 * devicePixelRatio;
-      ctx.setLineDash(m.dash ? [6 * devicePixelRatio, 4 * devicePixelRatio] : []);
+      ctx.setLineDash(m.dash ? [6 * px, 4 * px] : []);
       ctx.beginPath();
-      ctx.moveTo(x, u.bbox.top);
-      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.moveTo(m.at, u.bbox.top);
+      ctx.lineTo(m.at, u.bbox.top + u.bbox.height);
       ctx.stroke();
+    }
+    ctx.textAlign = "left"; // uPlot leaves its axes' alignment on the context
+    ctx.textBaseline = "alphabetic";
+    ctx.font = `${12 * px}px system-ui, sans-serif`;
+    for (const [k, m] of shown.entries()) {
+      const w = ctx.measureText(m.label).width;
+      const right = m.at + 4 * px + w <= u.bbox.left + u.bbox.width;
+      const tx = right ? m.at + 4 * px : m.at - 4 * px - w;
+      const ty = u.bbox.top + (14 + 16 * k) * px;
+      ctx.fillStyle = "rgba(255, 255, 255, 0.85)";
+      ctx.fillRect(tx - 2 * px, ty - 11 * px, w + 4 * px, 14 * px);
       ctx.fillStyle = m.color;
-      ctx.font = `${12 * devicePixelRatio}px system-ui, sans-serif`;
-      ctx.fillText(m.label, x + 4 * devicePixelRatio, u.bbox.top + (14 + 16 * k) * devicePixelRatio);
+      ctx.fillText(m.label, tx, ty);
     }
     ctx.restore();
   };
 }
+
+// Text beside the points of series `s`: labels.get(x) at each x that has one, above the point, else below it
+// when that would overlap the label before, else none (close points keep one readable label, not two blurred).
+function pointLabels(s, labels, color) {
+  return (u) => {
+    const { ctx } = u;
+    const px = devicePixelRatio;
+    ctx.save();
+    ctx.textAlign = "left";
+    ctx.textBaseline = "alphabetic";
+    ctx.fillStyle = color;
+    ctx.font = `${11 * px}px system-ui, sans-serif`;
+    const placed = [];
+    const overlaps = (b) => placed.some((a) => a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1);
+    u.data[0].forEach((x, i) => {
+      const y = u.data[s][i];
+      const text = labels.get(x);
+      if (y == null || text == null) return;
+      const cx = u.valToPos(x, "x", true);
+      const cy = u.valToPos(y, "y", true);
+      const w = ctx.measureText(text).width;
+      const x0 = Math.min(cx - w / 2, u.bbox.left + u.bbox.width - w);
+      for (const top of [cy - 20 * px, cy + 8 * px]) {
+        const box = { x0, x1: x0 + w, y0: top, y1: top + 12 * px };
+        if (top < u.bbox.top || top + 12 * px > u.bbox.top + u.bbox.height || overlaps(box)) continue;
+        placed.push(box);
+        ctx.fillText(text, x0, top + 10 * px);
+        return;
+      }
+    });
+    ctx.restore();
+  };
+}
+
+const seconds = (v) => (v == null ? "" : v < 1 ? `${+(v * 1e3).toPrecision(2)} ms` : `${+v.toPrecision(3)} s`);
 
 // times: seconds since the request was sent at which each token arrived; marks: TTFT lines.
 export async function drawTimeline(el, times, marks) {
@@ -91,4 +138,56 @@ export async function drawRoofline(el, r) {
     legend: { show: false },
     hooks: { draw: [markers([{ x: r.ridge, color: "#f59e0b", dash: true, label: `ridge ${r.ridge.toFixed(1)}` }])] },
   }, [xs, xs.map((x) => roofAt.get(x)), ...series], el), 260);
+}
+
+// c: the /api/sweep/curve body; measured: /api/sweep/measure bodies. Log-log: intensity against FLOP/s.
+export async function drawSweep(el, c, measured) {
+  const U = await uPlot();
+  const roof = new Map(c.roof.intensity.map((x, k) => [x, c.roof.flops_per_s[k]]));
+  const predicted = new Map(c.points.map((p) => [p.intensity, p.attainable_flops_per_s]));
+  const got = new Map(measured.map((m) => [m.intensity, m.measured_flops_per_s]));
+  const xs = [...new Set([...roof.keys(), ...predicted.keys(), ...got.keys()])].sort((a, b) => a - b);
+  const column = (m) => xs.map((x) => m.get(x) ?? null);
+  const labels = new Map(measured.map((m) => [m.intensity, `P=${m.P}`]));
+  el.replaceChildren();
+  return fit(el, new U({
+    width: widthOf(el), height: 280,
+    scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
+    axes: [{ label: "arithmetic intensity (FLOP per byte)", values: (u, v) => v.map(si) },
+      { label: "FLOP/s", values: (u, v) => v.map(si), size: 56 }],
+    series: [{},
+      { label: "roof", stroke: "#64748b", width: 2, spanGaps: true, points: { show: false } },
+      { label: "predicted", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: false } },
+      { label: "measured", stroke: "#ea580c", paths: () => null, points: { show: true, size: 10, fill: "#ea580c" } }],
+    legend: { show: false },
+    hooks: { draw: [markers([{ x: c.ridge, color: "#f59e0b", dash: true, label: `ridge ${c.ridge.toFixed(1)} FLOP/B` }]),
+      pointLabels(3, labels, "#9a3412")] },
+  }, [xs, column(roof), column(predicted), column(got)], el), 280);
+}
+
+// r: an /api/load body. TTFT (log) against the arrival rate: the curve's p50 and p99, this rate's two points.
+export async function drawLoad(el, r) {
+  const U = await uPlot();
+  const p50 = new Map(r.curve.map((p) => [p.rate, p.ttft_p50_s]));
+  const p99 = new Map(r.curve.map((p) => [p.rate, p.ttft_p99_s]));
+  const xs = [...new Set([...p50.keys(), r.rate])].sort((a, b) => a - b);
+  const column = (m) => xs.map((x) => m.get(x) ?? null);
+  const here = (v) => xs.map((x) => (x === r.rate ? v : null));
+  el.replaceChildren();
+  return fit(el, new U({
+    width: widthOf(el), height: 240,
+    scales: { x: { time: false, range: (u, lo, hi) => [0, hi * 1.04] }, y: { distr: 3 } },
+    axes: [{ label: "arrival rate (requests/s)", values: (u, v) => v.map((x) => +x.toPrecision(2)) },
+      { label: "TTFT", values: (u, v) => v.map(seconds), size: 60 }],
+    series: [{},
+      { label: "p50", stroke: "#10b981", width: 2, spanGaps: true, points: { show: true, size: 5, fill: "#10b981" } },
+      { label: "p99", stroke: "#dc2626", width: 2, spanGaps: true, points: { show: true, size: 5, fill: "#dc2626" } },
+      { label: "p50 here", stroke: "#2563eb", paths: () => null, points: { show: true, size: 11, fill: "#10b981" } },
+      { label: "p99 here", stroke: "#2563eb", paths: () => null, points: { show: true, size: 11, fill: "#dc2626" } }],
+    legend: { show: false },
+    hooks: { draw: [markers([
+      { x: r.rate, color: "#2563eb", label: `this rate: ${r.human.rate}` },
+      { x: r.capacity_req_per_s, color: "#64748b", dash: true, label: `capacity ${r.human.capacity}` },
+    ])] },
+  }, [xs, column(p50), column(p99), here(r.ttft_p50_s), here(r.ttft_p99_s)], el), 240);
 }

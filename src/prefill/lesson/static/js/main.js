@@ -3,7 +3,9 @@
 import { $, getJSON, report } from "./api.js";
 import { initCalculator } from "./calculator.js";
 import { initLive } from "./live.js";
+import { initLoad } from "./load.js";
 import { initQuiz } from "./quiz.js";
+import { initSweep } from "./sweep.js";
 
 async function main() {
   initQuiz();
@@ -14,6 +16,8 @@ async function main() {
     : "this server has no model loaded: the live section is off";
   initCalculator(cat);
   initLive(cat);
+  initSweep(cat);
+  initLoad(cat);
 }
 
 main().catch(report);

@@ -1,0 +1,60 @@
+// Part 4: this server under load, simulated (GET /api/load). The first answer (when the section comes into
+// view) brings the capacity and the curve of TTFT against the rate; the slider then asks for one rate at a time.
+// The slider is a log scale from 5 % to 120 % of the capacity; every number shown comes from the API.
+
+import { $, ApiError, getJSON, latest, onFirstView, oneAtATime, report } from "./api.js";
+import { drawLoad } from "./charts.js";
+
+const LOW = 0.05; // the slider's ends, as fractions of the capacity
+const HIGH = 1.2;
+const STEPS = 1000; // the range input's max
+let capacity = null;
+
+// slider position <-> fraction of the capacity: the input's mapping, no model in it
+const fractionAt = (v) => LOW * (HIGH / LOW) ** (v / STEPS);
+const positionOf = (fraction) => Math.round((STEPS * Math.log(fraction / LOW)) / Math.log(HIGH / LOW));
+
+function status(text, error = false) {
+  $("load-status").textContent = text;
+  $("load-status").className = `status${error ? " error" : ""}`;
+}
+
+export function initLoad(catalog) {
+  if (!catalog.loaded) {
+    status("No model is loaded in this server: nothing to simulate.");
+    return;
+  }
+  onFirstView($("load"), () => start().catch((e) => {
+    status(e instanceof ApiError ? e.message : String(e), true);
+    report(e);
+  }));
+}
+
+async function start() {
+  status("Simulating this server at 12 arrival rates (once per server: some seconds)…");
+  const first = await oneAtATime(() => getJSON("/api/load")); // not beside the sweep's timed forwards
+  capacity = first.capacity_req_per_s;
+  const slider = $("load-range");
+  slider.value = positionOf(first.utilisation);
+  slider.disabled = false;
+  status(`The curve took ${first.curve_simulated_in_s.toFixed(1)} s to simulate; each new rate takes about `
+    + `${first.simulated_in_s.toFixed(1)} s.`);
+  await show(first);
+  slider.addEventListener("input", latest(async (signal) => {
+    $("load-out").textContent = `${(fractionAt(+slider.value) * 100).toFixed(0)} % of capacity…`;
+    await show(await getJSON("/api/load", { rate: fractionAt(+slider.value) * capacity }, signal));
+  }, 60));
+}
+
+async function show(r) {
+  $("load-out").textContent = `${r.human.rate} · ${r.human.utilisation} of capacity`;
+  $("ld-p50").textContent = r.human.ttft_p50;
+  $("ld-p99").textContent = r.human.ttft_p99;
+  $("ld-itl").textContent = r.human.itl_p50;
+  $("ld-util").textContent = r.human.utilisation;
+  $("load-text").textContent = r.explanation;
+  $("load-workload").textContent = `The mix: ${r.workload}. Capacity: ${r.human.capacity}, its throughput when `
+    + "every request arrives at once.";
+  $("load").dataset.rate = String(r.rate);
+  await drawLoad($("load-chart"), r);
+}
