@@ -2,11 +2,14 @@
 embedded model. One server and one browser for the module; the tests run in file order on one page, as a
 student would use it, and the last one checks that nothing failed along the way.
 
-Screenshots land in docs/ (the README shows them)."""
+Screenshots land in docs/ (the README shows them); those of the P sweep and the simulated load, at 1280 and 390 px,
+in page-shots/ under the temporary folder, to look at."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ if CHROMIUM is None:
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+SHOTS = Path(tempfile.gettempdir()) / "page-shots"
 TIMEOUT_MS = 120_000
 
 
@@ -300,6 +304,53 @@ def test_a_long_prompt_is_drawn_scaled_and_its_attention_is_capped(page):
     assert page.locator("#token-grid canvas").count() == 1  # a scaled heat map, not 10,000 cells
     assert page.locator("#token-grid .cell").count() == 0
     sync_api.expect(page.locator("#attn-check")).to_contain_text("up to 64 tokens")
+
+
+def test_the_sweep_measures_each_P_beside_its_prediction(page):
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.locator("#sweep").scroll_into_view_if_needed()
+    page.wait_for_selector("#sweep[data-curve='1']")  # the predicted curve, drawn when the section came into view
+    assert "From P = " in text(page, "#sweep-summary") and page.locator("#sweep-chart canvas").count() == 1
+    page.select_option("#sweep-max", "64")  # P = 1, 4, 16, 64: a second or two; 1024 alone takes seconds
+    page.click("#sweep-btn")
+    page.wait_for_selector("#sweep[data-done='1']", timeout=TIMEOUT_MS)
+    rows = page.locator("#sweep-table tbody tr")
+    assert rows.count() == 4
+    for i, P in enumerate((1, 4, 16, 64)):
+        cells = rows.nth(i).locator("td").all_inner_texts()
+        assert cells[0] == str(P), cells
+        assert re.fullmatch(r"[+-]\d+%", cells[3]) and cells[4] in ("memory-bound", "compute-bound"), cells
+    assert text(page, "#sweep-note").startswith("P = 64: ") and "untimed" in text(page, "#sweep-note")
+    assert page.locator("#sweep-chart canvas").count() == 1
+    SHOTS.mkdir(exist_ok=True)
+    page.locator("#sweep").screenshot(path=SHOTS / "sweep-1280.png")
+
+
+def test_the_load_slider_shows_what_the_simulator_answers(page):
+    page.locator("#load").scroll_into_view_if_needed()
+    page.wait_for_selector("#load[data-rate]", timeout=TIMEOUT_MS)  # the capacity and the curve: seconds, once
+    assert "%" in text(page, "#ld-util") and text(page, "#load-text").startswith("At ")
+    with page.expect_response(lambda r: "/api/load?rate=" in r.url) as answer:
+        slide(page, "#load-range", 980)  # 112 % of capacity
+    r = answer.value.json()
+    page.wait_for_function("rate => +document.getElementById('load').dataset.rate === rate", arg=r["rate"])
+    assert r["utilisation"] > 1 and r["ttft_p99_s"] >= r["ttft_p50_s"]
+    assert text(page, "#ld-p50") == r["human"]["ttft_p50"] and text(page, "#ld-p99") == r["human"]["ttft_p99"]
+    assert text(page, "#ld-util") == r["human"]["utilisation"] and text(page, "#ld-itl") == r["human"]["itl_p50"]
+    assert text(page, "#load-text") == r["explanation"] and "never drains" in r["explanation"]
+    assert page.locator("#load-chart canvas").count() == 1
+    page.locator("#load").screenshot(path=SHOTS / "load-1280.png")
+
+
+def test_the_sweep_and_load_sections_fit_a_phone(page):
+    page.set_viewport_size({"width": 390, "height": 844})
+    for section in ("sweep", "load"):
+        page.locator(f"#{section}").screenshot(path=SHOTS / f"{section}-390.png")
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0, f"the page is {overflow}px wider than a 390px phone"
+    page.set_viewport_size({"width": 1280, "height": 800})
+    for name in ("sweep-1280.png", "load-1280.png", "sweep-390.png", "load-390.png"):
+        assert (SHOTS / name).stat().st_size > 10_000
 
 
 def test_no_console_errors_and_no_failed_requests(problems):
