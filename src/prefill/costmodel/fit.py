@@ -7,7 +7,8 @@ parameters remain: g_gemm and g_attention (the share of the probed GEMM and atte
 mu (memory seconds over the probe's), o (seconds per launch) and c (seconds per forward). Which side of each max
 an operation is on depends on the parameters, so the fit alternates: take the sides the current parameters give,
 solve the then linear least-squares problem (each sample's row divided by its measured time: relative error),
-repeat until the sides stop changing. A rate the measurements barely reach (say, attention in short prompts
+repeat until the sides stop changing, and keep the point of least error seen (the probe's own included: a step
+that flips sides can land worse than it started). A rate the measurements barely reach (say, attention in short prompts
 only) keeps the probe's value.
 
 Torch-free: synthetic measurements from known parameters test it (tests/costmodel/test_fit.py).
@@ -115,12 +116,18 @@ def fit_profile(
     seconds = np.array([s.seconds for s in samples])
     prior = _PRIOR.copy()
     prior[3], prior[4] = base.op_overhead_s, base.step_overhead_s
+    def error(x: np.ndarray) -> float:  # the model's squared relative error at x, each operation on its side
+        return float(((_design(terms, steps, x, base.overlap_launches) @ x / seconds - 1) ** 2).sum())
+
     x, sides, iterations = prior.copy(), None, 0
+    best = (error(x), x)  # an alternation can end worse than it began (sides flip): keep the best point seen
     while iterations < max_iterations:
         a = _design(terms, steps, x, base.overlap_launches)
         if sides is not None and np.array_equal(a, sides):
             break
         sides, x, iterations = a, _solve(a, seconds, prior), iterations + 1
+        best = min(best, (error(x), x), key=lambda e: e[0])
+    x = best[1]
     params = dict(zip(PARAMETERS, map(float, x), strict=True))
     cache_bw = base.cache_bandwidth_bytes_per_s
     profile = base.with_fit(
