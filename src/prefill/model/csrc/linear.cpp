@@ -49,13 +49,18 @@ LN_AVX2 inline float finish(__m256 v, const float* x, const float* w, int64_t k,
 }
 
 // A tile of MR activation rows x NR weight rows; every accumulator sees the same FMA sequence over K.
+// `next`: the weights of the column block after this one, fetched into the cache while this tile computes (the
+// first tile of a block only; the others read this block's weights from L1), or nullptr.
 template <int MR, int NR>
-LN_AVX2 void tile(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t i0, int64_t j0) {
+LN_AVX2 void tile(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t i0, int64_t j0,
+                  const float* next) {
   __m256 acc[MR][NR];
   for (int a = 0; a < MR; a++)
     for (int b = 0; b < NR; b++) acc[a][b] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
+    if (next != nullptr && (k & 15) == 0)  // one cache line (16 floats) of each next row per two steps
+      for (int b = 0; b < NR; b++) _mm_prefetch(reinterpret_cast<const char*>(next + b * K + k), _MM_HINT_T0);
     __m256 wv[NR];
     for (int b = 0; b < NR; b++) wv[b] = _mm256_loadu_ps(w + (j0 + b) * K + k);
     for (int a = 0; a < MR; a++) {
@@ -68,18 +73,19 @@ LN_AVX2 void tile(const float* x, const float* w, float* y, int64_t N, int64_t K
 }
 
 template <int NR>
-LN_AVX2 void column_block(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K, int64_t j0) {
+LN_AVX2 void column_block(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K, int64_t j0,
+                          const float* next) {
   int64_t i = 0;
-  for (; i + 4 <= M; i += 4) tile<4, NR>(x, w, y, N, K, i, j0);
-  for (; i + 2 <= M; i += 2) tile<2, NR>(x, w, y, N, K, i, j0);
-  for (; i < M; i++) tile<1, NR>(x, w, y, N, K, i, j0);
+  for (; i + 4 <= M; i += 4, next = nullptr) tile<4, NR>(x, w, y, N, K, i, j0, next);
+  for (; i + 2 <= M; i += 2, next = nullptr) tile<2, NR>(x, w, y, N, K, i, j0, next);
+  for (; i < M; i++, next = nullptr) tile<1, NR>(x, w, y, N, K, i, j0, next);
 }
 
 LN_AVX2 void rows_avx2(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
                        int64_t n1) {
   int64_t j = n0;
-  for (; j + 3 <= n1; j += 3) column_block<3>(x, w, y, M, N, K, j);
-  for (; j < n1; j++) column_block<1>(x, w, y, M, N, K, j);
+  for (; j + 3 <= n1; j += 3) column_block<3>(x, w, y, M, N, K, j, j + 6 <= n1 ? w + (j + 3) * K : nullptr);
+  for (; j < n1; j++) column_block<1>(x, w, y, M, N, K, j, nullptr);
 }
 
 bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
