@@ -47,6 +47,24 @@ def test_paged_attention_is_the_same_for_a_query_alone_or_with_others():
         assert torch.equal(alone[0], together[r])
 
 
+def test_a_long_row_over_scattered_blocks_is_attention_over_all_its_keys():
+    """A row of 1,600 keys over blocks the table scatters over the pool (the next block prefetched wherever it
+    lies), with sharp softmaxes whose running maximum moves: attention over all the keys, and a row alone is
+    bitwise the row in a batch."""
+    torch.manual_seed(3)
+    bs, n_blocks = 16, 200
+    k, v = torch.randn(3, n_blocks * bs, 64), torch.randn(3, n_blocks * bs, 64)
+    table = torch.randperm(n_blocks).view(2, 100)  # two rows of 100 blocks, scattered over the pool
+    first_block = torch.tensor([0, 0])
+    first, end = torch.tensor([0, 1000]), torch.tensor([1600, 1030])  # 1,600 keys; 30 keys from mid-table
+    q = torch.randn(2, 9, 64) * 3  # sharp softmaxes
+    ours = kernels.paged_attention(q, k, v, table, first_block, first, end, bs, 0.125)
+    ref = reference(q, k, v, table, first_block, first, end, bs, 0.125)
+    assert (ours - ref).abs().max() < 1e-5  # outputs ~1 summed over <= 1,600 keys in float32
+    alone = kernels.paged_attention(q[:1], k, v, table[:1], first_block[:1], first[:1], end[:1], bs, 0.125)
+    assert torch.equal(alone[0], ours[0])
+
+
 @pytest.mark.parametrize("K,N", [(576, 1728), (1536, 576), (13, 7), (64, 3)])
 def test_linear_f32_is_batch_invariant_and_accurate(K, N):
     torch.manual_seed(2)

@@ -214,9 +214,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
         const float* kb = kp + h * khs + slot * D;
         const float* vb = vp + h * khs + slot * D;
 #ifdef PA_HAVE_X86
-        if (j + 1 < T && stop < ep[r]) {
-          // the next block's K and V, fetched while this one computes: a block is a page of its own in the pool,
-          // where the hardware prefetcher stops, and the table may put it anywhere
+        if (j + 1 < T && stop < ep[r] && tp[r * T + j + 1] != tp[r * T + j] + 1) {
+          // the next block's K and V, fetched while this one computes, when the table puts it elsewhere in the pool
+          // (the hardware prefetcher follows a run of adjacent blocks, and prefetching them too only slows it)
           const int64_t next = tp[r * T + j + 1] * block_size;
           if (next >= 0 && next + block_size <= n_slots) {
             const char* kn = reinterpret_cast<const char*>(kp + h * khs + next * D);
