@@ -115,7 +115,7 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
 
 def _store(key: str, entry: dict) -> None:
     """Merge `entry` into the disk cache under `key` (another process may have written meanwhile)."""
-    entry["measured"], entry["version"] = time.strftime("%Y-%m-%d %H:%M:%S"), PROBE_VERSION
+    entry["measured"], entry["version"], entry["kernels"] = time.strftime("%Y-%m-%d %H:%M:%S"), PROBE_VERSION, kernels()
     data = read_json(PROFILE_FILE)
     old = _valid(data.get(key, {}))
     merged = {**old, **entry}
@@ -182,6 +182,19 @@ def implausible(entry: dict) -> str | None:
     return None
 
 
+def kernels() -> str:
+    """The engine's kernel library these sources build (its name carries their digest): the probe timed them, so
+    a measurement of other kernels is measured again."""
+    from prefill.model.quant.build import library_name
+
+    return library_name()
+
+
+def current(entry: dict) -> bool:
+    """Was `entry` (a probe's or a fit's) made by this probe version, on these kernels?"""
+    return entry.get("version") == PROBE_VERSION and entry.get("kernels") == kernels()
+
+
 def _torch_threads() -> int:
     import torch
 
@@ -190,7 +203,7 @@ def _torch_threads() -> int:
 
 def _valid(entry) -> dict:
     """The cached entry, or {} when it is not what this version writes (a cache is only a cache: measure again)."""
-    if not isinstance(entry, dict) or entry.get("version") != PROBE_VERSION:
+    if not isinstance(entry, dict) or not current(entry):
         return {}
     try:
         if not isinstance(entry.get("gemm", {}), dict) or not isinstance(entry.get("attention", {}), dict):
@@ -258,7 +271,7 @@ def profile_for(
     profile = probe_profile(spec, dtype, device, threads, echo=echo, qtypes=qtypes)
     fitted = fitted and not qtypes  # a fit of dense weights says nothing of the block kernels
     saved = read_json(FITTED_FILE).get(f"{_key(device, threads, dtype)}|{spec.name}") if fitted else None
-    if not saved or saved.get("version") != PROBE_VERSION:  # a fit of another probe's curves does not apply
+    if not saved or not current(saved):  # a fit of another probe's curves, or of other kernels, does not apply
         return profile
     return profile.with_fit(**{k: saved[k] for k in FITTED_FIELDS if k in saved})
 
@@ -267,7 +280,7 @@ def save_fitted(spec: ModelSpec, profile: MachineProfile, device: str = "cpu", t
     """Remember `profile`'s fitted parameters for this machine, its dtype and `spec` (profile_for applies them)."""
     data = read_json(FITTED_FILE)
     row = {k: getattr(profile, k) for k in FITTED_FIELDS}
-    saved = {**row, "saved": time.strftime("%Y-%m-%d %H:%M"), "version": PROBE_VERSION}
+    saved = {**row, "saved": time.strftime("%Y-%m-%d %H:%M"), "version": PROBE_VERSION, "kernels": kernels()}
     data[f"{_key(device, threads, profile.dtype)}|{spec.name}"] = saved
     write_json(FITTED_FILE, data)
 
