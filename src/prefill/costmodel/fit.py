@@ -116,6 +116,7 @@ def fit_profile(
     seconds = np.array([s.seconds for s in samples])
     prior = _PRIOR.copy()
     prior[3], prior[4] = base.op_overhead_s, base.step_overhead_s
+
     def error(x: np.ndarray) -> float:  # the model's squared relative error at x, each operation on its side
         return float(((_design(terms, steps, x, base.overlap_launches) @ x / seconds - 1) ** 2).sum())
 
