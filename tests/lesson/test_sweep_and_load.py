@@ -75,15 +75,19 @@ def test_the_predicted_curve_turns_from_memory_to_compute_bound(curve, smollm):
     assert next(p for p in points if p["P"] == 1024)["flops"] == pytest.approx(exact, rel=1e-3)
 
 
-def test_a_warm_measurement_at_P_4_sits_beside_its_prediction(url, curve, monkeypatch):
-    threads = []
-    timed = sweep.warm_prefill_seconds
+def recording(threads: list, fn):
+    """fn, noting the name of the thread each call runs on."""
 
     def recorded(*args):
         threads.append(threading.current_thread().name)
-        return timed(*args)
+        return fn(*args)
 
-    monkeypatch.setattr(sweep, "warm_prefill_seconds", recorded)
+    return recorded
+
+
+def test_a_warm_measurement_at_P_4_sits_beside_its_prediction(url, curve, monkeypatch):
+    threads = []
+    monkeypatch.setattr(sweep, "warm_prefill_seconds", recording(threads, sweep.warm_prefill_seconds))
     r = post(url, {"P": 4})
     assert r.status_code == 200, r.text
     m = r.json()
@@ -127,13 +131,7 @@ def test_load_at_a_low_and_a_high_rate(url, capacity):
 
 def test_each_rate_is_simulated_once_on_a_thread_of_its_own(url, capacity, monkeypatch):
     threads = []
-    simulate = load.simulate
-
-    def recorded(*args):
-        threads.append(threading.current_thread().name)
-        return simulate(*args)
-
-    monkeypatch.setattr(load, "simulate", recorded)
+    monkeypatch.setattr(load, "simulate", recording(threads, load.simulate))
     rate = 0.333 * capacity  # on no curve point
     first = ok(url, "/api/load", rate=rate)
     again = ok(url, "/api/load", rate=rate * 1.0001)  # the same rate to 3 significant digits

@@ -56,21 +56,10 @@ def simulate(
 
     prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
     if plan:
-        return plan_deployment(
-            model,
-            hardware,
-            dtype,
-            weights,
-            rate,
-            slo_ttft_ms,
-            requests,
-            prompts,
-            outputs,
-            seed,
-            chunk_size,
-            max_running,
-            json_out,
-        )
+        from prefill.bench.capacity import Workload
+
+        workload, sizes = Workload(requests, prompts, outputs, seed), (chunk_size, max_running)
+        return plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, workload, sizes, json_out)
     trace = poisson_trace(rate, requests, prompts, outputs, seed)
     result, name = simulate_server(
         model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb, echo=None if json_out else note
@@ -87,26 +76,13 @@ def simulate(
     console.print(f"{len(result.steps):,} steps, {result.preemptions} preemptions (simulated time)", highlight=False)
 
 
-def plan_deployment(
-    model,
-    hardware,
-    dtype,
-    weights,
-    rate,
-    slo_ttft_ms,
-    requests,
-    prompts,
-    outputs,
-    seed,
-    chunk_size,
-    max_running,
-    as_json,
-) -> None:
-    """--plan: prefill.bench.capacity.plan on a catalog GPU, printed (or as JSON)."""
+def plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, workload, sizes, as_json) -> None:
+    """--plan: prefill.bench.capacity.plan on a catalog GPU, printed (or as JSON); sizes: (chunk size, max
+    running), the scheduler's."""
     import dataclasses
     import json
 
-    from prefill.bench.capacity import Workload, plan
+    from prefill.bench.capacity import plan
     from prefill.cli.plan_report import print_plan
     from prefill.costmodel.hardware import get_hardware
     from prefill.costmodel.specs import load_spec
@@ -118,11 +94,8 @@ def plan_deployment(
     if slo_ttft_ms is None:
         raise BadInput("--plan needs --slo-ttft-ms, the p99 TTFT to keep under")
     hw, spec = get_hardware(hardware), load_spec(model if model is not None else default_model_path())
-    workload = Workload(requests, prompts, outputs, seed)
     echo = None if as_json else note
-    rows = plan(
-        spec, hw, dtype or "bfloat16", weights, rate, slo_ttft_ms / 1e3, workload, chunk_size, max_running, echo=echo
-    )
+    rows = plan(spec, hw, dtype or "bfloat16", weights, rate, slo_ttft_ms / 1e3, workload, *sizes, echo=echo)
     if as_json:
         typer.echo(json.dumps([{**dataclasses.asdict(r), "gpus": r.gpus} for r in rows], indent=2))
         return
