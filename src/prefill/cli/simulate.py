@@ -48,10 +48,7 @@ def simulate(
     plan: Plan = False,
 ) -> None:
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
-    import json
-
     from prefill.bench.loadtest import PromptLengths
-    from prefill.bench.loadtest_report import summarize
     from prefill.bench.simulate import poisson_trace, simulate_server
 
     prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
@@ -64,15 +61,24 @@ def simulate(
     result, name = simulate_server(
         model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb, echo=None if json_out else note
     )
-    summary = summarize(result.records, result.wall_s, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
+    label = f"simulated: {name}, Poisson {rate} req/s, prompts {prompt_len}, outputs {output_len}"
+    report_load(result, name, label, (slo_ttft_ms, slo_tpot_ms), json_out)
+
+
+def report_load(result, name: str, label: str, slos: tuple, as_json: bool) -> None:
+    """The simulated load's summary as `prefill loadtest` prints a measured one (or as JSON); slos: TTFT and
+    TPOT SLOs in ms, or None."""
+    import json
+
+    from prefill.bench.loadtest_report import summarize
+
+    summary = summarize(result.records, result.wall_s, *map(seconds, slos))
     summary["preemptions"], summary["steps"] = result.preemptions, len(result.steps)
-    if json_out:
+    if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
-    console.print(
-        f"simulated: {name}, Poisson {rate} req/s, prompts {prompt_len}, outputs {output_len}", highlight=False
-    )
-    print_summary(name, summary, result.wall_s, slo_ttft_ms, slo_tpot_ms)
+    console.print(label, highlight=False)
+    print_summary(name, summary, result.wall_s, *slos)
     console.print(f"{len(result.steps):,} steps, {result.preemptions} preemptions (simulated time)", highlight=False)
 
 
