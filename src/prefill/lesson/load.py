@@ -11,7 +11,6 @@ waits for them), each rate once (rounded to 3 significant digits).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Query, Request
 
+from prefill.bench.capacity import Workload
 from prefill.bench.loadtest import PromptLengths
 from prefill.bench.loadtest_report import summarize
-from prefill.bench.simulate import SimRequest, poisson_trace, simulate
+from prefill.bench.simulate import SimRequest, simulate
 from prefill.costmodel.ops import Row
 from prefill.costmodel.profile import MachineProfile
 from prefill.errors import BadInput
@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 # One simulation of the mix takes 0.5-1.7 s here (2 cores, busy; the time model's ~0.4 ms a step over 1,000 to
 # 4,000 steps), so 12 rates of 100 requests cost ~15 s: 60 requests keep the once-per-server curve near 8 s.
-REQUESTS = 60
-PROMPTS, OUTPUTS = PromptLengths(32, 512), PromptLengths(16, 64)
+MIX = Workload(60, PromptLengths(32, 512), PromptLengths(16, 64), seed=0)
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1)  # of capacity: the curve's rates
 DEFAULT_UTILISATION = 0.7  # the rate asked when none is given, as a fraction of capacity
 # The rates simulated, as fractions of capacity: far below it no request meets another (every rate looks alike),
@@ -42,19 +41,14 @@ DEFAULT_UTILISATION = 0.7  # the rate asked when none is given, as a fraction of
 MIN_UTILISATION, MAX_UTILISATION = 0.001, 10.0
 REMEMBERED = 256  # rates whose simulation is kept
 WORKLOAD = (
-    f"{REQUESTS} requests arriving as a Poisson process (seed 0), prompts uniform {PROMPTS.lo}-{PROMPTS.hi} "
-    f"tokens, outputs uniform {OUTPUTS.lo}-{OUTPUTS.hi} tokens"
+    f"{MIX.requests} requests arriving as a Poisson process (seed {MIX.seed}), prompts uniform "
+    f"{MIX.prompts.lo}-{MIX.prompts.hi} tokens, outputs uniform {MIX.outputs.lo}-{MIX.outputs.hi} tokens"
 )
 router = APIRouter(prefix="/api", tags=["lesson: simulated load"])
 
 
 def three_digits(x: float) -> float:
     return float(f"{x:.3g}")
-
-
-def arrivals(rate: float) -> list[SimRequest]:
-    """The mix at `rate` requests/s. Its lengths do not depend on the rate (one draw of each per request)."""
-    return poisson_trace(rate, REQUESTS, PROMPTS, OUTPUTS, seed=0)
 
 
 @dataclass(frozen=True)
@@ -102,10 +96,9 @@ class SimulatedServer:
 
     def _measure_baseline(self, profile: MachineProfile) -> Baseline:
         t = time.perf_counter()
-        at_once = [dataclasses.replace(r, arrival_s=0.0) for r in arrivals(1.0)]
-        capacity = self.simulate(at_once, profile).summary["throughput_req_per_s"]
+        capacity = self.simulate(MIX.burst(), profile).summary["throughput_req_per_s"]
         rates = [three_digits(f * capacity) for f in FRACTIONS]
-        return Baseline(capacity, [(r, self.simulate(arrivals(r), profile)) for r in rates], time.perf_counter() - t)
+        return Baseline(capacity, [(r, self.simulate(MIX.trace(r), profile)) for r in rates], time.perf_counter() - t)
 
     async def baseline(self) -> Baseline:
         """The capacity and the curve, simulated on the first ask (and again after a failure)."""
@@ -128,7 +121,7 @@ class SimulatedServer:
         run = self._runs.get(rate)
         if run is None or (run.done() and run.exception() is not None):
             profile = await self.lesson.profile()
-            run = self._runs[rate] = asyncio.ensure_future(asyncio.to_thread(self.simulate, arrivals(rate), profile))
+            run = self._runs[rate] = asyncio.ensure_future(asyncio.to_thread(self.simulate, MIX.trace(rate), profile))
             while len(self._runs) > REMEMBERED:
                 self._runs.popitem(last=False)
         self._runs.move_to_end(rate)
