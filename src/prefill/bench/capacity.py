@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from prefill.bench.loadtest import PromptLengths
 from prefill.bench.loadtest_report import summarize
-from prefill.bench.simulate import SimRequest, poisson_trace, simulate
+from prefill.bench.simulate import SimRequest, poisson_trace, simulate, time_model_steps
 from prefill.costmodel import costs, storage, timemodel
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.parallel import tp_head_split_problem, tp_kv_cache_bytes_per_gpu
@@ -107,12 +107,9 @@ def plan(
             rows.append(PlanRow(T, pool_tokens=tokens, note=problem))
             continue
         wb = storage.bytes_per_weight(weights) if weights else None
-        layout = timemodel.layout_for(dt, wb, tp=T, gathers_kv=False)
+        step_seconds = time_model_steps(spec, profile, timemodel.layout_for(dt, wb, tp=T, gathers_kv=False))
 
-        def step_seconds(rows_, layout=layout) -> float:
-            return timemodel.predict_step(spec, rows_, profile, layout).seconds
-
-        def run(trace, tokens=tokens):
+        def run(trace, tokens=tokens, step_seconds=step_seconds):
             result = simulate(spec, trace, step_seconds, tokens, chunk_size, max_running)
             return summarize(result.records, result.wall_s)
 

@@ -169,6 +169,16 @@ def _request(r: SimRequest, record: RequestRecord, spec: ModelSpec) -> Request:
     return Request(ids, r.output_tokens, SamplingParams(), None, emit, arrival=r.arrival_s, ignore_eos=True)
 
 
+def time_model_steps(spec: ModelSpec, profile, layout) -> StepSeconds:
+    """Each step's seconds as the time model predicts them (timemodel.predict_step) on `profile` and `layout`."""
+    from prefill.costmodel import timemodel
+
+    def step_seconds(rows: list[Row]) -> float:
+        return timemodel.predict_step(spec, rows, profile, layout).seconds
+
+    return step_seconds
+
+
 def simulate_server(
     model: str | None,
     hardware: str,
@@ -204,11 +214,7 @@ def simulate_server(
     weights = _stored_as(weights, model, dt, on_cpu)
     layout = timemodel.layout_for(dt, storage.bytes_per_weight(weights) if weights else None, gathers_kv=False)
     tokens = int(kv_cache_mb * 2**20 // costs.kv_cache_bytes_for(spec, 1, costs.dtype_bytes(dt)))
-
-    def step_seconds(rows: list[Row]) -> float:
-        return timemodel.predict_step(spec, rows, profile, layout).seconds
-
-    result = simulate(spec, trace, step_seconds, tokens, chunk_size, max_running)
+    result = simulate(spec, trace, time_model_steps(spec, profile, layout), tokens, chunk_size, max_running)
     return result, f"{spec.name} on {profile.name} ({dt}, weights {weights or dt}, KV pool {tokens:,} tokens)"
 
 
