@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from rich.console import Console
 
 from prefill.bench.gpu import catalog_rows, catalog_table, load_result
 from prefill.bench.results import parse_ints
+from prefill.bench.warm import spread_ids, timed, warm_prefill_seconds
 from prefill.costmodel.fit import Sample, fit_profile
 from prefill.costmodel.ops import Row
 from prefill.costmodel.timemodel import prefill_steps
@@ -34,34 +34,6 @@ BATCHES = (1, 4, 8)
 CONTEXTS = (64, 1024, 4096)
 FIT_PREFILL = (1, 16, 256, 4096)  # the fit's points; the rest are held out
 FIT_DECODE = ((1, 64), (4, 1024), (8, 4096))
-
-
-def timed(engine: Engine, fn) -> float:
-    t = time.perf_counter()
-    fn()
-    engine.sync()
-    return time.perf_counter() - t
-
-
-def ids_of(n: int, vocab: int, offset: int = 0) -> torch.Tensor:
-    # which tokens does not change a forward's cost; fixed ids spread over the vocabulary
-    return torch.tensor([[(7919 * (i + offset) + 11) % vocab for i in range(n)]])  # [1, n]
-
-
-def measure_prefill(engine: Engine, pool, P: int, repeats: int) -> float:
-    """Median seconds of a fresh request's prefill forward of P tokens."""
-    ids = ids_of(P, engine.spec.vocab_size).to(engine.device)
-
-    def once() -> float:
-        seq = pool.new_seq()
-        seq.reserve(P + 1)  # its blocks before the clock starts
-        try:
-            return timed(engine, lambda: engine.forward(ids, [seq]))
-        finally:
-            seq.free()
-
-    once()  # untimed: this P's kernels and buffers
-    return statistics.median(once() for _ in range(repeats))
 
 
 def measure_decode(engine: Engine, seqs: list, S: int, repeats: int) -> float:
@@ -88,7 +60,7 @@ def decode_points(engine: Engine, contexts: tuple[int, ...], repeats: int) -> li
         for s in seqs:
             s.reserve(S + repeats + 2)
         for b, seq in enumerate(seqs):  # each row its own tokens and its own blocks
-            engine.prefill(ids_of(S, engine.spec.vocab_size, offset=b * S).to(engine.device), seq, chunk_size=1024)
+            engine.prefill(spread_ids(S, engine.spec.vocab_size, offset=b * S).to(engine.device), seq, chunk_size=1024)
         out += [(B, S, measure_decode(engine, seqs[:B], S, repeats)) for B in BATCHES]
         del seqs, pool
     return out
@@ -183,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = engine.profile(fitted=False, echo=print)
     load = os.getloadavg()[0]
     pool = engine.new_pool(max(lengths) + 8)
-    prefills = {P: measure_prefill(engine, pool, P, args.repeats) for P in lengths}
+    prefills = {P: warm_prefill_seconds(engine, P, args.repeats, pool) for P in lengths}
     del pool
     samples = samples_of(prefills, decode_points(engine, contexts, args.repeats))
     if sum(used for _, used in samples) < 5:  # other lengths than the default: fit on every point, and say so

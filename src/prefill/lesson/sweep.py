@@ -10,14 +10,12 @@ prefill.costmodel.timemodel's Prediction; the page draws them.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from functools import partial
 
-import torch
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from prefill.bench.warm import warm_prefill_seconds
 from prefill.costmodel import costs, roofline
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
@@ -37,28 +35,6 @@ class MeasureBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     P: StrictInt = Field(ge=1, le=MEASURE_P[-1], description="prompt tokens")
-
-
-def warm_prefill_seconds(engine: Engine, P: int, repeats: int = REPEATS) -> float:
-    """Median seconds of `repeats` prefill forwards of P tokens, after one untimed forward at this P (its kernels
-    and buffers), each a fresh sequence whose pool blocks are reserved before the clock starts. Worker thread."""
-    vocab = engine.spec.vocab_size
-    ids = torch.tensor([[(7919 * i + 11) % vocab for i in range(P)]], device=engine.device)  # [1, P]: fixed ids
-    pool = engine.new_pool(P + 32)
-
-    def once() -> float:
-        seq = pool.new_seq()
-        seq.reserve(P + 1)
-        try:
-            t = time.perf_counter()
-            engine.forward(ids, [seq])  # [1, vocab]
-            engine.sync()
-            return time.perf_counter() - t
-        finally:
-            seq.free()
-
-    once()
-    return statistics.median(once() for _ in range(repeats))
 
 
 def measured_lengths(context: int) -> list[int]:
@@ -195,7 +171,7 @@ async def measure(request: Request, body: MeasureBody) -> dict:
     P = int(in_range("P", body.P, 1, min(MEASURE_P[-1], lesson.spec.context_length - 1)))
     profile = await lesson.profile()
     pred = lesson.engine.predict_prefill(P, profile=profile)
-    measured_s = await lesson.run(partial(warm_prefill_seconds, lesson.engine, P))
+    measured_s = await lesson.run(partial(warm_prefill_seconds, lesson.engine, P, REPEATS))
     error = pred.seconds / measured_s - 1
     return finite(
         {

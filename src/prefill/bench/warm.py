@@ -1,0 +1,50 @@
+"""A warm prefill, timed the way every prediction is checked against one (benchmarks/predict.py, the lesson
+page's P sweep): a fresh sequence per forward, its pool blocks reserved before the clock starts, one untimed
+forward at this P first (its kernels and buffers), then the median of the timed ones.
+
+    seconds = warm_prefill_seconds(engine, P=256, repeats=3)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from prefill.engine.kvcache import KVPool
+    from prefill.engine.llm import Engine
+
+
+def spread_ids(n: int, vocab: int, offset: int = 0) -> torch.Tensor:
+    """[1, n] fixed token ids spread over the vocabulary (which tokens does not change a forward's cost)."""
+    return torch.tensor([[(7919 * (i + offset) + 11) % vocab for i in range(n)]])
+
+
+def timed(engine: Engine, fn: Callable[[], object]) -> float:
+    """Seconds of fn(), the device synchronized before the clock is read."""
+    t = time.perf_counter()
+    fn()
+    engine.sync()
+    return time.perf_counter() - t
+
+
+def warm_prefill_seconds(engine: Engine, P: int, repeats: int, pool: KVPool | None = None) -> float:
+    """Median seconds of `repeats` prefill forwards of P tokens after one untimed one, each a fresh sequence of
+    `pool` (default: a pool of its own, P + 32 positions)."""
+    ids = spread_ids(P, engine.spec.vocab_size).to(engine.device)  # [1, P]
+    pool = pool if pool is not None else engine.new_pool(P + 32)
+
+    def once() -> float:
+        seq = pool.new_seq()
+        seq.reserve(P + 1)  # its blocks before the clock starts
+        try:
+            return timed(engine, lambda: engine.forward(ids, [seq]))
+        finally:
+            seq.free()
+
+    once()
+    return statistics.median(once() for _ in range(repeats))
