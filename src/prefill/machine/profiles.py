@@ -182,9 +182,10 @@ def implausible(entry: dict) -> str | None:
     return None
 
 
+@functools.cache
 def kernels() -> str:
     """The engine's kernel library these sources build (its name carries their digest): the probe timed them, so
-    a measurement of other kernels is measured again."""
+    a measurement of other kernels is measured again. Once per process (it hashes the sources)."""
     from prefill.model.quant.build import library_name
 
     return library_name()

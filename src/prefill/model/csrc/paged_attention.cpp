@@ -62,13 +62,6 @@ void query_block_scalar(const float* q, int64_t G, int64_t D, const float* kb, c
 }
 
 #ifdef PA_HAVE_X86
-PA_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // exp(x) for 8 lanes (Cephes' single-precision polynomial, about 1 ulp); x <= 0 here, -inf gives 0.
 PA_AVX2 inline __m256 exp8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.3f), log2e = _mm256_set1_ps(1.44269504088896341f);
