@@ -145,3 +145,31 @@ def test_native_needs_a_quantized_file(tmp_path):
     with pytest.raises(BadInput, match="--weights native: the model file holds no quantized matrix"):
         weights_choice("native", tmp_path, "float32")
     assert weights_choice("auto", tmp_path, "float32").dtype == "float32"
+
+
+@pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
+@pytest.mark.parametrize("arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0")])
+def test_decode_block_is_bitwise_the_block_op_by_op(arch, qtype):
+    """A forward of decode rows runs each block as one operator (decode_block); its logits are bitwise those of
+    the same operators called one by one from Python, for rows of different context lengths in one batch."""
+    spec = tiny_spec(arch)
+    sd = tiny_state_dict(spec, qtype)
+    whole, by_op = Engine.from_state_dict(spec, dict(sd)), Engine.from_state_dict(spec, dict(sd))
+    by_op.model.kernels.decode_block = None
+    ran = []
+    one = whole.model.kernels.decode_block
+    whole.model.kernels.decode_block = lambda *a: ran.append(y := one(*a)) or y  # None: not a decode forward
+    logits = {}
+    for name, e in (("whole", whole), ("by_op", by_op)):
+        with torch.inference_mode():
+            caches = [e.new_cache(64), e.new_cache(64)]
+            e.prefill([5, 17, 42, 99, 3, 150, 7, 64, 8, 21, 33, 40, 2, 19, 77, 101, 6, 9], caches[0])  # 18 tokens
+            e.prefill([11, 12, 13], caches[1])
+            tokens, steps = torch.tensor([4, 9]), []
+            for _ in range(20):  # row 0 crosses a 16-token block boundary into a second block
+                out = e.decode_step(tokens, caches)
+                steps.append(out)
+                tokens = out.argmax(-1)
+            logits[name] = torch.stack(steps)  # [steps, 2, vocab]
+    assert sum(y is not None for y in ran) == 20 * spec.L  # every block of every decode step, none of the prefills
+    assert torch.equal(logits["whole"], logits["by_op"])

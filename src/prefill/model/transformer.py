@@ -127,6 +127,8 @@ class Kernels:
 
     def __init__(self):
         self.qkv_rotary, self.out_and_mlp = qkv_rotary, out_and_mlp
+        self.decode_block = None  # (block, x, cos, sin, batch, layer) -> [1, N, d_model] or None: the whole block
+        # in one operator where it applies (prefill.model.quant.fused)
         self.linear = few_rows_linear
         self.deterministic = False
 
@@ -216,6 +218,9 @@ class Block(nn.Module):
         )
 
     def forward(self, x, cos, sin, batch: ForwardBatch, layer: int) -> torch.Tensor:
+        whole = self.kernels.decode_block
+        if whole is not None and (y := whole(self, x, cos, sin, batch, layer)) is not None:
+            return y
         q, k, v = self.qkv(x, cos, sin)
         return self.finish(x, attend(q, k, v, batch, layer, self.window, self.scale))
 

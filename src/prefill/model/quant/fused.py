@@ -1,6 +1,7 @@
 """The two per-block functions (prefill.model.transformer's qkv_rotary and out_and_mlp) as one operator each,
 for blocks whose projections are GGUF blocks: a decode step then pays 2 dispatches per layer instead of ~25
-small torch ops, which on a CPU cost as much as the layer's GEMMs.
+small torch ops, which on a CPU cost as much as the layer's GEMMs. A forward of decode rows only goes further:
+`decode_block` runs the whole block, attention over the pool included, as one operator (bitwise the same).
 
 Same signatures, same arithmetic (csrc/fused.cpp); `install(model)` puts them in the model's Kernels. Blocks
 the operators do not cover (dense weights, Qwen3's q/k norm, Gemma's extra norms and GELU gate) and prompts
@@ -58,5 +59,50 @@ def install(model) -> bool:
             GGUF_TYPE_IDS[w_down.qtype],
         ).view(B, P, D)
 
+    def decode_block(blk, x, cos, sin, batch, layer):
+        """The block as one operator when every token of the forward is a query of the paged kernel (decode
+        rows: then they are the batch's tokens in order) and the block is one the operators cover; else None."""
+        paged, N = batch.paged, x.shape[1]
+        simple = blk.q_norm is None and blk.attn_post_norm is None and blk.mlp_post_norm is None and not blk.gelu
+        weights = (blk.wqkv.weight, blk.wo.weight, blk.w_gate_up.weight, blk.w_down.weight)
+        if not (simple and paged is not None and paged.index.shape[0] == N and x.dtype == torch.float32):
+            return None
+        if not all(_native(w, N) for w in weights):
+            return None
+        g = batch.group_of[layer]
+        table, first_block, first, end = paged.tables[g]
+        w_qkv, w_o, w_gu, w_down = weights
+        d = cos.shape[-1]
+        out = torch.ops.prefill_quant.decode_block(
+            x.view(N, -1),
+            blk.attn_norm.weight,
+            blk.eps,
+            w_qkv.blocks,
+            GGUF_TYPE_IDS[w_qkv.qtype],
+            blk.wqkv.bias,
+            cos.view(N, d),
+            sin.view(N, d),
+            blk.H_q,
+            blk.H_kv,
+            batch.k[layer],
+            batch.v[layer],
+            batch.write[g],
+            table,
+            first_block,
+            first,
+            end,
+            paged.block_size,
+            blk.scale,
+            w_o.blocks,
+            GGUF_TYPE_IDS[w_o.qtype],
+            blk.mlp_norm.weight,
+            w_gu.blocks,
+            GGUF_TYPE_IDS[w_gu.qtype],
+            w_down.blocks,
+            GGUF_TYPE_IDS[w_down.qtype],
+        )
+        return out.view(1, N, -1)  # [1, N, d_model]
+
     model.kernels.qkv_rotary, model.kernels.out_and_mlp = qkv_rotary, out_and_mlp
+    model.kernels.decode_block = decode_block
     return True

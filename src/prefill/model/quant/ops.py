@@ -57,6 +57,10 @@ def _register_fakes() -> None:
         d = cos.shape[-1]
         return x.new_empty(B, H_q, P, d), x.new_empty(B, H_kv, P, d), x.new_empty(B, H_kv, P, d)
 
+    @torch.library.register_fake("prefill_quant::decode_block")
+    def _(x, *args):
+        return x.new_empty(x.shape)
+
     @torch.library.register_fake("prefill_quant::post_attention")
     def _(x, o, w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type):
         return x.new_empty(x.shape)

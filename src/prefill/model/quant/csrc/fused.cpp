@@ -5,12 +5,18 @@
 //       RMSNorm, the fused Q/K/V product (+ bias), rotary on the Q and K heads
 //   post_attention(x [M, D], o [M, H_q d], w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type)
 //       -> [M, D]: x + o W_o^T, then RMSNorm, gate/up product, silu(gate) * up, down product, residual
+//   decode_block(x [N, D], ..., k_pool, v_pool, slots, table, first_block, first, end, block_size, scale, ...)
+//       -> [N, D]: a whole block for N decode rows: the work before attention, K/V stored in the pool, paged
+//       attention over each row's blocks (prefill_kernels::paged_attention), the work after. One dispatch a
+//       layer: the Python between those steps cost more than the layer's GEMMs (7 ms a step of 30 layers).
 //
 // The same arithmetic as prefill.model.transformer's qkv_rotary and out_and_mlp (Llama-style blocks: no q/k
 // norm, no norms after attention or the MLP, SiLU); prefill.model.quant.fused falls back to those otherwise.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstring>
 #include <tuple>
@@ -149,10 +155,60 @@ at::Tensor post_attention(const at::Tensor& x_in, const at::Tensor& o_in, const 
   return out;
 }
 
+// The pool's paged attention (model/csrc/paged_attention.cpp, another operator of this library), found once.
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                           const at::Tensor& first_block, const at::Tensor& first, const at::Tensor& end,
+                           int64_t block_size, double scale) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("prefill_kernels::paged_attention", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const at::Tensor&, int64_t, double, bool)>();
+  return op.call(q, k, v, table, first_block, first, end, block_size, scale, true);
+}
+
+// The same arithmetic, in the same order, as pre_attention, the pool's index_copy_ of K and V, paged_attention
+// and post_attention called one after the other (prefill.model.attention.attend for a batch of decode rows):
+// the result is bitwise theirs.
+at::Tensor decode_block(const at::Tensor& x, const at::Tensor& norm1, double eps, const at::Tensor& w_qkv,
+                        int64_t qkv_type, const c10::optional<at::Tensor>& bias, const at::Tensor& cos,
+                        const at::Tensor& sin, int64_t H_q, int64_t H_kv, const at::Tensor& k_pool,
+                        const at::Tensor& v_pool, const at::Tensor& slots, const at::Tensor& table,
+                        const at::Tensor& first_block, const at::Tensor& first, const at::Tensor& end,
+                        int64_t block_size, double scale, const at::Tensor& w_o, int64_t o_type,
+                        const at::Tensor& norm2, const at::Tensor& w_gu, int64_t gu_type, const at::Tensor& w_down,
+                        int64_t down_type) {
+  TORCH_CHECK(x.dim() == 2 && cos.dim() == 2, "prefill_quant: x must be [N, D] and cos [N, d_head]");
+  const int64_t N = x.size(0), d = cos.size(1), H = H_q + 2 * H_kv;
+  const at::Tensor qkv = qkv_rotary_rows(x, norm1, eps, w_qkv, qkv_type, bias, cos, sin, H_q + H_kv);  // [N, H d]
+  TORCH_CHECK(qkv.size(1) == H * d, "prefill_quant: the Q/K/V weight has ", qkv.size(1), " rows, not ", H * d);
+  TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(0) == H_kv && k_pool.size(2) == d && k_pool.stride(2) == 1 &&
+                  k_pool.stride(1) == d && k_pool.scalar_type() == at::kFloat && v_pool.sizes() == k_pool.sizes() &&
+                  v_pool.strides() == k_pool.strides() && v_pool.scalar_type() == at::kFloat,
+              "prefill_quant: the pool's K and V must be float32 [H_kv, n_slots, d_head], rows contiguous");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == N && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+              "prefill_quant: slots must be [N] long");
+  const float* src = qkv.data_ptr<float>();  // [N, H, d]: q heads, then k heads, then v heads
+  float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t n_slots = k_pool.size(1), hs = k_pool.stride(0);
+  for (int64_t n = 0; n < N; n++) {
+    TORCH_CHECK(sp[n] >= 0 && sp[n] < n_slots, "prefill_quant: slot ", sp[n], " outside the pool");
+    for (int64_t h = 0; h < H_kv; h++) {
+      std::memcpy(kp + h * hs + sp[n] * d, src + (n * H + H_q + h) * d, d * sizeof(float));
+      std::memcpy(vp + h * hs + sp[n] * d, src + (n * H + H_q + H_kv + h) * d, d * sizeof(float));
+    }
+  }
+  const at::Tensor q = qkv.narrow(1, 0, H_q * d).contiguous().view({N, H_q, d});
+  const at::Tensor o = paged_attention(q, k_pool, v_pool, table, first_block, first, end, block_size, scale);
+  return post_attention(x, o.view({N, H_q * d}), w_o, o_type, norm2, eps, w_gu, gu_type, w_down, down_type);
+}
+
 }  // namespace
 }  // namespace prefill_quant
 
 TORCH_LIBRARY_IMPL(prefill_quant, CPU, m) {
   m.impl("pre_attention", &prefill_quant::pre_attention);
   m.impl("post_attention", &prefill_quant::post_attention);
+  m.impl("decode_block", &prefill_quant::decode_block);
 }

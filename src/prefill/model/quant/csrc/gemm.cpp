@@ -5,7 +5,7 @@
 //                                        M >= 2: weight panels decoded into L1/L2, reused by all rows.
 //   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
 //   set_isa(name) -> name                             "auto", "avx2" or "scalar" (tests force the portable path).
-//   pre_attention, post_attention                     a decoder block's work around attention (fused.cpp).
+//   pre_attention, post_attention, decode_block       a decoder block's work around attention, or all of it (fused.cpp).
 //
 // Work is split over N with at::parallel_for (torch's own thread pool and thread count).
 #include "gemm.h"
@@ -222,6 +222,10 @@ TORCH_LIBRARY(prefill_quant, m) {
         "Tensor sin, int H_q, int H_kv) -> (Tensor, Tensor, Tensor)");
   m.def("post_attention(Tensor x, Tensor o, Tensor w_o, int o_type, Tensor norm_w, float eps, Tensor w_gate_up, "
         "int gate_up_type, Tensor w_down, int down_type) -> Tensor");
+  m.def("decode_block(Tensor x, Tensor norm1, float eps, Tensor w_qkv, int qkv_type, Tensor? bias, Tensor cos, "
+        "Tensor sin, int H_q, int H_kv, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slots, Tensor table, "
+        "Tensor first_block, Tensor first, Tensor end, int block_size, float scale, Tensor w_o, int o_type, "
+        "Tensor norm2, Tensor w_gate_up, int gate_up_type, Tensor w_down, int down_type) -> Tensor");
   m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("set_isa(str isa) -> str", &prefill_quant::set_isa);  // no tensors: one kernel for every backend
 }
