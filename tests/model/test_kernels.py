@@ -49,8 +49,8 @@ def test_paged_attention_is_the_same_for_a_query_alone_or_with_others():
 
 def test_a_long_row_over_scattered_blocks_is_attention_over_all_its_keys():
     """A row of 1,600 keys over blocks the table scatters over the pool (the next block prefetched wherever it
-    lies), with sharp softmaxes whose running maximum moves: attention over all the keys, and a row alone is
-    bitwise the row in a batch."""
+    lies), read in three spans merged by log-sum-exp, with sharp softmaxes whose running maximum moves:
+    attention over all the keys, and a row alone is bitwise the row in a batch."""
     torch.manual_seed(3)
     bs, n_blocks = 16, 200
     k, v = torch.randn(3, n_blocks * bs, 64), torch.randn(3, n_blocks * bs, 64)

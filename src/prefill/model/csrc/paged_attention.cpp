@@ -2,9 +2,10 @@
 // deterministic mode every query of a prefill chunk) attends to positions [first, end) of its sequence through
 // its block table, in the pool's blocks, with an online softmax over blocks of block_size keys.
 //
-// Each query's keys are visited in the same order, block by block at fixed positions, whatever the other
-// queries of the call, the block table's layout or the thread count: so a query's output is bitwise the same
-// alone, in a batch, or in a chunk of any size (the batch-invariant mode). The K/V of a KV head are read once for
+// Each query's keys are visited in the same order, block by block at fixed positions, in spans whose bounds depend
+// only on its own positions (a long row's spans run on different threads and are merged by log-sum-exp), whatever
+// the other queries of the call, the block table's layout or the thread count: so a query's output is bitwise the
+// same alone, in a batch, or in a chunk of any size (the batch-invariant mode). The K/V of a KV head are read once for
 // its G query heads (GQA), and nothing is copied out of the pool.
 //
 //   q      [R, H_q, D] float32, contiguous        out [R, H_q, D] float32
@@ -32,6 +33,14 @@ namespace {
 
 constexpr int64_t kMaxBlock = 64;  // block_size bound (the pool uses 16)
 constexpr int64_t kMaxG = 16;      // query heads per KV head bound
+constexpr int64_t kSpan = 512;     // positions per span of a long row (see spans_of)
+constexpr int64_t kMaxSpans = 8;
+
+// How many spans a row of n positions is read in: the spans of one (row, KV head) run on different threads, so
+// one long row keeps every thread busy (one row has H_kv = 3 work items for 2 threads otherwise), and their
+// partial softmaxes are merged by log-sum-exp. A function of n alone: a query's spans, and so its result, are
+// the same alone, in a batch, or in a chunk of any size.
+int64_t spans_of(int64_t n) { return std::clamp<int64_t>(n / kSpan, 1, kMaxSpans); }
 
 // The scalar path: any CPU, the same visiting order as the AVX2 one (results may differ in the last bits
 // between the two paths, never within one).
@@ -190,31 +199,48 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t khs = k.stride(0);
   const bool simd = allow_simd && cpu_has_avx2() && D % 8 == 0;
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, R * H_kv, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> acc(G * D);
-    float m[kMaxG], l[kMaxG];
+  // Work items: each (row, KV head) over each span of the row's positions; partial (m, l, acc) per item.
+  struct Item {
+    int64_t r, h, lo, hi;
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> first_item(R * H_kv + 1);
+  for (int64_t r = 0; r < R; r++) {
+    const int64_t n = std::max<int64_t>(ep[r] - fp[r], 0), spans = spans_of(n), width = (n + spans - 1) / std::max<int64_t>(spans, 1);
+    for (int64_t h = 0; h < H_kv; h++) {
+      first_item[r * H_kv + h] = static_cast<int64_t>(items.size());
+      for (int64_t s = 0; s < spans; s++)
+        items.push_back({r, h, fp[r] + s * width, std::min(ep[r], fp[r] + (s + 1) * width)});
+    }
+  }
+  first_item[R * H_kv] = static_cast<int64_t>(items.size());
+  const int64_t stride = G * D + 2 * G;  // one item's partial: acc [G, D], m [G], l [G]
+  std::vector<float> part(items.size() * stride);
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t w = lo; w < hi; w++) {
-      const int64_t r = w / H_kv, h = w % H_kv;
-      std::fill(acc.begin(), acc.end(), 0.f);
+      const int64_t r = items[w].r, h = items[w].h;
+      float* acc = part.data() + w * stride;
+      float *m = acc + G * D, *l = m + G;
+      std::fill(acc, acc + G * D, 0.f);
       for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
       const float* qrh = qp + (r * H_q + h * G) * D;
-      for (int64_t pos = fp[r]; pos < ep[r];) {
+      for (int64_t pos = items[w].lo; pos < items[w].hi;) {
         const int64_t j = pos / block_size - fb[r];
         TORCH_CHECK(j >= 0 && j < T, "position outside the block table");
-        const int64_t stop = std::min(ep[r], (pos / block_size + 1) * block_size);
+        const int64_t stop = std::min(items[w].hi, (pos / block_size + 1) * block_size);
         const int64_t slot = tp[r * T + j] * block_size + pos % block_size;
         TORCH_CHECK(slot >= 0 && slot + (stop - pos) <= n_slots, "block id outside the pool");
         const float* kb = kp + h * khs + slot * D;
         const float* vb = vp + h * khs + slot * D;
 #ifdef PA_HAVE_X86
-        if (j + 1 < T && stop < ep[r] && tp[r * T + j + 1] != tp[r * T + j] + 1) {
+        if (j + 1 < T && stop < items[w].hi && tp[r * T + j + 1] != tp[r * T + j] + 1) {
           // the next block's K and V, fetched while this one computes, when the table puts it elsewhere in the pool
           // (the hardware prefetcher follows a run of adjacent blocks, and prefetching them too only slows it)
           const int64_t next = tp[r * T + j + 1] * block_size;
           if (next >= 0 && next + block_size <= n_slots) {
             const char* kn = reinterpret_cast<const char*>(kp + h * khs + next * D);
             const char* vn = reinterpret_cast<const char*>(vp + h * khs + next * D);
-            const int64_t bytes = std::min(ep[r] - stop, block_size) * D * 4;
+            const int64_t bytes = std::min(items[w].hi - stop, block_size) * D * 4;
             for (int64_t o = 0; o < bytes; o += 64) {
               _mm_prefetch(kn + o, _MM_HINT_T0);
               _mm_prefetch(vn + o, _MM_HINT_T0);
@@ -222,19 +248,43 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
           }
         }
         if (simd)
-          query_block_avx2(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc.data());
+          query_block_avx2(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc);
         else
 #endif
-          query_block_scalar(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc.data());
+          query_block_scalar(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc);
         pos = stop;
-      }
-      for (int64_t g = 0; g < G; g++) {
-        float* o = op + (r * H_q + h * G + g) * D;
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        for (int64_t i = 0; i < D; i++) o[i] = acc[g * D + i] * inv;
       }
     }
   });
+  // Each (row, KV head): its spans' partials merged in span order by their log-sum-exp, then normalised.
+  std::vector<float> merged(G * D + 2 * G);
+  for (int64_t rh = 0; rh < R * H_kv; rh++) {
+    const int64_t r = rh / H_kv, h = rh % H_kv, i0 = first_item[rh], n_items = first_item[rh + 1] - i0;
+    const float* acc = part.data() + i0 * stride;
+    if (n_items > 1) {  // one span is the partial itself
+      float* a = merged.data();
+      float *m = a + G * D, *l = m + G;
+      for (int64_t g = 0; g < G; g++) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < n_items; s++) mx = std::max(mx, part[(i0 + s) * stride + G * D + g]);
+        l[g] = 0.f;
+        std::fill(a + g * D, a + (g + 1) * D, 0.f);
+        for (int64_t s = 0; s < n_items; s++) {
+          const float* ps = part.data() + (i0 + s) * stride;
+          const float ms = ps[G * D + g], c = std::isinf(ms) ? 0.f : std::exp(ms - mx);
+          l[g] += ps[G * D + G + g] * c;
+          for (int64_t i = 0; i < D; i++) a[g * D + i] += ps[g * D + i] * c;
+        }
+      }
+      acc = a;
+    }
+    const float* l = acc + G * D + G;
+    for (int64_t g = 0; g < G; g++) {
+      float* o = op + (r * H_q + h * G + g) * D;
+      const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+      for (int64_t i = 0; i < D; i++) o[i] = acc[g * D + i] * inv;
+    }
+  }
   return out;
 }
 
