@@ -70,7 +70,11 @@ def test_the_predicted_curve_turns_from_memory_to_compute_bound(curve, smollm):
     assert max(curve["roof"]["flops_per_s"]) == curve["peak_flops_per_s"]
     assert curve["measure_P"] == [1, 4, 16, 64, 256, 1024]
     sweep_s = [m["sweep_s"] for m in curve["measure"]]
-    assert sweep_s[-1] == pytest.approx(4 * sum(m["predicted_s"] for m in curve["measure"]))
+    predicted = [m["predicted_s"] for m in curve["measure"]]
+    # each P: the untimed forward, then 3 timed ones, or as many as fit in the 3 s budget (at least one)
+    forwards = [1 + min(3, max(1, int(sweep.BUDGET_S / s))) for s in predicted]
+    assert forwards[0] == 4 and forwards[-1] == 2  # P = 1 and P = 1,024 (3.3 s a forward on this profile)
+    assert sweep_s[-1] == pytest.approx(sum(n * s for n, s in zip(forwards, predicted, strict=True)))
     exact = costs.prefill_flops_exact(smollm.spec, 1024).total
     assert next(p for p in points if p["P"] == 1024)["flops"] == pytest.approx(exact, rel=1e-3)
 
@@ -78,16 +82,16 @@ def test_the_predicted_curve_turns_from_memory_to_compute_bound(curve, smollm):
 def recording(threads: list, fn):
     """fn, noting the name of the thread each call runs on."""
 
-    def recorded(*args):
+    def recorded(*args, **kwargs):
         threads.append(threading.current_thread().name)
-        return fn(*args)
+        return fn(*args, **kwargs)
 
     return recorded
 
 
 def test_a_warm_measurement_at_P_4_sits_beside_its_prediction(url, curve, monkeypatch):
     threads = []
-    monkeypatch.setattr(sweep, "warm_prefill_seconds", recording(threads, sweep.warm_prefill_seconds))
+    monkeypatch.setattr(sweep, "warm_prefill", recording(threads, sweep.warm_prefill))
     r = post(url, {"P": 4})
     assert r.status_code == 200, r.text
     m = r.json()

@@ -1,8 +1,11 @@
 """A warm prefill, timed the way every prediction is checked against one (benchmarks/predict.py, the lesson
 page's P sweep): a fresh sequence per forward, its pool blocks reserved before the clock starts, one untimed
-forward at this P first (its kernels and buffers), then the median of the timed ones.
+forward at this P first (its kernels and buffers), then the median of the timed ones; with a budget, fewer timed
+ones where the untimed forward says they would take longer (a long forward varies little, and on the page a
+student waits for each).
 
     seconds = warm_prefill_seconds(engine, P=256, repeats=3)
+    warm = warm_prefill(engine, P=1024, repeats=3, budget_s=3.0)   # warm.seconds, warm.repeats
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,9 +36,26 @@ def timed(engine: Engine, fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def warm_prefill_seconds(engine: Engine, P: int, repeats: int, pool: KVPool | None = None) -> float:
-    """Median seconds of `repeats` prefill forwards of P tokens after one untimed one, each a fresh sequence of
-    `pool` (default: a pool of its own, P + 32 positions)."""
+def timed_repeats(first_s: float, repeats: int, budget_s: float | None) -> int:
+    """How many timed forwards follow an untimed one that took first_s seconds: `repeats`, or as many as fit in
+    budget_s seconds (at least one)."""
+    if budget_s is None or first_s <= 0:
+        return repeats
+    return max(1, min(repeats, int(budget_s / first_s)))
+
+
+@dataclass(frozen=True)
+class Warm:
+    seconds: float  # the median of the timed forwards
+    repeats: int  # how many were timed
+
+
+def warm_prefill(
+    engine: Engine, P: int, repeats: int, pool: KVPool | None = None, budget_s: float | None = None
+) -> Warm:
+    """The median seconds of up to `repeats` prefill forwards of P tokens (timed_repeats: as many as fit in
+    budget_s) after one untimed one, each a fresh sequence of `pool` (default: a pool of its own, P + 32
+    positions)."""
     ids = spread_ids(P, engine.spec.vocab_size).to(engine.device)  # [1, P]
     pool = pool if pool is not None else engine.new_pool(P + 32)
 
@@ -46,5 +67,10 @@ def warm_prefill_seconds(engine: Engine, P: int, repeats: int, pool: KVPool | No
         finally:
             seq.free()
 
-    once()
-    return statistics.median(once() for _ in range(repeats))
+    n = timed_repeats(once(), repeats, budget_s)
+    return Warm(statistics.median(once() for _ in range(n)), n)
+
+
+def warm_prefill_seconds(engine: Engine, P: int, repeats: int, pool: KVPool | None = None) -> float:
+    """warm_prefill's seconds, with every one of the `repeats` forwards timed."""
+    return warm_prefill(engine, P, repeats, pool).seconds

@@ -2,7 +2,7 @@
 
 GET /api/sweep/curve: the time model's prefill (one forward of P tokens, unchunked) over a log grid of P, with the
 roof of this machine's profile. POST /api/sweep/measure {"P": 64}: one warm prefill of P tokens on the server's
-model, timed on the worker thread (between two steps of the serving loop, which waits for it: about 4 forwards),
+model, timed on the worker thread (between two steps of the serving loop, which waits for it: 2 to 4 forwards),
 beside its prediction and a plain-words note on what sets its time. Every number comes from
 prefill.costmodel.timemodel's Prediction; the page draws them.
 """
@@ -15,7 +15,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from prefill.bench.warm import warm_prefill_seconds
+from prefill.bench.warm import timed_repeats, warm_prefill
 from prefill.costmodel import costs, roofline
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
@@ -26,7 +26,8 @@ from prefill.lesson.state import lesson_of
 MEASURE_P = (1, 4, 16, 64, 256, 1024)  # what the page measures: a forward of 1024 tokens is ~2 s on 2 cores
 MAX_CURVE_P = 8192
 CURVE_POINTS = 30
-REPEATS = 3  # timed forwards after the untimed one; the answer is their median
+REPEATS = 3  # timed forwards after the untimed one, at most; the answer is their median
+BUDGET_S = 3.0  # fewer timed forwards where 3 would take longer (P = 1,024: one; a student waits for each)
 router = APIRouter(prefix="/api/sweep", tags=["lesson: P sweep"])
 
 
@@ -82,7 +83,9 @@ def weight_bytes(pred: Prediction) -> float:
     return sum(o.weight_bytes for o in pred.ops) / pred.steps
 
 
-def regime_note(P: int, pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile) -> str:
+def regime_note(
+    P: int, pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile, repeats: int = REPEATS
+) -> str:
     """What sets a prefill's time, in plain words, with the prediction's own numbers (its ops' FLOPs, bytes and
     seconds), and how it was measured."""
     compute_s = sum(o.compute_s for o in pred.ops)  # the FLOPs at the GEMM and attention rates measured here
@@ -111,17 +114,21 @@ def regime_note(P: int, pred: Prediction, measured_s: float, dtype: str, profile
             f"FLOPs ({human(compute_s, 's')}) or its bytes ({human(memory_s, 's')})"
         )
     how = (
-        f"Measured warm: one untimed forward first, then the median of {REPEATS}: {human(measured_s, 's')}, "
+        f"Measured warm: one untimed forward first, then {timed_words(repeats)}: {human(measured_s, 's')}, "
         f"predicted {human(pred.seconds, 's')}."
     )
     return f"P = {P:,}: {why}. {how}"
+
+
+def timed_words(repeats: int) -> str:
+    return "one timed forward" if repeats == 1 else f"the median of {repeats}"
 
 
 @router.get("/curve")
 async def curve(request: Request) -> dict:
     """The time model's prefill of one forward of P tokens over a log grid of P on this machine's profile (probed
     on the worker thread on first need), the roof (min of the profile's peak and intensity x bandwidth), the
-    ridge, the P the page measures, and the seconds measuring them takes (4 forwards each, predicted)."""
+    ridge, the P the page measures, and the seconds measuring them takes (2 to 4 forwards each, predicted)."""
     lesson = lesson_of(request)
     engine, context = lesson.engine, lesson.spec.context_length
     profile = await lesson.profile()
@@ -133,7 +140,7 @@ async def curve(request: Request) -> dict:
     by_P = {p["P"]: p for p in points}
     measure, total = [], 0.0
     for P in measured_lengths(context):
-        total += (1 + REPEATS) * by_P[P]["predicted_s"]
+        total += (1 + timed_repeats(by_P[P]["predicted_s"], REPEATS, BUDGET_S)) * by_P[P]["predicted_s"]
         measure.append({"P": P, "predicted_s": by_P[P]["predicted_s"], "sweep_s": total, "sweep": human(total, "s")})
     turn = compute_bound_from(engine, profile, points)
     short, longer = engine.predict_prefill(3, profile=profile), engine.predict_prefill(30, profile=profile)
@@ -166,12 +173,13 @@ async def curve(request: Request) -> dict:
 @router.post("/measure")
 async def measure(request: Request, body: MeasureBody) -> dict:
     """A warm prefill of P tokens on the server's model, timed on the worker thread (one untimed forward, then the
-    median of 3), beside the time model's prediction; error = predicted / measured - 1."""
+    median of up to 3 that fit in BUDGET_S), beside the time model's prediction; error = predicted / measured - 1."""
     lesson = lesson_of(request)
     P = int(in_range("P", body.P, 1, min(MEASURE_P[-1], lesson.spec.context_length - 1)))
     profile = await lesson.profile()
     pred = lesson.engine.predict_prefill(P, profile=profile)
-    measured_s = await lesson.run(partial(warm_prefill_seconds, lesson.engine, P, REPEATS))
+    warm = await lesson.run(partial(warm_prefill, lesson.engine, P, REPEATS, budget_s=BUDGET_S))
+    measured_s = warm.seconds
     error = pred.seconds / measured_s - 1
     return finite(
         {
@@ -181,8 +189,8 @@ async def measure(request: Request, body: MeasureBody) -> dict:
             "measured_flops_per_s": pred.flops / measured_s,
             "predicted_flops_per_s": pred.flops / pred.seconds,
             "explain": pred.explain(),
-            "note": regime_note(P, pred, measured_s, lesson.dtype, profile),
-            "repeats": REPEATS,
+            "note": regime_note(P, pred, measured_s, lesson.dtype, profile, warm.repeats),
+            "repeats": warm.repeats,
             "human": {
                 "measured": human(measured_s, "s"),
                 "predicted": human(pred.seconds, "s"),
