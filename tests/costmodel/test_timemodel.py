@@ -66,6 +66,30 @@ def test_launch_overhead_dominates_a_tiny_model():
     )
 
 
+def test_fused_blocks_launch_once_a_layer_for_decode_and_twice_plus_attention_for_a_short_prefill():
+    """Blocks kept as GGUF blocks run as fused operators below `fused_below` tokens (prefill.model.quant.fused):
+    a decode forward launches one operator a layer; a prefill one before attention and one after, plus the K/V
+    write's and attention's own; past fused_below, or for a family the operators do not cover, every launch."""
+    fused = layout_for("float32", 0.625, gathers_kv=False, fused_below=1024)
+    plain = layout_for("float32", 0.625, gathers_kv=False)
+
+    def launches(spec, rows, lay):  # of the L blocks (an operation once per layer or more; not the embedding's)
+        return sum(o.launches * o.count for o in forward_ops(spec, rows, lay) if o.count > 1)
+
+    L = SMOLLM2.L
+    assert launches(SMOLLM2, [Row(1, 64), Row(1, 300)], fused) == L
+    attention_and_kv_write = L * (1 + 4)
+    assert launches(SMOLLM2, [Row(64)], fused) == 2 * L + attention_and_kv_write
+    assert launches(SMOLLM2, [Row(2000)], fused) == launches(SMOLLM2, [Row(2000)], plain)
+    assert launches(GEMMA3, [Row(1, 64)], fused) == launches(GEMMA3, [Row(1, 64)], plain) > GEMMA3.L
+    # An operation inside another's launch costs no launch of its own, never a negative one (attention's rate
+    # is measured here with its dispatch included): the fused decode step pays the L block launches, the
+    # embedding's, the final norm's and the unembedding's.
+    outside = sum(o.launches for o in forward_ops(SMOLLM2, [Row(1, 64)], fused) if o.count == 1)  # not per layer
+    p_fused = predict_decode(SMOLLM2, [64], flat(overhead=1e-4), fused)
+    assert p_fused.parts()["overhead"] == pytest.approx((L + outside) * 1e-4)
+
+
 def test_flops_agree_with_the_cost_models_exact_count():
     # The GEMMs and attention of the time model are costs.prefill_flops_exact, less the norms' weights (which
     # N_non_embedding counts as multiply-adds).

@@ -55,14 +55,17 @@ class Row:
 @dataclass(frozen=True)
 class Layout:
     """How an engine stores and runs the model (not the machine): bytes per weight as stored (float32 4, bf16 2,
-    a GGUF block type its bits / 8), bytes per activation and per K/V element, tensor-parallel GPUs `tp`, and
-    `gathers_kv`: whether attention over a cached context first copies each row's K/V out of the pool."""
+    a GGUF block type its bits / 8), bytes per activation and per K/V element, tensor-parallel GPUs `tp`,
+    `gathers_kv`: whether attention over a cached context first copies each row's K/V out of the pool, and
+    `fused_below`: a forward of fewer tokens runs each block's work before and after attention as one operator
+    each, and a forward of decode rows the whole block as one (GGUF blocks kept native; 0: never)."""
 
     weight_bytes: float
     act_bytes: int
     kv_bytes: int
     tp: int = 1
     gathers_kv: bool = True
+    fused_below: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,10 +129,25 @@ def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
     if spec.qk_norm:
         ops.append(_stream("norm", M * (H_q + H_kv) * dh, lay, L))
     ops += attention_ops(spec, rows, lay, H_q, H_kv)
+    if 0 < M < lay.fused_below and spec.family.llama_block:
+        ops = fused_launches(ops, decode=all(r.new == 1 for r in rows))
     if T > 1:  # two all-reduces of the [M, d_model] activations per layer (after attention, after the MLP)
         ring = 2 * (T - 1) / T * M * d * lay.act_bytes
         ops.append(Op("allreduce", "comm", 0.0, ring, LAUNCHES["allreduce"], 2 * L))
     return ops
+
+
+# The operations each fused operator launches for (prefill.model.quant.fused); the others of the layer launch none.
+FUSED_INTO = {"pre": ("norm", "qkv", "rotary"), "post": ("o", "residual", "gate_up", "mlp_act", "down")}
+
+
+def fused_launches(ops: list[Op], decode: bool) -> list[Op]:
+    """The layer's launches under the fused operators: one a block for decode rows (attention and the K/V write
+    included), else one before attention and one after it (the K/V write and attention keep theirs)."""
+    if decode:
+        return [replace(o, launches=int(o.name == "qkv")) for o in ops]
+    fused = {name for names in FUSED_INTO.values() for name in names}
+    return [replace(o, launches=int(o.name in ("qkv", "o"))) if o.name in fused else o for o in ops]
 
 
 def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H_kv: int) -> list[Op]:

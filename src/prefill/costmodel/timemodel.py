@@ -26,12 +26,14 @@ from prefill.costmodel.specs import ModelSpec
 PARTS = ("compute", "memory", "overhead")
 
 
-def layout_for(dtype: str, weights: str | float | None = None, tp: int = 1, gathers_kv: bool = True) -> Layout:
+def layout_for(
+    dtype: str, weights: str | float | None = None, tp: int = 1, gathers_kv: bool = True, fused_below: int = 0
+) -> Layout:
     """The Layout of an engine computing in `dtype` with weights stored as `weights` (a dtype name, or bytes per
-    weight for a quantized format; default: `dtype`)."""
+    weight for a quantized format; default: `dtype`), its blocks fused below `fused_below` tokens (Layout)."""
     act = dtype_bytes(canonical_dtype(dtype))
     wb = act if weights is None else weights if isinstance(weights, (int, float)) else dtype_bytes(weights)
-    return Layout(weight_bytes=float(wb), act_bytes=act, kv_bytes=act, tp=tp, gathers_kv=gathers_kv)
+    return Layout(float(wb), act, act, tp, gathers_kv, fused_below)
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,10 @@ class OpTime:
 
 def extra_launches(op: Op, profile: MachineProfile) -> int:
     """The launches whose overhead comes on top of an operation's work: all of them, less the kernel's own where
-    its rate was measured with the dispatch included (the probe's GEMM and attention timings)."""
+    its rate was measured with the dispatch included (the probe's GEMM and attention timings); none for an
+    operation that runs inside another's launch (a fused block operator's)."""
     measured = (op.kind == "gemm" and profile.gemm) or (op.kind == "attention" and profile.attention)
-    return op.launches - (1 if measured else 0)
+    return max(0, op.launches - (1 if measured else 0))
 
 
 def op_time(op: Op, profile: MachineProfile, weights_resident: bool = False) -> OpTime:

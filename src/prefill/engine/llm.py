@@ -251,10 +251,13 @@ class Engine:
 
     def layout(self) -> Layout:
         """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF
-        blocks kept native: their bits / 8), and attention reading each row's K/V in place in the pool."""
-        qtype = getattr(self.model.layers[0].wqkv.weight, "qtype", None)  # a QuantWeight's GGUF type
+        blocks kept native: their bits / 8), attention reading each row's K/V in place in the pool, and where its
+        blocks run as fused operators (below the prompt length that makes float32 copies of the blocks)."""
+        w = self.model.layers[0].wqkv.weight
+        qtype = getattr(w, "qtype", None)  # a QuantWeight's GGUF type
         weights = storage.bytes_per_weight(qtype) if qtype else None
-        return timemodel.layout_for(self.dtype_name, weights, gathers_kv=False)
+        fused = (w.dense_min_m or 2**62) if self.model.kernels.decode_block is not None else 0  # 0: never dense
+        return timemodel.layout_for(self.dtype_name, weights, gathers_kv=False, fused_below=fused)
 
     def gemm_rate(self) -> float:
         """This device's best GEMM rate at the model's shapes in the engine's dtype (FLOP/s), from its profile."""

@@ -63,7 +63,7 @@ def install(model) -> bool:
         """The block as one operator when every token of the forward is a query of the paged kernel (decode
         rows: then they are the batch's tokens in order) and the block is one the operators cover; else None."""
         paged, N = batch.paged, x.shape[1]
-        simple = blk.q_norm is None and blk.attn_post_norm is None and blk.mlp_post_norm is None and not blk.gelu
+        simple = blk.llama_block
         weights = (blk.wqkv.weight, blk.wo.weight, blk.w_gate_up.weight, blk.w_down.weight)
         if not (simple and paged is not None and paged.index.shape[0] == N and x.dtype == torch.float32):
             return None
