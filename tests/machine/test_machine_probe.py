@@ -39,7 +39,9 @@ def test_copy_bandwidth_is_positive():
 
 def test_every_timing_is_a_finite_positive_rate():
     curve = probe.gemm_curve(64, 128, "float32", budget_s=0.05)
-    assert [M for M, _ in curve] == list(probe.GEMM_MS[: len(curve)]) and len(curve) >= 2
+    # How many points fit the budget depends on how busy the machine is (one point, in a fresh-clone run beside
+    # the other test worker); where the curve stops is tested with fake timings below.
+    assert [M for M, _ in curve] == list(probe.GEMM_MS[: len(curve)]) and len(curve) >= 1
     prefill, decode = probe.attention_curves(2, 1, 16, "float32", budget_s=0.05)
     for points in (curve, prefill, decode):
         assert all(math.isfinite(r) and r > 0 for _, r in points)
