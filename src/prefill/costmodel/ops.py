@@ -137,7 +137,8 @@ def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
     return ops
 
 
-# The operations each fused operator launches for (prefill.model.quant.fused); the others of the layer launch none.
+# The layer's operations inside the fused operators (prefill.model.quant.fused): pre_attention holds the norm,
+# Q/K/V and rotary, post_attention the output projection, residuals, norm and MLP; each launches once.
 FUSED_INTO = {"pre": ("norm", "qkv", "rotary"), "post": ("o", "residual", "gate_up", "mlp_act", "down")}
 
 

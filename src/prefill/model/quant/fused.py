@@ -62,10 +62,9 @@ def install(model) -> bool:
     def decode_block(blk, x, cos, sin, batch, layer):
         """The block as one operator when every token of the forward is a query of the paged kernel (decode
         rows: then they are the batch's tokens in order) and the block is one the operators cover; else None."""
-        paged, N = batch.paged, x.shape[1]
-        simple = blk.llama_block
+        paged, N = batch.paged, x.shape[1]  # x [1, N, d_model]
         weights = (blk.wqkv.weight, blk.wo.weight, blk.w_gate_up.weight, blk.w_down.weight)
-        if not (simple and paged is not None and paged.index.shape[0] == N and x.dtype == torch.float32):
+        if not (blk.llama_block and paged is not None and paged.index.shape[0] == N and x.dtype == torch.float32):
             return None
         if not all(_native(w, N) for w in weights):
             return None
@@ -74,19 +73,19 @@ def install(model) -> bool:
         w_qkv, w_o, w_gu, w_down = weights
         d = cos.shape[-1]
         out = torch.ops.prefill_quant.decode_block(
-            x.view(N, -1),
+            x.view(N, -1),  # [N, d_model]
             blk.attn_norm.weight,
             blk.eps,
             w_qkv.blocks,
             GGUF_TYPE_IDS[w_qkv.qtype],
             blk.wqkv.bias,
-            cos.view(N, d),
+            cos.view(N, d),  # [N, d_head]
             sin.view(N, d),
             blk.H_q,
             blk.H_kv,
-            batch.k[layer],
+            batch.k[layer],  # [H_kv, n_slots, d_head]: the new K/V are written here, then attention reads it
             batch.v[layer],
-            batch.write[g],
+            batch.write[g],  # [N]: each token's slot
             table,
             first_block,
             first,
