@@ -33,7 +33,9 @@ def layout_for(
     weight for a quantized format; default: `dtype`), its blocks fused below `fused_below` tokens (Layout)."""
     act = dtype_bytes(canonical_dtype(dtype))
     wb = act if weights is None else weights if isinstance(weights, (int, float)) else dtype_bytes(weights)
-    return Layout(float(wb), act, act, tp, gathers_kv, fused_below)
+    return Layout(
+        weight_bytes=float(wb), act_bytes=act, kv_bytes=act, tp=tp, gathers_kv=gathers_kv, fused_below=fused_below
+    )
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from prefill.costmodel.causal import causal_pairs
 from prefill.costmodel.costs import canonical_dtype, dtype_bytes
 
 # Row counts the GEMM curve is measured at (while the budget allows); 32 and 64 on both sides of the engine's
-# switch from its own few-rows kernel to MKL on most CPUs (prefill.model.transformer.few_rows: 128 on AVX2).
+# switch from its own few-rows kernel to MKL on most CPUs (prefill.model.kernels.few_rows: 128 on AVX2).
 GEMM_MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)  # 8: a decode step of 8 rows, measured, not interpolated
 COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
 COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
@@ -72,7 +72,7 @@ def gemm_seconds(
     the cache."""
     import torch
 
-    from prefill.model.transformer import few_rows_linear
+    from prefill.model.kernels import few_rows_linear
 
     dt = getattr(torch, canonical_dtype(dtype))
     ws = [_weight(N, K, dt, device, qtype) for _ in range(copies)]  # copies x [N, K] (nn.Linear's layout)

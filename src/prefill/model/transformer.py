@@ -13,7 +13,6 @@ position only.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -25,6 +24,7 @@ from prefill.costmodel.specs import ModelSpec
 from prefill.errors import ModelFileError
 from prefill.model.attention import attend
 from prefill.model.batch import ForwardBatch
+from prefill.model.kernels import few_rows_linear, invariant_linear
 from prefill.model.quant import cat_rows, linear, place_weight
 
 
@@ -135,42 +135,6 @@ class Kernels:
 
     def set_deterministic(self) -> None:
         self.deterministic, self.linear = True, invariant_linear
-
-
-# Up to this many rows linear_f32 beats MKL, by the CPU's kind (SmolLM2, float32, 2 threads). Zen 4 (AVX-512,
-# where MKL runs its AVX-512 kernels): 1.8x at 1 row, 3x at 2; at 33-128 rows it won for wide N and lost for
-# K = 1,536. Zen 3 (AVX2), warm prefills of P = 48 / 64 / 96 / 128 tokens: MKL 307 / 342 / 384 / 422 ms,
-# linear_f32 193 / 227 / 285 / 352 ms; even at 192.
-FEW_ROWS = {"AVX2": 128}
-FEW_ROWS_ELSEWHERE = 32
-
-
-@functools.cache
-def few_rows() -> int:
-    """The most rows a float32 projection runs through linear_f32 on this CPU (FEW_ROWS)."""
-    from prefill.machine.capability import capability
-
-    return FEW_ROWS.get(capability("cpu").kind, FEW_ROWS_ELSEWHERE)
-
-
-def few_rows_linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """prefill.model.quant.linear (F.linear, or GGUF blocks' own kernel), through linear_f32 for 1..few_rows()
-    rows of dense float32 on the CPU: the weights stream from memory once for all rows. MKL's GEMV reads them at
-    10 GB/s on a Zen 4 where linear_f32 reads 18-22; its small-M GEMM runs at a third of its large-M rate."""
-    from prefill.model import kernels
-
-    rows = x.numel() // x.shape[-1]
-    if 1 <= rows <= few_rows() and isinstance(w, torch.Tensor) and w.dtype == torch.float32 and kernels.usable(x):
-        return invariant_linear(x, w, b)
-    return linear(x, w, b)
-
-
-def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear with every element summed in one fixed order: x [..., K] @ w [N, K]^T (+ b)."""
-    from prefill.model import kernels
-
-    y = kernels.linear_f32(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
-    return y if b is None else y + b
 
 
 class Block(nn.Module):
