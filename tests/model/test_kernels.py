@@ -20,7 +20,7 @@ def reference(q, k, v, table, first_block, first, end, bs, scale):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("H_q,H_kv,D", [(9, 3, 64), (4, 4, 24), (8, 2, 12)])
+@pytest.mark.parametrize("H_q,H_kv,D", [(9, 3, 64), (4, 4, 24), (8, 2, 12), (8, 4, 40), (8, 1, 128)])
 def test_paged_attention_equals_attention_over_the_gathered_keys(H_q, H_kv, D):
     torch.manual_seed(0)
     bs = 16

@@ -35,6 +35,7 @@ constexpr int64_t kMaxBlock = 64;  // block_size bound (the pool uses 16)
 constexpr int64_t kMaxG = 16;      // query heads per KV head bound
 constexpr int64_t kSpan = 512;     // positions per span of a long row (see spans_of)
 constexpr int64_t kMaxSpans = 8;
+constexpr int64_t kAhead = 2;     // blocks between the one read and the one prefetched
 
 // How many spans a row of n positions is read in: the spans of one (row, KV head) run on different threads, so
 // one long row keeps every thread busy (one row has H_kv = 3 work items for 2 threads otherwise), and their
@@ -101,74 +102,128 @@ PA_AVX2 inline float lane_sum(__m256 d) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-// Scores s[t] = scale * q.k_t of n keys; four keys at a time, four independent FMA chains (a single chain waits
-// on each FMA's latency), reduced together by one hadd tree.
-PA_AVX2 void scores_avx2(const float* qg, int64_t D, const float* kb, int64_t n, float scale, float* s) {
+// Scores s[g][t] = scale * q_g.k_t of n keys for NG query heads at once: each key is loaded once for the NG heads,
+// four keys at a time, 4 * NG independent FMA chains, each key's 8 lane sums reduced by one hadd tree per head.
+// kn (or null): the K of a block ahead, prefetched a group of keys at a time.
+template <int NG>
+PA_AVX2 void scores_avx2(const float* q, int64_t D, const float* kb, int64_t n, float scale, float (*s)[kMaxBlock],
+                         const char* kn) {
   int64_t t = 0;
   const __m128 vs = _mm_set1_ps(scale);
   for (; t + 4 <= n; t += 4) {
-    __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+    __m256 d[NG][4];
+    for (int g = 0; g < NG; g++)
+      for (int j = 0; j < 4; j++) d[g][j] = _mm256_setzero_ps();
     const float* k0 = kb + t * D;
+    if (kn)
+      for (int64_t o = 0; o < 4 * D * 4; o += 64) _mm_prefetch(kn + t * D * 4 + o, _MM_HINT_T0);
     for (int64_t i = 0; i < D; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(qg + i);
-      d0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), d0);
-      d1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + i), d1);
-      d2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + i), d2);
-      d3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + i), d3);
+      __m256 qv[NG];
+      for (int g = 0; g < NG; g++) qv[g] = _mm256_loadu_ps(q + g * D + i);
+      for (int j = 0; j < 4; j++) {
+        const __m256 kv = _mm256_loadu_ps(k0 + j * D + i);
+        for (int g = 0; g < NG; g++) d[g][j] = _mm256_fmadd_ps(qv[g], kv, d[g][j]);
+      }
     }
-    // hadd(hadd(d0, d1), hadd(d2, d3)) = [d0..d3 of lanes 0-3 | d0..d3 of lanes 4-7]
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(d0, d1), _mm256_hadd_ps(d2, d3));
-    const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    _mm_storeu_ps(s + t, _mm_mul_ps(r, vs));
+    for (int g = 0; g < NG; g++) {
+      // hadd(hadd(d0, d1), hadd(d2, d3)) = [d0..d3 of lanes 0-3 | d0..d3 of lanes 4-7]
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(d[g][0], d[g][1]), _mm256_hadd_ps(d[g][2], d[g][3]));
+      const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(s[g] + t, _mm_mul_ps(r, vs));
+    }
   }
-  for (; t < n; t++) {
-    __m256 d = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) d = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(kb + t * D + i), d);
-    s[t] = lane_sum(d) * scale;
+  for (; t < n; t++)
+    for (int g = 0; g < NG; g++) {
+      __m256 d = _mm256_setzero_ps();
+      for (int64_t i = 0; i < D; i += 8)
+        d = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + i), _mm256_loadu_ps(kb + t * D + i), d);
+      s[g][t] = lane_sum(d) * scale;
+    }
+}
+
+// acc_g[0, D) = acc_g * corr_g + sum_t p_g[t] v_t for NG heads, 32 floats of D at a time: each V row is loaded once
+// for the NG heads, 4 * NG accumulators (each element's terms added in the order of t, as in the scalar path);
+// vn (or null): the V of a block ahead, prefetched a row at a time.
+template <int NG>
+PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (*p)[kMaxBlock], const float* vb,
+                         int64_t n, const char* vn) {
+  for (int64_t i = 0; i < D; i += 32) {
+    if (i + 32 <= D) {
+      __m256 x[NG][4];
+      for (int g = 0; g < NG; g++) {
+        const __m256 vc = _mm256_set1_ps(corr[g]);
+        for (int j = 0; j < 4; j++) x[g][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + i + 8 * j), vc);
+      }
+      for (int64_t t = 0; t < n; t++) {
+        const float* vt = vb + t * D + i;
+        if (vn) {  // this row's 128 bytes of the V ahead
+          _mm_prefetch(vn + (t * D + i) * 4, _MM_HINT_T0);
+          _mm_prefetch(vn + (t * D + i) * 4 + 64, _MM_HINT_T0);
+        }
+        __m256 pt[NG];
+        for (int g = 0; g < NG; g++) pt[g] = _mm256_broadcast_ss(p[g] + t);
+        for (int j = 0; j < 4; j++) {
+          const __m256 v = _mm256_loadu_ps(vt + 8 * j);
+          for (int g = 0; g < NG; g++) x[g][j] = _mm256_fmadd_ps(pt[g], v, x[g][j]);
+        }
+      }
+      for (int g = 0; g < NG; g++)
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + g * D + i + 8 * j, x[g][j]);
+    } else {  // the last 8, 16 or 24 floats of D
+      for (int g = 0; g < NG; g++)
+        for (int64_t e = i; e < D; e += 8) {
+          __m256 x = _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + e), _mm256_set1_ps(corr[g]));
+          for (int64_t t = 0; t < n; t++) x = _mm256_fmadd_ps(_mm256_set1_ps(p[g][t]), _mm256_loadu_ps(vb + t * D + e), x);
+          _mm256_storeu_ps(acc + g * D + e, x);
+        }
+    }
   }
 }
 
-// a[0, w) = a * corr + sum_t p[t] v_t[0, w), for w <= 64 floats: eight accumulators, one FMA chain per 8 floats
-// (each element's terms added in the order of t, as before).
-PA_AVX2 inline void weighted_sum_avx2(float* a, int64_t w, float corr, const float* p, const float* vb, int64_t D,
-                                      int64_t n) {
-  __m256 x[8];
-  const int64_t c = w / 8;
-  const __m256 vc = _mm256_set1_ps(corr);
-  for (int64_t j = 0; j < c; j++) x[j] = _mm256_mul_ps(_mm256_loadu_ps(a + 8 * j), vc);
-  if (c == 8) {
-    for (int64_t t = 0; t < n; t++) {
-      const __m256 pt = _mm256_set1_ps(p[t]);
-      const float* vt = vb + t * D;
-      for (int64_t j = 0; j < 8; j++) x[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), x[j]);
+// One block of n keys for NG query heads of one KV head (D a multiple of 8): scores, the online softmax's update
+// of each head's (m, l), then the weighted values.
+template <int NG>
+PA_AVX2 void heads_block_avx2(const float* q, int64_t D, const float* kb, const float* vb, int64_t n, float scale,
+                              float* m, float* l, float* acc, const char* kn, const char* vn) {
+  alignas(32) float s[NG][kMaxBlock];
+  float corr[NG];
+  scores_avx2<NG>(q, D, kb, n, scale, s, kn);
+  const int64_t n8 = (n + 7) / 8 * 8;
+  for (int g = 0; g < NG; g++) {
+    for (int64_t t = n; t < n8; t++) s[g][t] = -INFINITY;
+    const __m256 m_old = _mm256_set1_ps(m[g]);
+    __m256 vmx = m_old;
+    for (int64_t t = 0; t < n8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(s[g] + t));
+    vmx = _mm256_max_ps(vmx, _mm256_permute2f128_ps(vmx, vmx, 1));  // the max in every lane, in registers
+    vmx = _mm256_max_ps(vmx, _mm256_shuffle_ps(vmx, vmx, 0x4E));
+    vmx = _mm256_max_ps(vmx, _mm256_shuffle_ps(vmx, vmx, 0xB1));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n8; t += 8) {
+      const __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(s[g] + t), vmx));
+      _mm256_store_ps(s[g] + t, p);
+      sum = _mm256_add_ps(sum, p);
     }
-  } else {
-    for (int64_t t = 0; t < n; t++) {
-      const __m256 pt = _mm256_set1_ps(p[t]);
-      for (int64_t j = 0; j < c; j++) x[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vb + t * D + 8 * j), x[j]);
-    }
+    const __m256 c = exp8(_mm256_sub_ps(m_old, vmx));  // m = -inf (nothing seen yet) gives 0
+    corr[g] = _mm256_cvtss_f32(c);
+    m[g] = _mm256_cvtss_f32(vmx);
+    l[g] = l[g] * corr[g] + lane_sum(sum);
   }
-  for (int64_t j = 0; j < c; j++) _mm256_storeu_ps(a + 8 * j, x[j]);
+  values_avx2<NG>(acc, D, corr, s, vb, n, vn);
 }
 
-// One block of n keys for the G query heads of one KV head (D a multiple of 8).
+// One block of n keys for the G query heads of one KV head, in groups of up to three heads (three keep the
+// accumulators of four keys, or of 32 floats of D, in AVX2's sixteen registers).
 PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const float* kb, const float* vb, int64_t n,
-                              float scale, float* m, float* l, float* acc) {
-  alignas(32) float s[kMaxBlock];
-  for (int64_t g = 0; g < G; g++) {
-    scores_avx2(q + g * D, D, kb, n, scale, s);
-    float mx = m[g];
-    for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-    for (int64_t t = n; t < (n + 7) / 8 * 8; t++) s[t] = -INFINITY;
-    const __m256 vmx = _mm256_set1_ps(mx);
-    for (int64_t t = 0; t < n; t += 8) _mm256_store_ps(s + t, exp8(_mm256_sub_ps(_mm256_load_ps(s + t), vmx)));
-    const float corr = std::isinf(m[g]) ? 0.f : std::exp(m[g] - mx);
-    float sum = l[g] * corr;
-    for (int64_t t = 0; t < n; t++) sum += s[t];
-    float* a = acc + g * D;
-    for (int64_t i = 0; i < D; i += 64) weighted_sum_avx2(a + i, std::min<int64_t>(64, D - i), corr, s, vb + i, D, n);
-    m[g] = mx;
-    l[g] = sum;
+                              float scale, float* m, float* l, float* acc, const char* kn, const char* vn) {
+  for (int64_t g = 0; g < G;) {
+    const int64_t ng = std::min<int64_t>(3, G - g);
+    if (ng == 3)
+      heads_block_avx2<3>(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
+    else if (ng == 2)
+      heads_block_avx2<2>(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
+    else
+      heads_block_avx2<1>(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
+    g += ng;
   }
 }
 
@@ -233,22 +288,20 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
         const float* kb = kp + h * khs + slot * D;
         const float* vb = vp + h * khs + slot * D;
 #ifdef PA_HAVE_X86
-        if (j + 1 < T && stop < items[w].hi && tp[r * T + j + 1] != tp[r * T + j] + 1) {
-          // the next block's K and V, fetched while this one computes, when the table puts it elsewhere in the pool
-          // (the hardware prefetcher follows a run of adjacent blocks, and prefetching them too only slows it)
-          const int64_t next = tp[r * T + j + 1] * block_size;
-          if (next >= 0 && next + block_size <= n_slots) {
-            const char* kn = reinterpret_cast<const char*>(kp + h * khs + next * D);
-            const char* vn = reinterpret_cast<const char*>(vp + h * khs + next * D);
-            const int64_t bytes = std::min(items[w].hi - stop, block_size) * D * 4;
-            for (int64_t o = 0; o < bytes; o += 64) {
-              _mm_prefetch(kn + o, _MM_HINT_T0);
-              _mm_prefetch(vn + o, _MM_HINT_T0);
-            }
+        // The K and V of the block two ahead in the table, fetched a few lines at a time while this one computes
+        // (each block is a 4 KB page of K and one of V: the hardware prefetcher stops at every page's end, and
+        // a whole block's prefetches issued at once stall on the miss buffers). 1 thread, S = 4,096, 30 layers:
+        // 9.4 GB/s read, against 6.4 without.
+        const char *kn = nullptr, *vn = nullptr;
+        if (j + kAhead < T && stop + kAhead * block_size <= items[w].hi) {
+          const int64_t ahead = tp[r * T + j + kAhead] * block_size;
+          if (ahead >= 0 && ahead + block_size <= n_slots) {
+            kn = reinterpret_cast<const char*>(kp + h * khs + ahead * D);
+            vn = reinterpret_cast<const char*>(vp + h * khs + ahead * D);
           }
         }
         if (simd)
-          query_block_avx2(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc);
+          query_block_avx2(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc, kn, vn);
         else
 #endif
           query_block_scalar(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc);
