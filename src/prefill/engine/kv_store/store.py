@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from prefill.engine.kv_store.files import BlockFiles
@@ -277,7 +278,7 @@ class KVStore:
             if old is not None and _holds(old, self.fp, key, block.layers):
                 self.files.touch(key.digest, stamp)
                 return
-            payload = memoryview(block.kv.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+            payload = _bytes_of(block.kv)
             size = self.files.write(key.digest, [encode_header(self.fp, key, block.layers, payload), payload], stamp)
         except OSError as e:
             self._stop_writing(e)
@@ -342,3 +343,15 @@ def _holds(peeked: tuple[bytes, int], fp: Fingerprint, key: BlockKey, layers: tu
 
 def _why(e: Exception) -> str:
     return e.strerror or str(e) if isinstance(e, OSError) else str(e)
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bytes_of(kv: torch.Tensor) -> memoryview:
+    """The bytes of `kv` (any strides, any device) in C order, made contiguous by numpy on the writer thread: a
+    torch copy here would open a second OpenMP team beside the engine's, whose threads spin between the writer's
+    copies on the cores the engine computes on (measured on a 2-core Zen 3: 0.7 of a core for a 1.5 MB copy every
+    10 ms). Integers of the element's width stand in for it: numpy has no bfloat16."""
+    flat = kv.detach().cpu().view(_SAME_SIZE_INT[kv.element_size()]).numpy()
+    return memoryview(np.ascontiguousarray(flat).reshape(-1).view(np.uint8))
