@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill.costmodel.kv_store import compute_or_load, load_seconds
+from prefill.costmodel.kv_store import break_even_rate, choice_flips, compute_or_load, load_seconds
 from prefill.engine.kv_store.files import BlockFiles
 from prefill.engine.llm import Engine
 from prefill.engine.proofs import rounding_tolerance
@@ -43,6 +43,36 @@ def test_compute_or_load_picks_the_faster_and_says_by_how_much():
     assert load_seconds(3_000, 1_500.0) == 2.0
     with pytest.raises(BadInput):
         load_seconds(1, 0.0)
+
+
+def test_choice_flips_finds_each_change_to_the_block():
+    calls = []
+
+    def loads(P: int) -> bool:  # load below 200 tokens and from 1,000 on, compute between
+        calls.append(P)
+        return P < 200 or P >= 1000
+
+    grid = [16, 64, 256, 1024, 4096]
+    assert choice_flips(grid, loads, 16) == [208, 1008]  # the first whole block on the new side of each change
+    assert choice_flips(grid, lambda P: True, 16) == [] and choice_flips([16], loads, 16) == []
+    assert len(calls) < 2 * len(grid) + 20  # bisection, not a scan of every block
+    for bad in ([16, 24], [64, 16], [0, 16]):
+        with pytest.raises(BadInput):
+            choice_flips(bad, loads, 16)
+
+
+def test_break_even_rate_is_the_slowest_read_that_wins_everywhere():
+    sizes, compute = [1_000_000, 4_000_000, 16_000_000], [0.1, 0.2, 1.0]  # 10, 20, 16 MB/s to break even
+    rate = break_even_rate(sizes, compute)
+    assert rate == 20e6
+
+    def choices(r: float) -> list[str]:
+        return [compute_or_load(1, 0, n, r, lambda n_, p, s=s: s).choice for n, s in zip(sizes, compute, strict=True)]
+
+    assert choices(rate * 1.01) == ["load"] * 3
+    assert choices(rate * 0.99) == ["load", "compute", "load"]  # just below it, computing wins at 4 MB
+    with pytest.raises(BadInput):
+        break_even_rate([1], [0.0])
 
 
 def test_the_decision_imports_no_torch():

@@ -345,14 +345,26 @@ def test_the_load_slider_shows_what_the_simulator_answers(page):
     page.locator("#load").screenshot(path=SHOTS / "load-1280.png")
 
 
-def test_the_sweep_and_load_sections_fit_a_phone(page):
+def test_compute_or_load_shows_what_the_api_answers(page):
+    with page.expect_response(lambda r: "/api/compute-or-load" in r.url, timeout=TIMEOUT_MS) as answer:
+        page.locator("#tiers").scroll_into_view_if_needed()
+    r = answer.value.json()
+    page.wait_for_selector("#tiers[data-shown]", timeout=TIMEOUT_MS)
+    assert r["available"] and text(page, "#tiers-text") == r["explanation"]
+    assert text(page, "#tr-token") == r["human"]["per_token"] and text(page, "#tr-ram") == r["human"]["ram"]
+    assert text(page, "#tr-disk") == r["human"]["disk"] and text(page, "#tr-even") == r["human"]["break_even"]
+    assert page.locator("#tiers-chart canvas").count() == 1
+    page.locator("#tiers").screenshot(path=SHOTS / "tiers-1280.png")
+
+
+def test_the_sweep_load_and_tiers_sections_fit_a_phone(page):
     page.set_viewport_size({"width": 390, "height": 844})
-    for section in ("sweep", "load"):
+    for section in ("sweep", "load", "tiers"):
         page.locator(f"#{section}").screenshot(path=SHOTS / f"{section}-390.png")
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0, f"the page is {overflow}px wider than a 390px phone"
     page.set_viewport_size({"width": 1280, "height": 800})
-    for name in ("sweep-1280.png", "load-1280.png", "sweep-390.png", "load-390.png"):
+    for name in ("sweep-1280.png", "load-1280.png", "tiers-1280.png", "sweep-390.png", "load-390.png", "tiers-390.png"):
         assert (SHOTS / name).stat().st_size > 10_000
 
 

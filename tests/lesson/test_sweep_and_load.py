@@ -153,3 +153,37 @@ def test_load_refuses_a_bad_rate(url, rate, words):
 @pytest.mark.parametrize("fraction", [11, 1e-300])  # at 1e-300 req/s a step's seconds vanish in the clock's rounding
 def test_load_refuses_a_rate_far_from_capacity(url, capacity, fraction):
     refused(get(url, "/api/load", rate=fraction * capacity), "rate must be in [", "capacity")
+
+
+def test_compute_or_load_is_the_store_decision_at_every_length(url, smollm):
+    """Each stored prefix length: the time model's prefill in the server's chunks beside its block files read at
+    the rates measured once per server; the store's choice between them, where it flips, and the break-even rate."""
+    from prefill.costmodel.kv_store import break_even_rate
+    from prefill.engine.kv_store.format import header_size
+    from prefill.server.app import ServeConfig
+
+    r = ok(url, "/api/compute-or-load")
+    spec, chunk = smollm.spec, ServeConfig("m").chunk_size
+    assert r["available"] and r["block_tokens"] == 16
+    kv = costs.kv_cache_bytes(spec.L, spec.H_kv, spec.d_head, 16, 4)  # one block of every layer, float32
+    assert r["block_file_bytes"] == kv + header_size(spec.L, 16)
+    Ps = [p["P"] for p in r["points"]]
+    assert Ps[0] == 16 and Ps[-1] == spec.context_length and Ps == sorted(set(Ps)) and all(P % 16 == 0 for P in Ps)
+    ram, disk = r["ram"]["bytes_per_s"], r["disk"]["bytes_per_s"] if r["disk"] else None
+    for p in r["points"]:
+        assert p["bytes"] == p["P"] // 16 * r["block_file_bytes"]
+        assert p["compute_s"] == pytest.approx(smollm.predict_prefill(p["P"], 0, chunk, profile=FIXED).seconds)
+        assert p["ram_s"] == pytest.approx(p["bytes"] / ram)
+        assert p["ram_choice"] == ("load" if p["ram_s"] < p["compute_s"] else "compute")
+        if disk:
+            assert p["disk_s"] == pytest.approx(p["bytes"] / disk)
+    for tier in ("ram", "disk"):
+        if r[tier] is not None and not r[tier]["flips"]:
+            assert len({p[f"{tier}_choice"] for p in r["points"]}) == 1
+    assert r["break_even_bytes_per_s"] == pytest.approx(
+        break_even_rate([p["bytes"] for p in r["points"]], [p["compute_s"] for p in r["points"]])
+    )
+    at = max(r["points"], key=lambda p: p["bytes"] / p["compute_s"])
+    assert r["break_even_P"] == at["P"] and r["break_even_bytes_per_s"] == pytest.approx(at["bytes"] / at["compute_s"])
+    assert r["explanation"].startswith("Each token's K and V take ") and r["human"]["break_even"] in r["explanation"]
+    assert ok(url, "/api/compute-or-load")["ram"]["bytes_per_s"] == ram  # measured once per server

@@ -7,7 +7,7 @@ time model predicts. The engine loads only when the load is predicted faster. To
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prefill.errors import BadInput
@@ -67,3 +67,31 @@ def compute_or_load(
     load_s = load_seconds(load_bytes, load_bytes_per_s)
     compute_s = float(prefill_seconds_fn(n_tokens, past))
     return LoadDecision("load" if load_s < compute_s else "compute", n_tokens, past, load_bytes, load_s, compute_s)
+
+
+def choice_flips(lengths: Sequence[int], loads: Callable[[int], bool], step: int) -> list[int]:
+    """Where compute-or-load changes its answer along the prompt length: for each two neighbours of `lengths`
+    (increasing multiples of `step`) whose answers differ (`loads(P)`: True when loading P tokens is predicted
+    faster), the first multiple of `step` on the new side, found by bisection. Empty when one answer holds at
+    every length (assumed to hold between the points where it does at both ends)."""
+    if any(P % step or P <= 0 for P in lengths) or list(lengths) != sorted(set(lengths)):
+        raise BadInput(f"lengths must be increasing positive multiples of {step}")
+    flips, answers = [], [loads(P) for P in lengths]
+    for i in range(len(lengths) - 1):
+        (lo, a), (hi, b) = (lengths[i], answers[i]), (lengths[i + 1], answers[i + 1])
+        if a == b:
+            continue
+        while hi - lo > step:  # loads(lo) == a, loads(hi) == b
+            mid = (lo + hi) // (2 * step) * step
+            lo, hi = (mid, hi) if loads(mid) == a else (lo, mid)
+        flips.append(hi)
+    return flips
+
+
+def break_even_rate(load_bytes: Sequence[int], compute_s: Sequence[float]) -> float:
+    """The read rate, bytes/s, above which loading is predicted faster than computing at every point (point i:
+    `load_bytes[i]` to read or `compute_s[i]` seconds of prefill); below it computing wins at one point at least.
+    The largest bytes / seconds: the point where computing is cheapest per byte of K/V."""
+    if not load_bytes or len(load_bytes) != len(compute_s) or min(compute_s) <= 0:
+        raise BadInput("one positive compute time is needed for each load size")
+    return max(n / s for n, s in zip(load_bytes, compute_s, strict=True))

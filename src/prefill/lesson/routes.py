@@ -13,7 +13,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from prefill.lesson import api, live, load, sweep
+from prefill.lesson import api, live, load, sweep, tiers
 from prefill.lesson.state import LessonState
 
 STATIC = Path(__file__).parent / "static"
@@ -26,10 +26,10 @@ async def lesson_page() -> FileResponse:
 
 
 def add_lesson_routes(app: FastAPI, state: LessonState) -> None:
-    """Serve the page at `/` and /static, the calculator API, the live-model API, the P sweep and the simulated
-    load, all reading `state`."""
+    """Serve the page at `/` and /static, the calculator API, the live-model API, the P sweep, the simulated
+    load and compute-or-load, all reading `state`."""
     app.state.lesson = state
-    for module in (api, live, sweep, load):
+    for module in (api, live, sweep, load, tiers):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="lesson-static")
     app.include_router(router)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from prefill.costmodel.specs import ModelSpec
     from prefill.engine.llm import Engine
     from prefill.lesson.load import SimulatedServer
+    from prefill.lesson.tiers import StoreRates
 
 T = TypeVar("T")
 OnWorker = Callable[[Callable[[], Any]], Future]  # prefill.server.worker.Worker.call
@@ -91,6 +92,13 @@ class LessonState:
         from prefill.lesson.load import SimulatedServer  # load.py reads lesson_of from here
 
         return SimulatedServer(self)
+
+    @cached_property
+    def store_rates(self) -> StoreRates:
+        """How fast this machine reads KV-store blocks back (prefill.lesson.tiers), measured on the page's first ask."""
+        from prefill.lesson.tiers import StoreRates  # tiers.py reads lesson_of from here
+
+        return StoreRates(self)
 
 
 def lesson_of(request: Request) -> LessonState:

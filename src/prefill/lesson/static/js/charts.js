@@ -1,6 +1,6 @@
 // The page's charts, drawn with uPlot (vendored, MIT): the live request's tokens over time and its roofline,
-// the P sweep's roofline, and TTFT against the arrival rate. uPlot is loaded on first use so the page's first
-// paint does not wait for it. Every value drawn comes from the API.
+// the P sweep's roofline, TTFT against the arrival rate, and compute against load over the stored prefix. uPlot is
+// loaded on first use so the page's first paint does not wait for it. Every value drawn comes from the API.
 
 let uPlotModule = null;
 async function uPlot() {
@@ -190,4 +190,26 @@ export async function drawLoad(el, r) {
       { x: r.capacity_req_per_s, color: "#64748b", dash: true, label: `capacity ${r.human.capacity}` },
     ])] },
   }, [xs, column(p50), column(p99), here(r.ttft_p50_s), here(r.ttft_p99_s)], el), 240);
+}
+
+// r: an /api/compute-or-load body. Seconds (log) against the stored prefix's length (log): the predicted prefill,
+// and the reads from the page cache and from the disk; a marker where the faster side changes.
+export async function drawTiers(el, r) {
+  const U = await uPlot();
+  const xs = r.points.map((p) => p.P);
+  const flips = [["page cache", r.ram], ["disk", r.disk]].flatMap(([name, t]) => (t?.flips ?? [])
+    .map((P) => ({ x: P, color: "#64748b", dash: true, label: `${name}: the faster side changes at P = ${P}` })));
+  el.replaceChildren();
+  return fit(el, new U({
+    width: widthOf(el), height: 260,
+    scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
+    axes: [{ label: "stored prefix (tokens)", values: (u, v) => v.map(si) },
+      { label: "seconds", values: (u, v) => v.map(seconds), size: 60 }],
+    series: [{},
+      { label: "compute", stroke: "#2563eb", width: 2, points: { show: false } },
+      { label: "page cache", stroke: "#10b981", width: 2, points: { show: false } },
+      { label: "disk", stroke: "#b45309", width: 2, spanGaps: true, points: { show: false } }],
+    legend: { show: false },
+    hooks: { draw: [markers(flips)] },
+  }, [xs, r.points.map((p) => p.compute_s), r.points.map((p) => p.ram_s), r.points.map((p) => p.disk_s)], el), 260);
 }

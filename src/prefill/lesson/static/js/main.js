@@ -6,6 +6,7 @@ import { initLive } from "./live.js";
 import { initLoad } from "./load.js";
 import { initQuiz } from "./quiz.js";
 import { initSweep } from "./sweep.js";
+import { initTiers } from "./tiers.js";
 
 async function main() {
   initQuiz();
@@ -18,6 +19,7 @@ async function main() {
   initLive(cat);
   initSweep(cat);
   initLoad(cat);
+  initTiers(cat);
 }
 
 main().catch(report);

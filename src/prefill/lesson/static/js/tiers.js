@@ -1,0 +1,40 @@
+// Part 5: compute or load (GET /api/compute-or-load). Asked once, when the section comes into view: the store's
+// read rates are measured then (once per server, a fraction of a second). Every number shown comes from the API.
+
+import { $, ApiError, getJSON, onFirstView, oneAtATime, report } from "./api.js";
+import { drawTiers } from "./charts.js";
+
+function status(text, error = false) {
+  $("tiers-status").textContent = text;
+  $("tiers-status").className = `status${error ? " error" : ""}`;
+}
+
+export function initTiers(catalog) {
+  if (!catalog.loaded) {
+    status("No model is loaded in this server: nothing to store.");
+    return;
+  }
+  onFirstView($("tiers"), () => show().catch((e) => {
+    status(e instanceof ApiError ? e.message : String(e), true);
+    report(e);
+  }));
+}
+
+async function show() {
+  status("Measuring how fast this machine reads stored K/V back…");
+  const r = await oneAtATime(() => getJSON("/api/compute-or-load")); // its probe reads files: not beside a sweep
+  if (!r.available) {
+    status(r.note);
+    return;
+  }
+  status("");
+  $("tr-token").textContent = r.human.per_token;
+  $("tr-ram").textContent = r.human.ram;
+  $("tr-disk").textContent = r.human.disk;
+  $("tr-even").textContent = r.human.break_even;
+  $("tiers-text").textContent = r.explanation;
+  $("tiers-source").textContent = `Read rates ${r.rates_source}. Prefill predicted by the time model on the `
+    + `${r.profile} profile, in this server's prefill chunks.`;
+  $("tiers").dataset.shown = "1";
+  await drawTiers($("tiers-chart"), r);
+}
