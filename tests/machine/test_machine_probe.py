@@ -167,6 +167,11 @@ def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
     # Another process on the second core: every parallel GEMM waits a scheduler slice (~16 ms) for its thread.
     stalled = {"gemm": {"576x960": [[1, 4.0e9], [2, 0.1e9], [4, 0.3e9]]}, "bandwidth_bytes_per_s": 12e9}
     assert "ran 40x slower per FLOP than of one row" in profiles.implausible(stalled)
+    one_row = {"gemm": {"576x3072:Q4_1": [[1, 0.3e9], [2, 0.9e9], [4, 25.8e9]]}}  # seen: M = 1 timed mid-stall
+    assert "GEMM of one row at K=576, N=3072 ran 22x slower per weight read than of 4 rows" in profiles.implausible(
+        one_row
+    )
+    assert profiles.implausible({"gemm": {"576x960": [[1, 5.5e9], [2, 11e9], [4, 20.5e9], [64, 81.6e9]]}}) is None
     assert "cache slower than memory" in profiles.implausible(
         {"bandwidth_bytes_per_s": 12e9, "cache_bandwidth_bytes_per_s": 0.6e9}
     )

@@ -3,11 +3,12 @@ every prediction then uses (GEMM rate by M, attention, bandwidth, overhead). Par
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, console, fail, note
+from prefill.cli.common import AutoDtype, Weights, console, fail, note
 
 
 def _spec(model: str | None):
@@ -23,6 +24,7 @@ MODEL_HELP = "Preset, .gguf or HF folder (default: the embedded SmolLM2)"
 def calibrate(
     model: Annotated[str | None, typer.Option("--model", "-m", help=MODEL_HELP)] = None,
     dtype: AutoDtype = "auto",
+    weights: Weights = "auto",
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice)")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="Print the profile as one JSON object")] = False,
@@ -37,9 +39,16 @@ def calibrate(
 
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
-    spec = _spec(model)
-    dtype = resolve_dtype(dtype, device, echo=None if json_out else note)
-    profile = probe_profile(spec, dtype, device, threads, refresh=True, echo=None if json_out else note)
+    spec, qtypes = _spec(model), {}
+    if model is None or Path(model).exists():  # a model file: probe the kernels its engine runs (GGUF blocks too)
+        from prefill.cli.common import open_engine
+
+        engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic=False)
+        qtypes = engine.weight_types()
+    else:
+        dtype = resolve_dtype(dtype, device, echo=None if json_out else note)
+    echo = None if json_out else note
+    profile = probe_profile(spec, dtype, device, threads, refresh=True, echo=echo, qtypes=qtypes)
     used = profile_for(spec, dtype, device, threads)
     if json_out:
         typer.echo(json.dumps(profile.to_json(), indent=2))

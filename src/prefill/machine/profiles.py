@@ -167,15 +167,23 @@ def probe_profile(
 def implausible(entry: dict) -> str | None:
     """What in a probe's measurements no idle machine produces (other processes took the cores meanwhile: a
     parallel kernel then waits a whole scheduler slice for its second thread), or None. A GEMM at a few rows is
-    never much slower per FLOP than at one row, and the cache is never slower than memory."""
+    never much slower per FLOP than at one row, nor, reading the same weights for M times the FLOPs, more than
+    M times faster; and the cache is never slower than memory."""
     for name, points in entry.get("gemm", {}).items():
         rates = dict((int(m), float(r)) for m, r in points)
+        K, N = name.split(":")[0].split("x")
         slow = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r < 0.5 * rates[1]]
         if slow:
-            K, N = name.split("x")
             return (
                 f"the probe's GEMM of {slow[0]} rows at K={K}, N={N} ran {rates[1] / rates[slow[0]]:.0f}x slower per "
                 "FLOP than of one row: other processes were using the cores"
+            )
+        stalled = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r > 2 * m * rates[1]]
+        if stalled:
+            m = stalled[0]
+            return (
+                f"the probe's GEMM of one row at K={K}, N={N} ran {rates[m] / rates[1] / m:.0f}x slower per weight "
+                f"read than of {m} rows: other processes were using the cores"
             )
     cache, memory = entry.get("cache_bandwidth_bytes_per_s"), entry.get("bandwidth_bytes_per_s")
     if cache and memory and cache < memory:
