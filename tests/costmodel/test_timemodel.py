@@ -174,6 +174,19 @@ def test_wave_quantization():
     assert wave_efficiency(7, 7, None) == 1.0
 
 
+def test_a_few_queries_over_a_long_past_attend_at_least_at_one_querys_rate():
+    # a CPU's shape: the causal prefill kernel is slow for a few queries, one decode query over many keys is not
+    p = MachineProfile(
+        "cpu", "float32", 100e9, 10e9, 0.0, "synthetic",
+        attention=((16, 3.5e9), (1024, 64e9)), attention_decode=((64, 9e9), (1024, 24e9)),
+    )  # fmt: skip
+    assert p.attention_rate(1, 512) == p.attention_rate(12, 512) > 5 * p.attention_rate(12, 12)
+    assert p.attention_rate(1024, 1024) == 64e9  # a long chunk: the prefill curve, above the decode one
+    after = predict_prefill(SMOLLM2, 12, p, FP32, past=528)
+    attention = [o for o in after.ops if o.kind == "attention"]
+    assert attention and all(o.flops / o.compute_s >= 0.99 * p.attention_rate(1, 528) for o in attention)
+
+
 def test_a_profile_round_trips_through_json():
     p = flat(gemm=(GemmCurve(576, 960, ((1, 1e10), (64, 8e10))),), cache_bytes=2**25, cache_bandwidth_bytes_per_s=5e10)
     assert MachineProfile.from_json(p.to_json()) == p
