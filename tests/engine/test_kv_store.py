@@ -35,6 +35,7 @@ from prefill.engine.kv_store import (
 )
 from prefill.engine.kv_store.files import BlockFiles
 from prefill.engine.kv_store.format import encode_header, header_size, payload_size
+from prefill.engine.kv_store.probe import drop_from_page_cache
 from prefill.errors import BadInput
 
 BS = 16
@@ -619,3 +620,19 @@ def test_probe_measures_both_tiers_and_leaves_nothing(open_store):
     assert bw.n_blocks == -(-(256 << 10) // file_bytes(store.fp)) and bw.nbytes == bw.n_blocks * file_bytes(store.fp)
     assert bw.ram_bytes_per_s > 0 and (bw.disk_bytes_per_s is None or bw.disk_bytes_per_s > 0)
     assert store.files.scan() == [] and store.stats().hit_blocks == 0  # probe blocks removed, counters untouched
+
+
+def test_resident_share_says_whether_a_load_reads_memory_or_the_disk(open_store):
+    store = open_store()
+    keys = store.keys(list(range(64)))
+    store.put(keys, [torch.randn(store.fp.block_shape()) for _ in keys])
+    store.flush()
+    digests = [k.digest for k in keys]
+    assert len(store.get(keys)) == 4 and store.files.resident_share(digests) == 1.0  # just written and read
+    assert store.files.resident_share([b"\0" * 32]) is None  # no such file: nothing to say
+    os.sync()  # written back first: the kernel keeps dirty pages when asked to drop them
+    drop_from_page_cache([store.files.path(d) for d in digests])
+    after = store.files.resident_share(digests)
+    if after == 1.0:
+        pytest.skip("this file system keeps a file's pages when asked to drop them (tmpfs)")
+    assert after == 0.0

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from prefill.cli.common import ms
 from prefill.costmodel import costs
+from prefill.costmodel.kv_store import load_seconds
 from prefill.engine.llm import Engine
 from prefill.engine.request import Generation
 
@@ -104,6 +105,30 @@ def ttft_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Table
     return t
 
 
+def store_table(engine: Engine, gen: Generation) -> Table | None:
+    """For a prompt whose prefix the KV store holds: computing those tokens, reading them from the page cache and
+    from the disk, each predicted (the store's read rates were measured when it opened), beside the path taken,
+    measured, and where its bytes came from (the files' pages resident before the read). None otherwise."""
+    use, tier = gen.kv_store, engine.kv_store
+    if use is None or tier is None or not use.decision.n_tokens:
+        return None
+    d, bw = use.decision, tier.bandwidth
+    tier_read = None if not use.loaded_tokens or use.resident_share is None else use.resident_share >= 0.5
+    t = _table(f"KV store: {d.n_tokens:,} stored tokens, compute or load", "path", "predicted", "measured")
+    t.add_row("compute (prefill them)", ms(d.compute_s), "" if use.loaded_tokens else "in the prefill above")
+    ram, disk = bw.ram_bytes_per_s, bw.disk_bytes_per_s
+    t.add_row("load from the page cache", ms(load_seconds(d.load_bytes, ram)), ms(use.load_s) if tier_read else "")
+    t.add_row(
+        "load from the disk",
+        ms(load_seconds(d.load_bytes, disk)) if disk else "not measurable here",
+        ms(use.load_s) if tier_read is False else "",
+    )
+    t.caption = f"chosen: {d.choice} ({d.load_bytes / 1e6:,.1f} MB of block files; decided at the disk's rate)"
+    if use.loaded_tokens and use.resident_share is not None:
+        t.caption += f"; {use.resident_share:.0%} of their pages were in the page cache before the read"
+    return t
+
+
 def predicted_itls(engine: Engine, gen: Generation) -> list[float]:
     """The time model's seconds of each decode step of `gen`: one row at context P, P + 1, ..."""
     return [engine.predict_decode([gen.P + i]).seconds for i in range(len(gen.itl_s))]
@@ -168,5 +193,7 @@ def show_run(console: Console, engine: Engine, events, chunk_size: int | None = 
     engine.profile(echo=lambda line: console.print(f"note: {line}", highlight=False))  # probed on first need
     console.print(prompt_table(engine, gen, chunk_size))
     console.print(ttft_table(engine, gen, chunk_size))
+    if (stored := store_table(engine, gen)) is not None:
+        console.print(stored)
     console.print(decode_table(engine, gen, chunk_size))
     return gen

@@ -59,6 +59,7 @@ class StoreUse:
     loaded_bytes: int = 0
     load_s: float = 0.0  # measured: reading, verifying and copying into the pool
     bad_blocks: int = 0  # stored blocks rejected on the way (checksum, fingerprint, truncation...)
+    resident_share: float | None = None  # of the loaded files' pages in the page cache before the read (Linux)
 
     def as_dict(self) -> dict:
         return {
@@ -67,6 +68,7 @@ class StoreUse:
             "loaded_bytes": self.loaded_bytes,
             "load_s": self.load_s,
             "bad_blocks": self.bad_blocks,
+            "resident_share": self.resident_share,
         }
 
 
@@ -164,6 +166,7 @@ class StoreTier:
         end = past + len(keys) * bs
         if decision.choice != "load" or not room(end):
             return use
+        use.resident_share = self.store.files.resident_share([k.digest for k in keys])  # RAM tier, or disk
         t0 = time.perf_counter()
         seq.reserve(end)
         loaded = self.load_blocks(keys, seq, past)

@@ -14,7 +14,11 @@ file torn by a power cut fails its checksum and is recomputed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import mmap
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -102,6 +106,18 @@ class BlockFiles:
             return None
         return buf if n == len(buf) else buf[:n]
 
+    def resident_share(self, keys: list[bytes]) -> float | None:
+        """The share of the files' pages in the page cache now (mincore over a read-only mapping of each), or
+        None where that cannot be asked (not Linux): whether a load of them will read memory or the disk."""
+        if _mincore() is None:
+            return None
+        resident = total = 0
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                r, t = _resident_pages(self.path(key))
+                resident, total = resident + r, total + t
+        return resident / total if total else None
+
     def remove(self, key: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(key))
@@ -145,3 +161,38 @@ def _entries(folder: Path | os.DirEntry) -> list[os.DirEntry]:
             return list(it)
     except FileNotFoundError:
         return []
+
+
+@functools.cache
+def _mincore():
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mmap.restype = ctypes.c_void_p
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return libc
+
+
+def _resident_pages(path: str) -> tuple[int, int]:
+    """(pages of the file in the page cache, pages of the file)."""
+    libc, page = _mincore(), mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0, 0
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        try:
+            n = (size + page - 1) // page
+            vec = ctypes.create_string_buffer(n)
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+            return sum(b & 1 for b in vec.raw), n
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
