@@ -71,3 +71,18 @@ export function onFirstView(el, fn) {
   });
   seen.observe(el);
 }
+
+// A section's status line (id `${section}-status`): a plain note, or an error.
+export function setStatus(section, text, error = false) {
+  const line = $(`${section}-status`);
+  line.textContent = text;
+  line.className = `status${error ? " error" : ""}`;
+}
+
+// work() once the section first comes into view; its failure is said in the section's status line.
+export function loadWhenSeen(section, work) {
+  onFirstView($(section), () => work().catch((e) => {
+    setStatus(section, e instanceof ApiError ? e.message : String(e), true);
+    report(e);
+  }));
+}

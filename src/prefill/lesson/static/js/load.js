@@ -2,7 +2,7 @@
 // view) brings the capacity and the curve of TTFT against the rate; the slider then asks for one rate at a time.
 // The slider is a log scale from 5 % to 120 % of the capacity; every number shown comes from the API.
 
-import { $, ApiError, getJSON, latest, onFirstView, oneAtATime, report } from "./api.js";
+import { $, getJSON, latest, loadWhenSeen, oneAtATime, setStatus } from "./api.js";
 import { drawLoad } from "./charts.js";
 
 const LOW = 0.05; // the slider's ends, as fractions of the capacity
@@ -14,20 +14,14 @@ let capacity = null;
 const fractionAt = (v) => LOW * (HIGH / LOW) ** (v / STEPS);
 const positionOf = (fraction) => Math.round((STEPS * Math.log(fraction / LOW)) / Math.log(HIGH / LOW));
 
-function status(text, error = false) {
-  $("load-status").textContent = text;
-  $("load-status").className = `status${error ? " error" : ""}`;
-}
+const status = (text, error = false) => setStatus("load", text, error);
 
 export function initLoad(catalog) {
   if (!catalog.loaded) {
     status("No model is loaded in this server: nothing to simulate.");
     return;
   }
-  onFirstView($("load"), () => start().catch((e) => {
-    status(e instanceof ApiError ? e.message : String(e), true);
-    report(e);
-  }));
+  loadWhenSeen("load", start);
 }
 
 async function start() {

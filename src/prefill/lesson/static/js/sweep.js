@@ -3,7 +3,7 @@
 // /api/sweep/measure), so each point lands on the roofline as soon as it is measured. Every number comes from
 // the API; this file places them.
 
-import { $, ApiError, getJSON, onFirstView, oneAtATime, postJSON, report } from "./api.js";
+import { $, ApiError, getJSON, loadWhenSeen, oneAtATime, postJSON, report, setStatus } from "./api.js";
 import { drawSweep } from "./charts.js";
 
 let curve = null; // the /api/sweep/curve body
@@ -11,10 +11,7 @@ let measured = []; // /api/sweep/measure bodies, in the order they landed
 
 const REGIME = { compute: "compute-bound", memory: "memory-bound", overhead: "overhead-bound" };
 
-function status(text, error = false) {
-  $("sweep-status").textContent = text;
-  $("sweep-status").className = `status${error ? " error" : ""}`;
-}
+const status = (text, error = false) => setStatus("sweep", text, error);
 
 export function initSweep(catalog) {
   if (!catalog.loaded) {
@@ -22,10 +19,7 @@ export function initSweep(catalog) {
     return;
   }
   $("sweep-btn").addEventListener("click", () => measureSweep().catch(report));
-  onFirstView($("sweep"), () => loadCurve().catch((e) => {
-    status(e instanceof ApiError ? e.message : String(e), true);
-    report(e);
-  }));
+  loadWhenSeen("sweep", loadCurve);
 }
 
 async function loadCurve() {

@@ -1,23 +1,17 @@
 // Part 5: compute or load (GET /api/compute-or-load). Asked once, when the section comes into view: the store's
 // read rates are measured then (once per server, a fraction of a second). Every number shown comes from the API.
 
-import { $, ApiError, getJSON, onFirstView, oneAtATime, report } from "./api.js";
+import { $, getJSON, loadWhenSeen, oneAtATime, setStatus } from "./api.js";
 import { drawTiers } from "./charts.js";
 
-function status(text, error = false) {
-  $("tiers-status").textContent = text;
-  $("tiers-status").className = `status${error ? " error" : ""}`;
-}
+const status = (text, error = false) => setStatus("tiers", text, error);
 
 export function initTiers(catalog) {
   if (!catalog.loaded) {
     status("No model is loaded in this server: nothing to store.");
     return;
   }
-  onFirstView($("tiers"), () => show().catch((e) => {
-    status(e instanceof ApiError ? e.message : String(e), true);
-    report(e);
-  }));
+  loadWhenSeen("tiers", show);
 }
 
 async function show() {
