@@ -62,6 +62,6 @@ def test_bf16_gguf_holds_the_rounded_weights(readers):
     r0, dense = readers
     t0 = {t.name: t for t in r0.tensors}
     for t in dense["bfloat16"].tensors[:12]:
-        want = torch.from_numpy(np.asarray(dequantize(t0[t.name].data, t0[t.name].tensor_type), dtype=np.float32))
-        got = torch.from_numpy(np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        want = torch.from_numpy(np.array(dequantize(t0[t.name].data, t0[t.name].tensor_type), dtype=np.float32))
+        got = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
         assert torch.equal(got.reshape(want.shape), want.to(torch.bfloat16).float()), t.name
