@@ -98,3 +98,30 @@ def test_simulate_command_prints_percentiles_and_refuses_bad_input():
     assert out["latency"]["ttft_s"]["p50"] <= out["latency"]["ttft_s"]["p99"]
     bad = runner.invoke(app, [*args[:-2], "--rate", "-1"])
     assert bad.exit_code == 2 and "rate > 0" in bad.output
+
+
+def test_a_cpu_server_on_native_blocks_is_simulated_with_their_kernels(monkeypatch):
+    """`prefill loadtest --predict` against `prefill serve` (weights auto: the GGUF's blocks on a CPU): the time
+    model reads the block kernels' curves (the engine's weight types) and their fused decode, as the server's
+    engine predicts itself; it read the dense float32 curves, and predicted ITL 2.7x the measured one."""
+    from prefill.bench import simulate as sim_module
+    from prefill.costmodel.profile import MachineProfile
+    from prefill.engine.llm import Engine
+    from prefill.machine import profiles
+    from prefill.model.quant import ops
+
+    asked = {}
+
+    def profile_for(spec, dtype, device="cpu", **kw):
+        asked.update(kw)
+        return MachineProfile("fake", dtype, 1e11, 1e10, 1e-6, "test", attention=((1, 1e10), (4096, 1e10)))
+
+    layouts = []
+    monkeypatch.setattr(profiles, "profile_for", profile_for)
+    monkeypatch.setattr(sim_module, "time_model_steps", lambda spec, p, layout: layouts.append(layout) or fixed_steps)
+    monkeypatch.setattr(sim_module, "_stored_as", lambda weights, model, dtype, on_cpu: "Q4_1")  # native here
+    sim_module.simulate_server(None, "cpu", None, "auto", TRACE[:2], 256, 32, 64.0)
+    engine = Engine.load(None, dtype="float32", weights="native", progress=False)
+    assert asked["qtypes"] == engine.weight_types()  # e.g. {"576x960": "Q4_1", ..., "576x49152": "Q8_0"}
+    assert layouts[0].fused_below == (engine.layout().fused_below if ops.available() else 0)
+    assert layouts[0].weight_bytes == engine.layout().weight_bytes
