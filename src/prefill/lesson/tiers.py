@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -119,30 +120,15 @@ def explanation(
     return " ".join(parts)
 
 
-@router.get("/compute-or-load")
-async def compute_or_load_curve(request: Request) -> dict:
-    """For stored prefixes of P tokens: the predicted prefill (this server's chunk size, this machine's profile)
-    beside the seconds to read their K/V back from the page cache and from the disk at rates measured here, the
-    choice the store makes for each, the lengths where it flips, and the slowest storage at which loading still
-    wins at every P."""
-    lesson = lesson_of(request)
-    spec, engine = lesson.spec, lesson.engine
-    if any(w is not None for w in spec.windows):
-        return {"available": False, "note": f"{spec.name} has sliding-window layers: it is served without a KV store."}
-    rates = await lesson.store_rates.get()
-    if rates is None:
-        return {"available": False, "note": "No read rate could be measured here (the directory was not writable)."}
-    profile = await lesson.profile()
-    block = BLOCK_SIZE
-
-    def compute_s(P: int) -> float:
-        return engine.predict_prefill(P, 0, lesson.chunk_size, profile=profile).seconds
+def curve(lesson: LessonState, rates: Rates, profile) -> tuple[list[int], list[dict], Callable]:
+    """The prefix lengths, each one's predicted prefill and loads with the store's choice for each tier, and the
+    decision itself (P, rate) -> LoadDecision, as StoreTier.load makes it."""
 
     def decide(P: int, rate: float):
-        return compute_or_load(P, 0, P // block * rates.block_file_bytes, rate, lambda n, past: compute_s(n))
+        prefill_s = lesson.engine.predict_prefill(P, 0, lesson.chunk_size, profile=profile).seconds
+        return compute_or_load(P, 0, P // BLOCK_SIZE * rates.block_file_bytes, rate, lambda n, past: prefill_s)
 
-    grid = lengths(block, spec.context_length)
-    points = []
+    grid, points = lengths(BLOCK_SIZE, lesson.spec.context_length), []
     for P in grid:
         ram, disk = decide(P, rates.ram_bytes_per_s), decide(P, rates.disk_bytes_per_s or rates.ram_bytes_per_s)
         points.append(
@@ -156,6 +142,25 @@ async def compute_or_load_curve(request: Request) -> dict:
                 "disk_choice": disk.choice if rates.disk_bytes_per_s else None,
             }
         )
+    return grid, points, decide
+
+
+@router.get("/compute-or-load")
+async def compute_or_load_curve(request: Request) -> dict:
+    """For stored prefixes of P tokens: the predicted prefill (this server's chunk size, this machine's profile)
+    beside the seconds to read their K/V back from the page cache and from the disk at rates measured here, the
+    choice the store makes for each, the lengths where it flips, and the slowest storage at which loading still
+    wins at every P."""
+    lesson = lesson_of(request)
+    spec = lesson.spec
+    if any(w is not None for w in spec.windows):
+        return {"available": False, "note": f"{spec.name} has sliding-window layers: it is served without a KV store."}
+    rates = await lesson.store_rates.get()
+    if rates is None:
+        return {"available": False, "note": "No read rate could be measured here (the directory was not writable)."}
+    profile = await lesson.profile()
+    block = BLOCK_SIZE
+    grid, points, decide = curve(lesson, rates, profile)
     break_even = break_even_rate([p["bytes"] for p in points], [p["compute_s"] for p in points])
     at = max(points, key=lambda p: p["bytes"] / p["compute_s"])["P"]  # where computing costs least per byte
     tiers: dict = {}
