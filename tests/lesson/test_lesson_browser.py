@@ -156,8 +156,11 @@ def test_typed_answers_right_wrong_and_revealed(page):
     assert hint.startswith("Not quite") and "1.4e+13" not in hint
     assert page.locator("form[data-question='flops'] .reveal").is_visible()
     assert answer(page, "flops", "1.4 × 10^13").startswith("Right")
+    assert page.get_attribute("#a-flops", "placeholder") == "FLOPs"  # no answer in the box before one is typed
     assert answer(page, "flops", "14e12").startswith("Right")
     assert answer(page, "seconds", "0.28").startswith("Right")
+    assert answer(page, "seconds", "280 ms").startswith("Right")  # the page's own format
+    assert answer(page, "flops", "14 TFLOP").startswith("Right")
     assert answer(page, "pairs", "16").startswith("Not quite")
     form = page.locator("form[data-question='pairs']")
     form.locator(".reveal").click()

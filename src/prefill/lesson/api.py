@@ -358,6 +358,7 @@ def exercise() -> dict:
 
 @router.post("/answer")
 def answer(body: AnswerBody) -> dict:
-    """Check a typed answer ('1.4e13', '14e12', '1.4 × 10^13' all read): right, or a hint until reveal."""
+    """Check a typed answer ('1.4e13', '14e12', '1.4 × 10^13', '14 TFLOP', '280 ms' all read): right, or a hint
+    until reveal."""
     v = check_answer(body.question, body.answer, body.reveal)
     return {"correct": v.correct, "message": v.message, "answer": v.answer}

@@ -76,12 +76,20 @@ _TIMES_TEN = re.compile(r"(?:[x×*·⋅]|\\times)\s*10\s*(?:\^|\*\*)\s*([-+]?\d+
 _TEN_POW = re.compile(r"^10\s*(?:\^|\*\*)\s*([-+]?\d+)$")
 _SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
 _UNITS = re.compile(r"\s*(flops?|flop/s|seconds?|secs?|s|pairs?|tokens?)\s*$", re.IGNORECASE)
+# The page's own formats: an SI prefix before FLOP or s ("14 TFLOP", "280 ms", "1.4 PFLOPs", "280 µs").
+_PREFIXED = re.compile(r"\s*([kMGTPmuµn])\s*((?i:flops?|s|secs?|seconds?))\s*$")
+_PREFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9}
+_PREFIX_FLOP = {"k", "M", "G", "T", "P"}  # FLOPs come in thousands and up, seconds in thousandths and down
 
 
 def parse_number(text: str) -> float:
     """A number as people type it: '1.4e13', '14e12', '1.4 × 10^13', '1.4·10¹³', '14,000,000,000,000',
-    '0.28 s', '10'. BadInput (saying what is accepted) if it is none of these."""
-    s = str(text).strip().replace("\u2212", "-")
+    '0.28 s', '10', and as the page writes it: '14 TFLOP', '280 ms'. BadInput (saying what is accepted, with
+    examples that are no answer of the page's) if it is none of these."""
+    s = str(text).strip().replace("\u2212", "-").replace("\u03bc", "µ")
+    scale, prefixed = 1.0, _PREFIXED.search(s)
+    if prefixed and (prefixed.group(1) in _PREFIX_FLOP) == prefixed.group(2).lower().startswith("flop"):
+        scale, s = _PREFIX[prefixed.group(1)], s[: prefixed.start()]
     s = _UNITS.sub("", s)
     s = re.sub(r"10([⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+)", lambda m: "10^" + m.group(1).translate(_SUPERSCRIPT), s)
     s = s.replace(",", "").replace("_", "").replace("\u202f", "").replace("\u00a0", "")
@@ -92,10 +100,11 @@ def parse_number(text: str) -> float:
     try:
         value = float(s)
     except ValueError:
-        raise BadInput(f"cannot read {text!r} as a number; write it like 1.4e13, 14e12 or 1.4 × 10^13") from None
+        examples = "3.5e12, 35e11, 3.5 × 10^12 or 3.5 TFLOP"  # none of them an answer of the page's
+        raise BadInput(f"cannot read {text!r} as a number; write it like {examples}") from None
     if not math.isfinite(value):
         raise BadInput(f"{text!r} is not a finite number")
-    return value
+    return value * scale
 
 
 @dataclass(frozen=True)
