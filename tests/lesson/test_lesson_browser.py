@@ -8,6 +8,7 @@ shows them), so a run no longer leaves the tracked images rewritten."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -95,13 +96,24 @@ def test_first_paint_shows_the_seed_lines(page):
     assert text(page, "#line-time") == "time ≈ 1.40e+13 / 5.0e+13 = 0.28 s"
 
 
+def log_position(value: float, lo: float, hi: float) -> int:
+    """Where a value sits on the page's log-scaled N and P sliders (1,000 positions from lo to hi)."""
+    return round(1000 * math.log(value / lo) / math.log(hi / lo))
+
+
 def test_sliders_give_the_seed_worked_numbers(page):
-    slide(page, "#n-range", 70)
-    slide(page, "#p-range", 4000)
+    # N and P sliders are log-scaled: the seed's N = 7 and P = 1,000 sit mid-track, not at 1.4% and 3%
+    assert page.input_value("#n-range") == str(log_position(7, 0.1, 500)) == "499"
+    assert page.input_value("#p-range") == str(log_position(1000, 1, 32768)) == "664"
+    slide(page, "#n-num", 70)
+    slide(page, "#p-num", 4000)
     slide(page, "#u-range", 0.2)
     wait_text(page, "#line-flops", "2 · 7e10 · 4,000 = 5.60e+14")
-    slide(page, "#n-range", 7)
-    slide(page, "#p-range", 1000)
+    assert page.input_value("#n-range") == str(log_position(70, 0.1, 500))  # the slider follows the box
+    slide(page, "#p-range", 1000)  # the far end of the track: 32,768 tokens
+    wait_text(page, "#line-flops", "2 · 7e10 · 32,768 = ")
+    slide(page, "#n-range", log_position(7, 0.1, 500))
+    slide(page, "#p-range", log_position(1000, 1, 32768))
     slide(page, "#u-range", 0.5)
     wait_text(page, "#line-time", "time ≈ 1.40e+13 / 5.0e+13 = 0.28 s")
     assert text(page, "#line-flops") == "FLOPs ≈ 2 · N · P = 2 · 7e9 · 1,000 = 1.40e+13"

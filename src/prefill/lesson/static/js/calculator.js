@@ -21,6 +21,31 @@ function pairUp(rangeId, numId, onChange) {
   return { get: () => +num.value, set: (v) => { num.value = v; range.value = v; } };
 }
 
+// A log-scaled slider (positions 0..STEPS from lo to hi) and its number box, kept in step: N and P span over three
+// orders of magnitude, and on a linear track the seed's N = 7 sat at 1.4% of it. The slider's values keep two
+// significant digits within [lo, hi] (one arrow press moves N from 7 to 7.1, and back to 7); a typed value is
+// kept as typed.
+const STEPS = 1000;
+function logPair(rangeId, numId, lo, hi, onChange, integer = false) {
+  const range = $(rangeId);
+  const num = $(numId);
+  const span = Math.log(hi / lo);
+  const valueAt = (pos) => {
+    const v = Math.min(hi, Math.max(lo, +(lo * Math.exp((span * pos) / STEPS)).toPrecision(2)));
+    return integer ? Math.round(v) : v;
+  };
+  const positionOf = (v) => Math.round((STEPS * Math.log(Math.min(hi, Math.max(lo, v)) / lo)) / span);
+  range.addEventListener("input", () => { num.value = valueAt(+range.value); onChange(); });
+  num.addEventListener("input", () => {
+    if (num.value !== "" && Number.isFinite(+num.value) && +num.value > 0) {
+      range.value = positionOf(+num.value);
+      onChange();
+    }
+  });
+  range.value = positionOf(+num.value);
+  return { get: () => +num.value, set: (v) => { num.value = v; range.value = positionOf(v); } };
+}
+
 function peakOf(hw, dtype) {
   return hw.peak_flops[dtype] ?? hw.peak_flops.bfloat16;
 }
@@ -28,8 +53,8 @@ function peakOf(hw, dtype) {
 export function initCalculator(cat) {
   catalog = cat;
   const update = latest(refresh, 30);
-  const N = pairUp("n-range", "n-num", update);
-  const P = pairUp("p-range", "p-num", update);
+  const N = logPair("n-range", "n-num", 0.1, 500, update);
+  const P = logPair("p-range", "p-num", 1, 32768, update, true);
   const U = pairUp("u-range", "u-num", update);
   const peak = pairUp("peak-range", "peak-num", update);
   const hwSel = $("hw-select");
