@@ -123,6 +123,27 @@ def test_sliders_give_the_seed_worked_numbers(page):
     assert text(page, "#line-time") == "time ≈ 1.40e+13 / 1.5e+14 = 0.0933 s"
 
 
+def test_a_refused_calculator_input_greys_out_the_results_it_no_longer_matches(page, problems):
+    before = text(page, "#out-seconds")
+    slide(page, "#n-num", 0)
+    wait_text(page, "#calc-status", "N must be")
+    assert "last input that could be computed" in text(page, "#calc-status")
+    assert "stale" in page.get_attribute("#calc .tiles", "class")
+    assert text(page, "#out-seconds") == before  # kept, greyed, and said to be the last valid input's
+    SHOTS.mkdir(exist_ok=True)
+    page.locator("#calc").screenshot(path=SHOTS / "calc-refused-1280.png")
+    slide(page, "#n-num", 7)
+    page.wait_for_function("() => !document.querySelector('#calc .tiles').classList.contains('stale')")
+    assert text(page, "#calc-status") == "" and "stale" not in page.get_attribute("#calc .worked", "class")
+    refused = [p for p in problems if p.startswith("HTTP 400: ") and "/api/estimate?N=0&" in p]
+    assert refused  # the API said no (400), as it should to N = 0; the page's other requests must not fail
+    logged = "console error: Failed to load resource: the server responded with a status of 400 (Bad Request)"
+    for p in refused:  # each refused response, and the browser's own console line for it (not the page's)
+        problems.remove(p)
+        if logged in problems:
+            problems.remove(logged)
+
+
 def test_choosing_a_model_and_hardware_shows_exact_flops_kv_and_the_bound(page):
     page.select_option("#model-select", "llama-3-8b")
     page.select_option("#hw-select", "h100-sxm")

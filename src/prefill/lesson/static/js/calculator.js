@@ -1,7 +1,7 @@
 // Part 1's live numbers: the prefill calculator, the causal-mask demo and the worked example.
 // Every number shown comes from the API (prefill.costmodel.costs); this file only moves values between inputs and text.
 
-import { $, getJSON, latest } from "./api.js";
+import { $, ApiError, getJSON, latest, setStatus } from "./api.js";
 import { drawGrid } from "./grid.js";
 
 const TERA = 1e12;
@@ -37,13 +37,19 @@ function logPair(rangeId, numId, lo, hi, onChange, integer = false) {
   const positionOf = (v) => Math.round((STEPS * Math.log(Math.min(hi, Math.max(lo, v)) / lo)) / span);
   range.addEventListener("input", () => { num.value = valueAt(+range.value); onChange(); });
   num.addEventListener("input", () => {
-    if (num.value !== "" && Number.isFinite(+num.value) && +num.value > 0) {
-      range.value = positionOf(+num.value);
-      onChange();
+    if (num.value !== "" && Number.isFinite(+num.value)) {
+      if (+num.value > 0) range.value = positionOf(+num.value);
+      onChange(); // a value the API refuses is said as refused, not skipped
     }
   });
   range.value = positionOf(+num.value);
   return { get: () => +num.value, set: (v) => { num.value = v; range.value = positionOf(v); } };
+}
+
+// A refused input (the API's one-line reason) greys out the results it no longer matches; null clears that.
+function stale(reason) {
+  setStatus("calc", reason ?? "", reason !== null);
+  for (const el of document.querySelectorAll("#calc .worked, #calc .tiles")) el.classList.toggle("stale", reason !== null);
 }
 
 function peakOf(hw, dtype) {
@@ -80,10 +86,18 @@ export function initCalculator(cat) {
   $("bw-num").addEventListener("input", update);
 
   async function refresh(signal) {
-    const body = await getJSON("/api/estimate", {
-      N: N.get() * 1e9, P: P.get(), mfu: U.get(), peak: peak.get() * TERA, bandwidth: +$("bw-num").value * TERA,
-      model: modelSel.value, dtype: dtypeSel.value,
-    }, signal);
+    let body;
+    try {
+      body = await getJSON("/api/estimate", {
+        N: N.get() * 1e9, P: P.get(), mfu: U.get(), peak: peak.get() * TERA, bandwidth: +$("bw-num").value * TERA,
+        model: modelSel.value, dtype: dtypeSel.value,
+      }, signal);
+    } catch (e) {
+      if (!(e instanceof ApiError)) throw e;
+      stale(`${e.message}. The numbers below are for the last input that could be computed.`);
+      return;
+    }
+    stale(null);
     show(body);
   }
   update();
