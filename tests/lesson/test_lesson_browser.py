@@ -258,6 +258,28 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
     assert page.locator("#roof-chart canvas").count() == 1 and page.locator("#timeline-chart canvas").count() == 1
 
 
+def run_prompt(page, prompt: str, tokens: int) -> None:
+    page.locator("#prompt").fill(prompt)
+    page.locator("#max-tokens").fill(str(tokens))
+    page.click("#prefill-btn")
+    page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+
+
+def test_an_empty_prompt_is_said_in_plain_words_and_greys_out_the_last_results(page):
+    if not page.locator("#live[data-done='1']").count():  # run alone: a prompt's results first
+        run_prompt(page, "AI is fast", 2)
+    page.locator("#prompt").fill("   ")
+    page.click("#prefill-btn")
+    wait_text(page, "#live-status", "Type a prompt first")
+    assert "The results below are the last prompt's." in text(page, "#live-status")
+    assert "String should" not in text(page, "#live-status")  # no validation jargon
+    assert all("stale" in page.get_attribute(f"#{box}", "class") for box in ("tokens-box", "kv-box"))
+    run_prompt(page, "AI is fast", 4)
+    assert "stale" not in page.get_attribute("#tokens-box", "class") and "error" not in page.get_attribute(
+        "#live-status", "class"
+    )
+
+
 def test_streamed_kv_bytes_equal_the_formula(page, smollm):
     import re
 

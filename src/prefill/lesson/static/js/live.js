@@ -45,9 +45,15 @@ async function run() {
   delete $("live").dataset.done;
   const text = $("prompt").value;
   const chat = $("chat").checked;
+  if (!text.trim()) {
+    btn.disabled = false;
+    staleResults("Type a prompt first: an empty prompt has nothing to prefill.");
+    return;
+  }
   try {
     status("tokenizing…");
     const tok = await getJSON("/api/tokens", { text, chat: chat ? 1 : 0 });
+    staleResults(null);
     current = { text, chat, P: tok.P, labels: tok.labels, maxAttentionP: tok.max_attention_P };
     await showTokens(tok);
     status(`prefilling ${tok.P} tokens in one pass, then decoding…`);
@@ -57,11 +63,23 @@ async function run() {
     await Promise.all([showTimeline(tok, result), showRoofline(tok.P), showAttention()]);
     $("live").dataset.done = "1";
   } catch (e) {
-    status(e instanceof ApiError ? e.message : String(e), true);
-    if (!(e instanceof ApiError)) report(e);
+    if (e instanceof ApiError) staleResults(e.message);
+    else {
+      status(String(e), true);
+      report(e);
+    }
   } finally {
     btn.disabled = false;
   }
+}
+
+// A prompt that could not run: say why in plain words, and grey out the last prompt's results (null: they belong
+// to the prompt being run, so they are shown plainly again).
+function staleResults(reason) {
+  for (const box of document.querySelectorAll("#live .sub")) box.classList.toggle("stale", reason !== null);
+  if (reason === null) return;
+  const earlier = document.querySelector("#live .sub:not([hidden])") ? " The results below are the last prompt's." : "";
+  status(`${reason}${earlier}`, true);
 }
 
 async function showTokens(tok) {
