@@ -286,6 +286,7 @@ def test_streamed_kv_bytes_equal_the_formula(page, smollm):
     s = smollm.spec
     n = int(text(page, "#live-status").split(",")[1].split()[0])  # "done: 3 prompt tokens, 12 answer tokens."
     held = int(re.search(r"= \[1, 3, (\d+), 64\]", text(page, "#kv-shape")).group(1))
+    assert "S = the " in text(page, "#kv-shape") and "[B, H_kv, S, d_head]" in text(page, "#kv-shape")
     assert 3 <= held <= 3 + n  # the prompt and the answer so far (the newest token's K/V lands next step)
     formula = costs.kv_cache_bytes(s.L, s.H_kv, s.d_head, held, 4)
     assert text(page, "#kv-formula") == f"{formula:,} B"

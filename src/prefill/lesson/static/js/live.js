@@ -105,7 +105,8 @@ async function showTokens(tok) {
 function showKV(P, held, timings, tokFormula) {
   $("kv-box").hidden = false;
   const own = cat.loaded;
-  $("kv-shape").textContent = `${own.L} layers × K and V, each [B, H_kv, P, d_head] = [1, ${own.H_kv}, ${held}, ${own.d_head}] (${own.dtype})`;
+  $("kv-shape").textContent = `${own.L} layers × K and V, each [B, H_kv, S, d_head] = [1, ${own.H_kv}, ${held}, `
+    + `${own.d_head}] (${own.dtype}); S = the ${P} prompt positions + ${Math.max(0, held - P)} generated so far`;
   $("kv-fill").style.width = `${Math.min(100, (100 * held) / (P + +$("max-tokens").value))}%`;
   if (timings?.kv_bytes != null) {
     $("kv-measured").textContent = fmtB(timings.kv_bytes);
@@ -192,7 +193,8 @@ async function showTimeline(tok, r) {
   const before = phases.reduce((a, [, s]) => a + (s ?? 0), 0);
   phases.push(["first", t.first_token_s ?? Math.max(0, ttft - before)], ["decode", Math.max(0, total - ttft)]);
   const names = { tokenize: "tokenize", queue: "queue", prefill: `prefill (${tok.P} tokens, one pass)`,
-    first: "first token", decode: `decode (${Math.max(0, r.n - 1)} steps)` };
+    first: "first token (from the prefill)",
+    decode: r.n > 1 ? `decode (${r.n - 1} steps: tokens 2 to ${r.n})` : "decode (none: one token)" };
   $("phases").replaceChildren(...phases.filter(([, s]) => s != null).map(([k, s]) => {
     const d = document.createElement("div");
     d.className = `ph-${k}`;
