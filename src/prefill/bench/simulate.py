@@ -205,37 +205,25 @@ def simulate_server(
     spec = load_spec(model if model is not None else default_model_path())
     on_cpu = hardware.lower() == "cpu"
     dt = costs.canonical_dtype(dtype or ("float32" if on_cpu else "bfloat16"))
+    served = on_cpu and weights is not None and weights.lower() == "auto"  # as `prefill serve` would run it
     weights = _stored_as(weights, model, dt, on_cpu)
-    qtypes, fused = _native_kernels(spec, model) if on_cpu and weights in storage.GGUF_BLOCKS else ({}, 0)
-    if on_cpu:
-        from prefill.machine.profiles import profile_for
+    if served and weights in storage.GGUF_BLOCKS:  # the file's own blocks: as the server's engine runs them
+        from prefill.engine.llm import Engine
 
-        profile = profile_for(spec, dt, "cpu", echo=echo, qtypes=qtypes)
+        engine = Engine.load(model, dtype=dt, weights="native", progress=False)
+        profile, layout = engine.profile(echo=echo), engine.layout()  # its kernels' curves, its fused decode
     else:
-        profile = catalog_profile(get_hardware(hardware), dt)
-    wb = storage.bytes_per_weight(weights) if weights else None
-    layout = timemodel.layout_for(dt, wb, gathers_kv=False, fused_below=fused)
+        if on_cpu:
+            from prefill.machine.profiles import profile_for
+
+            profile = profile_for(spec, dt, "cpu", echo=echo)
+        else:
+            profile = catalog_profile(get_hardware(hardware), dt)
+        wb = storage.bytes_per_weight(weights) if weights else None
+        layout = timemodel.layout_for(dt, wb, gathers_kv=False)
     tokens = int(kv_cache_mb * 2**20 // costs.kv_cache_bytes_for(spec, 1, costs.dtype_bytes(dt)))
     result = simulate(spec, trace, time_model_steps(spec, profile, layout), tokens, chunk_size, max_running)
     return result, f"{spec.name} on {profile.name} ({dt}, weights {weights or dt}, KV pool {tokens:,} tokens)"
-
-
-def _native_kernels(spec, model: str | None) -> tuple[dict[str, str], int]:
-    """What an engine keeping the GGUF's blocks runs, as Engine.weight_types() and Engine.layout() say it: each
-    GEMM shape's block type (the layers', and the token embedding's for the unembedding: tied, as in the
-    embedded model), for the profile's curves, and the prompt length
-    below which its blocks run as fused operators (0 without the compiled kernels)."""
-    from prefill.costmodel import storage
-    from prefill.costmodel.profile import shape_key
-    from prefill.loading.resolve import default_model_path
-    from prefill.machine.profiles import model_shapes
-    from prefill.model.quant import ops
-    from prefill.model.quant.weight import DENSE_MIN_M
-
-    layers, embedding = storage.gguf_file_storage(model if model is not None else default_model_path())
-    *shapes, unembed = model_shapes(spec)
-    qtypes = {shape_key(K, N): layers for K, N in shapes} | {shape_key(*unembed): embedding}
-    return qtypes, DENSE_MIN_M if ops.available() else 0
 
 
 def _stored_as(weights: str | None, model: str | None, dtype: str, on_cpu: bool) -> str | None:
