@@ -8,15 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import AutoDtype, Weights, console, fail, note
-
-
-def _spec(model: str | None):
-    from prefill.costmodel.specs import load_spec
-    from prefill.loading.resolve import default_model_path
-
-    return load_spec(model if model is not None else default_model_path())
-
+from prefill.cli.common import AutoDtype, Weights, console, fail, note, open_engine
 
 MODEL_HELP = "Preset, .gguf or HF folder (default: the embedded SmolLM2)"
 
@@ -39,17 +31,16 @@ def calibrate(
 
     if threads is not None and threads < 1:
         fail(f"--threads must be >= 1, got {threads}")
-    spec, qtypes = _spec(model), {}
-    if model is None or Path(model).exists():  # a model file: probe the kernels its engine runs (GGUF blocks too)
-        from prefill.cli.common import open_engine
-
-        engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic=False)
-        qtypes = engine.weight_types()
-    else:
-        dtype = resolve_dtype(dtype, device, echo=None if json_out else note)
     echo = None if json_out else note
+    if model is None or Path(model).exists():  # a model file: probe the kernels its engine runs (GGUF blocks too)
+        engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic=False)
+        spec, qtypes = engine.spec, engine.weight_types()
+    else:  # a preset: its shapes only
+        from prefill.costmodel.specs import load_spec
+
+        spec, qtypes, dtype = load_spec(model), {}, resolve_dtype(dtype, device, echo=echo)
     profile = probe_profile(spec, dtype, device, threads, refresh=True, echo=echo, qtypes=qtypes)
-    used = profile_for(spec, dtype, device, threads)
+    used = profile_for(spec, dtype, device, threads, qtypes=qtypes)  # the profile just probed, with any fit
     if json_out:
         typer.echo(json.dumps(profile.to_json(), indent=2))
         return
