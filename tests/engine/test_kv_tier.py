@@ -63,8 +63,8 @@ def test_choice_flips_finds_each_change_to_the_block():
 
 def test_break_even_rate_is_the_slowest_read_that_wins_everywhere():
     sizes, compute = [1_000_000, 4_000_000, 16_000_000], [0.1, 0.2, 1.0]  # 10, 20, 16 MB/s to break even
-    rate = break_even_rate(sizes, compute)
-    assert rate == 20e6
+    rate, at = break_even_rate(sizes, compute)
+    assert rate == 20e6 and at == 1
 
     def choices(r: float) -> list[str]:
         return [compute_or_load(1, 0, n, r, lambda n_, p, s=s: s).choice for n, s in zip(sizes, compute, strict=True)]

@@ -181,7 +181,7 @@ def test_compute_or_load_is_the_store_decision_at_every_length(url, smollm):
         if r[tier] is not None and not r[tier]["flips"]:
             assert len({p[f"{tier}_choice"] for p in r["points"]}) == 1
     assert r["break_even_bytes_per_s"] == pytest.approx(
-        break_even_rate([p["bytes"] for p in r["points"]], [p["compute_s"] for p in r["points"]])
+        break_even_rate([p["bytes"] for p in r["points"]], [p["compute_s"] for p in r["points"]])[0]
     )
     at = max(r["points"], key=lambda p: p["bytes"] / p["compute_s"])
     assert r["break_even_P"] == at["P"] and r["break_even_bytes_per_s"] == pytest.approx(at["bytes"] / at["compute_s"])

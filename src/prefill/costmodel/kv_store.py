@@ -88,10 +88,13 @@ def choice_flips(lengths: Sequence[int], loads: Callable[[int], bool], step: int
     return flips
 
 
-def break_even_rate(load_bytes: Sequence[int], compute_s: Sequence[float]) -> float:
+def break_even_rate(load_bytes: Sequence[int], compute_s: Sequence[float]) -> tuple[float, int]:
     """The read rate, bytes/s, above which loading is predicted faster than computing at every point (point i:
-    `load_bytes[i]` to read or `compute_s[i]` seconds of prefill); below it computing wins at one point at least.
-    The largest bytes / seconds: the point where computing is cheapest per byte of K/V."""
+    `load_bytes[i]` to read or `compute_s[i]` seconds of prefill), below it computing wins at one point at least;
+    and the index of the point that sets it, where computing is cheapest per byte of K/V (the largest bytes /
+    seconds)."""
     if not load_bytes or len(load_bytes) != len(compute_s) or min(compute_s) <= 0:
         raise BadInput("one positive compute time is needed for each load size")
-    return max(n / s for n, s in zip(load_bytes, compute_s, strict=True))
+    rates = [n / s for n, s in zip(load_bytes, compute_s, strict=True)]
+    i = max(range(len(rates)), key=rates.__getitem__)
+    return rates[i], i

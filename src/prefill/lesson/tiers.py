@@ -12,6 +12,7 @@ Every formula is prefill.costmodel.kv_store's; the page draws what this returns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -122,15 +123,19 @@ def explanation(
 
 def curve(lesson: LessonState, rates: Rates, profile) -> tuple[list[int], list[dict], Callable]:
     """The prefix lengths, each one's predicted prefill and loads with the store's choice for each tier, and the
-    decision itself (P, rate) -> LoadDecision, as StoreTier.load makes it."""
+    decision itself (P, rate) -> LoadDecision, as StoreTier.load makes it (each P's prefill predicted once)."""
+
+    @functools.cache
+    def prefill_s(P: int) -> float:
+        return lesson.engine.predict_prefill(P, 0, lesson.chunk_size, profile=profile).seconds
 
     def decide(P: int, rate: float):
-        prefill_s = lesson.engine.predict_prefill(P, 0, lesson.chunk_size, profile=profile).seconds
-        return compute_or_load(P, 0, P // BLOCK_SIZE * rates.block_file_bytes, rate, lambda n, past: prefill_s)
+        return compute_or_load(P, 0, P // BLOCK_SIZE * rates.block_file_bytes, rate, lambda n, past: prefill_s(n))
 
-    grid, points = lengths(BLOCK_SIZE, lesson.spec.context_length), []
+    grid, points, disk = lengths(BLOCK_SIZE, lesson.spec.context_length), [], rates.disk_bytes_per_s
     for P in grid:
-        ram, disk = decide(P, rates.ram_bytes_per_s), decide(P, rates.disk_bytes_per_s or rates.ram_bytes_per_s)
+        ram = decide(P, rates.ram_bytes_per_s)
+        on_disk = decide(P, disk) if disk else None
         points.append(
             {
                 "P": P,
@@ -138,8 +143,8 @@ def curve(lesson: LessonState, rates: Rates, profile) -> tuple[list[int], list[d
                 "compute_s": ram.compute_s,
                 "ram_s": ram.load_s,
                 "ram_choice": ram.choice,
-                "disk_s": disk.load_s if rates.disk_bytes_per_s else None,
-                "disk_choice": disk.choice if rates.disk_bytes_per_s else None,
+                "disk_s": on_disk.load_s if on_disk else None,
+                "disk_choice": on_disk.choice if on_disk else None,
             }
         )
     return grid, points, decide
@@ -159,29 +164,32 @@ async def compute_or_load_curve(request: Request) -> dict:
     if rates is None:
         return {"available": False, "note": "No read rate could be measured here (the directory was not writable)."}
     profile = await lesson.profile()
-    block = BLOCK_SIZE
     grid, points, decide = curve(lesson, rates, profile)
-    break_even = break_even_rate([p["bytes"] for p in points], [p["compute_s"] for p in points])
-    at = max(points, key=lambda p: p["bytes"] / p["compute_s"])["P"]  # where computing costs least per byte
-    tiers: dict = {}
-    for name, rate, label in (("ram", rates.ram_bytes_per_s, "page cache"), ("disk", rates.disk_bytes_per_s, "disk")):
-        flips = None if rate is None else choice_flips(grid, lambda P, r=rate: decide(P, r).choice == "load", block)
-        tiers[name] = None if rate is None else {"label": label, "bytes_per_s": rate, "flips": flips}
+    break_even, at = break_even_rate([p["bytes"] for p in points], [p["compute_s"] for p in points])
+    at_P = points[at]["P"]
+
+    def tier(label: str, rate: float | None) -> dict | None:
+        if rate is None:
+            return None
+        flips = choice_flips(grid, lambda P: decide(P, rate).choice == "load", BLOCK_SIZE)
+        return {"label": label, "bytes_per_s": rate, "flips": flips}
+
+    tiers = {"ram": tier("page cache", rates.ram_bytes_per_s), "disk": tier("disk", rates.disk_bytes_per_s)}
     return finite(
         {
             "available": True,
-            "block_tokens": block,
+            "block_tokens": BLOCK_SIZE,
             "block_file_bytes": rates.block_file_bytes,
             "points": points,
             "ram": tiers["ram"],
             "disk": tiers["disk"],
             "break_even_bytes_per_s": break_even,
-            "break_even_P": at,
+            "break_even_P": at_P,
             "rates_source": rates.source,
             "profile": profile.name,
-            "explanation": explanation(points, tiers, (break_even, at), rates, lesson),
+            "explanation": explanation(points, tiers, (break_even, at_P), rates, lesson),
             "human": {
-                "per_token": human(rates.block_file_bytes / block, "B"),
+                "per_token": human(rates.block_file_bytes / BLOCK_SIZE, "B"),
                 "ram": human(rates.ram_bytes_per_s, "B/s"),
                 "disk": human(rates.disk_bytes_per_s, "B/s") if rates.disk_bytes_per_s else "not measurable here",
                 "break_even": human(break_even, "B/s"),
