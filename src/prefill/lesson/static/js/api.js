@@ -52,6 +52,16 @@ export function latest(work, delay = 50) {
 
 export const $ = (id) => document.getElementById(id);
 
+// A log-scaled range input of `steps` positions from lo to hi: the value at a position, and a value's position
+// (clamped to the track). The page's sliders over orders of magnitude (N, P, the arrival rate) all use it.
+export function logScale(lo, hi, steps = 1000) {
+  const span = Math.log(hi / lo);
+  return {
+    at: (pos) => lo * Math.exp((span * pos) / steps),
+    position: (v) => Math.round((steps * Math.log(Math.min(hi, Math.max(lo, v)) / lo)) / span),
+  };
+}
+
 // The page's long server jobs (the sweep's timed forwards, the load curve's simulations), one at a time: on a
 // machine of few cores a simulation running beside a timed forward would slow the forward's clock.
 let heavy = Promise.resolve();

@@ -1,7 +1,7 @@
 // Part 1's live numbers: the prefill calculator, the causal-mask demo and the worked example.
 // Every number shown comes from the API (prefill.costmodel.costs); this file only moves values between inputs and text.
 
-import { $, ApiError, getJSON, latest, setStatus } from "./api.js";
+import { $, ApiError, getJSON, latest, logScale, setStatus } from "./api.js";
 import { drawGrid } from "./grid.js";
 
 const TERA = 1e12;
@@ -21,29 +21,27 @@ function pairUp(rangeId, numId, onChange) {
   return { get: () => +num.value, set: (v) => { num.value = v; range.value = v; } };
 }
 
-// A log-scaled slider (positions 0..STEPS from lo to hi) and its number box, kept in step: N and P span over three
+// A log-scaled slider (its positions 0..max from lo to hi) and its number box, kept in step: N and P span over three
 // orders of magnitude, and on a linear track the seed's N = 7 sat at 1.4% of it. The slider's values keep two
 // significant digits within [lo, hi] (one arrow press moves N from 7 to 7.1, and back to 7); a typed value is
 // kept as typed.
-const STEPS = 1000;
 function logPair(rangeId, numId, lo, hi, onChange, integer = false) {
   const range = $(rangeId);
   const num = $(numId);
-  const span = Math.log(hi / lo);
+  const track = logScale(lo, hi, +range.max);
   const valueAt = (pos) => {
-    const v = Math.min(hi, Math.max(lo, +(lo * Math.exp((span * pos) / STEPS)).toPrecision(2)));
+    const v = Math.min(hi, Math.max(lo, +track.at(pos).toPrecision(2)));
     return integer ? Math.round(v) : v;
   };
-  const positionOf = (v) => Math.round((STEPS * Math.log(Math.min(hi, Math.max(lo, v)) / lo)) / span);
   range.addEventListener("input", () => { num.value = valueAt(+range.value); onChange(); });
   num.addEventListener("input", () => {
     if (num.value !== "" && Number.isFinite(+num.value)) {
-      if (+num.value > 0) range.value = positionOf(+num.value);
+      if (+num.value > 0) range.value = track.position(+num.value);
       onChange(); // a value the API refuses is said as refused, not skipped
     }
   });
-  range.value = positionOf(+num.value);
-  return { get: () => +num.value, set: (v) => { num.value = v; range.value = positionOf(v); } };
+  range.value = track.position(+num.value);
+  return { get: () => +num.value, set: (v) => { num.value = v; range.value = track.position(v); } };
 }
 
 // A refused input (the API's one-line reason) greys out the results it no longer matches; null clears that.

@@ -41,15 +41,14 @@ export function initLive(catalog) {
 async function run() {
   const btn = $("prefill-btn");
   if (btn.disabled) return;
-  btn.disabled = true;
   delete $("live").dataset.done;
   const text = $("prompt").value;
   const chat = $("chat").checked;
   if (!text.trim()) {
-    btn.disabled = false;
     staleResults("Type a prompt first: an empty prompt has nothing to prefill.");
     return;
   }
+  btn.disabled = true;
   try {
     status("tokenizing…");
     const tok = await getJSON("/api/tokens", { text, chat: chat ? 1 : 0 });

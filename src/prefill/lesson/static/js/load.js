@@ -2,7 +2,7 @@
 // view) brings the capacity and the curve of TTFT against the rate; the slider then asks for one rate at a time.
 // The slider is a log scale from 5 % to 120 % of the capacity; every number shown comes from the API.
 
-import { $, getJSON, latest, loadWhenSeen, oneAtATime, setStatus } from "./api.js";
+import { $, getJSON, latest, loadWhenSeen, logScale, oneAtATime, setStatus } from "./api.js";
 import { drawLoad } from "./charts.js";
 
 const LOW = 0.05; // the slider's ends, as fractions of the capacity
@@ -11,8 +11,7 @@ const STEPS = 1000; // the range input's max
 let capacity = null;
 
 // slider position <-> fraction of the capacity: the input's mapping, no model in it
-const fractionAt = (v) => LOW * (HIGH / LOW) ** (v / STEPS);
-const positionOf = (fraction) => Math.round((STEPS * Math.log(fraction / LOW)) / Math.log(HIGH / LOW));
+const track = logScale(LOW, HIGH, STEPS);
 
 const status = (text, error = false) => setStatus("load", text, error);
 
@@ -29,14 +28,14 @@ async function start() {
   const first = await oneAtATime(() => getJSON("/api/load")); // not beside the sweep's timed forwards
   capacity = first.capacity_req_per_s;
   const slider = $("load-range");
-  slider.value = positionOf(first.utilisation);
+  slider.value = track.position(first.utilisation);
   slider.disabled = false;
   status(`The curve took ${first.curve_simulated_in_s.toFixed(1)} s to simulate; each new rate takes about `
     + `${first.simulated_in_s.toFixed(1)} s.`);
   await show(first);
   slider.addEventListener("input", latest(async (signal) => {
-    $("load-out").textContent = `${(fractionAt(+slider.value) * 100).toFixed(0)} % of capacity…`;
-    await show(await getJSON("/api/load", { rate: fractionAt(+slider.value) * capacity }, signal));
+    $("load-out").textContent = `${(track.at(+slider.value) * 100).toFixed(0)} % of capacity…`;
+    await show(await getJSON("/api/load", { rate: track.at(+slider.value) * capacity }, signal));
   }, 60));
 }
 
