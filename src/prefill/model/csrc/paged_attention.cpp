@@ -217,12 +217,9 @@ PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const float*
                               float scale, float* m, float* l, float* acc, const char* kn, const char* vn) {
   for (int64_t g = 0; g < G;) {
     const int64_t ng = std::min<int64_t>(3, G - g);
-    if (ng == 3)
-      heads_block_avx2<3>(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
-    else if (ng == 2)
-      heads_block_avx2<2>(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
-    else
-      heads_block_avx2<1>(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
+    const auto heads = ng == 3 ? heads_block_avx2<3> : ng == 2 ? heads_block_avx2<2> : heads_block_avx2<1>;
+    // the block ahead is prefetched once, by the first group
+    heads(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
     g += ng;
   }
 }
