@@ -98,7 +98,7 @@ def test_estimate_ttft_breakdown_batch_and_dtype():
     assert r["B"] == 4 and r["dtype"] == "fp8" and r["mfu"] == 0.5
     assert r["peak_flops_per_s"] == 1978.9e12
     assert r["ttft_s"] == pytest.approx(r["prefill_s_exact"] + 0.021)
-    assert r["flops_exact"]["total"] == prefill_flops_exact(PRESETS["mistral-7b"], 512, B=4).total
+    assert r["flops_exact"]["total"] == prefill_flops_exact(PRESETS["mistral-7b-v0.1"], 512, B=4).total
     assert r["kv_cache_bytes"] == 2 * 32 * 4 * 8 * 512 * 128 * 1
 
 

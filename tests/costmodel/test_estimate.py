@@ -79,8 +79,8 @@ def test_the_page_may_set_N_apart_from_the_models_shapes():
 
 
 def test_batch_multiplies_tokens_flops_and_kv():
-    one = build_estimate(on_h100(P=512, spec=PRESETS["mistral-7b"], dtype="fp8"))
-    four = build_estimate(on_h100(P=512, spec=PRESETS["mistral-7b"], dtype="fp8", B=4))
+    one = build_estimate(on_h100(P=512, spec=PRESETS["mistral-7b-v0.1"], dtype="fp8"))
+    four = build_estimate(on_h100(P=512, spec=PRESETS["mistral-7b-v0.1"], dtype="fp8", B=4))
     assert four.flops_2NP == 4 * one.flops_2NP and four.exact.total == 4 * one.exact.total
     assert four.kv.bytes == 4 * one.kv.bytes == 2 * 32 * 4 * 8 * 512 * 128 * 1
     assert (four.dtype, four.bytes_per_element) == ("fp8", 1)

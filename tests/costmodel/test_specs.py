@@ -61,7 +61,7 @@ def test_hf_config_of_each_family_matches_its_preset(tmp_path, preset):
     from_folder = ModelSpec.from_hf_config(tmp_path)
     from_file = ModelSpec.from_hf_config(tmp_path / "config.json")
     from_dict = ModelSpec.from_hf_config(CONFIGS[preset])
-    expected = PRESETS[preset]
+    expected = ModelSpec.from_preset(preset)  # "mistral-7b": an alias
     for spec in (from_folder, from_file, from_dict):
         assert (spec.L, spec.d_model, spec.H_q, spec.H_kv, spec.d_head, spec.d_ff) == (
             expected.L,
@@ -165,7 +165,7 @@ def test_missing_gguf(tmp_path):
     ],
 )
 def test_preset_parameter_counts_match_advertised_sizes(preset, advertised, tolerance):
-    assert abs(PRESETS[preset].N / advertised - 1) < tolerance
+    assert abs(ModelSpec.from_preset(preset).N / advertised - 1) < tolerance
 
 
 def test_exact_parameter_counts():
@@ -187,6 +187,15 @@ def test_presets_and_load_spec(tmp_path):
         ModelSpec.from_preset("gpt-5")
     with pytest.raises(BadInput, match="neither a preset"):
         load_spec("no-such-model")
+
+
+def test_each_model_is_one_preset_and_an_alias_still_loads():
+    names = [spec.name for spec in PRESETS.values()]
+    assert len(names) == len(set(names))  # the page's model list showed mistralai/Mistral-7B-v0.1 twice
+    assert load_spec("mistral-7b") is ModelSpec.from_preset("Mistral-7B") is PRESETS["mistral-7b-v0.1"]
+    with pytest.raises(BadInput) as refused:
+        load_spec("no-such-model")
+    assert "mistral-7b-v0.1" in str(refused.value) and "mistral-7b," not in str(refused.value)
 
 
 def test_invalid_shapes():

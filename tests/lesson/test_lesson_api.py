@@ -181,6 +181,8 @@ def test_catalog_lists_hardware_presets_and_the_loaded_model(url, smollm):
     r = ok(url, "/api/catalog")
     assert {h["key"] for h in r["hardware"]} >= {"h100-sxm", "a100-80gb", "l4"}
     assert {m["key"] for m in r["models"]} == set(PRESETS)
+    names = [m["name"] for m in r["models"]]
+    assert len(names) == len(set(names)), names  # one entry per model: no alias listed beside its model
     assert (
         r["loaded"]["model_id"] == model_id_of(smollm) and r["loaded"]["L"] == 30 and r["loaded"]["dtype"] == "float32"
     )
