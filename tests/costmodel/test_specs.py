@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from prefill.costmodel.specs import PRESETS, ModelSpec, load_spec
+from prefill.costmodel.specs import PRESETS, ModelSpec, gguf_model_name, load_spec
 from prefill.errors import BadInput, ModelFileError
 
 
@@ -133,6 +133,23 @@ def test_embedded_gguf_metadata(gguf_spec):
     assert spec.norm_eps == pytest.approx(1e-5)
     assert spec == dataclasses.replace(PRESETS["smollm2-135m"], name=spec.name, norm_eps=spec.norm_eps)
     assert spec.N == PRESETS["smollm2-135m"].N
+    assert spec.name == "SmolLM2-135M-Instruct"  # not general.name, 'Smollm2 135M 8k Lc100K Mix1 Ep2'
+
+
+@pytest.mark.parametrize(
+    "file, name",
+    [
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+        ("Meta-Llama-3-8B-Instruct-Q4_K_M.gguf", "Meta-Llama-3-8B-Instruct"),
+        ("gemma-3-1b-it-bf16.gguf", "gemma-3-1b-it"),
+        ("Phi-3-mini-4k-instruct-IQ2_XS.gguf", "Phi-3-mini-4k-instruct"),
+        ("Mistral-7B-v0.1.gguf", "Mistral-7B-v0.1"),  # no encoding: the name as it is
+        ("Qwen2.5-7B.f16.gguf", "Qwen2.5-7B"),
+        ("Q8_0.gguf", "Q8_0"),  # nothing but an encoding: kept, not emptied
+    ],
+)
+def test_a_gguf_model_is_named_by_its_file_less_the_encoding(file, name):
+    assert gguf_model_name(Path(file)) == name
 
 
 @pytest.mark.parametrize("keep", [0, 20, 3_000_000])

@@ -183,6 +183,7 @@ def test_catalog_lists_hardware_presets_and_the_loaded_model(url, smollm):
     assert {m["key"] for m in r["models"]} == set(PRESETS)
     names = [m["name"] for m in r["models"]]
     assert len(names) == len(set(names)), names  # one entry per model: no alias listed beside its model
+    assert r["loaded"]["name"] == "SmolLM2-135M-Instruct"  # the file's name, not the GGUF's general.name
     assert (
         r["loaded"]["model_id"] == model_id_of(smollm) and r["loaded"]["L"] == 30 and r["loaded"]["dtype"] == "float32"
     )

@@ -4,6 +4,7 @@ metadata or a built-in preset, and the parameter count N those shapes imply. No 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from prefill.costmodel.gguf_file import open_gguf
 from prefill.errors import BadInput, ModelFileError
 
 _SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")  # config.json and GGUF ({arch}.) keys
+# The encoding that ends a GGUF file's name (llama.cpp's convention: Name-Size-FineTune-Encoding.gguf).
+_GGUF_ENCODING = re.compile(r"[.-](?:[IT]?Q\d\w*|MXFP4|BF16|F16|F32|F64)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ class ModelSpec:
         wide_query = defaults.get("query_scale_d_model_at_L") == L
         softcaps = [value(f"{arch}.{key}", 0.0) if key in fam.softcaps else 0.0 for key in _SOFTCAPS]
         return cls(
-            name=str(value("general.name", path.stem)),
+            name=gguf_model_name(path),
             arch=fam.name if fam.supported else arch,
             L=L,
             d_model=d_model,
@@ -248,6 +251,13 @@ def _read_hf_config(path: Path, name: str | None) -> tuple[Any, str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelFileError(f"cannot read {path} as JSON ({e}); is it a Hugging Face config.json?") from None
     return config, name or path.parent.name
+
+
+def gguf_model_name(path: Path) -> str:
+    """A GGUF model's name for people: its file's, less the encoding (SmolLM2-135M-Instruct.Q4_1.gguf ->
+    SmolLM2-135M-Instruct). Not general.name, which converters make from a folder's name: here the training run's,
+    'Smollm2 135M 8k Lc100K Mix1 Ep2'."""
+    return _GGUF_ENCODING.sub("", path.stem) or path.stem
 
 
 def _gguf_windows(fam: Family, L: int, window, pattern) -> tuple[int | None, ...]:
