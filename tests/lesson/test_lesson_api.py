@@ -11,7 +11,7 @@ import pytest
 from prefill.costmodel import costs, roofline
 from prefill.costmodel.causal import causal_pairs
 from prefill.costmodel.specs import PRESETS
-from prefill.lesson.api import human, seed_lines, short_sci
+from prefill.lesson.api import human, roof_points, seed_lines, short_sci
 from prefill.server.app import model_id_of
 
 pytestmark = pytest.mark.slow
@@ -95,6 +95,16 @@ def test_estimate_with_a_preset_has_exact_flops_kv_and_the_roofline(url):
     assert rf["compute_bound_from_P"] == roofline.compute_bound_prompt_length(spec, 2, rf["ridge"])
     roof = rf["roof"]
     assert max(roof["flops_per_s"]) == 989.4e12 and roof["flops_per_s"][0] == pytest.approx(0.1 * 3.35e12)
+
+
+def test_the_roof_bends_exactly_at_the_ridge_point():
+    peak, bandwidth = 989.4e12, 3.35e12  # ridge 295.3 FLOP/B, between two of the grid's samples (237 and 316)
+    roof = roof_points(peak, bandwidth)
+    xs, ys = roof["intensity"], roof["flops_per_s"]
+    k = xs.index(roofline.ridge_point(peak, bandwidth))  # a vertex of the line drawn, not cut off by it
+    assert xs == sorted(xs) and ys[k] == peak == ys[k + 1]
+    assert ys[k - 1] == pytest.approx(xs[k - 1] * bandwidth) and ys[k - 1] < 0.81 * peak
+    assert len(roof_points(peak, bandwidth, 3, 5)["intensity"]) == 17  # a ridge outside the range adds no sample
 
 
 @pytest.mark.parametrize(

@@ -150,9 +150,11 @@ def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1) -> dict:
 
 
 def roof_points(peak: float, bandwidth: float, lo: int = -1, hi: int = 5) -> dict:
-    """The roof min(peak, intensity x bandwidth) at 8 intensities a decade from 10**lo to 10**hi FLOP/B, for
-    drawing."""
-    xs = [10 ** (k / 8) for k in range(8 * lo, 8 * hi + 1)]
+    """The roof min(peak, intensity x bandwidth) at 8 intensities a decade from 10**lo to 10**hi FLOP/B and at the
+    ridge point, for drawing: a line through the samples alone would cut the corner, bending off the ridge."""
+    ridge = roofline.ridge_point(peak, bandwidth)
+    grid = {10 ** (k / 8) for k in range(8 * lo, 8 * hi + 1)}
+    xs = sorted(grid | {ridge} if 10**lo <= ridge <= 10**hi else grid)
     return {"intensity": xs, "flops_per_s": [roofline.attainable_flops_per_s(x, peak, bandwidth) for x in xs]}
 
 
