@@ -8,6 +8,9 @@ async function uPlot() {
   return uPlotModule;
 }
 
+// A colour the style sheet defines (`--amber`), so that a colour and its contrast are set in one place.
+export const cssColor = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+
 const SI = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
 function si(v) {
   if (v == null) return "";
@@ -136,7 +139,7 @@ export async function drawRoofline(el, r) {
       { label: "this prefill", stroke: "#2563eb", paths: () => null, points: { show: true, size: 12, fill: "#2563eb" } },
       { label: "one decode step", stroke: "#dc2626", paths: () => null, points: { show: true, size: 12, fill: "#dc2626" } }],
     legend: { show: false },
-    hooks: { draw: [markers([{ x: r.ridge, color: "#f59e0b", dash: true, label: `ridge ${r.ridge.toFixed(1)}` }])] },
+    hooks: { draw: [markers([{ x: r.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${r.ridge.toFixed(1)}` }])] },
   }, [xs, xs.map((x) => roofAt.get(x)), ...series], el), 260);
 }
 
@@ -160,7 +163,7 @@ export async function drawSweep(el, c, measured) {
       { label: "predicted", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: false } },
       { label: "measured", stroke: "#ea580c", paths: () => null, points: { show: true, size: 10, fill: "#ea580c" } }],
     legend: { show: false },
-    hooks: { draw: [markers([{ x: c.ridge, color: "#f59e0b", dash: true, label: `ridge ${c.ridge.toFixed(1)} FLOP/B` }]),
+    hooks: { draw: [markers([{ x: c.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${c.ridge.toFixed(1)} FLOP/B` }]),
       pointLabels(3, labels, "#9a3412")] },
   }, [xs, column(roof), column(predicted), column(got)], el), 280);
 }

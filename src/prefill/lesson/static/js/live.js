@@ -3,7 +3,7 @@
 
 import { $, ApiError, getJSON, latest, postJSON, report } from "./api.js";
 import { maskCell } from "./calculator.js";
-import { drawRoofline, drawTimeline } from "./charts.js";
+import { cssColor, drawRoofline, drawTimeline } from "./charts.js";
 import { drawGrid, visible } from "./grid.js";
 
 let cat = null;
@@ -230,7 +230,7 @@ async function showTimeline(tok, r) {
     + (pred.mfu > 1 ? ". Over 100 %: the reference GEMM was timed at a busier moment; rates on a shared CPU are noisy." : "");
   await drawTimeline($("timeline-chart"), ticks, [
     { x: ttft, color: "#2563eb", label: "TTFT" },
-    { x: predTTFT, color: "#f59e0b", dash: true, label: "predicted" },
+    { x: predTTFT, color: cssColor("--amber"), dash: true, label: "predicted" },
   ]);
 }
 
