@@ -234,12 +234,21 @@ def kv_cache_bytes_for(spec: ModelSpec, P: int, bytes_per_element: int, B: int =
     return kv_cache_bytes(1, H_kv or spec.H_kv, spec.d_head, cached_positions(spec, P), bytes_per_element, B)
 
 
+def kv_window_start(P: int, window: int, block_size: int = 16) -> int:
+    """The first position a layer with a window of W holds after P tokens in a block pool: the start of the
+    block holding position q - W + 1, q = min(P - 1, P // block_size * block_size). The next query, at P,
+    reads P - W + 1 .. P; a continuation of a stored copy of the cache restarts at q (it loads whole blocks,
+    and a repeated prompt recomputes its last token), so the blocks q reads are kept too: at most one more.
+    The blocks wholly before it are given back."""
+    q = min(P - 1, P // block_size * block_size)
+    return max(0, q - window + 1) // block_size * block_size
+
+
 def kv_positions_held(spec: ModelSpec, P: int, block_size: int = 16) -> int:
     """Positions an engine with a block pool holds over all layers after P tokens: all P in a full-attention
-    layer; in a layer with a window of W, from the start of the block holding position P - W + 1 on (the next
-    position sees P - W + 1 .. P; the blocks wholly before that are given back). Whole blocks at the low end."""
+    layer; in a windowed layer, from kv_window_start on (whole blocks at the low end)."""
     _non_negative("P", P)
-    return sum(P if w is None else P - max(0, P - w + 1) // block_size * block_size for w in spec.windows)
+    return sum(P if w is None else P - kv_window_start(P, w, block_size) for w in spec.windows)
 
 
 def kv_cache_bytes_held(spec: ModelSpec, P: int, bytes_per_element: int, block_size: int = 16, B: int = 1) -> int:

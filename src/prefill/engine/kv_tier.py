@@ -13,8 +13,12 @@ Blocks that the prefix cache evicts later need no write of their own: every bloc
 that stored its blocks when it left (a preempted one, when it resumes and leaves), so evictions only cost a
 reload from the store.
 
-Models with sliding-window layers are served without the store (one warning), as without the prefix cache:
-their windowed groups give blocks back as they leave the window, so a pool block is not a whole stored block.
+Sliding-window layers (Gemma 3's local layers) store only the blocks their window still needs: a stored block
+holds every full-attention layer and the windowed layers whose group still held it when it was written
+(costs.kv_window_start: what a continuation from the sequence's last block boundary reads). Their groups give
+blocks back as decode goes on, so a windowed model's prompt is also stored when its prefill ends (`prefilled`):
+a repeated prompt needs the window at the prompt's end, long gone when the request leaves. A load into such a
+model starts each windowed group's table where the continuation's window begins (SeqKV.open_windows_at).
 """
 
 from __future__ import annotations
@@ -98,11 +102,8 @@ class StoreTier:
         always_load: bool = False,
     ) -> StoreTier | None:
         """The store at `directory` for `model` (fingerprinted from its weights, spec and dtype), its load rate
-        probed; None, with one warning, when the model has windowed layers or the directory cannot be used."""
+        probed; None, with one warning, when the directory cannot be used."""
         spec = model.spec
-        if any(w is not None for w in spec.windows):
-            log.warning("kv store: %s has sliding-window layers; running without a KV store", spec.name)
-            return None
         fp = Fingerprint(weights_digest(model.state_dict()), spec, str(dtype).removeprefix("torch."))
         store = KVStore(directory, fp, max_bytes)
         bandwidth = probe_bandwidth(store, PROBE_BYTES) if store.writable else None
@@ -151,12 +152,15 @@ class StoreTier:
         if limit <= past or len(ids) < past + bs:
             return None
         bad0 = self.store.stats().corrupt_blocks
-        match = self.store.longest_prefix(ids)
+        match = self.store.longest_prefix(ids, limit)
         keys = match.keys[past // bs :]
+        windowed = len(seq.pool.groups) > 1
+        if windowed and past:  # pragma: no cover - no prefix cache shares a windowed model's blocks
+            keys = ()
         usable = min(limit, past + len(keys) * bs) - past  # positions the blocks save computing
         if not keys:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
-        nbytes = match.nbytes * len(keys) // match.n_blocks  # every block file holds all layers: one size
+        nbytes = sum(match.sizes[past // bs :])
         decision = compute_or_load(
             usable, past, nbytes, self.load_bytes_per_s, lambda n, p: self.prefill_seconds(n, p, chunk_size)
         )
@@ -164,14 +168,21 @@ class StoreTier:
             decision = dataclasses.replace(decision, choice="load")
         use = StoreUse(decision, bad_blocks=self._bad_since(bad0))
         end = past + len(keys) * bs
+        if windowed:
+            seq.open_windows_at(past + usable)
         if decision.choice != "load" or not room(end):
+            if windowed:
+                seq.free()  # nothing reserved yet: back to empty tables from position 0
             return use
         use.resident_share = self.store.files.resident_share([k.digest for k in keys])  # RAM tier, or disk
         t0 = time.perf_counter()
         seq.reserve(end)
         loaded = self.load_blocks(keys, seq, past)
         seq.length = min(limit, past + loaded * bs)
-        use.loaded_tokens, use.loaded_bytes = seq.length - past, nbytes * loaded // len(keys)
+        if loaded < len(keys) and windowed:  # a bad block cut the chain: its windows begin elsewhere
+            seq.free()
+            loaded = 0
+        use.loaded_tokens, use.loaded_bytes = seq.length - past, sum(match.sizes[past // bs :][:loaded])
         use.load_s = time.perf_counter() - t0
         use.bad_blocks = self._bad_since(bad0)
         return use
@@ -187,7 +198,11 @@ class StoreTier:
         for i in range(0, len(keys), per_batch):
             batch = keys[i : i + per_batch]
             blocks = self.store.get(batch, self._staging)
-            copy_into(seq, start + loaded * self.block_size, self._stacked(blocks))
+            at = start + loaded * self.block_size
+            if len(seq.pool.groups) == 1:
+                copy_into(seq, at, self._stacked(blocks))
+            else:
+                copy_layers_into(seq, at, blocks)
             loaded += len(blocks)
             if len(blocks) < len(batch):
                 break
@@ -215,10 +230,17 @@ class StoreTier:
         """Queue the whole blocks of req's cached positions that the store lacks (save_seq)."""
         return self.save_seq(req.all_ids(), req.seq)
 
+    def prefilled(self, req: Request) -> int:
+        """req's prompt is in the cache: a windowed model stores its blocks now (the window at the prompt's end
+        is what a repeated prompt needs, and decode gives it back); a full-attention one waits for `save`."""
+        return self.save(req) if len(req.seq.pool.groups) > 1 else 0
+
     def save_seq(self, ids: list[int], seq: SeqKV) -> int:
         """Queue the whole blocks of `seq`'s cached positions (holding `ids`, from position 0) that the store
         lacks; returns how many were queued. The only work on the caller's thread is one copy out of the pool."""
         keys = self.store.keys(ids[: seq.length])
+        if len(seq.pool.groups) > 1:
+            return self._save_layers(keys, seq)
         have = self.store.stored_blocks(keys)
         if have == len(keys) or not self.store.writable:
             return 0
@@ -226,6 +248,24 @@ class StoreTier:
         L, _, H_kv, _, d_head = kv.shape
         per_block = kv.view(L, 2, H_kv, len(keys) - have, self.block_size, d_head)
         blocks = [per_block[:, :, :, i] for i in range(len(keys) - have)]  # views; the writer makes them contiguous
+        return self.store.put(keys[have:], blocks)
+
+    def _save_layers(self, keys: list[BlockKey], seq: SeqKV) -> int:
+        """save_seq for a model with windowed layers: block i with the layers whose group still holds it, unless
+        the store has a file with at least those (a file with fewer is merged with, on the writer's thread)."""
+        pool, bs = seq.pool, self.block_size
+        held = [tuple(i for i in range(pool.L) if b * bs >= seq.first_held(pool.group_of[i])) for b in range(len(keys))]
+        have = self.store.stored_blocks(keys, held)
+        if have == len(keys) or not self.store.writable:
+            return 0
+        blocks = []
+        for b in range(have, len(keys)):
+            rows = []
+            for layer in held[b]:
+                g = pool.group_of[layer]
+                slot = seq.tables[g][b - seq.first[g]] * bs
+                rows.append(torch.stack([pool.k[layer][:, slot : slot + bs], pool.v[layer][:, slot : slot + bs]]))
+            blocks.append(KVBlock(torch.stack(rows), held[b]))  # [n_layers, 2, H_kv, bs, d_head], a copy
         return self.store.put(keys[have:], blocks)
 
     def flush(self) -> None:
@@ -252,6 +292,22 @@ def copy_into(seq: SeqKV, start: int, kv: torch.Tensor) -> None:
         into = whole[:, :, :, slot:end].unflatten(3, (n, bs))  # [L, 2, H_kv, n, bs, d_head] of the pool
         into.copy_(kv[first : first + n].permute(1, 2, 3, 0, 4, 5))
         first += n
+
+
+def copy_layers_into(seq: SeqKV, start: int, blocks: list[KVBlock]) -> None:
+    """Write each block's layers into seq's pool slots of its positions (block i: start + i * bs ...), in every
+    layer group that holds that block (a windowed group's table may begin later: open_windows_at); a group
+    holding a block must find each of its layers in it (the store's lookup checked)."""
+    pool, bs = seq.pool, seq.pool.block_size
+    for g, group in enumerate(pool.groups):
+        for i, block in enumerate(blocks):
+            pos = start + i * bs
+            if pos < seq.first_held(g):
+                continue
+            slot = seq.tables[g][pos // bs - seq.first[g]] * bs
+            row = {layer: j for j, layer in enumerate(block.layers)}
+            for r, layer in enumerate(group.layers):
+                pool.kv[g][r, :, :, slot : slot + bs].copy_(block.kv[row[layer]])  # [2, H_kv, bs, d_head]
 
 
 def copy_out(seq: SeqKV, start: int, end: int) -> torch.Tensor:

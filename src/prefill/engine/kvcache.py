@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prefill.costmodel import costs
 from prefill.engine.blocks import BlockManager, PoolFull
 from prefill.engine.pages import populate
 from prefill.errors import BadInput
@@ -90,9 +91,10 @@ class KVPool:
         model's context length as the others (a windowed group needs only its window's blocks per sequence)."""
         groups = layer_groups(spec.windows)
         ctx_blocks = math.ceil(spec.context_length / block_size)
-        # Blocks one long sequence holds per group: all of them, or its window's plus a 256-token chunk's.
+        # Blocks one long sequence holds per group: all of them, or its window's (with kv_window_start's one
+        # block of slack) plus a 256-token chunk's.
         need = [
-            ctx_blocks if g.window is None else min(ctx_blocks, math.ceil((g.window + 256) / block_size) + 1)
+            ctx_blocks if g.window is None else min(ctx_blocks, math.ceil((g.window + 256) / block_size) + 2)
             for g in groups
         ]
         per_token = 2 * spec.H_kv * spec.d_head * torch.tensor([], dtype=dtype).element_size()  # one layer
@@ -193,17 +195,29 @@ class SeqKV:
         return [max(0, math.ceil(end / bs) - self.first[g] - len(t)) for g, t in enumerate(self.tables)]
 
     def trim(self) -> None:
-        """Give back the blocks of windowed groups that no later query can see: the next position, `length`,
-        sees length - W + 1 .. length in a layer with a window of W."""
+        """Give back the blocks of windowed groups that no later query can see, nor a continuation of a stored
+        copy of the cache (costs.kv_window_start: the next position, `length`, sees length - W + 1 .. length in
+        a layer with a window of W; a reload continues from the last block boundary at the latest)."""
         bs = self.pool.block_size
         for g, group in enumerate(self.pool.groups):
             if group.window is None:
                 continue
-            dead = max(0, self.length - group.window + 1) // bs - self.first[g]  # blocks wholly before the window
+            dead = costs.kv_window_start(self.length, group.window, bs) // bs - self.first[g]  # wholly before it
             if dead > 0:
                 self.pool.managers[g].release(self.tables[g][:dead])
                 del self.tables[g][:dead]
                 self.first[g] += dead
+
+    def open_windows_at(self, length: int) -> None:
+        """An empty sequence about to receive `length` positions at once (loaded, not computed): each windowed
+        group's table starts at the block holding length - W + 1, the first position the continuation from
+        `length` reads, so that reserve() allocates no block the window has left (or whose K/V was not loaded)."""
+        if self.length or any(self.tables):
+            raise BadInput("only an empty sequence opens its windows at a later position")
+        bs = self.pool.block_size
+        for g, group in enumerate(self.pool.groups):
+            if group.window is not None:
+                self.first[g] = max(0, length - group.window + 1) // bs
 
     def truncate(self, length: int) -> None:
         """Forget positions from `length` on (the next write overwrites them; blocks stay)."""

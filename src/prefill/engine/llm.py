@@ -99,8 +99,8 @@ class Engine:
         """Keep K/V blocks under `directory` (at most `max_mb` MiB, LRU) below the prefix cache: every request
         that leaves writes its whole blocks there in the background, and a later one (also in another process,
         after a restart) loads its longest stored prefix when the cost model predicts loading is faster than
-        computing (`always_load`: whenever stored). None, with one warning, when the directory cannot be used
-        or the model has sliding-window layers; requests are then served without a store."""
+        computing (`always_load`: whenever stored). None, with one warning, when the directory cannot be used;
+        requests are then served without a store."""
         if max_mb <= 0:
             raise BadInput(f"the KV store's size must be > 0 MiB, got {max_mb}")
         if self.kv_store is not None:

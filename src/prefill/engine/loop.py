@@ -133,6 +133,8 @@ class StepLoop:
                 req.gen.prompt_scores, req.scorer = req.scorer.result(), None
             if self.prefix_cache is not None:
                 self.prefix_cache.insert_prefix(req.prompt_ids, req.seq)
+            if self.scheduler.kv_tier is not None:
+                self.scheduler.kv_tier.prefilled(req)
             req.prefilled()
         except Exception as e:  # noqa: BLE001 - this request's failure, not the loop's
             req.fail(e)

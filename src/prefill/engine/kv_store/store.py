@@ -60,15 +60,19 @@ class KVBlock:
 @dataclass(frozen=True)
 class StoreMatch:
     """The longest stored prefix of a prompt: `n_blocks` blocks (`n_tokens` tokens) under `keys`, whose files
-    hold `nbytes` bytes (what a get() reads)."""
+    hold `sizes` bytes each (what a get() reads: fewer for a block that holds fewer layers)."""
 
     keys: tuple[BlockKey, ...]
     n_tokens: int
-    nbytes: int
+    sizes: tuple[int, ...]
 
     @property
     def n_blocks(self) -> int:
         return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
 
 
 @dataclass
@@ -126,10 +130,11 @@ class KVStore:
         """The key of every whole block of `token_ids`, chained from this store's fingerprint."""
         return block_keys(self._root, token_ids, self.fp.block_size)
 
-    def longest_prefix(self, token_ids: Sequence[int]) -> StoreMatch:
+    def longest_prefix(self, token_ids: Sequence[int], limit: int | None = None) -> StoreMatch:
         """The longest run of stored blocks from the start of `token_ids` that a continuation can use: each
-        block present, with every layer whose window still reaches it from the prefix's end. Reads headers
-        only. Pass the tokens whose K/V you want (a prompt less its last token, whose logits must be computed)."""
+        block present, with every layer whose window still reaches it from where the continuation starts (the
+        prefix's end, or `limit` if that is sooner: the positions after it are recomputed). Reads headers only.
+        Pass the tokens whose K/V you want (a prompt less its last token, whose logits must be computed)."""
         keys = self.keys(token_ids) if self.files else []
         found: list[Header] = []
         for key in keys:
@@ -138,24 +143,29 @@ class KVStore:
                 break
             found.append(header)
         n = len(found)
-        while n and not self._usable(found[:n]):
+        while n and not self._usable(found[:n], min(limit or n * self.fp.block_size, n * self.fp.block_size)):
             n -= 1
         with self._lock:
             self._stats.lookups += 1
             self._stats.miss_blocks += len(keys) - n
-        nbytes = sum(h.header_bytes + h.payload_bytes for h in found[:n])
-        return StoreMatch(tuple(keys[:n]), n * self.fp.block_size, nbytes)
+        sizes = tuple(h.header_bytes + h.payload_bytes for h in found[:n])
+        return StoreMatch(tuple(keys[:n]), n * self.fp.block_size, sizes)
 
     @property
     def slot_bytes(self) -> int:
         """Bytes of a block file holding every layer: a slot of get()'s `into` buffer."""
         return file_size(self.fp, self.fp.spec.L)
 
-    def stored_blocks(self, keys: Sequence[BlockKey]) -> int:
-        """How many of `keys`, from the first, have a block file (existence only, nothing read or verified:
-        what a put of a chain may skip)."""
+    def stored_blocks(self, keys: Sequence[BlockKey], layers: Sequence[tuple[int, ...]] | None = None) -> int:
+        """How many of `keys`, from the first, have a block file: what a put of a chain may skip. Existence only
+        (nothing read or verified) unless `layers` (per key) asks that each file hold at least those (headers
+        read)."""
         n = 0
         while self.files and n < len(keys) and os.path.exists(self.files.path(keys[n].digest)):
+            if layers is not None:
+                peeked = self.files.peek(keys[n].digest, PEEK_BYTES)
+                if peeked is None or not _holds(peeked, self.fp, keys[n], layers[n]):
+                    break
             n += 1
         return n
 
@@ -242,9 +252,8 @@ class KVStore:
             raise BadInput(f"a block's layers must be distinct, ascending and below L={self.fp.spec.L}")
         return block
 
-    def _usable(self, headers: list[Header]) -> bool:
-        """Whether every block holds the layers a continuation from the end of these blocks needs."""
-        end = len(headers) * self.fp.block_size
+    def _usable(self, headers: list[Header], end: int) -> bool:
+        """Whether every block holds the layers a continuation from position `end` needs."""
         windows = self.fp.spec.windows
         return all(layers_needed(windows, i, end, self.fp.block_size) <= set(h.layers) for i, h in enumerate(headers))
 
@@ -270,7 +279,9 @@ class KVStore:
                 self.files.remove(key.digest)
 
     def _write(self, key: BlockKey, block: KVBlock, stamp: int) -> None:
-        """On the writer thread: the block, unless a file with at least its layers is there; then evict."""
+        """On the writer thread: the block, unless a file with at least its layers is there (a sound file with
+        other layers is merged with it, so what one sequence's window kept and another's did not add up); then
+        evict."""
         if not self.writable:
             return  # a write queued before the first failure
         try:
@@ -278,6 +289,8 @@ class KVStore:
             if old is not None and _holds(old, self.fp, key, block.layers):
                 self.files.touch(key.digest, stamp)
                 return
+            if old is not None:
+                block = self._merged(key, block)
             payload = _bytes_of(block.kv)
             size = self.files.write(key.digest, [encode_header(self.fp, key, block.layers, payload), payload], stamp)
         except OSError as e:
@@ -291,6 +304,21 @@ class KVStore:
         self._since_scan += size
         if self._disk_bytes > self.max_bytes or self._since_scan > self.max_bytes * (1 - _LOW_WATER):
             self._rescan()
+
+    def _merged(self, key: BlockKey, block: KVBlock) -> KVBlock:
+        """`block` with the layers of the stored file of `key` that it lacks (the file's K/V: the same tokens
+        give the same K/V); `block` alone when the file is unsound."""
+        try:
+            got = read_block(self.files, self.fp, key)
+        except BlockError:
+            return block
+        if got is None:
+            return block
+        stored = got[0]
+        rows = {layer: stored.kv[i] for i, layer in enumerate(stored.layers)}
+        rows.update((layer, block.kv[i]) for i, layer in enumerate(block.layers))
+        layers = tuple(sorted(rows))
+        return KVBlock(torch.stack([rows[layer] for layer in layers]), layers)
 
     def _rescan(self) -> None:
         """Learn the directory's real size (other processes write too) and evict down to the low-water mark."""
