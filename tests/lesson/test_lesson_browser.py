@@ -251,6 +251,7 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
     assert all(A[i][j] == 0 for i in range(3) for j in range(i + 1, 3))
     assert all(abs(sum(row) - 1) < 1e-5 for row in A)
     assert page.locator("#attn-grid .cell.masked").count() == 3
+    assert page.locator("#attn-box .scale").is_visible()  # the heat map's colour scale: weight 0 to 1
     assert page.locator("#answer").inner_text().strip() != ""
     for tile in ("#tl-ttft", "#tl-pred", "#tl-total", "#tl-model", "#tl-mfu"):
         assert text(page, tile) not in ("…", "–", ""), tile

@@ -256,13 +256,15 @@ async function showAttention(signal) {
   const a = await postJSON("/api/attention", { text: current.text, chat: current.chat,
     layer: +$("layer-select").value, head: +$("head-select").value }, signal);
   const worst = Math.max(...a.row_sums.map((s) => Math.abs(s - 1)));
+  // The page's accent at opacity √weight (two hex digits), as the colour scale beside the map says.
+  const accent = cssColor("--accent");
+  const alpha = (w) => Math.round(255 * Math.sqrt(w)).toString(16).padStart(2, "0");
   drawGrid($("attn-grid"), {
     P: a.P, labels: a.labels, hover: $("attn-hover"),
-    cell: (i, j) => (j > i ? { cls: "masked" } : { cls: "weight", color: `rgba(37, 99, 235, ${Math.sqrt(a.weights[i][j]).toFixed(3)})` }),
+    cell: (i, j) => (j > i ? { cls: "masked" } : { cls: "weight", color: `${accent}${alpha(a.weights[i][j])}` }),
     describe: (i, j) => (j > i ? `masked: weight exactly 0 (${quote(a.labels[j])} is in the future)`
       : `${quote(a.labels[i])} puts ${(a.weights[i][j] * 100).toFixed(1)} % of its attention on ${quote(a.labels[j])}`),
   });
   $("attn-check").textContent = `Layer ${a.layer}, query head ${a.head} (reads K/V head ${a.kv_head}). Upper triangle: `
-    + `largest weight ${a.upper_max} (exactly zero). Every row sums to 1 (largest |sum − 1| = ${worst.toExponential(1)}). `
-    + "Colour ∝ √weight.";
+    + `largest weight ${a.upper_max} (exactly zero). Every row sums to 1 (largest |sum − 1| = ${worst.toExponential(1)}).`;
 }
