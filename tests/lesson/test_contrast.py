@@ -51,6 +51,5 @@ def test_chart_labels_are_drawn_in_colours_that_reach_4_5_to_1():
     colour in the scripts is text. Amber comes from the style sheet (--amber), checked above."""
     scripts = "".join(p.read_text() for p in sorted((STATIC / "js").glob("*.js")))
     colours = set(re.findall(r'color: "(#[0-9a-fA-F]{6})"', scripts))
-    colours |= set(re.findall(r'pointLabels\([^)]*"(#[0-9a-fA-F]{6})"\)', scripts))
     assert len(colours) >= 3 and "#f59e0b" not in scripts
     assert [c for c in colours if contrast(c, ROOT["--card"]) < 4.5] == []

@@ -369,6 +369,41 @@ def test_a_long_prompt_is_drawn_scaled_and_its_attention_is_capped(page):
     sync_api.expect(page.locator("#attn-check")).to_contain_text("up to 64 tokens")
 
 
+LABELS_JS = """async () => {
+  const { annotate } = await import("/static/js/labels.js");
+  const canvas = Object.assign(document.createElement("canvas"), { width: 300, height: 200 });
+  const ctx = canvas.getContext("2d");
+  const backings = [];
+  const texts = [];
+  const [fillRect, fillText] = [ctx.fillRect.bind(ctx), ctx.fillText.bind(ctx)];
+  ctx.fillRect = (x, y, w, h) => { backings.push({ x0: x, y0: y, x1: x + w, y1: y + h }); fillRect(x, y, w, h); };
+  ctx.fillText = (t, x, y) => { texts.push(t); fillText(t, x, y); };
+  const u = {  // what annotate reads of a uPlot: a 240 x 150 plot, values 0..1 on both axes
+    ctx, bbox: { left: 40, top: 10, width: 240, height: 150 },
+    valToPos: (v, axis) => (axis === "x" ? 40 + 240 * v : 160 - 150 * v),
+    data: [[0.1, 0.5, 0.52, 0.9], [0.2, 0.5, 0.55, 0.8], [0.25, 0.45, 0.5, 0.7]],
+    series: [{}, { points: { show: () => false } }, { dots: true, points: { show: () => true, size: 10 } }],
+  };
+  annotate([
+    { x: 0.5, color: "#000", label: "a marker label longer than the plot is wide, nearly", short: "short" },
+    { x: 0.55, color: "#000", label: "a second marker label", short: ["second", "2"] },
+  ], { s: 2, labels: new Map([[0.1, "P=1"], [0.5, "P=4"], [0.52, "P=16"], [0.9, "P=64"]]), color: "#000" })(u);
+  return { backings, texts, dpr: devicePixelRatio };
+}"""
+
+
+def test_chart_labels_never_overlap_and_stay_in_the_plot(page):
+    drawn = page.evaluate(LABELS_JS)
+    boxes, texts = drawn["backings"], drawn["texts"]
+    assert drawn["dpr"] == 1 and len(boxes) == len(texts) == 6
+    assert texts[0] == "short"  # the long form fits on neither side of its line in a 240 px plot
+    for k, a in enumerate(boxes):
+        assert a["x0"] >= 40 and a["x1"] <= 280 and a["y0"] >= 10 and a["y1"] <= 160, (texts[k], a)
+        for b in boxes[k + 1 :]:
+            apart = a["x1"] <= b["x0"] or b["x1"] <= a["x0"] or a["y1"] <= b["y0"] or b["y1"] <= a["y0"]
+            assert apart, (texts[k], a, b)
+
+
 def test_the_sweep_measures_each_P_beside_its_prediction(page):
     page.set_viewport_size({"width": 1280, "height": 800})
     page.locator("#sweep").scroll_into_view_if_needed()

@@ -2,6 +2,8 @@
 // the P sweep's roofline, TTFT against the arrival rate, and compute against load over the stored prefix. uPlot is
 // loaded on first use so the page's first paint does not wait for it. Every value drawn comes from the API.
 
+import { annotate } from "./labels.js";
+
 let uPlotModule = null;
 async function uPlot() {
   uPlotModule ??= (await import("../vendor/uplot/uPlot.esm.js")).default;
@@ -33,73 +35,6 @@ function fit(el, chart, height) {
   return chart;
 }
 
-// Vertical lines at x values: [{x, color, dash, label}]; every line first, then the labels over them (each on a
-// light backing, right of its line, or left where the plot ends), stacked so that no two share a row.
-function markers(lines) {
-  return (u) => {
-    const { ctx } = u;
-    const px = devicePixelRatio;
-    const shown = lines.filter((m) => m.x != null).map((m) => ({ ...m, at: u.valToPos(m.x, "x", true) }));
-    ctx.save();
-    ctx.lineWidth = 2 * px;
-    for (const m of shown) {
-      ctx.strokeStyle = m.color;
-      ctx.setLineDash(m.dash ? [6 * px, 4 * px] : []);
-      ctx.beginPath();
-      ctx.moveTo(m.at, u.bbox.top);
-      ctx.lineTo(m.at, u.bbox.top + u.bbox.height);
-      ctx.stroke();
-    }
-    ctx.textAlign = "left"; // uPlot leaves its axes' alignment on the context
-    ctx.textBaseline = "alphabetic";
-    ctx.font = `${12 * px}px system-ui, sans-serif`;
-    for (const [k, m] of shown.entries()) {
-      const w = ctx.measureText(m.label).width;
-      const right = m.at + 4 * px + w <= u.bbox.left + u.bbox.width;
-      const tx = right ? m.at + 4 * px : m.at - 4 * px - w;
-      const ty = u.bbox.top + (14 + 16 * k) * px;
-      ctx.fillStyle = "rgba(255, 255, 255, 0.85)";
-      ctx.fillRect(tx - 2 * px, ty - 11 * px, w + 4 * px, 14 * px);
-      ctx.fillStyle = m.color;
-      ctx.fillText(m.label, tx, ty);
-    }
-    ctx.restore();
-  };
-}
-
-// Text beside the points of series `s`: labels.get(x) at each x that has one, above the point, else below it
-// when that would overlap the label before, else none (close points keep one readable label, not two blurred).
-function pointLabels(s, labels, color) {
-  return (u) => {
-    const { ctx } = u;
-    const px = devicePixelRatio;
-    ctx.save();
-    ctx.textAlign = "left";
-    ctx.textBaseline = "alphabetic";
-    ctx.fillStyle = color;
-    ctx.font = `${11 * px}px system-ui, sans-serif`;
-    const placed = [];
-    const overlaps = (b) => placed.some((a) => a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1);
-    u.data[0].forEach((x, i) => {
-      const y = u.data[s][i];
-      const text = labels.get(x);
-      if (y == null || text == null) return;
-      const cx = u.valToPos(x, "x", true);
-      const cy = u.valToPos(y, "y", true);
-      const w = ctx.measureText(text).width;
-      const x0 = Math.min(cx - w / 2, u.bbox.left + u.bbox.width - w);
-      for (const top of [cy - 20 * px, cy + 8 * px]) {
-        const box = { x0, x1: x0 + w, y0: top, y1: top + 12 * px };
-        if (top < u.bbox.top || top + 12 * px > u.bbox.top + u.bbox.height || overlaps(box)) continue;
-        placed.push(box);
-        ctx.fillText(text, x0, top + 10 * px);
-        return;
-      }
-    });
-    ctx.restore();
-  };
-}
-
 const seconds = (v) => (v == null ? "" : v < 1 ? `${+(v * 1e3).toPrecision(2)} ms` : `${+v.toPrecision(3)} s`);
 
 // times: seconds since the request was sent at which each token arrived; marks: TTFT lines.
@@ -116,7 +51,7 @@ export async function drawTimeline(el, times, marks) {
     series: [{}, { label: "tokens received", stroke: "#10b981", width: 2, paths: U.paths.stepped({ align: 1 }),
       points: { show: true, size: 6, fill: "#10b981" } }],
     legend: { show: false },
-    hooks: { draw: [markers(marks)] },
+    hooks: { draw: [annotate(marks)] },
   }, [xs, ys], el), 220);
 }
 
@@ -136,10 +71,10 @@ export async function drawRoofline(el, r) {
       { label: "attainable FLOP/s", values: (u, v) => v.map(si), size: 60 }],
     series: [{},
       { label: "roof", stroke: "#64748b", width: 2, spanGaps: true, points: { show: false } },
-      { label: "this prefill", stroke: "#2563eb", paths: () => null, points: { show: true, size: 12, fill: "#2563eb" } },
-      { label: "one decode step", stroke: "#dc2626", paths: () => null, points: { show: true, size: 12, fill: "#dc2626" } }],
+      { label: "this prefill", stroke: "#2563eb", paths: () => null, dots: true, points: { show: true, size: 12, fill: "#2563eb" } },
+      { label: "one decode step", stroke: "#dc2626", paths: () => null, dots: true, points: { show: true, size: 12, fill: "#dc2626" } }],
     legend: { show: false },
-    hooks: { draw: [markers([{ x: r.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${r.ridge.toFixed(1)}` }])] },
+    hooks: { draw: [annotate([{ x: r.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${r.ridge.toFixed(1)}` }])] },
   }, [xs, xs.map((x) => roofAt.get(x)), ...series], el), 260);
 }
 
@@ -161,10 +96,12 @@ export async function drawSweep(el, c, measured) {
     series: [{},
       { label: "roof", stroke: "#64748b", width: 2, spanGaps: true, points: { show: false } },
       { label: "predicted", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: false } },
-      { label: "measured", stroke: "#ea580c", paths: () => null, points: { show: true, size: 10, fill: "#ea580c" } }],
+      { label: "measured", stroke: "#ea580c", paths: () => null, dots: true, points: { show: true, size: 10, fill: "#ea580c" } }],
     legend: { show: false },
-    hooks: { draw: [markers([{ x: c.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${c.ridge.toFixed(1)} FLOP/B` }]),
-      pointLabels(3, labels, "#9a3412")] },
+    hooks: { draw: [annotate(
+      [{ x: c.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${c.ridge.toFixed(1)} FLOP/B`, short: "ridge" }],
+      { s: 3, labels, color: "#9a3412" },
+    )] },
   }, [xs, column(roof), column(predicted), column(got)], el), 280);
 }
 
@@ -185,12 +122,12 @@ export async function drawLoad(el, r) {
     series: [{},
       { label: "p50", stroke: "#10b981", width: 2, spanGaps: true, points: { show: true, size: 5, fill: "#10b981" } },
       { label: "p99", stroke: "#dc2626", width: 2, spanGaps: true, points: { show: true, size: 5, fill: "#dc2626" } },
-      { label: "p50 here", stroke: "#2563eb", paths: () => null, points: { show: true, size: 11, fill: "#10b981" } },
-      { label: "p99 here", stroke: "#2563eb", paths: () => null, points: { show: true, size: 11, fill: "#dc2626" } }],
+      { label: "p50 here", stroke: "#2563eb", paths: () => null, dots: true, points: { show: true, size: 11, fill: "#10b981" } },
+      { label: "p99 here", stroke: "#2563eb", paths: () => null, dots: true, points: { show: true, size: 11, fill: "#dc2626" } }],
     legend: { show: false },
-    hooks: { draw: [markers([
-      { x: r.rate, color: "#2563eb", label: `this rate: ${r.human.rate}` },
-      { x: r.capacity_req_per_s, color: "#64748b", dash: true, label: `capacity ${r.human.capacity}` },
+    hooks: { draw: [annotate([
+      { x: r.rate, color: "#2563eb", label: `this rate: ${r.human.rate}`, short: "this rate" },
+      { x: r.capacity_req_per_s, color: "#64748b", dash: true, label: `capacity ${r.human.capacity}`, short: "capacity" },
     ])] },
   }, [xs, column(p50), column(p99), here(r.ttft_p50_s), here(r.ttft_p99_s)], el), 240);
 }
@@ -200,8 +137,11 @@ export async function drawLoad(el, r) {
 export async function drawTiers(el, r) {
   const U = await uPlot();
   const xs = r.points.map((p) => p.P);
-  const flips = [["page cache", r.ram], ["disk", r.disk]].flatMap(([name, t]) => (t?.flips ?? [])
-    .map((P) => ({ x: P, color: "#64748b", dash: true, label: `${name}: the faster side changes at P = ${P}` })));
+  // Each tier's flips in a dark shade of its line's colour (text on white: 4.5:1), so that "P = 300" alone still says
+  // whose it is where the plot is too narrow for more.
+  const tiers = [{ name: "page cache", tier: r.ram, color: "#15803d" }, { name: "disk", tier: r.disk, color: "#b45309" }];
+  const flips = tiers.flatMap(({ name, tier, color }) => (tier?.flips ?? []).map((P) => ({ x: P, color, dash: true,
+    label: `${name}: the faster side changes at P = ${P}`, short: [`${name}: P = ${P}`, `P = ${P}`] })));
   el.replaceChildren();
   return fit(el, new U({
     width: widthOf(el), height: 260,
@@ -213,6 +153,6 @@ export async function drawTiers(el, r) {
       { label: "page cache", stroke: "#10b981", width: 2, points: { show: false } },
       { label: "disk", stroke: "#b45309", width: 2, spanGaps: true, points: { show: false } }],
     legend: { show: false },
-    hooks: { draw: [markers(flips)] },
+    hooks: { draw: [annotate(flips)] },
   }, [xs, r.points.map((p) => p.compute_s), r.points.map((p) => p.ram_s), r.points.map((p) => p.disk_s)], el), 260);
 }

@@ -29,6 +29,7 @@ async function show() {
   $("tiers-text").textContent = r.explanation;
   $("tiers-source").textContent = `Read rates ${r.rates_source}. Prefill predicted by the time model on the `
     + `${r.profile} profile, in this server's prefill chunks.`;
+  $("tiers-flip-key").hidden = !(r.ram?.flips?.length || r.disk?.flips?.length); // a key only for lines drawn
   $("tiers").dataset.shown = "1";
   await drawTiers($("tiers-chart"), r);
 }
