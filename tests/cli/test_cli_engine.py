@@ -82,12 +82,13 @@ def test_run_twice_on_a_kv_store_finds_the_prompt_the_second_time(tmp_path):
     first, second = cli(*args), cli(*args)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert "KV store: " in first.stderr and "loads at" in first.stderr
-    assert "KV store: load" not in first.stdout and "KV store: compute" not in first.stdout  # nothing stored yet
-    assert re.search(r"KV store: (load|compute) \d+ tokens", second.stdout)  # found; the cost model chose
-    # the three paths side by side, each predicted; the one taken measured (the files were just written: the
+    assert not re.search(r"KV store: (load|compute|both)", first.stdout)  # nothing stored yet
+    assert re.search(r"KV store: (load|compute|both) \d+ tokens", second.stdout)  # found; the cost model chose
+    # the four paths side by side, each predicted; the one taken measured (the files were just written: the
     # page cache holds them)
     table = second.stdout[second.stdout.index("stored tokens, compute or load") :]
     assert "compute (prefill them)" in table and "load from the page cache" in table and "load from the disk" in table
+    assert re.search(r"both: compute [\d,]+, load [\d,]+ meanwhile\s*│\s*[\d.,]+ ms", table)
     if re.search(r"KV store: load \d+ tokens", second.stdout):
         assert re.search(r"load from the page cache\s*│\s*[\d.,]+ ms\s*│\s*[\d.,]+ ms", table)
         assert re.search(r"\d+% of their pages were in the page", table)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill.costmodel.kv_store import break_even_rate, choice_flips, compute_or_load, load_seconds
+from prefill.costmodel.kv_store import break_even_rate, choice_flips, compute_or_load, load_seconds, split_ends
 from prefill.engine.kv_store.files import BlockFiles
 from prefill.engine.llm import Engine
 from prefill.engine.proofs import rounding_tolerance
@@ -43,6 +43,30 @@ def test_compute_or_load_picks_the_faster_and_says_by_how_much():
     assert load_seconds(3_000, 1_500.0) == 2.0
     with pytest.raises(BadInput):
         load_seconds(1, 0.0)
+
+
+def test_both_ends_meet_where_computing_the_head_takes_as_long_as_loading_the_tail():
+    calls = []
+
+    def prefill_s(n: int, past: int) -> float:
+        calls.append(n)
+        return 0.25e-3 * n  # 4 ms a block of 16 tokens
+
+    blocks = [16_000] * 64  # 1,024 tokens in 64 blocks: 2 ms a block at 8 MB/s (128 ms all), 256 ms computed
+    split, both_s = split_ends(1024, 0, blocks, 8e6, prefill_s)
+    # j blocks computed take 4j ms while the other 64 - j load in 2 (64 - j) ms: j = 21 (84 / 86 ms) beats 22 (88 / 84)
+    assert (split, both_s) == (21 * 16, pytest.approx(0.086))
+    assert len(calls) <= 2 * 6 + 4  # bisection over 63 splits, not a scan
+    d = compute_or_load(1024, 0, sum(blocks), 8e6, prefill_s, blocks)
+    assert (d.choice, d.split, d.seconds, d.load_s, d.compute_s) == ("both", 336, both_s, 0.128, 0.256)
+    assert d.saved_s == pytest.approx(0.17)
+    fast = compute_or_load(1024, 0, sum(blocks), 1.6e9, prefill_s, blocks)  # loading alone: 0.64 ms
+    assert fast.choice == "load" and fast.both_s > fast.load_s
+    slow = compute_or_load(1024, 0, sum(blocks), 16e3, prefill_s, blocks)  # 64 s to load, 0.256 s to compute
+    assert slow.choice == "compute" and slow.split == 63 * 16  # all but one block computed, and still slower
+    assert compute_or_load(1024, 0, sum(blocks), 8e6, prefill_s).both_s is None  # not asked: not considered
+    with pytest.raises(BadInput):
+        split_ends(16, 0, [16_000], 8e6, prefill_s)
 
 
 def test_choice_flips_finds_each_change_to_the_block():
@@ -86,11 +110,11 @@ def test_the_decision_imports_no_torch():
 # ---- on the real model -------------------------------------------------------------------------------------
 
 
-def restarted(smollm, directory, always_load: bool = True) -> Engine:
+def restarted(smollm, directory, force: str | None = "load") -> Engine:
     """A fresh engine over the session's weights with its own store object on `directory`: what a restarted
     process has (nothing of the store in memory, everything from the files)."""
     engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
-    engine.attach_kv_store(directory, 256, always_load=always_load)
+    engine.attach_kv_store(directory, 256, force=force)
     return engine
 
 
@@ -157,9 +181,59 @@ def test_loaded_kv_gives_logits_within_the_rounding_tolerance(smollm, tmp_path):
 
 
 @pytest.mark.slow
+def test_both_ends_give_the_same_answer_and_the_stored_bytes(smollm, cold, tmp_path):
+    """Forced both: the head is computed while the tail loads on the loader thread; greedy tokens as cold, the
+    tail's K/V bitwise the stored (computed) bytes, the first token's logits within the rounding tolerance."""
+    greedy(restarted(smollm, tmp_path))
+    gen = greedy(restarted(smollm, tmp_path, force="both"))
+    use = gen.kv_store
+    assert use.decision.choice == "both" and 0 < use.decision.split < use.decision.n_tokens
+    assert use.loaded_tokens == use.decision.n_tokens - use.decision.split == gen.cached_tokens
+    assert use.pending is None and use.load_s > 0 and use.bad_blocks == 0
+    assert gen.token_ids == cold.token_ids
+    engine = restarted(smollm, tmp_path, force="both")
+    ids = engine.encode_prompt(PROMPT, chat=False)
+    with torch.inference_mode():
+        cold_logits, cold_cache = engine.prefill(ids)
+        req = Request(ids, 1, SamplingParams(), None, lambda ev: None)
+        seq = engine.new_cache(len(ids))
+        engine.kv_store.admit(req, seq, lambda needs: True, None)
+        req.start(seq)
+        at = req.gen.kv_store.pending.at
+        engine.prefill(ids[:at], seq)  # the head, while the tail loads
+        end = (len(ids) - 1) // 16 * 16  # the stored whole blocks
+        assert engine.kv_store.prefill_target(req, len(ids)) == len(ids) and seq.length == end
+        warm_logits, _ = engine.prefill(ids[end:], seq)
+    tol = rounding_tolerance(float(cold_logits.abs().max()), engine.spec, engine.dtype)
+    assert (warm_logits - cold_logits).abs().max().item() <= tol
+    for layer in (0, engine.spec.L - 1):
+        assert torch.equal(seq.k(layer)[:, :, at:end], cold_cache.k(layer)[:, :, at:end])
+        assert torch.equal(seq.v(layer)[:, :, at:end], cold_cache.v(layer)[:, :, at:end])
+
+
+@pytest.mark.slow
+def test_a_request_cancelled_while_its_tail_loads_gives_every_block_back(smollm, tmp_path):
+    from prefill.engine.loop import StepLoop
+
+    greedy(restarted(smollm, tmp_path))
+    engine = restarted(smollm, tmp_path, force="both")
+    ids = engine.encode_prompt(PROMPT, chat=False)
+    pool = engine.new_pool(2 * len(ids))
+    loop = StepLoop(engine.runner, pool, kv_tier=engine.kv_store)
+    req = Request(ids, N_NEW, SamplingParams(), engine.tokenizer, lambda ev: None)
+    loop.add(req)
+    step = loop.step()  # admitted: the tail starts loading, the head is computed
+    pending = req.gen.kv_store.pending
+    assert step.rows == [(req, pending.at)] and pool.used_blocks == (len(ids) - 1) // 16  # the stored blocks, reserved
+    req.cancelled = True
+    loop.step()
+    assert pending.done() and pool.used_blocks == 0 and not loop.busy
+
+
+@pytest.mark.slow
 def test_the_cost_model_decides_and_the_record_says_so(smollm, tmp_path):
     greedy(restarted(smollm, tmp_path))
-    gen = greedy(restarted(smollm, tmp_path, always_load=False))
+    gen = greedy(restarted(smollm, tmp_path, force=None))
     d = gen.kv_store.decision
     assert d.n_tokens == (gen.P - 1) // 16 * 16 and d.load_s > 0 and d.compute_s > 0
     assert d.choice == ("load" if d.load_s < d.compute_s else "compute")

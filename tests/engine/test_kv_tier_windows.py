@@ -29,7 +29,7 @@ def gemma(tmp_path_factory):
 def restarted(engine: Engine, directory) -> Engine:
     """A fresh engine over the same weights with its own store object on `directory` (always loading)."""
     fresh = Engine(engine.runner, engine.tokenizer, engine.source)
-    fresh.attach_kv_store(directory, 64, always_load=True)
+    fresh.attach_kv_store(directory, 64, force="load")
     return fresh
 
 

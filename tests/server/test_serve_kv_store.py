@@ -19,7 +19,7 @@ PROMPT = "A short history of Paris for a school essay, in plain sentences. " * 8
 def served(smollm, directory) -> tuple[dict, str]:
     """One server's life on `directory`: start, one greedy completion, /metrics, shut down (the store flushed)."""
     engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
-    engine.attach_kv_store(directory, 256, always_load=True)  # the decision itself: tests/engine/test_kv_tier.py
+    engine.attach_kv_store(directory, 256, force="load")  # the decision itself: tests/engine/test_kv_tier.py
     cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=64)
     with TestClient(create_app(engine, cfg)) as client:
         body = {"model": cfg.model_id, "prompt": PROMPT, "max_tokens": 12, "temperature": 0}

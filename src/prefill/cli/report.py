@@ -81,10 +81,11 @@ def ttft_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Table
     if (use := gen.kv_store) is not None and use.decision.n_tokens:  # a stored prefix was found
         d = use.decision
         measured = f"{ms(use.load_s)} ({use.loaded_tokens} tokens loaded)" if use.loaded_tokens else "-"
+        both = f" vs both {ms(d.both_s)}" if d.both_s is not None else ""
         t.add_row(
-            f"KV store: {d.choice} {d.n_tokens} tokens",
+            f"KV store: {d.choice} {d.n_tokens} tokens" + (f" (head {d.split} computed)" if d.choice == "both" else ""),
             measured,
-            f"load {ms(d.load_s)} vs compute {ms(d.compute_s)}",
+            f"load {ms(d.load_s)} vs compute {ms(d.compute_s)}{both}",
             "",
         )
     t.add_row("first-token sampling", ms(gen.first_token_s), "-", "")
@@ -117,12 +118,19 @@ def store_table(engine: Engine, gen: Generation) -> Table | None:
     t = _table(f"KV store: {d.n_tokens:,} stored tokens, compute or load", "path", "predicted", "measured")
     t.add_row("compute (prefill them)", ms(d.compute_s), "" if use.loaded_tokens else "in the prefill above")
     ram, disk = bw.ram_bytes_per_s, bw.disk_bytes_per_s
-    t.add_row("load from the page cache", ms(load_seconds(d.load_bytes, ram)), ms(use.load_s) if tier_read else "")
+    loaded = ms(use.load_s) if tier_read and d.choice == "load" else ""
+    t.add_row("load from the page cache", ms(load_seconds(d.load_bytes, ram)), loaded)
     t.add_row(
         "load from the disk",
         ms(load_seconds(d.load_bytes, disk)) if disk else "not measurable here",
-        ms(use.load_s) if tier_read is False else "",
+        ms(use.load_s) if tier_read is False and d.choice == "load" else "",
     )
+    if d.both_s is not None:
+        t.add_row(
+            f"both: compute {d.split:,}, load {d.n_tokens - d.split:,} meanwhile",
+            ms(d.both_s),
+            f"{ms(use.load_s)} (the tail's load)" if d.choice == "both" and use.loaded_tokens else "",
+        )
     t.caption = f"chosen: {d.choice} ({d.load_bytes / 1e6:,.1f} MB of block files; decided at the disk's rate)"
     if use.loaded_tokens and use.resident_share is not None:
         t.caption += f"; {use.resident_share:.0%} of their pages were in the page cache before the read"

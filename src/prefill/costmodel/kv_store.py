@@ -2,7 +2,10 @@
 
 Loading n bytes at a measured rate of r bytes/s takes n / r seconds (the store's probe measures r for the disk
 and for the page cache, prefill.engine.kv_store.probe); prefilling the same tokens takes what the engine's
-time model predicts. The engine loads only when the load is predicted faster. Torch-free, like all of costmodel.
+time model predicts. The engine loads only when the load is predicted faster. Or both, from opposite ends
+(Cake, ICML'25): the first blocks are computed while the last are read in the background; they meet at the
+split where both take as long, and the pair takes max(compute(head), load(tail)), less than either alone
+when the two are of the same order (a slow store). Torch-free, like all of costmodel.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ DEFAULT_STORE_MB = 4096.0  # the KV store's default size cap, MiB: a few dozen l
 
 @dataclass(frozen=True)
 class LoadDecision:
-    """One compute-or-load decision: `choice` is "load" or "compute"; seconds are predictions."""
+    """One compute-or-load decision: `choice` is "load", "compute" or "both"; seconds are predictions."""
 
     choice: str
     n_tokens: int  # stored tokens the decision is about (beyond the `past` already cached)
@@ -25,11 +28,18 @@ class LoadDecision:
     load_bytes: int  # bytes a load reads (block files, headers included)
     load_s: float  # predicted seconds to read and verify them
     compute_s: float  # predicted seconds to prefill the same tokens after `past`
+    split: int = 0  # "both": tokens computed from the head (after `past`); the rest is loaded meanwhile
+    both_s: float | None = None  # predicted seconds of both at `split` (None: not considered)
+
+    @property
+    def seconds(self) -> float:
+        """Predicted seconds of the choice."""
+        return {"load": self.load_s, "compute": self.compute_s, "both": self.both_s}[self.choice]
 
     @property
     def saved_s(self) -> float:
         """Predicted seconds the choice saves against always computing (0 when it computes)."""
-        return max(0.0, self.compute_s - self.load_s) if self.choice == "load" else 0.0
+        return max(0.0, self.compute_s - self.seconds)
 
     def as_dict(self) -> dict:
         return {
@@ -39,6 +49,8 @@ class LoadDecision:
             "load_bytes": self.load_bytes,
             "predicted_load_s": self.load_s,
             "predicted_compute_s": self.compute_s,
+            "split": self.split,
+            "predicted_both_s": self.both_s,
             "predicted_saved_s": self.saved_s,
         }
 
@@ -56,17 +68,58 @@ def compute_or_load(
     load_bytes: int,
     load_bytes_per_s: float,
     prefill_seconds_fn: Callable[[int, int], float],
+    block_bytes: Sequence[int] = (),
+    block_size: int = 16,
 ) -> LoadDecision:
     """Load the `n_tokens` stored tokens after `past` cached ones (`load_bytes` at `load_bytes_per_s`) or compute
-    them: `prefill_seconds_fn(n, past)` is the time model's seconds for a prefill of n tokens after `past`. Loads
-    only when predicted strictly faster (a tie computes: the compute path needs no disk)."""
+    them: `prefill_seconds_fn(n, past)` is the time model's seconds for a prefill of n tokens after `past`. With
+    `block_bytes` (the bytes of each stored block of `block_size` tokens, in order, summing to load_bytes),
+    both from opposite ends is considered too (split_ends). The fastest predicted wins; a tie computes (no disk),
+    then loads (no second thread)."""
     if n_tokens < 0 or past < 0 or load_bytes < 0:
         raise BadInput("n_tokens, past and load_bytes must be >= 0")
     if n_tokens == 0:
         return LoadDecision("compute", 0, past, 0, 0.0, 0.0)
     load_s = load_seconds(load_bytes, load_bytes_per_s)
     compute_s = float(prefill_seconds_fn(n_tokens, past))
-    return LoadDecision("load" if load_s < compute_s else "compute", n_tokens, past, load_bytes, load_s, compute_s)
+    split, both_s = 0, None
+    if len(block_bytes) >= 2:
+        split, both_s = split_ends(n_tokens, past, block_bytes, load_bytes_per_s, prefill_seconds_fn, block_size)
+    times = {"compute": compute_s, "load": load_s} | ({"both": both_s} if both_s is not None else {})
+    choice = min(times, key=times.__getitem__)  # first of equals: compute, then load
+    return LoadDecision(choice, n_tokens, past, load_bytes, load_s, compute_s, split, both_s)
+
+
+def split_ends(
+    n_tokens: int,
+    past: int,
+    block_bytes: Sequence[int],
+    load_bytes_per_s: float,
+    prefill_seconds_fn: Callable[[int, int], float],
+    block_size: int = 16,
+) -> tuple[int, float]:
+    """Both from opposite ends: compute the first j blocks (j * block_size tokens after `past`) while the other
+    blocks load, for the j in 1 .. len(block_bytes) - 1 where max(compute, load) is least; (tokens computed,
+    predicted seconds). Computing grows with j and loading shrinks, so the best j is at their crossing, found by
+    bisection (a few predictions, not one per block)."""
+    k = len(block_bytes)
+    if k < 2:
+        raise BadInput("both ends need two blocks at least")
+    tail = [0] * (k + 1)  # tail[j]: bytes of blocks j .. k - 1
+    for j in range(k - 1, -1, -1):
+        tail[j] = tail[j + 1] + block_bytes[j]
+
+    def times(j: int) -> tuple[float, float]:
+        head = min(n_tokens, j * block_size)
+        return float(prefill_seconds_fn(head, past)), load_seconds(tail[j], load_bytes_per_s)
+
+    lo, hi = 1, k - 1  # the first j in lo..hi whose compute reaches its load, else hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        c, ld = times(mid)
+        lo, hi = (lo, mid) if c >= ld else (mid + 1, hi)
+    best = min({max(lo - 1, 1), lo}, key=lambda j: max(times(j)))
+    return min(n_tokens, best * block_size), max(times(best))
 
 
 def choice_flips(lengths: Sequence[int], loads: Callable[[int], bool], step: int) -> list[int]:

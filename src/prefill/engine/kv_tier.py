@@ -43,7 +43,9 @@ from prefill.engine.kv_store import (
     probe_bandwidth,
     weights_digest,
 )
+from prefill.engine.kv_tail import PendingLoad, TailLoader
 from prefill.engine.kvcache import SeqKV
+from prefill.errors import BadInput
 
 if TYPE_CHECKING:
     from prefill.engine.request import Request
@@ -64,6 +66,15 @@ class StoreUse:
     load_s: float = 0.0  # measured: reading, verifying and copying into the pool
     bad_blocks: int = 0  # stored blocks rejected on the way (checksum, fingerprint, truncation...)
     resident_share: float | None = None  # of the loaded files' pages in the page cache before the read (Linux)
+    pending: PendingLoad | None = None  # "both": the tail still loading (prefill.engine.kv_tail)
+
+    @property
+    def saved_s(self) -> float:
+        """The decision's predicted saving, in the share of its planned load that happened (a bad block can cut
+        it short)."""
+        d = self.decision
+        planned = d.n_tokens - (d.split if d.choice == "both" else 0)
+        return d.saved_s * self.loaded_tokens / planned if planned else 0.0
 
     def as_dict(self) -> dict:
         return {
@@ -80,16 +91,20 @@ class StoreTier:
     """A KVStore under a KV pool's full-attention blocks, with its measured load rate.
 
     `prefill_seconds(n, past, chunk_size)`: the predicted seconds of a prefill of n tokens after `past` cached
-    ones (the engine's time model). `always_load` skips the decision (tests of the load path itself).
+    ones (the engine's time model). `force` ("load" or "both") overrides the decision where a stored prefix is
+    found (tests and benchmarks of each path).
     """
 
     def __init__(
-        self, store: KVStore, bandwidth: StoreBandwidth, prefill_seconds: PrefillSeconds, always_load: bool = False
+        self, store: KVStore, bandwidth: StoreBandwidth, prefill_seconds: PrefillSeconds, force: str | None = None
     ) -> None:
+        if force not in (None, "load", "both"):
+            raise BadInput(f"a KV store can be forced to 'load' or 'both', not {force!r}")
         self.store, self.bandwidth = store, bandwidth
-        self.prefill_seconds, self.always_load = prefill_seconds, always_load
+        self.prefill_seconds, self.force = prefill_seconds, force
         self.block_size = store.fp.block_size
         self._staging: bytearray | None = None  # STAGE_BYTES of block files, reused by every load
+        self._tails: TailLoader | None = None  # both ends: the background loader, started on first need
 
     @classmethod
     def open(
@@ -99,7 +114,7 @@ class StoreTier:
         model: torch.nn.Module,
         dtype: torch.dtype,
         prefill_seconds: PrefillSeconds,
-        always_load: bool = False,
+        force: str | None = None,
     ) -> StoreTier | None:
         """The store at `directory` for `model` (fingerprinted from its weights, spec and dtype), its load rate
         probed; None, with one warning, when the directory cannot be used."""
@@ -111,7 +126,7 @@ class StoreTier:
             store.close()
             log.warning("kv store %s: no load rate could be measured there; running without a KV store", directory)
             return None
-        return cls(store, bandwidth, prefill_seconds, always_load)
+        return cls(store, bandwidth, prefill_seconds, force)
 
     @property
     def load_bytes_per_s(self) -> float:
@@ -128,9 +143,47 @@ class StoreTier:
         def room(end: int) -> bool:
             return fits(seq.reserve_needs(min(target, end + (chunk_size or target))))
 
-        use = self.load(req.all_ids()[:target], seq, chunk_size, room, limit=len(req.reusable_ids()))
+        use = self.load(req.all_ids()[:target], seq, chunk_size, room, limit=len(req.reusable_ids()), both=True)
         if use is not None:
             req.gen.kv_store = use
+
+    # ---- both ends: the step loop's side ----
+    def prefill_target(self, req: Request, target: int) -> int:
+        """Where req's prefill may go now: `target`, or the split while its tail is still loading (a tail that
+        is in is applied here, when the head has reached it)."""
+        use = req.gen.kv_store
+        if use is None or use.pending is None:
+            return target
+        if req.seq.length >= use.pending.at and use.pending.done():
+            self._settle(req)
+            return target
+        return use.pending.at
+
+    def wait_for_tail(self, running: list[Request]) -> bool:
+        """Block until the tail of one request whose head is computed is in (the step had nothing else to run);
+        False when no request waits on one."""
+        for req in running:
+            use = req.gen.kv_store
+            if use is not None and use.pending is not None and req.seq is not None and req.seq.length >= use.pending.at:
+                use.pending.wait()
+                return True
+        return False
+
+    def abandon(self, req: Request) -> None:
+        """req lets go of its blocks (preempted, finished, cancelled): its tail's copies end first, unused."""
+        use = req.gen.kv_store
+        if use is not None and use.pending is not None:
+            use.pending.wait()
+            use.pending = None
+
+    def _settle(self, req: Request) -> None:
+        use, pending = req.gen.kv_store, req.gen.kv_store.pending
+        gained = pending.apply(req.seq)
+        use.pending = None
+        use.loaded_tokens += gained
+        use.loaded_bytes += sum(pending.sizes[: pending.wait()]) if gained else 0
+        use.load_s = pending.seconds
+        req.gen.cached_tokens += gained
 
     def load(
         self,
@@ -139,13 +192,16 @@ class StoreTier:
         chunk_size: int | None = None,
         room: Callable[[int], bool] = lambda end: True,
         limit: int | None = None,
+        both: bool = False,
     ) -> StoreUse | None:
         """Extend `seq` past its `seq.length` cached positions with the stored whole blocks of `ids` that follow,
         up to `limit` positions (default: all of ids), when the cost model predicts loading them faster than
         computing them and `room(end)` says the pool can take positions up to `end`. A block that crosses
         `limit` is loaded whole and the positions after `limit` are recomputed (a prompt's last token, whose
-        logits give the first token: 1 token to prefill instead of a block). Returns what was decided and
-        loaded (None: not a whole block to look for)."""
+        logits give the first token: 1 token to prefill instead of a block). With `both` (a step loop's
+        admission), loading the tail while the head is computed is considered too: then the tail's load is
+        started and left pending (prefill_target). Returns what was decided and loaded (None: not a whole block
+        to look for)."""
         past, bs = seq.length, self.block_size
         limit = len(ids) if limit is None else min(limit, len(ids))
         ids = ids[: -(-limit // bs) * bs]  # the blocks that hold a position before `limit`
@@ -153,68 +209,95 @@ class StoreTier:
             return None
         bad0 = self.store.stats().corrupt_blocks
         match = self.store.longest_prefix(ids, limit)
-        keys = match.keys[past // bs :]
+        keys, sizes = match.keys[past // bs :], match.sizes[past // bs :]
         windowed = len(seq.pool.groups) > 1
         if windowed and past:  # pragma: no cover - no prefix cache shares a windowed model's blocks
             keys = ()
         usable = min(limit, past + len(keys) * bs) - past  # positions the blocks save computing
         if not keys:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
-        nbytes = sum(match.sizes[past // bs :])
         decision = compute_or_load(
-            usable, past, nbytes, self.load_bytes_per_s, lambda n, p: self.prefill_seconds(n, p, chunk_size)
+            usable,
+            past,
+            sum(sizes),
+            self.load_bytes_per_s,
+            lambda n, p: self.prefill_seconds(n, p, chunk_size),
+            sizes if both and not windowed else (),
+            bs,
         )
-        if self.always_load:
-            decision = dataclasses.replace(decision, choice="load")
+        decision = self._forced(decision, len(keys))
         use = StoreUse(decision, bad_blocks=self._bad_since(bad0))
         end = past + len(keys) * bs
         if windowed:
             seq.open_windows_at(past + usable)
-        if decision.choice != "load" or not room(end):
+        if decision.choice == "compute" or not room(end):
             if windowed:
                 seq.free()  # nothing reserved yet: back to empty tables from position 0
             return use
-        use.resident_share = self.store.files.resident_share([k.digest for k in keys])  # RAM tier, or disk
+        j = decision.split // bs if decision.choice == "both" else 0  # blocks computed from the head
+        use.resident_share = self.store.files.resident_share([k.digest for k in keys[j:]])  # RAM tier, or disk
         t0 = time.perf_counter()
         seq.reserve(end)
-        loaded = self.load_blocks(keys, seq, past)
+        if decision.choice == "both":
+            self._tails = self._tails or TailLoader()
+            use.pending = self._tails.start(self, keys[j:], sizes[j:], seq, past + j * bs, past + usable)
+            return use
+        loaded, self._staging = self.load_blocks(keys, seq, past, self._staging)
         seq.length = min(limit, past + loaded * bs)
         if loaded < len(keys) and windowed:  # a bad block cut the chain: its windows begin elsewhere
             seq.free()
             loaded = 0
-        use.loaded_tokens, use.loaded_bytes = seq.length - past, sum(match.sizes[past // bs :][:loaded])
+        use.loaded_tokens, use.loaded_bytes = seq.length - past, sum(sizes[:loaded])
         use.load_s = time.perf_counter() - t0
         use.bad_blocks = self._bad_since(bad0)
         return use
 
-    def load_blocks(self, keys: tuple[BlockKey, ...], seq: SeqKV, start: int) -> int:
+    def _forced(self, decision: LoadDecision, n_blocks: int) -> LoadDecision:
+        """The decision as `force` wants it: "load"; "both" where both was considered, at its split (or the
+        middle block when the best split is an end), else "load"."""
+        if self.force is None:
+            return decision
+        if self.force == "both" and decision.both_s is not None and n_blocks >= 2:
+            split = decision.split if 0 < decision.split < decision.n_tokens else n_blocks // 2 * self.block_size
+            return dataclasses.replace(decision, choice="both", split=split)
+        return dataclasses.replace(decision, choice="load")
+
+    def load_blocks(
+        self,
+        keys: tuple[BlockKey, ...],
+        seq: SeqKV,
+        start: int,
+        staging: bytearray | None = None,
+        copy: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> tuple[int, bytearray]:
         """Read `keys`' blocks a staging buffer's worth at a time (STAGE_BYTES, reused: its pages are faulted in
         once and stay in cache between the read and the copy) and copy each batch into seq's pool slots from
-        position `start`; stops at the first missing or bad block. Returns the blocks loaded."""
+        position `start` (with `copy(dst, src)`, default torch's); stops at the first missing or bad block.
+        Returns the blocks loaded and the staging buffer (made here on first use: pass it back next time)."""
         per_batch = max(1, STAGE_BYTES // self.store.slot_bytes)
-        if self._staging is None:
-            self._staging = bytearray(per_batch * self.store.slot_bytes)
+        if staging is None:
+            staging = bytearray(per_batch * self.store.slot_bytes)
         loaded = 0
         for i in range(0, len(keys), per_batch):
             batch = keys[i : i + per_batch]
-            blocks = self.store.get(batch, self._staging)
+            blocks = self.store.get(batch, staging)
             at = start + loaded * self.block_size
             if len(seq.pool.groups) == 1:
-                copy_into(seq, at, self._stacked(blocks))
+                copy_into(seq, at, self._stacked(blocks, staging), copy)
             else:
                 copy_layers_into(seq, at, blocks)
             loaded += len(blocks)
             if len(blocks) < len(batch):
                 break
-        return loaded
+        return loaded, staging
 
-    def _stacked(self, blocks: list[KVBlock]) -> torch.Tensor:
+    def _stacked(self, blocks: list[KVBlock], staging: bytearray) -> torch.Tensor:
         """The blocks as one tensor [n, L, 2, H_kv, bs, d_head]: a strided view of the staging buffer when get()
         read block i into slot i (each holds every layer), else a stacked copy."""
         if not blocks:
             return torch.empty(0)
         first, slot = blocks[0].kv, self.store.slot_bytes
-        whole = torch.frombuffer(self._staging, dtype=torch.uint8).view(first.dtype)
+        whole = torch.frombuffer(staging, dtype=torch.uint8).view(first.dtype)
         if any(
             b.kv.shape != first.shape or b.kv.data_ptr() != first.data_ptr() + i * slot for i, b in enumerate(blocks)
         ):
@@ -273,10 +356,14 @@ class StoreTier:
         self.store.flush()
 
     def close(self) -> None:
+        if self._tails is not None:
+            self._tails.close()
         self.store.close()
 
 
-def copy_into(seq: SeqKV, start: int, kv: torch.Tensor) -> None:
+def copy_into(
+    seq: SeqKV, start: int, kv: torch.Tensor, copy: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+) -> None:
     """Write kv [n, L, 2, H_kv, bs, d_head] (n blocks of all layers, any strides) into seq's pool slots of
     positions start .. start + n * bs - 1 (blocks reserved already; `start` a block boundary; one layer group
     holding every layer, as the store requires): one strided copy of every layer's K and V per run of
@@ -290,7 +377,11 @@ def copy_into(seq: SeqKV, start: int, kv: torch.Tensor) -> None:
     for slot, end in seq.runs(0, start, start + len(kv) * bs):
         n = (end - slot) // bs
         into = whole[:, :, :, slot:end].unflatten(3, (n, bs))  # [L, 2, H_kv, n, bs, d_head] of the pool
-        into.copy_(kv[first : first + n].permute(1, 2, 3, 0, 4, 5))
+        src = kv[first : first + n].permute(1, 2, 3, 0, 4, 5)
+        if copy is None:
+            into.copy_(src)
+        else:
+            copy(into, src)
         first += n
 
 

@@ -94,12 +94,13 @@ class Engine:
         return engine
 
     def attach_kv_store(
-        self, directory: str | Path, max_mb: float = DEFAULT_KV_STORE_MB, always_load: bool = False
+        self, directory: str | Path, max_mb: float = DEFAULT_KV_STORE_MB, force: str | None = None
     ) -> StoreTier | None:
         """Keep K/V blocks under `directory` (at most `max_mb` MiB, LRU) below the prefix cache: every request
         that leaves writes its whole blocks there in the background, and a later one (also in another process,
         after a restart) loads its longest stored prefix when the cost model predicts loading is faster than
-        computing (`always_load`: whenever stored). None, with one warning, when the directory cannot be used;
+        computing, or loads its tail while computing its head when that is faster still (`force`: "load" or "both"
+        whenever a stored prefix is found). None, with one warning, when the directory cannot be used;
         requests are then served without a store."""
         if max_mb <= 0:
             raise BadInput(f"the KV store's size must be > 0 MiB, got {max_mb}")
@@ -111,7 +112,7 @@ class Engine:
             self.model,
             self.dtype,
             lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
-            always_load,
+            force,
         )
         if self.kv_store is not None:  # the time model's inputs (GEMM rate, calibration) now, not in a request's TTFT
             self.predict_prefill_seconds(self.kv_store.block_size)

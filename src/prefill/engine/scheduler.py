@@ -13,6 +13,10 @@ is preempted: its blocks go back (its computed ones offered to the prefix cache 
 the queue, and its prefill is recomputed when it is admitted again (vLLM's recompute preemption). The oldest
 request is never preempted for a newer one, so every request that fits the pool alone completes.
 
+With a KV store (prefill.engine.kv_tier), admission may load a request's stored prefix, or start loading its
+tail while its head is computed (both from opposite ends): its prefill then stops at the split until the tail
+is in, and a step with nothing else to run waits for it.
+
 The step loop (prefill.engine.loop) runs the schedule on the model; the simulator (prefill.bench.simulate) runs
 the same policy with a simulated clock.
 """
@@ -91,11 +95,16 @@ class Scheduler:
             req = self.waiting.popleft()
             self.running.append(req)
             budget -= self._chunk(req, budget, step)
+        if not step.rows and self.kv_tier is not None and self.kv_tier.wait_for_tail(self.running):
+            return self.schedule()  # only a loading tail was left to wait for: it is in now
         return step
 
     def _chunk(self, req: Request, budget: float, step: Step) -> int:
         """Schedule the next chunk of a prefilling request (at most `budget` tokens); returns its tokens."""
-        n = int(min(req.cached_target - req.seq.length, budget))
+        target = req.cached_target
+        if self.kv_tier is not None:  # stops at the split while its stored tail loads
+            target = self.kv_tier.prefill_target(req, target)
+        n = int(min(target - req.seq.length, budget))
         if n > 0 and self._grow(req, req.seq.length + n, step):
             step.rows.append((req, n))
             return n
@@ -146,6 +155,8 @@ class Scheduler:
                 return False
 
     def _preempt(self, req: Request, step: Step) -> None:
+        if self.kv_tier is not None:
+            self.kv_tier.abandon(req)  # a tail still loading into its blocks stops first
         if self.prefix_cache is not None and req.seq.length:
             self.prefix_cache.insert_prefix(req.all_ids()[: req.seq.length], req.seq)
         req.seq.free()
@@ -167,6 +178,8 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
         if req.seq is not None:
+            if self.kv_tier is not None:
+                self.kv_tier.abandon(req)
             if self.kv_tier is not None and req.seq.length:
                 self.kv_tier.save(req)  # its whole blocks, to the store (written in the background)
             req.seq.free()

@@ -197,12 +197,12 @@ class Worker:
                 m.scored_tokens.inc(ev.P)
 
     def _observe_store(self, use: StoreUse) -> None:
-        m, d = self.metrics, use.decision
+        m = self.metrics
         m.kv_store_bad_blocks.inc(use.bad_blocks)
         if use.loaded_tokens:
             m.kv_store_hits.inc()
             m.kv_store_bytes_loaded.inc(use.loaded_bytes)
-            m.kv_store_seconds_saved.inc(d.saved_s * use.loaded_tokens / d.n_tokens)  # a bad block cut it short
+            m.kv_store_seconds_saved.inc(use.saved_s)
 
 
 def _run_call(fn: Callable[[], object], future: Future) -> None:
