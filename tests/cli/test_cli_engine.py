@@ -88,10 +88,10 @@ def test_run_twice_on_a_kv_store_finds_the_prompt_the_second_time(tmp_path):
     # page cache holds them)
     table = second.stdout[second.stdout.index("stored tokens, compute or load") :]
     assert "compute (prefill them)" in table and "load from the page cache" in table and "load from the disk" in table
-    assert re.search(r"both: compute [\d,]+, load [\d,]+ meanwhile\s*│\s*[\d.,]+ ms", table)
+    assert re.search(r"both: compute [\d,]+, load [\d,]+ meanwhile\s*│\s*[\d.,]+ ms|cannot win here", table)
     if re.search(r"KV store: load \d+ tokens", second.stdout):
         assert re.search(r"load from the page cache\s*│\s*[\d.,]+ ms\s*│\s*[\d.,]+ ms", table)
-        assert re.search(r"\d+% of their pages were in the page", table)
+        assert re.search(r"\d+% of their\s+pages\s+were\s+in\s+the\s+page", table)  # the caption wraps
     answer = [line for line in first.stdout.splitlines() if line.startswith("answer:")]
     assert answer and answer[0] in second.stdout.splitlines()
 

@@ -60,10 +60,14 @@ def test_both_ends_meet_where_computing_the_head_takes_as_long_as_loading_the_ta
     d = compute_or_load(1024, 0, sum(blocks), 8e6, prefill_s, blocks)
     assert (d.choice, d.split, d.seconds, d.load_s, d.compute_s) == ("both", 336, both_s, 0.128, 0.256)
     assert d.saved_s == pytest.approx(0.17)
-    fast = compute_or_load(1024, 0, sum(blocks), 1.6e9, prefill_s, blocks)  # loading alone: 0.64 ms
-    assert fast.choice == "load" and fast.both_s > fast.load_s
-    slow = compute_or_load(1024, 0, sum(blocks), 16e3, prefill_s, blocks)  # 64 s to load, 0.256 s to compute
-    assert slow.choice == "compute" and slow.split == 63 * 16  # all but one block computed, and still slower
+    # loading alone (0.64 ms) beats computing one block (4 ms), so both cannot win: not even bisected
+    calls.clear()
+    fast = compute_or_load(1024, 0, sum(blocks), 1.6e9, prefill_s, blocks)
+    assert (fast.choice, fast.both_s, calls) == ("load", None, [1024, 16])
+    # computing all (0.256 s) beats loading the last block alone (1 s at 16 kB/s): both cannot win either
+    slow = compute_or_load(1024, 0, sum(blocks), 16e3, prefill_s, blocks)
+    assert (slow.choice, slow.both_s) == ("compute", None)
+    assert split_ends(1024, 0, blocks, 16e3, prefill_s) == (63 * 16, pytest.approx(1.0))  # all but one computed
     assert compute_or_load(1024, 0, sum(blocks), 8e6, prefill_s).both_s is None  # not asked: not considered
     with pytest.raises(BadInput):
         split_ends(16, 0, [16_000], 8e6, prefill_s)

@@ -125,7 +125,9 @@ def store_table(engine: Engine, gen: Generation) -> Table | None:
         ms(load_seconds(d.load_bytes, disk)) if disk else "not measurable here",
         ms(use.load_s) if tier_read is False and d.choice == "load" else "",
     )
-    if d.both_s is not None:
+    if d.both_s is None:  # compute_or_load saw that it could not beat one path alone
+        t.add_row("both: compute the head, load the tail meanwhile", "cannot win here", "")
+    else:
         t.add_row(
             f"both: compute {d.split:,}, load {d.n_tokens - d.split:,} meanwhile",
             ms(d.both_s),

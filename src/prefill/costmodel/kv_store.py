@@ -83,11 +83,29 @@ def compute_or_load(
     load_s = load_seconds(load_bytes, load_bytes_per_s)
     compute_s = float(prefill_seconds_fn(n_tokens, past))
     split, both_s = 0, None
-    if len(block_bytes) >= 2:
+    if len(block_bytes) >= 2 and _both_may_win(
+        load_s, compute_s, past, block_bytes, load_bytes_per_s, prefill_seconds_fn, block_size
+    ):
         split, both_s = split_ends(n_tokens, past, block_bytes, load_bytes_per_s, prefill_seconds_fn, block_size)
     times = {"compute": compute_s, "load": load_s} | ({"both": both_s} if both_s is not None else {})
     choice = min(times, key=times.__getitem__)  # first of equals: compute, then load
     return LoadDecision(choice, n_tokens, past, load_bytes, load_s, compute_s, split, both_s)
+
+
+def _both_may_win(
+    load_s: float,
+    compute_s: float,
+    past: int,
+    block_bytes: Sequence[int],
+    load_bytes_per_s: float,
+    prefill_seconds_fn: Callable[[int, int], float],
+    block_size: int,
+) -> bool:
+    """Whether both ends could beat one path: it computes one block at least (so loses to a load faster than
+    that) and loads one block at least (so loses to a prefill faster than reading the last block)."""
+    if compute_s <= load_seconds(block_bytes[-1], load_bytes_per_s):
+        return False
+    return load_s > prefill_seconds_fn(block_size, past)
 
 
 def split_ends(

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from prefill.costmodel.kv_store import LoadDecision, compute_or_load
+from prefill.costmodel.kv_store import LoadDecision, compute_or_load, split_ends
 from prefill.engine.kv_store import (
     BlockKey,
     Fingerprint,
@@ -216,16 +216,15 @@ class StoreTier:
         usable = min(limit, past + len(keys) * bs) - past  # positions the blocks save computing
         if not keys:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
-        decision = compute_or_load(
-            usable,
-            past,
-            sum(sizes),
-            self.load_bytes_per_s,
-            lambda n, p: self.prefill_seconds(n, p, chunk_size),
-            sizes if both and not windowed else (),
-            bs,
-        )
-        decision = self._forced(decision, len(keys))
+        both, rate = both and not windowed, self.load_bytes_per_s
+        prefill_s = lambda n, p: self.prefill_seconds(n, p, chunk_size)  # noqa: E731
+        decision = compute_or_load(usable, past, sum(sizes), rate, prefill_s, sizes if both else (), bs)
+        if self.force == "both" and both and len(keys) >= 2:
+            split, both_s = split_ends(usable, past, sizes, rate, prefill_s, bs)
+            split = split if split < usable else len(keys) // 2 * bs  # the head and the tail, a block each at least
+            decision = dataclasses.replace(decision, choice="both", split=split, both_s=both_s)
+        elif self.force is not None:
+            decision = dataclasses.replace(decision, choice="load")
         use = StoreUse(decision, bad_blocks=self._bad_since(bad0))
         end = past + len(keys) * bs
         if windowed:
@@ -251,16 +250,6 @@ class StoreTier:
         use.load_s = time.perf_counter() - t0
         use.bad_blocks = self._bad_since(bad0)
         return use
-
-    def _forced(self, decision: LoadDecision, n_blocks: int) -> LoadDecision:
-        """The decision as `force` wants it: "load"; "both" where both was considered, at its split (or the
-        middle block when the best split is an end), else "load"."""
-        if self.force is None:
-            return decision
-        if self.force == "both" and decision.both_s is not None and n_blocks >= 2:
-            split = decision.split if 0 < decision.split < decision.n_tokens else n_blocks // 2 * self.block_size
-            return dataclasses.replace(decision, choice="both", split=split)
-        return dataclasses.replace(decision, choice="load")
 
     def load_blocks(
         self,
