@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill.costmodel.kv_store import break_even_rate, choice_flips, compute_or_load, load_seconds, split_ends
+from prefill.costmodel.kv_store import (
+    BOTH_MARGIN,
+    break_even_rate,
+    choice_flips,
+    compute_or_load,
+    load_seconds,
+    split_ends,
+)
 from prefill.engine.kv_store.files import BlockFiles
 from prefill.engine.llm import Engine
 from prefill.engine.proofs import rounding_tolerance
@@ -68,6 +75,13 @@ def test_both_ends_meet_where_computing_the_head_takes_as_long_as_loading_the_ta
     slow = compute_or_load(1024, 0, sum(blocks), 16e3, prefill_s, blocks)
     assert (slow.choice, slow.both_s) == ("compute", None)
     assert split_ends(1024, 0, blocks, 16e3, prefill_s) == (63 * 16, pytest.approx(1.0))  # all but one computed
+    # the tail's CPU work (its bytes at 32 MB/s, 31 ms for blocks 21..63) slows the head: the split moves back
+    split, cpu_s = split_ends(1024, 0, blocks, 8e6, prefill_s, cpu_bytes_per_s=32e6)
+    assert split < 21 * 16 and cpu_s > both_s
+    # at 32 MB/s loading alone takes 32 ms, both 28.5 ms (7 blocks computed): 0.89 of it, short of BOTH_MARGIN
+    near = compute_or_load(1024, 0, sum(blocks), 32e6, prefill_s, blocks)
+    assert near.split == 7 * 16 and near.both_s == pytest.approx(0.0285)
+    assert near.both_s > BOTH_MARGIN * near.load_s and near.choice == "load"
     assert compute_or_load(1024, 0, sum(blocks), 8e6, prefill_s).both_s is None  # not asked: not considered
     with pytest.raises(BadInput):
         split_ends(16, 0, [16_000], 8e6, prefill_s)

@@ -50,23 +50,42 @@ class Warm:
     repeats: int  # how many were timed
 
 
-def warm_prefill(
-    engine: Engine, P: int, repeats: int, pool: KVPool | None = None, budget_s: float | None = None
-) -> Warm:
-    """The median seconds of up to `repeats` prefill forwards of P tokens (timed_repeats: as many as fit in
-    budget_s) after one untimed one, each a fresh sequence of `pool` (default: a pool of its own, P + 32
-    positions)."""
+def prefill_once(engine: Engine, P: int, pool: KVPool | None = None) -> Callable[[], float]:
+    """A callable that times one prefill forward of P tokens, each call a fresh sequence of `pool` (default: a
+    pool of its own, P + 32 positions) whose blocks are reserved before the clock starts."""
     ids = spread_ids(P, engine.spec.vocab_size).to(engine.device)  # [1, P]
     pool = pool if pool is not None else engine.new_pool(P + 32)
 
     def once() -> float:
         seq = pool.new_seq()
-        seq.reserve(P + 1)  # its blocks before the clock starts
+        seq.reserve(P + 1)
         try:
             return timed(engine, lambda: engine.forward(ids, [seq]))
         finally:
             seq.free()
 
+    return once
+
+
+def interleaved_medians(workloads: dict, rounds: int) -> dict:
+    """The median seconds of each workload (key -> a callable returning its seconds) over `rounds` rounds that run
+    every workload once in turn, after one untimed call of each: a machine whose speed drifts over minutes biases
+    every workload alike instead of the ones measured last."""
+    for once in workloads.values():
+        once()
+    times: dict = {key: [] for key in workloads}
+    for _ in range(rounds):
+        for key, once in workloads.items():
+            times[key].append(once())
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
+def warm_prefill(
+    engine: Engine, P: int, repeats: int, pool: KVPool | None = None, budget_s: float | None = None
+) -> Warm:
+    """The median seconds of up to `repeats` prefill forwards of P tokens (timed_repeats: as many as fit in
+    budget_s) after one untimed one, each a fresh sequence of `pool` (prefill_once)."""
+    once = prefill_once(engine, P, pool)
     n = timed_repeats(once(), repeats, budget_s)
     return Warm(statistics.median(once() for _ in range(n)), n)
 

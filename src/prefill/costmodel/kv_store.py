@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from prefill.errors import BadInput
 
 DEFAULT_STORE_MB = 4096.0  # the KV store's default size cap, MiB: a few dozen long prompts of a small model
+# Both ends runs two things at once on shared cores, where the time model knows least: the tail's verifying and
+# copying takes CPU from the head's prefill beyond its own CPU time (on a 2-core Zen 3, with the prefill's two
+# OpenMP threads waiting for the one that lost its core, a page-cache load slowed the head by 2-5x the loader's
+# CPU time). So both is chosen only when predicted at most this share of the better single path's time.
+BOTH_MARGIN = 0.8
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,14 @@ def compute_or_load(
     prefill_seconds_fn: Callable[[int, int], float],
     block_bytes: Sequence[int] = (),
     block_size: int = 16,
+    cpu_bytes_per_s: float | None = None,
 ) -> LoadDecision:
     """Load the `n_tokens` stored tokens after `past` cached ones (`load_bytes` at `load_bytes_per_s`) or compute
     them: `prefill_seconds_fn(n, past)` is the time model's seconds for a prefill of n tokens after `past`. With
     `block_bytes` (the bytes of each stored block of `block_size` tokens, in order, summing to load_bytes),
-    both from opposite ends is considered too (split_ends). The fastest predicted wins; a tie computes (no disk),
-    then loads (no second thread)."""
+    both from opposite ends is considered too (split_ends; `cpu_bytes_per_s`: the rate a load runs at when its
+    bytes are in memory, its CPU work, which the head's prefill loses). The fastest predicted wins, both only
+    by BOTH_MARGIN; a tie computes (no disk), then loads (no second thread)."""
     if n_tokens < 0 or past < 0 or load_bytes < 0:
         raise BadInput("n_tokens, past and load_bytes must be >= 0")
     if n_tokens == 0:
@@ -83,29 +90,32 @@ def compute_or_load(
     load_s = load_seconds(load_bytes, load_bytes_per_s)
     compute_s = float(prefill_seconds_fn(n_tokens, past))
     split, both_s = 0, None
+    single = min(load_s, compute_s)
     if len(block_bytes) >= 2 and _both_may_win(
-        load_s, compute_s, past, block_bytes, load_bytes_per_s, prefill_seconds_fn, block_size
+        BOTH_MARGIN * single, past, block_bytes, load_bytes_per_s, prefill_seconds_fn, block_size
     ):
-        split, both_s = split_ends(n_tokens, past, block_bytes, load_bytes_per_s, prefill_seconds_fn, block_size)
-    times = {"compute": compute_s, "load": load_s} | ({"both": both_s} if both_s is not None else {})
-    choice = min(times, key=times.__getitem__)  # first of equals: compute, then load
+        split, both_s = split_ends(
+            n_tokens, past, block_bytes, load_bytes_per_s, prefill_seconds_fn, block_size, cpu_bytes_per_s
+        )
+    choice = "compute" if compute_s <= load_s else "load"  # a tie computes
+    if both_s is not None and both_s <= BOTH_MARGIN * single:
+        choice = "both"
     return LoadDecision(choice, n_tokens, past, load_bytes, load_s, compute_s, split, both_s)
 
 
 def _both_may_win(
-    load_s: float,
-    compute_s: float,
+    target_s: float,
     past: int,
     block_bytes: Sequence[int],
     load_bytes_per_s: float,
     prefill_seconds_fn: Callable[[int, int], float],
     block_size: int,
 ) -> bool:
-    """Whether both ends could beat one path: it computes one block at least (so loses to a load faster than
-    that) and loads one block at least (so loses to a prefill faster than reading the last block)."""
-    if compute_s <= load_seconds(block_bytes[-1], load_bytes_per_s):
+    """Whether both ends could take at most `target_s`: it loads one block at least and computes one block at
+    least (so a bisection is wasted where either alone takes longer)."""
+    if load_seconds(block_bytes[-1], load_bytes_per_s) >= target_s:
         return False
-    return load_s > prefill_seconds_fn(block_size, past)
+    return prefill_seconds_fn(block_size, past) < target_s
 
 
 def split_ends(
@@ -115,11 +125,13 @@ def split_ends(
     load_bytes_per_s: float,
     prefill_seconds_fn: Callable[[int, int], float],
     block_size: int = 16,
+    cpu_bytes_per_s: float | None = None,
 ) -> tuple[int, float]:
     """Both from opposite ends: compute the first j blocks (j * block_size tokens after `past`) while the other
     blocks load, for the j in 1 .. len(block_bytes) - 1 where max(compute, load) is least; (tokens computed,
-    predicted seconds). Computing grows with j and loading shrinks, so the best j is at their crossing, found by
-    bisection (a few predictions, not one per block)."""
+    predicted seconds). The head's compute also pays the tail's CPU work (its bytes at `cpu_bytes_per_s`, when
+    given): the loader verifies and copies on the cores the prefill runs on. Computing grows with j and loading
+    shrinks, so the best j is at their crossing, found by bisection (a few predictions, not one per block)."""
     k = len(block_bytes)
     if k < 2:
         raise BadInput("both ends need two blocks at least")
@@ -129,7 +141,8 @@ def split_ends(
 
     def times(j: int) -> tuple[float, float]:
         head = min(n_tokens, j * block_size)
-        return float(prefill_seconds_fn(head, past)), load_seconds(tail[j], load_bytes_per_s)
+        stolen = load_seconds(tail[j], cpu_bytes_per_s) if cpu_bytes_per_s else 0.0
+        return float(prefill_seconds_fn(head, past)) + stolen, load_seconds(tail[j], load_bytes_per_s)
 
     lo, hi = 1, k - 1  # the first j in lo..hi whose compute reaches its load, else hi
     while lo < hi:

@@ -218,9 +218,10 @@ class StoreTier:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
         both, rate = both and not windowed, self.load_bytes_per_s
         prefill_s = lambda n, p: self.prefill_seconds(n, p, chunk_size)  # noqa: E731
-        decision = compute_or_load(usable, past, sum(sizes), rate, prefill_s, sizes if both else (), bs)
+        cpu = self.bandwidth.cpu_bytes_per_s  # a load's CPU work (verifying, copying), which the head loses
+        decision = compute_or_load(usable, past, sum(sizes), rate, prefill_s, sizes if both else (), bs, cpu)
         if self.force == "both" and both and len(keys) >= 2:
-            split, both_s = split_ends(usable, past, sizes, rate, prefill_s, bs)
+            split, both_s = split_ends(usable, past, sizes, rate, prefill_s, bs, cpu)
             split = split if split < usable else len(keys) // 2 * bs  # the head and the tail, a block each at least
             decision = dataclasses.replace(decision, choice="both", split=split, both_s=both_s)
         elif self.force is not None:

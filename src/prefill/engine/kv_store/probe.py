@@ -5,7 +5,9 @@ writes `nbytes` of random blocks of the store's own shape into its directory (fs
 token chain, so they meet no real prompt), asks the kernel to drop them from the page cache
 (POSIX_FADV_DONTNEED), reads them back through the store's verifying reader, holding them as get() does (the
 disk rate, checksums included), reads them again (the page-cache rate), and removes them. Both rates end where
-a get() ends: the blocks in memory, not yet copied into the pool.
+a get() ends: the blocks in memory, not yet copied into the pool. A third rate is the CPU's alone: verifying a
+block already in memory and copying it once, what a load costs the cores whatever the store (both ends weigh
+it against the prefill that runs beside the load).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from prefill.engine.kv_store.format import encode_header, header_size, payload_size
+from prefill.engine.kv_store.format import decode_payload, encode_header, header_size, parse_header, payload_size
 from prefill.engine.kv_store.keys import BlockKey
 from prefill.engine.kv_store.store import KVStore, read_block
 
@@ -32,6 +35,7 @@ class StoreBandwidth:
     ram_bytes_per_s: float  # the same files again, from the page cache
     nbytes: int
     n_blocks: int
+    cpu_bytes_per_s: float = float("inf")  # verifying and copying blocks already in memory: the CPU's part
 
 
 def probe_bandwidth(store: KVStore, nbytes: int = 64 << 20) -> StoreBandwidth | None:
@@ -53,6 +57,7 @@ def probe_bandwidth(store: KVStore, nbytes: int = 64 << 20) -> StoreBandwidth | 
         dropped = drop_from_page_cache([files.path(k.digest) for k in keys])
         cold = _read_seconds(store, keys)
         warm = _read_seconds(store, keys)
+        cpu = _cpu_seconds(store, keys[0], n)
     except OSError:
         return None
     finally:
@@ -61,7 +66,7 @@ def probe_bandwidth(store: KVStore, nbytes: int = 64 << 20) -> StoreBandwidth | 
     if cold is None or warm is None:
         return None
     total = n * per_file
-    return StoreBandwidth(total / cold if dropped else None, total / warm, total, n)
+    return StoreBandwidth(total / cold if dropped else None, total / warm, total, n, total / cpu)
 
 
 def drop_from_page_cache(paths) -> bool:
@@ -75,6 +80,18 @@ def drop_from_page_cache(paths) -> bool:
         finally:
             os.close(fd)
     return True
+
+
+def _cpu_seconds(store: KVStore, key: BlockKey, n: int) -> float:
+    """Seconds to verify n blocks already in memory (key's file, read once) and copy each once, as numpy copies."""
+    image = bytearray(store.files.read(key.digest))
+    header = parse_header(image, len(image), store.fp, key)
+    into = np.empty(len(image) - header.header_bytes, dtype=np.uint8)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        payload = decode_payload(image, header, store.fp)  # the checksum
+        np.copyto(into, payload.reshape(-1).view(torch.uint8).numpy())
+    return time.perf_counter() - t0
 
 
 def _read_seconds(store: KVStore, keys: Sequence[BlockKey]) -> float | None:
