@@ -9,12 +9,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from prefill.bench.dense_gguf import dense_gguf
+    from prefill.bench.dense_gguf import dense_gguf, dense_gguf_name
     from prefill.loading.resolve import default_model_path
 
     out = tmp_path_factory.mktemp("dense")
     src = default_model_path()
-    return src, {dt: dense_gguf(src, dt, out / f"{dt}.gguf") for dt in ("float32", "bfloat16")}
+    return src, {dt: dense_gguf(src, dt, out / dense_gguf_name(src, dt)) for dt in ("float32", "bfloat16")}
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,21 @@ FILE_TYPES = {"float32": 0, "bfloat16": 32}
 _SKIPPED_KEYS = ("GGUF.", "general.architecture", "general.file_type", "general.alignment")
 
 
+def dense_gguf_name(source: str | Path, dtype: str) -> str:
+    """The `dtype` copy's file name: the source's model name and llama.cpp's tag (SmolLM2-135M-Instruct.F32.gguf),
+    so that the copy is named as its source is (costmodel.specs.gguf_model_name reads a GGUF's name off its file)."""
+    from prefill.costmodel.specs import gguf_model_name
+
+    return f"{gguf_model_name(Path(source))}.{ {'float32': 'F32', 'bfloat16': 'BF16'}[dtype] }.gguf"
+
+
 def dense_gguf_path(source: str | Path, dtype: str) -> Path:
-    """Where the `dtype` copy of `source` is (or will be) cached."""
+    """Where the `dtype` copy of `source` is (or will be) cached: a folder per version of the source file."""
     from prefill.machine.cache import cache_dir
 
     src = Path(source).resolve()
     st = src.stat()
-    tag = {"float32": "f32", "bfloat16": "bf16"}[dtype]
-    return cache_dir() / "gguf" / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}-{tag}.gguf"
+    return cache_dir() / "gguf" / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}" / dense_gguf_name(src, dtype)
 
 
 def dense_gguf(source: str | Path, dtype: str, out: str | Path | None = None) -> Path:
