@@ -2,12 +2,14 @@
 probe alone and with the profile fitted to these measurements (issue 17's targets: <= 25% and <= 10%).
 
 Prefill: a fresh request's forward (its own blocks of a KV pool allocated once, so no page is faulted in after
-the warm-up) at every P, median of --repeats after one untimed call at that P. Decode: one step of B rows, each
-row with S tokens of its own context (prefilled for real), median of --repeats steps (each row cut back to S
-after every step). The fit uses a subset of the points (marked); the others are held out. The fitted profile
-is saved for this machine, dtype and model, so `prefill run` and `prefill bench` then predict with it.
+the warm-up) at every P. Decode: one step of B rows, each row with S tokens of its own context (prefilled for
+real; each row cut back to S after every step). Every workload is timed once per round, in turn, for --repeats
+rounds after one untimed call of each, and its median taken: this machine's speed drifts over minutes, and
+measuring each workload's repeats back to back biased the ones measured in a slow minute. The fit uses a
+subset of the points (marked); the others are held out. The fitted profile is saved for this machine, dtype
+and model, so `prefill run` and `prefill bench` then predict with it.
 
-    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--out bench-results/predict.json]
+    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--reuse-probe] [--out FILE]
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,7 +25,7 @@ from rich.console import Console
 
 from prefill.bench.gpu import catalog_rows, catalog_table, load_result
 from prefill.bench.results import parse_ints
-from prefill.bench.warm import spread_ids, timed, warm_prefill_seconds
+from prefill.bench.warm import interleaved_medians, prefill_once, spread_ids, timed
 from prefill.costmodel.fit import Sample, fit_profile
 from prefill.costmodel.ops import Row
 from prefill.costmodel.timemodel import prefill_steps
@@ -36,8 +38,8 @@ FIT_PREFILL = (1, 16, 256, 4096)  # the fit's points; the rest are held out
 FIT_DECODE = ((1, 64), (4, 1024), (8, 4096))
 
 
-def measure_decode(engine: Engine, seqs: list, S: int, repeats: int) -> float:
-    """Median seconds of one decode step of len(seqs) rows at context S (each row cut back to S after it)."""
+def decode_once(engine: Engine, seqs: list, S: int) -> Callable[[], float]:
+    """A callable that times one decode step of len(seqs) rows at context S (each row cut back to S after it)."""
     ids = torch.full((len(seqs), 1), 42, device=engine.device)  # [B, 1]
 
     def once() -> float:
@@ -47,22 +49,21 @@ def measure_decode(engine: Engine, seqs: list, S: int, repeats: int) -> float:
             for s in seqs:
                 s.truncate(S)
 
-    once()
-    return statistics.median(once() for _ in range(repeats))
+    return once
 
 
-def decode_points(engine: Engine, contexts: tuple[int, ...], repeats: int) -> list[tuple[int, int, float]]:
-    """(B, S, median seconds) for every batch and context; each context's rows are prefilled once, for real."""
-    out = []
+def decode_workloads(engine: Engine, contexts: tuple[int, ...]) -> dict:
+    """(B, S) -> a timed decode step, for every batch and context; each context's rows are prefilled once, for
+    real (each row its own tokens and its own blocks)."""
+    out = {}
     for S in contexts:
-        pool = engine.new_pool(max(BATCHES) * (S + repeats + 2 + 16))  # + a block of rounding per row
+        pool = engine.new_pool(max(BATCHES) * (S + 2 + 16))  # + a block of rounding per row
         seqs = [pool.new_seq() for _ in range(max(BATCHES))]
         for s in seqs:
-            s.reserve(S + repeats + 2)
-        for b, seq in enumerate(seqs):  # each row its own tokens and its own blocks
+            s.reserve(S + 2)
+        for b, seq in enumerate(seqs):
             engine.prefill(spread_ids(S, engine.spec.vocab_size, offset=b * S).to(engine.device), seq, chunk_size=1024)
-        out += [(B, S, measure_decode(engine, seqs[:B], S, repeats)) for B in BATCHES]
-        del seqs, pool
+        out.update({(B, S): decode_once(engine, seqs[:B], S) for B in BATCHES})
     return out
 
 
@@ -147,17 +148,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-lengths", default=",".join(map(str, PROMPT_LENGTHS)), help="P values to prefill")
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="decode contexts S")
     ap.add_argument("--no-save", action="store_true", help="do not save the fitted profile")
+    ap.add_argument(
+        "--reuse-probe", action="store_true", help="the cached quick probe (default: probe again now, as calibrate)"
+    )
     ap.add_argument("--out", default="bench-results/predict.json")
     args = ap.parse_args(argv)
     lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
     engine = Engine.load(None, dtype="float32", weights="float32", threads=args.threads, progress=False)
     engine.warmup()
+    if not args.reuse_probe:  # the quick probe of the minutes the measurements run in: this machine's speed drifts
+        from prefill.machine.profiles import probe_profile
+
+        probe_profile(engine.spec, engine.dtype_name, str(engine.device), refresh=True, echo=print)
     quick = engine.profile(fitted=False, echo=print)
     load = os.getloadavg()[0]
     pool = engine.new_pool(max(lengths) + 8)
-    prefills = {P: warm_prefill_seconds(engine, P, args.repeats, pool) for P in lengths}
-    del pool
-    samples = samples_of(prefills, decode_points(engine, contexts, args.repeats))
+    workloads = {("prefill", P): prefill_once(engine, P, pool) for P in lengths}
+    workloads |= {("decode", *key): once for key, once in decode_workloads(engine, contexts).items()}
+    medians = interleaved_medians(workloads, args.repeats)
+    prefills = {key[1]: s for key, s in medians.items() if key[0] == "prefill"}
+    decodes = [(B, S, s) for (kind, *rest), s in medians.items() if kind == "decode" for B, S in [rest]]
+    samples = samples_of(prefills, decodes)
     if sum(used for _, used in samples) < 5:  # other lengths than the default: fit on every point, and say so
         samples = [(s, True) for s, _ in samples]
     fit = fit_profile(engine.spec, quick, engine.layout(), [s for s, used in samples if used])
