@@ -9,7 +9,7 @@ measuring each workload's repeats back to back biased the ones measured in a slo
 subset of the points (marked); the others are held out. The fitted profile is saved for this machine, dtype
 and model, so `prefill run` and `prefill bench` then predict with it.
 
-    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--reuse-probe] [--out FILE]
+    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--fresh-probe] [--out FILE]
 """
 
 from __future__ import annotations
@@ -149,14 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="decode contexts S")
     ap.add_argument("--no-save", action="store_true", help="do not save the fitted profile")
     ap.add_argument(
-        "--reuse-probe", action="store_true", help="the cached quick probe (default: probe again now, as calibrate)"
+        "--fresh-probe", action="store_true", help="probe again now, as calibrate (default: the cached quick probe)"
     )
     ap.add_argument("--out", default="bench-results/predict.json")
     args = ap.parse_args(argv)
     lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
     engine = Engine.load(None, dtype="float32", weights="float32", threads=args.threads, progress=False)
     engine.warmup()
-    if not args.reuse_probe:  # the quick probe of the minutes the measurements run in: this machine's speed drifts
+    if args.fresh_probe:  # a few seconds of probing: one slow second on a shared machine skews a whole curve
         from prefill.machine.profiles import probe_profile
 
         probe_profile(engine.spec, engine.dtype_name, str(engine.device), refresh=True, echo=print)
