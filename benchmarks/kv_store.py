@@ -195,16 +195,20 @@ def main() -> None:
         bw = restarted(engine, directory / "ttft", mb).kv_store.bandwidth
         rows = decision_part(engine, directory / "decide", sizes, mb)
     print_tables(ttft, rows)
-    out = {
+    bandwidth = {"disk_bytes_per_s": bw.disk_bytes_per_s, "ram_bytes_per_s": bw.ram_bytes_per_s}
+    write_result(args.out, {"bandwidth": bandwidth, "ttft": ttft, "decision": rows})
+
+
+def write_result(path: Path, fields: dict) -> None:
+    """`fields` as JSON at `path`, after the machine it was measured on."""
+    machine = {
         "cpu": platform.processor() or platform.machine(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
-        "bandwidth": {"disk_bytes_per_s": bw.disk_bytes_per_s, "ram_bytes_per_s": bw.ram_bytes_per_s},
-        "ttft": ttft,
-        "decision": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
-    print(f"\nwrote {args.out}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(machine | fields, indent=2))
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

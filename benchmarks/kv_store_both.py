@@ -18,14 +18,11 @@ tokens must equal the computed run's.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from kv_store import long_ids, serve_once
+from kv_store import long_ids, serve_once, write_result
 
 from prefill.engine.kv_store.files import BlockFiles
 from prefill.engine.llm import Engine
@@ -138,18 +135,7 @@ def main() -> None:
             rates = [float(r) for r in args.read_mbps.split(",")]
         rows = [one_rate(engine, directory, ids, r) for r in rates]
     print_table(len(ids), rows)
-    out = {
-        "cpu": platform.processor() or platform.machine(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "P": len(ids),
-        "block_bytes": nbytes,
-        "break_even_mbps": break_even,
-        "rates": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
-    print(f"\nwrote {args.out}")
+    write_result(args.out, {"P": len(ids), "block_bytes": nbytes, "break_even_mbps": break_even, "rates": rows})
 
 
 if __name__ == "__main__":
