@@ -22,13 +22,16 @@ def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device, every_tok
         start = seq.length
         positions.append(torch.arange(start, start + T))
         past_end = start + 1 if T == 1 else start  # a decode row reads its own new K/V back from the pool
-        runs, first = [], []
+        runs, first, whole = [], [], []
         for g, group in enumerate(pool.groups):
             writes[g].append(seq.slots(g, start, start + T))
             lo = seq.first_held(g) if group.window is None else max(seq.first_held(g), start - group.window + 1)
             runs.append(tuple(seq.runs(g, lo, past_end)) if lo < past_end else ())
             first.append(lo)
-        out.append(Row(offset, T, start, tuple(runs), tuple(first)))
+            if T > 1 and lo < start:  # a chunk after a past: is the past and the chunk one run of slots?
+                one = seq.runs(g, lo, start + T)
+                whole.append(one[0] if len(one) == 1 else None)
+        out.append(Row(offset, T, start, tuple(runs), tuple(first), tuple(whole)))
         offset += T
     queries = [
         (seq, row, p)

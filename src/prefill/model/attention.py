@@ -137,9 +137,15 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
 
 def _row(q, k, v, batch: ForwardBatch, layer: int, row: Row, window: int | None, scale: float) -> torch.Tensor:
     """One row's attention: its T queries [1, H_q, T, d] over its past (pool views) and, for T > 1, its own
-    new K/V (causal), merged by log-sum-exp."""
+    new K/V (causal), merged by log-sum-exp; or, when its past and its own K/V lie in one run of the pool (a
+    chunk after a prefix, its blocks consecutive), one causal call on that view (the new K/V is stored first)."""
     s, e = row.offset, row.offset + row.T
     qr = q[:, :, s:e]  # [1, H_q, T, d_head]
+    g = batch.group_of[layer]
+    if row.whole and row.whole[g] is not None:  # past and chunk in one run of the pool: one causal call on a view
+        a, b = row.whole[g]
+        k_run, v_run = batch.k[layer][None, :, a:b], batch.v[layer][None, :, a:b]  # [1, H_kv, S + T, d_head]
+        return causal_attention(qr, k_run, v_run, row.start, window, scale)
     parts = [_piece(qr, kp, vp, row.start, p0, window, scale) for kp, vp, p0 in batch.past(layer, row)]
     if not row.decode:  # the chunk's own K/V: causal within it (a square, so top-left causal is right)
         if parts:

@@ -22,6 +22,8 @@ class Row:
     runs[g]: for layer group g, the past this row's queries may read, as runs of pool slots [(slot, slot_end)]
     covering positions first[g] .. past_end - 1 in order; past_end is start + 1 for a decode row (its own new
     K/V is read from the pool after it is written) and start for a chunk (its own K/V comes fresh).
+    whole[g]: for a chunk after a past, the slots (slot, slot_end) of positions first[g] .. start + T - 1 when they
+    are one run of the pool (its past and, once stored, its own K/V: one view), else None.
     """
 
     offset: int
@@ -29,6 +31,7 @@ class Row:
     start: int
     runs: tuple[tuple[tuple[int, int], ...], ...]
     first: tuple[int, ...]
+    whole: tuple[tuple[int, int] | None, ...] = ()
 
     @property
     def decode(self) -> bool:
