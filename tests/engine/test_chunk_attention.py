@@ -1,6 +1,7 @@
-"""A chunk after a cached past reads its past and its own K/V as one view of the pool when they lie in one run of
-slots (one causal call), else as pieces merged by log-sum-exp: both give a one-pass prefill's logits within the
-rounding tolerance, and each layout takes the path it should."""
+"""A chunk after a cached past is answered by the paged kernel query by query when it has few query-key pairs;
+else it reads its past and its own K/V as one view of the pool when they lie in one run of slots (one causal
+call), else as pieces merged by log-sum-exp. All three give a one-pass prefill's logits within the rounding
+tolerance, and each case takes the path it should."""
 
 from __future__ import annotations
 
@@ -28,15 +29,20 @@ def chunk_after_past(engine, ids, fragmented: bool):
     return logits, row
 
 
-def test_a_chunk_after_its_past_equals_one_pass_on_either_path(smollm):
+def test_a_chunk_after_its_past_equals_one_pass_on_every_path(smollm, monkeypatch):
+    import prefill.model.batch as model_batch
+
     ids = smollm.encode_prompt("The river runs under seven bridges; each has a name and a story. " * 4, chat=False)
     ids = ids[: PAST + NEW]
     with torch.inference_mode():
         one_pass, _ = smollm.prefill(ids)
     tol = rounding_tolerance(float(one_pass.abs().max()), smollm.spec, smollm.dtype)
+    paged, row = chunk_after_past(smollm, ids, fragmented=False)
+    assert row.paged  # 9 x 49 query-key pairs
+    monkeypatch.setattr(model_batch, "PAGED_PAIRS", 0)
     view, row = chunk_after_past(smollm, ids, fragmented=False)
-    assert row.whole == ((0, PAST + NEW),)  # blocks 0..3 in a row: one view from slot 0
+    assert not row.paged and row.whole == ((0, PAST + NEW),)  # blocks 0..3 in a row: one view from slot 0
     pieces, row = chunk_after_past(smollm, ids, fragmented=True)
-    assert row.whole == (None,)
-    assert (view - one_pass).abs().max().item() <= tol
-    assert (pieces - one_pass).abs().max().item() <= tol
+    assert not row.paged and row.whole == (None,)
+    for logits in (paged, view, pieces):
+        assert (logits - one_pass).abs().max().item() <= tol

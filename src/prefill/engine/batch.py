@@ -36,7 +36,7 @@ def forward_batch(pool: KVPool, rows: list[tuple[SeqKV, int]], device, every_tok
     queries = [
         (seq, row, p)
         for (seq, _), row in zip(rows, out, strict=True)
-        if every_token or row.decode
+        if every_token or row.paged
         for p in range(row.start, row.start + row.T)
     ]
     return ForwardBatch(

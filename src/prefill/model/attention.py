@@ -129,7 +129,7 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
         out[0, :, paged.index] = op.transpose(0, 1)
         if paged.every_token:
             return out
-        rows = [r for r in rows if not r.decode]
+        rows = [r for r in rows if not r.paged]
     for row in rows:
         out[:, :, row.offset : row.offset + row.T] = _row(q, k, v, batch, layer, row, window, scale)
     return out

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+# Query-key pairs up to which a chunk after a past goes to the paged kernel. On the 2-core Zen 3 (float32, 2
+# threads), 3 tokens after 240: 34.2 ms through one masked causal call per layer, 15.5 ms for 1 token paged.
+PAGED_PAIRS = 4096
+
 
 @dataclass(frozen=True)
 class Row:
@@ -36,6 +40,13 @@ class Row:
     @property
     def decode(self) -> bool:
         return self.T == 1
+
+    @property
+    def paged(self) -> bool:
+        """Answered by the paged kernel, query by query, each reading its past where it lies: a decode row, or a
+        chunk after a past with few query-key pairs (PAGED_PAIRS), where a causal call's fixed cost per layer
+        outweighs reading the past once per query."""
+        return self.decode or (self.start > 0 and self.T * (self.start + self.T) <= PAGED_PAIRS)
 
 
 @dataclass(frozen=True)
