@@ -183,7 +183,8 @@ class StoreTier:
         use.loaded_tokens += gained
         use.loaded_bytes += sum(pending.sizes[: pending.wait()]) if gained else 0
         use.load_s = pending.seconds
-        req.gen.cached_tokens += gained
+        if not req.n_preemptions:  # as Request.start counts a first admission's cached positions only
+            req.gen.cached_tokens += gained
 
     def load(
         self,
