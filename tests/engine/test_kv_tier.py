@@ -344,7 +344,7 @@ def test_copy_into_a_fragmented_sequence_puts_each_block_where_its_positions_are
     """Blocks loaded into a sequence whose pool blocks are not consecutive (another sequence took every other
     one) read back bitwise through copy_out: each run of consecutive blocks gets its own copies."""
     from prefill.costmodel.specs import ModelSpec
-    from prefill.engine.kv_tier import copy_into, copy_out
+    from prefill.engine.kv_copy import copy_into, copy_out
     from prefill.engine.kvcache import KVPool
 
     spec = ModelSpec.from_preset("smollm2-135m")
