@@ -179,9 +179,9 @@ class Scheduler:
             self.running.remove(req)
         if req.seq is not None:
             if self.kv_tier is not None:
-                self.kv_tier.abandon(req)
-            if self.kv_tier is not None and req.seq.length:
-                self.kv_tier.save(req)  # its whole blocks, to the store (written in the background)
+                self.kv_tier.abandon(req)  # a tail still loading into its blocks stops first
+                if req.seq.length:
+                    self.kv_tier.save(req)  # its whole blocks, to the store (written in the background)
             req.seq.free()
         if req.cancelled and not req.done:
             req.done = True

@@ -142,8 +142,8 @@ class KVStore:
             if header is None:
                 break
             found.append(header)
-        n = len(found)
-        while n and not self._usable(found[:n], min(limit or n * self.fp.block_size, n * self.fp.block_size)):
+        n, bs = len(found), self.fp.block_size
+        while n and not self._usable(found[:n], n * bs if limit is None else min(limit, n * bs)):
             n -= 1
         with self._lock:
             self._stats.lookups += 1
