@@ -307,7 +307,8 @@ class KVStore:
 
     def _merged(self, key: BlockKey, block: KVBlock) -> KVBlock:
         """`block` with the layers of the stored file of `key` that it lacks (the file's K/V: the same tokens
-        give the same K/V); `block` alone when the file is unsound."""
+        give the same K/V); `block` alone when the file is unsound. Stacked by numpy, as _bytes_of copies: this
+        runs on the writer thread."""
         try:
             got = read_block(self.files, self.fp, key)
         except BlockError:
@@ -317,8 +318,9 @@ class KVStore:
         stored = got[0]
         rows = {layer: stored.kv[i] for i, layer in enumerate(stored.layers)}
         rows.update((layer, block.kv[i]) for i, layer in enumerate(block.layers))
-        layers = tuple(sorted(rows))
-        return KVBlock(torch.stack([rows[layer] for layer in layers]), layers)
+        layers, ints = tuple(sorted(rows)), _SAME_SIZE_INT[block.kv.element_size()]
+        kv = np.stack([rows[layer].cpu().view(ints).numpy() for layer in layers])  # [n_layers, 2, H_kv, bs, d]
+        return KVBlock(torch.from_numpy(kv).view(block.kv.dtype), layers)
 
     def _rescan(self) -> None:
         """Learn the directory's real size (other processes write too) and evict down to the low-water mark."""
