@@ -60,6 +60,56 @@ def test_gemm_within_float32_summation_bound(qtype, M, isa):
         assert ((got.double() - exact).abs() <= bound).all(), (qtype, isa, M, N, K)
 
 
+needs_kernels = pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", isas(), indirect=True)
+@pytest.mark.parametrize("qtype", ops.PACKABLE)
+@pytest.mark.parametrize("M", [1, 2, 7, 13])
+def test_x8_layout_within_the_same_bound(qtype, M, isa):
+    # The x8 layout (every 8 rows interleaved) moves bytes only: the same weights, the same bound (its M >= 2
+    # kernel sums K in one lane, so D = K + 48). N = 1: no whole group; 19: 2 groups and 3 plain rows left;
+    # 16: one pair of groups (the 16-wide tile); 50: 6 groups, 2 left. M = 13: the 6-row tile twice, and 1.
+    K = 3 * 32
+    for N in (1, 16, 19, 50):
+        w = QuantWeight(random_blocks(qtype, N, K, seed=M), qtype, N, K)
+        packed = w.pack()
+        assert packed.packed and packed.blocks.shape == w.blocks.shape and packed.blocks.sum() == w.blocks.sum()
+        ref = gguf_dequant(w.blocks, qtype, N, K)
+        assert torch.equal(packed.dequantize(), ref)
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(N))
+        exact = F.linear(x.double(), ref.double())
+        bound = ops.error_bound(x, ops.term_magnitudes(w.blocks, qtype, N, K), isa, packed=True)
+        got = packed.matmul(x)
+        assert ((got.double() - exact).abs() <= bound).all(), (qtype, isa, M, N)
+
+
+@needs_kernels
+def test_x8_rows_and_refusals():
+    # An embedding lookup on packed blocks decodes the groups that hold the rows (and the plain rows after them).
+    N, K = 21, 64
+    w = QuantWeight(random_blocks("Q8_0", N, K), "Q8_0", N, K)
+    packed = w.pack()
+    index = torch.tensor([0, 20, 7, 8, 15, 16, 19, 7])
+    assert torch.equal(packed.rows(index), w.dequantize()[index])
+    assert packed.pack() is packed and w.pack() is not w
+    k_quant = QuantWeight(random_blocks("Q4_K", 8, 256), "Q4_K", 8, 256)
+    assert k_quant.pack() is k_quant  # no x8 kernel: stays plain
+    with pytest.raises(ValueError, match="plain"):
+        packed.permute_rows(torch.arange(N))
+    with pytest.raises(ValueError, match="plain"):
+        QuantWeight.cat([packed, packed])
+
+
+def test_x8_layout_can_be_turned_off(monkeypatch):
+    from prefill.model.quant import weight
+
+    monkeypatch.setenv(weight.X8_ENV, "0")
+    w = QuantWeight(random_blocks("Q4_1", 16, 64), "Q4_1", 16, 64)
+    assert w.pack() is w
+
+
 def test_portable_path_when_no_library(monkeypatch):
     # No compiler and no built library: the same product through torch ops, with the one-line note.
     from prefill.model.quant import build
@@ -77,6 +127,8 @@ def test_portable_path_when_no_library(monkeypatch):
         assert (
             (got.double() - exact).abs() <= ops.error_bound(x, ops.term_magnitudes(blocks, "Q4_1", N, K), "scalar")
         ).all()
+        w = QuantWeight(blocks, "Q4_1", N, K)
+        assert w.pack() is w  # no kernels, no x8 layout: the portable path reads plain blocks
     finally:
         ops.forget()
 
@@ -176,5 +228,7 @@ def test_operators_pass_torch_opcheck():
         (qo.post_attention.default, (x.view(6, D), torch.randn(6, H_q * d), w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2)),
         (qo.gemm.default, (torch.randn(5, D), w_gu, 3, 2 * F_, D)),
         (qo.dequant.default, (w_d, 2, D, F_)),
+        (qo.pack.default, (w_gu, 3, 2 * F_, D)),
+        (qo.gemm.default, (torch.randn(1, D), ops.pack(w_gu, "Q4_1", 2 * F_, D), 3 | ops.PACKED, 2 * F_, D)),
     ):
         torch.library.opcheck(op, args)

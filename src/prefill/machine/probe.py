@@ -93,7 +93,7 @@ def _weight(N: int, K: int, dt, device: str, qtype: str | None):
         return torch.full((N, K), 0.01, device=device, dtype=dt)
     from prefill.model.quant import QuantWeight
 
-    return QuantWeight(_random_blocks(N, K, qtype).clone(), qtype, N, K)  # a copy each: from memory, not the cache
+    return QuantWeight(_random_blocks(N, K, qtype).clone(), qtype, N, K).pack()  # a copy each, as the engine holds it
 
 
 @functools.lru_cache(maxsize=4)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from prefill.costmodel.storage import GGUF_TYPE_IDS
 from prefill.model.quant import ops
 from prefill.model.quant.weight import QuantWeight, linear
 
@@ -37,7 +36,7 @@ def install(model) -> bool:
             return eager_qkv(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv, lin or linear)
         # q [B, H_q, P, d_head], k, v [B, H_kv, P, d_head]
         return torch.ops.prefill_quant.pre_attention(
-            x, norm_w, eps, w_qkv.blocks, GGUF_TYPE_IDS[w_qkv.qtype], b_qkv, cos, sin, H_q, H_kv
+            x, norm_w, eps, w_qkv.blocks, w_qkv.type_id, b_qkv, cos, sin, H_q, H_kv
         )
 
     def out_and_mlp(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=None):
@@ -50,13 +49,13 @@ def install(model) -> bool:
             x.reshape(B * P, D),
             o.transpose(1, 2).reshape(B * P, H_q * d),
             w_o.blocks,
-            GGUF_TYPE_IDS[w_o.qtype],
+            w_o.type_id,
             norm_w,
             eps,
             w_gate_up.blocks,
-            GGUF_TYPE_IDS[w_gate_up.qtype],
+            w_gate_up.type_id,
             w_down.blocks,
-            GGUF_TYPE_IDS[w_down.qtype],
+            w_down.type_id,
         ).view(B, P, D)
 
     def decode_block(blk, x, cos, sin, batch, layer):
@@ -77,7 +76,7 @@ def install(model) -> bool:
             blk.attn_norm.weight,
             blk.eps,
             w_qkv.blocks,
-            GGUF_TYPE_IDS[w_qkv.qtype],
+            w_qkv.type_id,
             blk.wqkv.bias,
             cos.view(N, d),  # [N, d_head]
             sin.view(N, d),
@@ -93,12 +92,12 @@ def install(model) -> bool:
             paged.block_size,
             blk.scale,
             w_o.blocks,
-            GGUF_TYPE_IDS[w_o.qtype],
+            w_o.type_id,
             blk.mlp_norm.weight,
             w_gu.blocks,
-            GGUF_TYPE_IDS[w_gu.qtype],
+            w_gu.type_id,
             w_down.blocks,
-            GGUF_TYPE_IDS[w_down.qtype],
+            w_down.type_id,
         )
         return out.view(1, N, -1)  # [1, N, d_model]
 

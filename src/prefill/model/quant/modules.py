@@ -52,6 +52,7 @@ def place_weight(owner: nn.Module, name: str, value, put: Callable[[torch.Tensor
         return
     if tuple(module.weight.shape) != value.shape:
         raise ModelFileError(f"weight shape {value.shape} does not fit {tuple(module.weight.shape)}")
+    value = value.pack()  # the x8 layout the kernels read fastest (weight.py), where they cover the type
     if isinstance(module, nn.Embedding):
         setattr(owner, name, QuantEmbedding(value))
     else:

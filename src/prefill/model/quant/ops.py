@@ -51,6 +51,10 @@ def _register_fakes() -> None:
     def _(w, qtype, n, k):
         return w.new_empty(n, k, dtype=torch.float32)
 
+    @torch.library.register_fake("prefill_quant::pack")
+    def _(w, qtype, n, k):
+        return torch.empty_like(w)
+
     @torch.library.register_fake("prefill_quant::pre_attention")
     def _(x, norm_w, eps, w, qtype, bias, cos, sin, H_q, H_kv):
         B, P, _ = x.shape
@@ -92,18 +96,33 @@ def set_isa(name: str) -> str:
     return torch.ops.prefill_quant.set_isa(name)
 
 
-def gemm(x: torch.Tensor, blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
+PACKED = 0x100  # type bit of blocks in the x8 layout (csrc/packed.h)
+PACKABLE = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def type_id(qtype: str, packed: bool = False) -> int:
+    """The operators' type argument: the GGUF type number, | PACKED for blocks in the x8 layout."""
+    return GGUF_TYPE_IDS[qtype] | (PACKED if packed else 0)
+
+
+def gemm(x: torch.Tensor, blocks: torch.Tensor, qtype: str, N: int, K: int, packed: bool = False) -> torch.Tensor:
     """x [M, K] float32 times the quantized weight [N, K] transposed -> [M, N] float32 (F.linear without bias)."""
     if available():
-        return torch.ops.prefill_quant.gemm(x, blocks, GGUF_TYPE_IDS[qtype], N, K)
+        return torch.ops.prefill_quant.gemm(x, blocks, type_id(qtype, packed), N, K)
     return torch.nn.functional.linear(x, dequant_portable(blocks, qtype, N, K))
 
 
-def dequant(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
+def dequant(blocks: torch.Tensor, qtype: str, N: int, K: int, packed: bool = False) -> torch.Tensor:
     """The float32 weight [N, K] of quantized blocks [N, row_bytes] (parallel over N in the kernels)."""
     if available():
-        return torch.ops.prefill_quant.dequant(blocks, GGUF_TYPE_IDS[qtype], N, K)
+        return torch.ops.prefill_quant.dequant(blocks, type_id(qtype, packed), N, K)
     return dequant_portable(blocks, qtype, N, K)
+
+
+def pack(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
+    """The same blocks with every 8 rows interleaved (the x8 layout, csrc/packed.h): the bytes move, none
+    changes. Needs the kernels (available()) and a type in PACKABLE."""
+    return torch.ops.prefill_quant.pack(blocks, GGUF_TYPE_IDS[qtype], N, K)
 
 
 def dequant_portable(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
@@ -128,25 +147,26 @@ def dequant_portable(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.
     return torch.from_numpy(np.array(y, dtype=np.float32)).reshape(N, K)
 
 
-def summation_depth(K: int, isa: str) -> int:
+def summation_depth(K: int, isa: str, packed: bool = False) -> int:
     """The most roundings any product x_k w_k passes through on its way into one output of `gemm`: AVX2 keeps
     8 lanes of K / 8 sequential FMAs (+ 3 to add the lanes, + the block sums of x and the final adds of the
-    M = 1 path: 48 covers them); the scalar path sums all K in a row."""
-    return (K if isa == "scalar" else K // 8) + 48
+    M = 1 path: 48 covers them); the scalar path, and the x8 layout's M >= 2 kernel (one lane per output,
+    csrc/packed_avx2.h), sum all K in a row."""
+    return (K if isa == "scalar" or packed else K // 8) + 48
 
 
-def error_bound(x: torch.Tensor, magnitudes: torch.Tensor, isa: str) -> torch.Tensor:
+def error_bound(x: torch.Tensor, magnitudes: torch.Tensor, isa: str, packed: bool = False) -> torch.Tensor:
     """A worst-case bound [M, N] on |gemm(x, W) - x W^T| with W the gguf package's float32 decoding, in float32
     activations:
 
         gamma_D * sum_k |x_k| t_k  +  2^-28 * sum_b max_{k in b} |x_k| * sum_{k in b} t_k
 
-    gamma_D = D u / (1 - D u), u = 2^-24, D = summation_depth(K, isa); t_k the magnitude of the terms the kernel
-    adds (|d q| + |m| for Q4_0 / Q4_1, whose decode path sums d * sum q x and m * sum x apart; |w| otherwise;
-    see term_magnitudes). The second term is the decode kernel's split of each 32-block of x into two int16
-    limbs over a power-of-two scale s (exact to s 2^-16 <= max |x_b| 2^-29; csrc/simd_avx2.h), summed over the
-    blocks b. The typical error is about sqrt(D) u times the first sum, a few percent of this bound."""
-    D = summation_depth(x.shape[-1], isa)
+    gamma_D = D u / (1 - D u), u = 2^-24, D = summation_depth(K, isa, packed); t_k the magnitude of the terms the
+    kernel adds (|d q| + |m| for Q4_0 / Q4_1, whose decode path sums d * sum q x and m * sum x apart; |w|
+    otherwise; see term_magnitudes). The second term is the decode kernel's split of each 32-block of x into two
+    int16 limbs over a power-of-two scale s (exact to s 2^-16 <= max |x_b| 2^-29; csrc/simd_avx2.h), summed over
+    the blocks b. The typical error is about sqrt(D) u times the first sum, a few percent of this bound."""
+    D = summation_depth(x.shape[-1], isa, packed)
     u = 2.0**-24
     ax, t = x.double().abs(), magnitudes.double()
     M, K = ax.shape

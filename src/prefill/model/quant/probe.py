@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from prefill.model.quant import ops
+from prefill.model.quant.weight import QuantWeight
 
 N, K, LAYERS = 3072, 576, 16
 
@@ -42,11 +42,11 @@ def measure_decode_gemm(rounds: int = 7) -> dict[str, float]:
 
 def _measure(rounds: int) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
-    blocks = [random_q4_1(N, K, g) for _ in range(LAYERS)]
-    dense = [ops.dequant(b, "Q4_1", N, K) for b in blocks]  # [N, K] float32 each
+    weights = [QuantWeight(random_q4_1(N, K, g), "Q4_1", N, K).pack() for _ in range(LAYERS)]  # as the engine
+    dense = [w.dequantize() for w in weights]  # [N, K] float32 each
     x = torch.randn(1, K, generator=g)
     runs = {
-        "native": lambda i: ops.gemm(x, blocks[i], "Q4_1", N, K),
+        "native": lambda i: weights[i].matmul(x),
         "float32": lambda i: F.linear(x, dense[i]),
     }
     samples: dict[str, list[float]] = {k: [] for k in runs}

@@ -8,6 +8,7 @@ through its attributes, and the custom operator (prefill.model.quant.ops) does t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,6 +25,7 @@ KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the block types csrc/
 # 3.00 s at 1,024 (benchmarks/quant_gemm.py shows it per shape). The server's 256-token chunks never reach it.
 DENSE_MIN_M = 1024
 DENSE_MEMORY_SHARE = 0.25  # a float32 copy is made only while it takes at most this share of the free memory
+X8_ENV = "PREFILL_X8"  # "0": keep the plain layout (benchmarks compare the two layouts this way)
 
 
 @dataclass(eq=False)
@@ -38,6 +40,7 @@ class QuantWeight:
     K: int
     dense_min_m: int = DENSE_MIN_M
     dense: torch.Tensor | None = None  # float32 [N, K] once a long prompt made it, else None
+    packed: bool = False  # the blocks in the x8 layout (every 8 rows interleaved, csrc/packed.h)
 
     def __post_init__(self) -> None:
         if self.qtype not in KERNEL_TYPES:
@@ -70,14 +73,41 @@ class QuantWeight:
         """Bytes a product reads: the blocks (the dense copy, when kept, serves long prompts only)."""
         return self.blocks.numel()
 
+    @property
+    def type_id(self) -> int:
+        """The operators' type argument (the GGUF type number, with the packed bit)."""
+        return ops.type_id(self.qtype, self.packed)
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [N, K], decoded as the gguf package does."""
-        return ops.dequant(self.blocks, self.qtype, self.N, self.K)
+        return ops.dequant(self.blocks, self.qtype, self.N, self.K, self.packed)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """Float32 rows [len(index), K] (an embedding lookup decodes only the rows it reads)."""
-        picked = self.blocks.index_select(0, index)  # [T, row_bytes]
-        return ops.dequant(picked, self.qtype, picked.shape[0], self.K)
+        """Float32 rows [len(index), K] (an embedding lookup decodes only the rows it reads; packed: the
+        8-row groups that hold them)."""
+        if not self.packed:
+            picked = self.blocks.index_select(0, index)  # [T, row_bytes]
+            return ops.dequant(picked, self.qtype, picked.shape[0], self.K)
+        full = self.N // 8 * 8  # rows in whole groups; the N % 8 last rows are plain
+        out = torch.empty(index.shape[0], self.K)  # [T, K]
+        inside = index < full
+        if inside.any():
+            idx = index[inside]
+            groups = self.blocks[:full].view(full // 8, -1).index_select(0, idx // 8)  # [T', 8 row_bytes]
+            y = ops.dequant(groups.view(-1, self.blocks.shape[1]), self.qtype, 8 * idx.shape[0], self.K, True)
+            out[inside] = y.view(-1, 8, self.K)[torch.arange(idx.shape[0]), idx % 8]
+        if not inside.all():
+            tail = self.blocks.index_select(0, index[~inside])
+            out[~inside] = ops.dequant(tail, self.qtype, tail.shape[0], self.K)
+        return out
+
+    def pack(self) -> QuantWeight:
+        """This weight in the x8 layout, where the kernels read eight rows at a time (the same bytes, moved),
+        or itself when already packed, its type has no x8 kernel or the kernels are not built."""
+        if self.packed or self.qtype not in ops.PACKABLE or not ops.available() or os.environ.get(X8_ENV) == "0":
+            return self
+        blocks = ops.pack(self.blocks, self.qtype, self.N, self.K)
+        return replace(self, blocks=blocks, packed=True, dense=None)
 
     def uses_dense(self, M: int) -> bool:
         """True when a product of M rows runs over the float32 copy (making it now if it is missing)."""
@@ -97,17 +127,19 @@ class QuantWeight:
         x2 = x.reshape(-1, self.K)  # [M, K]
         if self.uses_dense(x2.shape[0]):
             return F.linear(x, self.dense)
-        return ops.gemm(x2, self.blocks, self.qtype, self.N, self.K).view(*lead, self.N)
+        return ops.gemm(x2, self.blocks, self.qtype, self.N, self.K, self.packed).view(*lead, self.N)
 
     def permute_rows(self, order: torch.Tensor) -> QuantWeight:
-        """The same weight with its rows in `order` (a permutation of range(N))."""
+        """The same weight with its rows in `order` (a permutation of range(N)); plain blocks only."""
+        if self.packed:
+            raise ValueError("permute_rows needs plain blocks: permute before pack()")
         return replace(self, blocks=self.blocks.index_select(0, order).contiguous(), dense=None)
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight:
         """The row concatenation of weights of one type and width (fused Q/K/V, fused gate/up)."""
-        if len({(p.qtype, p.K) for p in parts}) != 1:
-            raise ValueError("QuantWeight.cat needs parts of one type and one K")
+        if len({(p.qtype, p.K) for p in parts}) != 1 or any(p.packed for p in parts):
+            raise ValueError("QuantWeight.cat needs plain parts of one type and one K")
         return replace(parts[0], blocks=torch.cat([p.blocks for p in parts]), N=sum(p.N for p in parts), dense=None)
 
 

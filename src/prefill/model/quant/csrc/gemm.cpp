@@ -4,6 +4,8 @@
 //   gemm(x, w, qtype, N, K) -> [M, N]   M = 1: direct dot per row (no weight materialised);
 //                                        M >= 2: weight panels decoded into L1/L2, reused by all rows.
 //   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
+//   pack(w, qtype, N, K) -> uint8 [N, row_bytes]      the blocks in the x8 layout (packed.h); its type is
+//                                                      qtype | PACKED, which every operator here accepts.
 //   set_isa(name) -> name                             "auto", "avx2" or "scalar" (tests force the portable path).
 //   pre_attention, post_attention, decode_block       a decoder block's work around attention, or all of it (fused.cpp).
 //
@@ -19,6 +21,8 @@
 #include <string>
 
 #include "blocks.h"
+#include "packed.h"
+#include "packed_avx2.h"
 #include "simd_avx2.h"
 
 namespace prefill_quant {
@@ -121,11 +125,102 @@ void m1_rows(int64_t t, const avx2::SplitX& sx, int64_t K, const uint8_t* w, int
 }
 #endif
 
+// ---- the x8 layout (packed.h) ------------------------------------------------------------------------------
+
+#if defined(__x86_64__) || defined(_M_X64)
+template <int MR>
+void tile_x8_ng(int ng, const float* x, int64_t K, const float* wt, float* out, int64_t ldo) {
+  if (ng == 2) return avx2::tile_x8<MR, 2>(x, K, wt, K, out, ldo);
+  avx2::tile_x8<MR, 1>(x, K, wt, K, out, ldo);
+}
+
+void tile_x8(int mr, int ng, const float* x, int64_t K, const float* wt, float* out, int64_t ldo) {
+  switch (mr) {
+    case 6: return tile_x8_ng<6>(ng, x, K, wt, out, ldo);
+    case 5: return tile_x8_ng<5>(ng, x, K, wt, out, ldo);
+    case 4: return tile_x8_ng<4>(ng, x, K, wt, out, ldo);
+    case 3: return tile_x8_ng<3>(ng, x, K, wt, out, ldo);
+    case 2: return tile_x8_ng<2>(ng, x, K, wt, out, ldo);
+    default: return tile_x8_ng<1>(ng, x, K, wt, out, ldo);
+  }
+}
+
+void decode_group(int64_t t, const uint8_t* grp, int64_t nb, float* wt) {
+  switch (t) {
+    case Q4_0: return avx2::decode_group<Q4_0>(grp, nb, wt, 16);
+    case Q4_1: return avx2::decode_group<Q4_1>(grp, nb, wt, 16);
+    default: return avx2::decode_group<Q8_0>(grp, nb, wt, 16);
+  }
+}
+
+// Groups [g0, g1) of a packed matrix against all M rows of x: two groups decoded at a time into wt [K][16].
+void packed_groups_avx2(const float* x, int64_t M, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
+  constexpr int MR_X8 = 6;  // 6 x 2 accumulators + 2 weight vectors + 1 broadcast x: 15 of 16 registers
+  const int64_t t = w.type & ~PACKED, K = w.K, nb = K / 32;
+  std::unique_ptr<float[]> wt(new float[16 * K]);  // [K, 16]
+  for (int64_t g = g0; g < g1; g += 2) {
+    const int ng = (int)std::min<int64_t>(2, g1 - g);
+    for (int i = 0; i < ng; i++) decode_group(t, w.data + (g + i) * GROUP * w.row_bytes, nb, wt.get() + 8 * i);
+    for (int64_t m = 0; m < M; m += MR_X8)
+      tile_x8((int)std::min<int64_t>(MR_X8, M - m), ng, x + m * K, K, wt.get(), out + m * w.N + g * GROUP, w.N);
+  }
+}
+
+void packed_m1_avx2(const avx2::SplitX& sx, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
+  const int64_t t = w.type & ~PACKED, nb = w.K / 32;
+  for (int64_t g = g0; g < g1; g++) {
+    const uint8_t* grp = w.data + g * GROUP * w.row_bytes;
+    float* o = out + g * GROUP;
+    if (t == Q4_1) avx2::dot_group_m1<Q4_1>(grp, sx, nb, o);
+    else if (t == Q4_0) avx2::dot_group_m1<Q4_0>(grp, sx, nb, o);
+    else avx2::dot_group_m1<Q8_0>(grp, sx, nb, o);
+  }
+}
+#endif
+
+// x [M, K] times a packed matrix: whole groups by the x8 kernels, the N % 8 plain rows at the end as before;
+// without AVX2 every group is unpacked into plain blocks first and runs the portable path.
+void matmul_packed(int isa, const float* xp, int64_t M, const QMatrix& w, float* op) {
+  const int64_t t = w.type & ~PACKED, N = w.N, K = w.K, full = N / GROUP;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (isa == AVX2) {
+    std::unique_ptr<int16_t[]> hl;
+    std::unique_ptr<float[]> sums;
+    avx2::SplitX sx{};
+    bool m1 = false;
+    if (M == 1) {
+      hl.reset(new int16_t[2 * K]);  // [2, K]
+      sums.reset(new float[2 * (K / 32)]);
+      sx = {hl.get(), hl.get() + K, sums.get(), sums.get() + K / 32};
+      m1 = avx2::split_x(xp, K, sx);
+    }
+    at::parallel_for(0, full + (N % GROUP ? 1 : 0), PANEL / GROUP, [&](int64_t g0, int64_t g1) {
+      const int64_t whole = std::min(g1, full);
+      if (g0 < whole) {
+        if (m1) packed_m1_avx2(sx, w, g0, whole, op);
+        else packed_groups_avx2(xp, M, w, g0, whole, op);
+      }
+      if (g1 > full) {  // the plain rows at the end
+        if (m1) m1_rows(t, sx, K, w.data, w.row_bytes, full * GROUP, N, op);
+        else panel_rows(isa, t, xp, M, K, w.data, w.row_bytes, full * GROUP, N, op, N);
+      }
+    });
+    return;
+  }
+#endif
+  at::parallel_for(0, (N + GROUP - 1) / GROUP, PANEL / GROUP, [&](int64_t g0, int64_t g1) {
+    const int64_t n0 = g0 * GROUP, n1 = std::min(N, g1 * GROUP);
+    std::unique_ptr<uint8_t[]> plain(new uint8_t[(n1 - n0) * w.row_bytes]);
+    plain_rows(w.data, true, t, N, w.row_bytes, n0, n1, plain.get());
+    panel_rows(isa, t, xp, M, K, plain.get(), w.row_bytes, 0, n1 - n0, op + n0, N);
+  });
+}
+
 bool direct_m1(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
 
 int64_t check_weight(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
-  const Layout L = layout_of(t);
-  TORCH_CHECK(L.block > 0, "prefill_quant: unsupported GGUF type ", t);
+  const Layout L = layout_of(t & ~PACKED);
+  TORCH_CHECK(L.block > 0 && (!(t & PACKED) || packable(t & ~PACKED)), "prefill_quant: unsupported GGUF type ", t);
   TORCH_CHECK(K > 0 && K % L.block == 0, "prefill_quant: K = ", K, " is not a multiple of the block size ", L.block);
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.device().is_cpu(),
               "prefill_quant: the weight must be contiguous uint8 blocks on the CPU");
@@ -139,10 +234,33 @@ at::Tensor dequant_matrix(const QMatrix& w) {
   at::Tensor y = at::empty({w.N, w.K}, at::TensorOptions().dtype(at::kFloat));
   float* yp = y.data_ptr<float>();
   const int isa = g_isa.load();
-  at::parallel_for(0, w.N, PANEL, [&](int64_t n0, int64_t n1) {
-    dequant_rows(isa, w.type, w.data + n0 * w.row_bytes, w.row_bytes, n1 - n0, w.K, yp + n0 * w.K);
+  const int64_t t = w.type & ~PACKED;
+  at::parallel_for(0, (w.N + GROUP - 1) / GROUP, PANEL / GROUP, [&](int64_t g0, int64_t g1) {
+    const int64_t n0 = g0 * GROUP, n1 = std::min(w.N, g1 * GROUP);
+    std::unique_ptr<uint8_t[]> plain;
+    const uint8_t* rows = w.data + n0 * w.row_bytes;
+    if (w.type & PACKED) {
+      plain.reset(new uint8_t[(n1 - n0) * w.row_bytes]);
+      plain_rows(w.data, true, t, w.N, w.row_bytes, n0, n1, plain.get());
+      rows = plain.get();
+    }
+    dequant_rows(isa, t, rows, w.row_bytes, n1 - n0, w.K, yp + n0 * w.K);
   });
   return y;
+}
+
+at::Tensor pack(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
+  const int64_t row_bytes = check_weight(w, t, N, K);
+  TORCH_CHECK(packable(t), "prefill_quant: only Q4_0, Q4_1 and Q8_0 blocks pack (type ", t, ")");
+  at::Tensor out = w.clone();
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int bytes = layout_of(t).bytes;
+  at::parallel_for(0, N / GROUP, 16, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g++)
+      pack_group(src + g * GROUP * row_bytes, row_bytes, bytes, dst + g * GROUP * row_bytes);
+  });
+  return out;
 }
 
 at::Tensor dequant(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
@@ -165,7 +283,7 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t 
 int current_isa() { return g_isa.load(); }
 
 QMatrix qmatrix(const at::Tensor& w, int64_t t) {
-  const Layout L = layout_of(t);
+  const Layout L = layout_of(t & ~PACKED);
   TORCH_CHECK(L.block > 0, "prefill_quant: unsupported GGUF type ", t);
   TORCH_CHECK(w.dim() == 2 && w.size(1) % L.bytes == 0, "prefill_quant: blocks must be [N, row_bytes]");
   const int64_t N = w.size(0), K = w.size(1) / L.bytes * L.block;
@@ -177,6 +295,7 @@ void matmul(const float* xp, int64_t M, const QMatrix& w, float* op) {
   const int64_t N = w.N, K = w.K;
   if (M == 0) return;
   const int isa = g_isa.load();
+  if (w.type & PACKED) return matmul_packed(isa, xp, M, w, op);
 #if defined(__x86_64__) || defined(_M_X64)
   if (M == 1 && isa == AVX2 && direct_m1(w.type)) {
     const int64_t nb = K / 32;
@@ -227,10 +346,12 @@ TORCH_LIBRARY(prefill_quant, m) {
         "Tensor first_block, Tensor first, Tensor end, int block_size, float scale, Tensor w_o, int o_type, "
         "Tensor norm2, Tensor w_gate_up, int gate_up_type, Tensor w_down, int down_type) -> Tensor");
   m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
+  m.def("pack(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("set_isa(str isa) -> str", &prefill_quant::set_isa);  // no tensors: one kernel for every backend
 }
 
 TORCH_LIBRARY_IMPL(prefill_quant, CPU, m) {
   m.impl("gemm", &prefill_quant::gemm);
   m.impl("dequant", &prefill_quant::dequant);
+  m.impl("pack", &prefill_quant::pack);
 }

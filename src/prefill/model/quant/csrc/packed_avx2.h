@@ -1,0 +1,149 @@
+// AVX2 kernels over the x8 layout (packed.h): one lane per weight row, eight rows at a time.
+//
+// - dot_group_m1: one activation row (decode, M = 1) against a group of eight rows. Each 16 bytes of a segment
+//   hold two bytes of each row; widened to int16 they meet the activations' two int16 limbs (SplitX,
+//   simd_avx2.h) broadcast to every lane, in exact int32 dot products (_mm256_madd_epi16). The eight rows'
+//   scales and offsets come as one vector each: no horizontal sum, no scalar per block.
+// - decode_group: a group's weights as float32 [K][16] (eight lanes of this group, beside a second group's),
+//   for the M >= 2 kernel `tile_x8`, which broadcasts one x value against 16 weight rows: out[m][n0 .. n0 + 16].
+#pragma once
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include "packed.h"
+#include "simd_avx2.h"
+
+namespace prefill_quant::avx2 {
+
+template <int64_t T>
+constexpr int block_bytes() {
+  return T == Q4_0 ? 18 : T == Q4_1 ? 20 : 34;
+}
+
+// Bytes of a segment before the weights: the eight d (and, for Q4_1, the eight m), as halves.
+template <int64_t T>
+constexpr int header_bytes() {
+  return T == Q4_1 ? 32 : 16;
+}
+
+PQ_AVX2 inline __m256 halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+PQ_AVX2 inline __m256i pair_at(const int16_t* p) {  // x[p], x[p + 1] in every 32-bit lane (a broadcast load)
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Keeps the compiler from reordering a chain of integer adds (it would gather all products first and spill).
+PQ_AVX2 inline void pin(__m256i& v) { asm volatile("" : "+x"(v)); }
+
+// The eight rows of group `grp` (nb segments) against the split activations: out[0..8) = sum_k w[r][k] x[k].
+// Per block: H_r = sum q h and L_r = sum q l exact in int32 (Q4: |H| <= 32 * 15 * 16383 < 2^24; Q8_0 up to 2^26,
+// rounded once on conversion), then d_r s_b (H_r + L_r / 2^15) into the row's lane; m_r sum_b x into another.
+template <int64_t T>
+PQ_AVX2 inline void dot_group_m1(const uint8_t* grp, const SplitX& sx, int64_t nb, float* out) {
+  constexpr int BYTES = block_bytes<T>(), SEG = 8 * BYTES, HDR = header_bytes<T>();
+  constexpr int64_t PREFETCH = 1024;
+  __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+  const __m256 inv15 = _mm256_set1_ps(1.0f / 32768.0f);
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* seg = grp + b * SEG;
+    for (int c = 0; c < SEG; c += 64) _mm_prefetch(reinterpret_cast<const char*>(seg + PREFETCH + c), _MM_HINT_T0);
+    const uint8_t* qs = seg + HDR;
+    const int16_t* h = sx.h + 32 * b;
+    const int16_t* l = sx.l + 32 * b;
+    __m256i H = _mm256_setzero_si256(), L = _mm256_setzero_si256();
+    if constexpr (T == Q8_0) {
+      for (int j = 0; j < 16; j++) {  // unit j: weights 2j, 2j + 1 of each row
+        const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
+        H = _mm256_add_epi32(H, _mm256_madd_epi16(q, pair_at(h + 2 * j)));
+        L = _mm256_add_epi32(L, _mm256_madd_epi16(q, pair_at(l + 2 * j)));
+        pin(H);
+        pin(L);
+      }
+    } else {
+      const __m256i low4 = _mm256_set1_epi16(0xf);
+      for (int j = 0; j < 8; j++) {  // unit j: weights 2j, 2j + 1 (low nibbles) and 2j + 16, 2j + 17 (high)
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_srli_epi16(v, 4);
+        H = _mm256_add_epi32(H, _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(h + 2 * j)), _mm256_madd_epi16(hi, pair_at(h + 16 + 2 * j))));
+        L = _mm256_add_epi32(L, _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(l + 2 * j)), _mm256_madd_epi16(hi, pair_at(l + 16 + 2 * j))));
+        pin(H);
+        pin(L);
+      }
+    }
+    const __m256 p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), inv15, _mm256_cvtepi32_ps(H));
+    const __m256 d = halves(seg);
+    acc = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_set1_ps(sx.s[b])), acc);
+    if constexpr (T == Q4_1) off = _mm256_fmadd_ps(halves(seg + 16), _mm256_set1_ps(sx.sum[b]), off);
+    if constexpr (T == Q4_0) off = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(-8.0f)), _mm256_set1_ps(sx.sum[b]), off);
+  }
+  _mm256_storeu_ps(out, _mm256_add_ps(acc, off));
+}
+
+// Group `grp` decoded to float32 w = q d + m into wt[k * ld + 0..8) for k < K (ld = 16: two groups side by side).
+template <int64_t T>
+PQ_AVX2 inline void decode_group(const uint8_t* grp, int64_t nb, float* wt, int64_t ld) {
+  constexpr int BYTES = block_bytes<T>(), SEG = 8 * BYTES, HDR = header_bytes<T>();
+  const __m256i low16 = _mm256_set1_epi32(0xffff);
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* seg = grp + b * SEG;
+    const uint8_t* qs = seg + HDR;
+    const __m256 d = halves(seg);
+    float* w = wt + 32 * b * ld;
+    if constexpr (T == Q8_0) {
+      for (int j = 0; j < 16; j++) {
+        const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
+        const __m256i even = _mm256_srai_epi32(_mm256_slli_epi32(q, 16), 16), odd = _mm256_srai_epi32(q, 16);
+        _mm256_storeu_ps(w + (2 * j) * ld, _mm256_mul_ps(_mm256_cvtepi32_ps(even), d));
+        _mm256_storeu_ps(w + (2 * j + 1) * ld, _mm256_mul_ps(_mm256_cvtepi32_ps(odd), d));
+      }
+    } else {
+      const __m256 m = T == Q4_1 ? halves(seg + 16) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));  // (q - 8) d = q d - 8 d
+      const __m256i low4 = _mm256_set1_epi16(0xf);
+      for (int j = 0; j < 8; j++) {
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_srli_epi16(v, 4);
+        const __m256i q[4] = {_mm256_and_si256(lo, low16), _mm256_srli_epi32(lo, 16), _mm256_and_si256(hi, low16),
+                              _mm256_srli_epi32(hi, 16)};
+        const int64_t k[4] = {2 * j, 2 * j + 1, 16 + 2 * j, 17 + 2 * j};
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(w + k[i] * ld, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), d, m));
+      }
+    }
+  }
+}
+
+// out[i][0 .. 8 NG) = sum_k x[i][k] wt[k][0 .. 8 NG) for i < MR: x[i][k] broadcast against NG lanes of weights.
+// The accumulators are named variables, not an array: GCC kept an array of them in memory, storing all twelve
+// every k (half the speed).
+#define PQ_ROW(i)                                                              \
+  if constexpr (MR > i) {                                                      \
+    const __m256 xv = _mm256_broadcast_ss(x + i * ldx + k);                    \
+    a##i##0 = _mm256_fmadd_ps(xv, w0, a##i##0);                                \
+    if constexpr (NG > 1) a##i##1 = _mm256_fmadd_ps(xv, w1, a##i##1);          \
+  }
+#define PQ_STORE(i)                                                            \
+  if constexpr (MR > i) {                                                      \
+    _mm256_storeu_ps(out + i * ldo, a##i##0);                                  \
+    if constexpr (NG > 1) _mm256_storeu_ps(out + i * ldo + 8, a##i##1);        \
+  }
+template <int MR, int NG>
+PQ_AVX2 inline void tile_x8(const float* x, int64_t ldx, const float* wt, int64_t K, float* out, int64_t ldo) {
+  static_assert(MR >= 1 && MR <= 6 && (NG == 1 || NG == 2));
+  const __m256 z = _mm256_setzero_ps();
+  __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;
+  for (int64_t k = 0; k < K; k++) {
+    const __m256 w0 = _mm256_loadu_ps(wt + k * 16);
+    const __m256 w1 = NG > 1 ? _mm256_loadu_ps(wt + k * 16 + 8) : z;
+    PQ_ROW(0) PQ_ROW(1) PQ_ROW(2) PQ_ROW(3) PQ_ROW(4) PQ_ROW(5)
+  }
+  PQ_STORE(0) PQ_STORE(1) PQ_STORE(2) PQ_STORE(3) PQ_STORE(4) PQ_STORE(5)
+}
+#undef PQ_ROW
+#undef PQ_STORE
+
+}  // namespace prefill_quant::avx2
+#endif
