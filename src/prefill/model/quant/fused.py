@@ -10,6 +10,8 @@ long enough for the float32 copy (QuantWeight.uses_dense) run the model's own fu
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from prefill.model.quant import ops
@@ -18,6 +20,30 @@ from prefill.model.quant.weight import QuantWeight, linear
 
 def _native(w, rows: int) -> bool:
     return isinstance(w, QuantWeight) and not w.uses_dense(rows)
+
+
+class BlockArgs(NamedTuple):
+    """A block's arguments of decode_block that no step changes."""
+
+    head: tuple  # attention norm, eps, Q/K/V blocks, type, bias
+    tail: tuple  # W_o blocks, type, MLP norm, gate/up blocks, type, down blocks, type
+    H_q: int
+    H_kv: int
+    scale: float
+    weights: tuple  # the four QuantWeights
+    dense_from: int  # from this many rows one of them may run over its float32 copy
+
+
+def _block_arguments(blk) -> BlockArgs | None:
+    """The block's fixed arguments, or None when the operator does not cover it."""
+    weights = (blk.wqkv.weight, blk.wo.weight, blk.w_gate_up.weight, blk.w_down.weight)
+    if not (blk.llama_block and all(isinstance(w, QuantWeight) for w in weights)):
+        return None
+    w_qkv, w_o, w_gu, w_down = weights
+    head = (blk.attn_norm.weight, blk.eps, w_qkv.blocks, w_qkv.type_id, blk.wqkv.bias)
+    tail = (w_o.blocks, w_o.type_id, blk.mlp_norm.weight, w_gu.blocks, w_gu.type_id, w_down.blocks, w_down.type_id)
+    dense_from = min(w.dense_min_m if w.dense_min_m > 0 else 2**62 for w in weights)
+    return BlockArgs(head, tail, blk.H_q, blk.H_kv, blk.scale, weights, dense_from)
 
 
 def install(model) -> bool:
@@ -58,30 +84,32 @@ def install(model) -> bool:
             w_down.type_id,
         ).view(B, P, D)
 
+    fixed: dict[int, BlockArgs | None] = {}  # id(block) -> its arguments that no step changes
+
     def decode_block(blk, x, cos, sin, batch, layer):
         """The block as one operator when every token of the forward is a query of the paged kernel (decode
-        rows: then they are the batch's tokens in order) and the block is one the operators cover; else None."""
+        rows: then they are the batch's tokens in order) and the block is one the operators cover; else None.
+        The block's own arguments (weights, norms, types) are gathered once: a step's Python between layers
+        is time the second thread spends waiting."""
         paged, N = batch.paged, x.shape[1]  # x [1, N, d_model]
-        weights = (blk.wqkv.weight, blk.wo.weight, blk.w_gate_up.weight, blk.w_down.weight)
-        if not (blk.llama_block and paged is not None and paged.index.shape[0] == N and x.dtype == torch.float32):
+        if paged is None or paged.index.shape[0] != N or x.dtype != torch.float32:
             return None
-        if not all(_native(w, N) for w in weights):
+        key = id(blk)
+        if key not in fixed:
+            fixed[key] = _block_arguments(blk)
+        a = fixed[key]
+        if a is None or (a.dense_from <= N and not all(_native(w, N) for w in a.weights)):
             return None
         g = batch.group_of[layer]
         table, first_block, first, end = paged.tables[g]
-        w_qkv, w_o, w_gu, w_down = weights
         d = cos.shape[-1]
         out = torch.ops.prefill_quant.decode_block(
             x.view(N, -1),  # [N, d_model]
-            blk.attn_norm.weight,
-            blk.eps,
-            w_qkv.blocks,
-            w_qkv.type_id,
-            blk.wqkv.bias,
+            *a.head,
             cos.view(N, d),  # [N, d_head]
             sin.view(N, d),
-            blk.H_q,
-            blk.H_kv,
+            a.H_q,
+            a.H_kv,
             batch.k[layer],  # [H_kv, n_slots, d_head]: the new K/V are written here, then attention reads it
             batch.v[layer],
             batch.write[g],  # [N]: each token's slot
@@ -90,14 +118,8 @@ def install(model) -> bool:
             first,
             end,
             paged.block_size,
-            blk.scale,
-            w_o.blocks,
-            w_o.type_id,
-            blk.mlp_norm.weight,
-            w_gu.blocks,
-            w_gu.type_id,
-            w_down.blocks,
-            w_down.type_id,
+            a.scale,
+            *a.tail,
         )
         return out.view(1, N, -1)  # [1, N, d_model]
 

@@ -43,10 +43,9 @@ PQ_AVX2 inline void pin(__m256i& v) { asm volatile("" : "+x"(v)); }
 // The eight rows of group `grp` (nb segments) against the split activations: out[0..8) = sum_k w[r][k] x[k].
 // Per block: H_r = sum q h and L_r = sum q l exact in int32 (Q4: |H| <= 32 * 15 * 16383 < 2^24; Q8_0 up to 2^26,
 // rounded once on conversion), then d_r s_b (H_r + L_r / 2^15) into the row's lane; m_r sum_b x into another.
-template <int64_t T>
+template <int64_t T, int64_t PREFETCH = 4096>
 PQ_AVX2 inline void dot_group_m1(const uint8_t* grp, const SplitX& sx, int64_t nb, float* out) {
   constexpr int BYTES = block_bytes<T>(), SEG = 8 * BYTES, HDR = header_bytes<T>();
-  constexpr int64_t PREFETCH = 1024;
   __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
   const __m256 inv15 = _mm256_set1_ps(1.0f / 32768.0f);
   for (int64_t b = 0; b < nb; b++) {
