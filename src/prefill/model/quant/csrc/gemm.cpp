@@ -161,8 +161,12 @@ void packed_groups_avx2(const float* x, int64_t M, const QMatrix& w, int64_t g0,
   for (int64_t g = g0; g < g1; g += 2) {
     const int ng = (int)std::min<int64_t>(2, g1 - g);
     for (int i = 0; i < ng; i++) decode_group(t, w.data + (g + i) * GROUP * w.row_bytes, nb, wt.get() + 8 * i);
-    for (int64_t m = 0; m < M; m += MR_X8)
-      tile_x8((int)std::min<int64_t>(MR_X8, M - m), ng, x + m * K, K, wt.get(), out + m * w.N + g * GROUP, w.N);
+    const int64_t tiles = (M + MR_X8 - 1) / MR_X8;  // M split evenly (8 rows: 4 + 4, not 6 + 2)
+    for (int64_t i = 0, m = 0; i < tiles; i++) {
+      const int64_t mr = (M - m) / (tiles - i);
+      tile_x8((int)mr, ng, x + m * K, K, wt.get(), out + m * w.N + g * GROUP, w.N);
+      m += mr;
+    }
   }
 }
 
