@@ -86,6 +86,21 @@ def test_x8_layout_within_the_same_bound(qtype, M, isa):
 
 
 @needs_kernels
+@pytest.mark.parametrize("packed", [False, True])
+def test_non_finite_activations_propagate_as_in_float32(packed):
+    # The M = 1 kernels split x into integer limbs; an inf or NaN cannot be split, so that row takes the float
+    # path, and the outputs are inf / NaN exactly where F.linear's are.
+    N, K = 19, 64
+    w = QuantWeight(random_blocks("Q4_1", N, K), "Q4_1", N, K)
+    w = w.pack() if packed else w
+    for bad in (float("inf"), float("nan")):
+        x = torch.randn(1, K)
+        x[0, 5] = bad
+        got, ref = w.matmul(x), F.linear(x, w.dequantize())
+        assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.isinf(), ref.isinf())
+
+
+@needs_kernels
 def test_x8_rows_and_refusals():
     # An embedding lookup on packed blocks decodes the groups that hold the rows (and the plain rows after them).
     N, K = 21, 64
