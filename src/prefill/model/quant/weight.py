@@ -93,9 +93,10 @@ class QuantWeight:
         inside = index < full
         if inside.any():
             idx = index[inside]
-            groups = self.blocks[:full].view(full // 8, -1).index_select(0, idx // 8)  # [T', 8 row_bytes]
-            y = ops.dequant(groups.view(-1, self.blocks.shape[1]), self.qtype, 8 * idx.shape[0], self.K, True)
-            out[inside] = y.view(-1, 8, self.K)[torch.arange(idx.shape[0]), idx % 8]
+            g, which = torch.unique(idx // 8, return_inverse=True)  # each group decoded once
+            groups = self.blocks[:full].view(full // 8, -1).index_select(0, g)  # [G, 8 row_bytes]
+            y = ops.dequant(groups.view(-1, self.blocks.shape[1]), self.qtype, 8 * g.shape[0], self.K, True)
+            out[inside] = y.view(-1, 8, self.K)[which, idx % 8]  # [G, 8, K] -> the asked rows
         if not inside.all():
             tail = self.blocks.index_select(0, index[~inside])
             out[~inside] = ops.dequant(tail, self.qtype, tail.shape[0], self.K)
