@@ -45,6 +45,24 @@ def test_the_simulated_schedule_is_the_real_step_loops(tmp_path):
         assert a.ok and a.n_out == TRACE[a.index].output_tokens
 
 
+def test_a_client_cap_holds_requests_on_the_clients_side():
+    """loadtest --rate R --concurrency C keeps at most C requests at the server; the rest wait at the client,
+    and their times count from their arrival. With a cap of 1 the requests run one after another: each is sent
+    when the one before ends, so it meets no other, and its TTFT is its wait plus the uncapped TTFT it has alone."""
+    spec = load_spec("llama-3-8b")
+    trace = [SimRequest(0.0, 40, 5), SimRequest(0.001, 20, 8), SimRequest(0.002, 70, 3)]
+    capped = simulate(spec, trace, fixed_steps, pool_tokens=4096, in_flight=1)
+    alone = [simulate(spec, [SimRequest(0.0, r.prompt_tokens, r.output_tokens)], fixed_steps, 4096) for r in trace]
+    assert all(len(rows) == 1 for rows in capped.steps)  # never two requests in one step
+    for i, rec in enumerate(capped.records):
+        sent = 0.0 if i == 0 else capped.records[i - 1].end
+        solo = alone[i].records[0]
+        assert rec.first_content == pytest.approx(sent + solo.first_content, abs=1e-12)
+        assert rec.end == pytest.approx(sent + solo.end, abs=1e-12) and rec.start == trace[i].arrival_s
+    uncapped = simulate(spec, trace, fixed_steps, pool_tokens=4096)
+    assert any(len(rows) > 1 for rows in uncapped.steps)  # without the cap they batch
+
+
 def test_alone_a_request_takes_its_predicted_prefill_then_one_decode_step_per_token():
     """At a rate so low that requests never meet: TTFT is the predicted prefill (in chunks), each ITL the
     predicted decode step at its context, to the last bit (the simulator adds nothing of its own)."""

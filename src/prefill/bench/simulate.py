@@ -125,10 +125,13 @@ def simulate(
     chunk_size: int | None = 256,
     max_running: int = 32,
     model=None,
+    in_flight: int | None = None,
 ) -> SimResult:
     """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
     generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
-    step for real (its K/V pool then real too), timed all the same by `step_seconds`."""
+    step for real (its K/V pool then real too), timed all the same by `step_seconds`. `in_flight`: the client
+    keeps at most this many requests at the server, the others waiting on its side in arrival order, as
+    `prefill loadtest --rate R --concurrency C` does (a request's times still count from its arrival)."""
     clock = SimClock()
     runner = SimRunner(spec, step_seconds, clock, model)
     where = ("meta", torch.float32) if model is None else (model.device, model.dtype)
@@ -136,37 +139,43 @@ def simulate(
     loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
     pending = sorted(trace)
     records = [RequestRecord(i, r.prompt_tokens, r.arrival_s) for i, r in enumerate(pending)]
-    i = 0
+    cap = in_flight or len(pending)
+    i = 0  # requests sent to the server so far, in arrival order
+
+    def at_server() -> int:
+        return sum(1 for r in records[:i] if r.end is None and r.error is None)
+
     while i < len(pending) or loop.busy:
         if not loop.busy and clock.now < pending[i].arrival_s:
             clock.now = pending[i].arrival_s  # idle until the next arrival
-        while i < len(pending) and pending[i].arrival_s <= clock.now:
-            loop.add(_request(pending[i], records[i], spec))
+        while i < len(pending) and pending[i].arrival_s <= clock.now and at_server() < cap:
+            loop.add(_request(pending[i], records[i], spec, clock.now))
             i += 1
         loop.step()
     wall = max((r.end or 0.0) for r in records) if records else 0.0
     return SimResult(records, wall, runner.steps, loop.scheduler.preemptions)
 
 
-def _request(r: SimRequest, record: RequestRecord, spec: ModelSpec) -> Request:
-    """The trace's request as the loop takes it, its events written into `record` (times from the start)."""
+def _request(r: SimRequest, record: RequestRecord, spec: ModelSpec, sent_s: float) -> Request:
+    """The trace's request as the loop takes it at `sent_s` (its arrival, or later when the client held it),
+    its events written into `record` (times from the start)."""
     if r.prompt_tokens < 1 or r.output_tokens < 1:
         raise BadInput(f"a simulated request needs prompt and output tokens >= 1, got {r}")
 
     def emit(event) -> None:
         if isinstance(event, TokenEvent):
-            t = r.arrival_s + event.t
+            t = sent_s + event.t
             record.first_content = t if record.first_content is None else record.first_content
             record.chunk_times.append(t)
             record.n_chunks += 1
         elif isinstance(event, Generation):
-            record.end, record.finish_reason = r.arrival_s + event.total_s, event.finish_reason
+            record.end, record.finish_reason = sent_s + event.total_s, event.finish_reason
             record.usage_completion_tokens, record.usage_prompt_tokens = len(event.token_ids), event.P
         else:  # Failed
             record.error = getattr(event, "message", "failed")
 
     ids = [1 + k % (spec.vocab_size - 1) for k in range(r.prompt_tokens)]
-    return Request(ids, r.output_tokens, SamplingParams(), None, emit, arrival=r.arrival_s, ignore_eos=True)
+    return Request(ids, r.output_tokens, SamplingParams(), None, emit, arrival=sent_s, ignore_eos=True)
 
 
 def time_model_steps(spec: ModelSpec, profile, layout) -> StepSeconds:
@@ -189,6 +198,7 @@ def simulate_server(
     max_running: int,
     kv_cache_mb: float,
     echo: Callable[[str], None] | None = None,
+    in_flight: int | None = None,
 ) -> tuple[SimResult, str]:
     """simulate() for a model (a preset, a file, or None: the embedded SmolLM2) on `hardware`: "cpu" runs this
     machine's profile (probed once and cached, prefill.machine.profiles), a catalog GPU its datasheet profile.
@@ -222,7 +232,8 @@ def simulate_server(
         wb = storage.bytes_per_weight(weights) if weights else None
         layout = timemodel.layout_for(dt, wb, gathers_kv=False)
     tokens = int(kv_cache_mb * 2**20 // costs.kv_cache_bytes_for(spec, 1, costs.dtype_bytes(dt)))
-    result = simulate(spec, trace, time_model_steps(spec, profile, layout), tokens, chunk_size, max_running)
+    steps = time_model_steps(spec, profile, layout)
+    result = simulate(spec, trace, steps, tokens, chunk_size, max_running, in_flight=in_flight)
     return result, f"{spec.name} on {profile.name} ({dt}, weights {weights or dt}, KV pool {tokens:,} tokens)"
 
 

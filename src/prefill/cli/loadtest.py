@@ -70,15 +70,17 @@ def loadtest(
     print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
     save(cfg, model_id, summary, records, out, plot)
     if predict:
-        print_prediction(summary, predicted_summary(records, predict_model))
+        print_prediction(summary, predicted_summary(records, predict_model, cfg.concurrency))
 
 
-def predicted_summary(records: list, model: str | None) -> dict:
+def predicted_summary(records: list, model: str | None, in_flight: int) -> dict:
     """The same trace simulated on this CPU's profile with `prefill serve`'s defaults (weights auto, chunk 256,
-    32 running, a KV pool of 2 GiB: the default's cap)."""
+    32 running, a KV pool of 2 GiB: the default's cap), the client holding at most `in_flight` requests at the
+    server as this load test did (--concurrency: with --rate, the others wait on the client's side)."""
     from prefill.bench.simulate import simulate_server, trace_of
 
-    result, name = simulate_server(model, "cpu", None, "auto", trace_of(records), 256, 32, 2048.0, echo=note)
+    trace = trace_of(records)
+    result, name = simulate_server(model, "cpu", None, "auto", trace, 256, 32, 2048.0, echo=note, in_flight=in_flight)
     console.print(f"predicted: {name}", highlight=False)
     return summarize(result.records, result.wall_s)
 
