@@ -66,11 +66,12 @@ needs_kernels = pytest.mark.skipif(not ops.available(), reason="the quantized ke
 @needs_kernels
 @pytest.mark.parametrize("isa", isas(), indirect=True)
 @pytest.mark.parametrize("qtype", ops.PACKABLE)
-@pytest.mark.parametrize("M", [1, 2, 7, 13])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 7, 13])
 def test_x8_layout_within_the_same_bound(qtype, M, isa):
     # The x8 layout (every 8 rows interleaved) moves bytes only: the same weights, the same bound (its M >= 2
     # kernel sums K in one lane, so D = K + 48). N = 1: no whole group; 19: 2 groups and 3 plain rows left;
-    # 16: one pair of groups (the 16-wide tile); 50: 6 groups, 2 left. M = 13: the 6-row tile twice, and 1.
+    # 16: one pair of groups (the 16-wide tile); 50: 6 groups, 2 left. M = 2-4: the integer kernel of few rows;
+    # 7 and 13: the float tile (13 = 5 + 4 + 4).
     K = 3 * 32
     for N in (1, 16, 19, 50):
         w = QuantWeight(random_blocks(qtype, N, K, seed=M), qtype, N, K)
@@ -88,14 +89,14 @@ def test_x8_layout_within_the_same_bound(qtype, M, isa):
 @needs_kernels
 @pytest.mark.parametrize("packed", [False, True])
 def test_non_finite_activations_propagate_as_in_float32(packed):
-    # The M = 1 kernels split x into integer limbs; an inf or NaN cannot be split, so that row takes the float
-    # path, and the outputs are inf / NaN exactly where F.linear's are.
+    # The kernels of M <= 4 rows split x into integer limbs; an inf or NaN cannot be split, so the product takes
+    # the float path, and the outputs are inf / NaN exactly where F.linear's are.
     N, K = 19, 64
     w = QuantWeight(random_blocks("Q4_1", N, K), "Q4_1", N, K)
     w = w.pack() if packed else w
-    for bad in (float("inf"), float("nan")):
-        x = torch.randn(1, K)
-        x[0, 5] = bad
+    for bad, M in ((float("inf"), 1), (float("nan"), 1), (float("inf"), 3)):  # 3: the few-rows kernel's rows
+        x = torch.randn(M, K)
+        x[M // 2, 5] = bad
         got, ref = w.matmul(x), F.linear(x, w.dequantize())
         assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.isinf(), ref.isinf())
 

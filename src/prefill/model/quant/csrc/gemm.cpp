@@ -171,6 +171,26 @@ void packed_groups_avx2(const float* x, int64_t M, const QMatrix& w, int64_t g0,
   }
 }
 
+template <int R>
+void packed_rows_avx2(const avx2::SplitX* sx, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
+  const int64_t t = w.type & ~PACKED, nb = w.K / 32;
+  for (int64_t g = g0; g < g1; g++) {
+    const uint8_t* grp = w.data + g * GROUP * w.row_bytes;
+    float* o = out + g * GROUP;
+    if (t == Q4_1) avx2::dot_group_rows<Q4_1, R>(grp, sx, nb, o, w.N);
+    else if (t == Q4_0) avx2::dot_group_rows<Q4_0, R>(grp, sx, nb, o, w.N);
+    else avx2::dot_group_rows<Q8_0, R>(grp, sx, nb, o, w.N);
+  }
+}
+
+void packed_few_avx2(int64_t M, const avx2::SplitX* sx, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
+  switch (M) {
+    case 2: return packed_rows_avx2<2>(sx, w, g0, g1, out);
+    case 3: return packed_rows_avx2<3>(sx, w, g0, g1, out);
+    default: return packed_rows_avx2<4>(sx, w, g0, g1, out);
+  }
+}
+
 void packed_m1_avx2(const avx2::SplitX& sx, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
   const int64_t t = w.type & ~PACKED, nb = w.K / 32;
   for (int64_t g = g0; g < g1; g++) {
@@ -189,24 +209,32 @@ void matmul_packed(int isa, const float* xp, int64_t M, const QMatrix& w, float*
   const int64_t t = w.type & ~PACKED, N = w.N, K = w.K, full = N / GROUP;
 #if defined(__x86_64__) || defined(_M_X64)
   if (isa == AVX2) {
+    // Up to FEW_ROWS rows: each split into integer limbs (the M = 1 arithmetic); false when a row cannot be
+    // (an inf or a NaN), and then the float path runs them all.
+    constexpr int64_t FEW_ROWS = 4;
     std::unique_ptr<int16_t[]> hl;
     std::unique_ptr<float[]> sums;
-    avx2::SplitX sx{};
-    bool m1 = false;
-    if (M == 1) {
-      hl.reset(new int16_t[2 * K]);  // [2, K]
-      sums.reset(new float[2 * (K / 32)]);
-      sx = {hl.get(), hl.get() + K, sums.get(), sums.get() + K / 32};
-      m1 = avx2::split_x(xp, K, sx);
+    avx2::SplitX sx[FEW_ROWS];
+    bool split = M <= FEW_ROWS;
+    if (split) {
+      hl.reset(new int16_t[2 * M * K]);  // [M, 2, K]
+      sums.reset(new float[2 * M * (K / 32)]);
+      for (int64_t m = 0; m < M && split; m++) {
+        int16_t* h = hl.get() + 2 * m * K;
+        float* s = sums.get() + 2 * m * (K / 32);
+        sx[m] = {h, h + K, s, s + K / 32};
+        split = avx2::split_x(xp + m * K, K, sx[m]);
+      }
     }
     at::parallel_for(0, full + (N % GROUP ? 1 : 0), PANEL / GROUP, [&](int64_t g0, int64_t g1) {
       const int64_t whole = std::min(g1, full);
       if (g0 < whole) {
-        if (m1) packed_m1_avx2(sx, w, g0, whole, op);
+        if (split && M == 1) packed_m1_avx2(sx[0], w, g0, whole, op);
+        else if (split) packed_few_avx2(M, sx, w, g0, whole, op);
         else packed_groups_avx2(xp, M, w, g0, whole, op);
       }
       if (g1 > full) {  // the plain rows at the end
-        if (m1) m1_rows(t, sx, K, w.data, w.row_bytes, full * GROUP, N, op);
+        if (split && M == 1) m1_rows(t, sx[0], K, w.data, w.row_bytes, full * GROUP, N, op);
         else panel_rows(isa, t, xp, M, K, w.data, w.row_bytes, full * GROUP, N, op, N);
       }
     });

@@ -83,6 +83,66 @@ PQ_AVX2 inline void dot_group_m1(const uint8_t* grp, const SplitX& sx, int64_t n
   _mm256_storeu_ps(out, _mm256_add_ps(acc, off));
 }
 
+// R = 2..4 activation rows against the group: the M = 1 arithmetic per row (the same exact integer products),
+// each 16-byte load of weights widened once and met by every row's limbs. Cheaper than decoding the weights to
+// float32 below M = 5; the offsets m sum_b x go in a second pass over the group's segments (in L1 by then), which
+// keeps the accumulators in registers. sx[r]: row r's split; out[r * ldo + 0..8).
+template <int64_t T, int R>
+PQ_AVX2 inline void dot_group_rows(const uint8_t* grp, const SplitX* sx, int64_t nb, float* out, int64_t ldo) {
+  static_assert(R >= 2 && R <= 4);
+  constexpr int BYTES = block_bytes<T>(), SEG = 8 * BYTES, HDR = header_bytes<T>();
+  constexpr int64_t PREFETCH = 4096;
+  __m256 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  const __m256 inv15 = _mm256_set1_ps(1.0f / 32768.0f);
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* seg = grp + b * SEG;
+    for (int c = 0; c < SEG; c += 64) _mm_prefetch(reinterpret_cast<const char*>(seg + PREFETCH + c), _MM_HINT_T0);
+    const uint8_t* qs = seg + HDR;
+    __m256i H[R], L[R];
+    for (int r = 0; r < R; r++) H[r] = L[r] = _mm256_setzero_si256();
+    if constexpr (T == Q8_0) {
+      for (int j = 0; j < 16; j++) {
+        const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
+        for (int r = 0; r < R; r++) {
+          H[r] = _mm256_add_epi32(H[r], _mm256_madd_epi16(q, pair_at(sx[r].h + 32 * b + 2 * j)));
+          L[r] = _mm256_add_epi32(L[r], _mm256_madd_epi16(q, pair_at(sx[r].l + 32 * b + 2 * j)));
+        }
+      }
+    } else {
+      const __m256i low4 = _mm256_set1_epi16(0xf);
+      for (int j = 0; j < 8; j++) {
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_srli_epi16(v, 4);
+        for (int r = 0; r < R; r++) {
+          const int16_t* h = sx[r].h + 32 * b;
+          const int16_t* l = sx[r].l + 32 * b;
+          H[r] = _mm256_add_epi32(H[r], _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(h + 2 * j)),
+                                                         _mm256_madd_epi16(hi, pair_at(h + 16 + 2 * j))));
+          L[r] = _mm256_add_epi32(L[r], _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(l + 2 * j)),
+                                                         _mm256_madd_epi16(hi, pair_at(l + 16 + 2 * j))));
+        }
+      }
+    }
+    const __m256 d = halves(seg);
+    for (int r = 0; r < R; r++) {
+      const __m256 p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[r]), inv15, _mm256_cvtepi32_ps(H[r]));
+      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_set1_ps(sx[r].s[b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    __m256 off = _mm256_setzero_ps();
+    if constexpr (T != Q8_0) {
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* seg = grp + b * SEG;
+        const __m256 m = T == Q4_1 ? halves(seg + 16) : _mm256_mul_ps(halves(seg), _mm256_set1_ps(-8.0f));
+        off = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r].sum[b]), off);
+      }
+    }
+    _mm256_storeu_ps(out + r * ldo, _mm256_add_ps(acc[r], off));
+  }
+}
+
 // Group `grp` decoded to float32 w = q d + m into wt[k * ld + 0..8) for k < K (ld = 16: two groups side by side).
 template <int64_t T>
 PQ_AVX2 inline void decode_group(const uint8_t* grp, int64_t nb, float* wt, int64_t ld) {
