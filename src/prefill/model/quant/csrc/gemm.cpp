@@ -2,8 +2,8 @@
 // blocks (uint8 [N, row_bytes]), dequantized in registers. out[m][n] = sum_k x[m][k] w[n][k], i.e. F.linear.
 //
 //   gemm(x, w, qtype, N, K) -> [M, N]   M = 1: direct dot per row, or per group of 8 rows in the x8 layout
-//                                        (no weight materialised); M >= 2: weight panels decoded into L1/L2,
-//                                        reused by all rows.
+//                                        (no weight materialised; in the x8 layout also M = 2-4, row by row);
+//                                        else weight panels decoded into L1/L2, reused by all rows.
 //   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
 //   pack(w, qtype, N, K) -> uint8 [N, row_bytes]      the blocks in the x8 layout (packed.h); its type is
 //                                                      qtype | PACKED, which every operator here accepts.
