@@ -17,7 +17,7 @@ struct Layout {
   int bytes;  // bytes per block
 };
 
-inline Layout layout_of(int64_t t) {
+constexpr Layout layout_of(int64_t t) {
   switch (t) {
     case Q4_0: return {32, 18};   // f16 d, 16 bytes of nibbles: w = (q - 8) d
     case Q4_1: return {32, 20};   // f16 d, f16 m, 16 bytes of nibbles: w = q d + m

@@ -183,22 +183,13 @@ void packed_rows_avx2(const avx2::SplitX* sx, const QMatrix& w, int64_t g0, int6
   }
 }
 
+// Groups [g0, g1) against M <= 4 rows of x, each split into integer limbs (sx[m]).
 void packed_few_avx2(int64_t M, const avx2::SplitX* sx, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
   switch (M) {
+    case 1: return packed_rows_avx2<1>(sx, w, g0, g1, out);
     case 2: return packed_rows_avx2<2>(sx, w, g0, g1, out);
     case 3: return packed_rows_avx2<3>(sx, w, g0, g1, out);
     default: return packed_rows_avx2<4>(sx, w, g0, g1, out);
-  }
-}
-
-void packed_m1_avx2(const avx2::SplitX& sx, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
-  const int64_t t = w.type & ~PACKED, nb = w.K / 32;
-  for (int64_t g = g0; g < g1; g++) {
-    const uint8_t* grp = w.data + g * GROUP * w.row_bytes;
-    float* o = out + g * GROUP;
-    if (t == Q4_1) avx2::dot_group_m1<Q4_1>(grp, sx, nb, o);
-    else if (t == Q4_0) avx2::dot_group_m1<Q4_0>(grp, sx, nb, o);
-    else avx2::dot_group_m1<Q8_0>(grp, sx, nb, o);
   }
 }
 #endif
@@ -229,8 +220,7 @@ void matmul_packed(int isa, const float* xp, int64_t M, const QMatrix& w, float*
     at::parallel_for(0, full + (N % GROUP ? 1 : 0), PANEL / GROUP, [&](int64_t g0, int64_t g1) {
       const int64_t whole = std::min(g1, full);
       if (g0 < whole) {
-        if (split && M == 1) packed_m1_avx2(sx[0], w, g0, whole, op);
-        else if (split) packed_few_avx2(M, sx, w, g0, whole, op);
+        if (split) packed_few_avx2(M, sx, w, g0, whole, op);
         else packed_groups_avx2(xp, M, w, g0, whole, op);
       }
       if (g1 > full) {  // the plain rows at the end
@@ -248,8 +238,6 @@ void matmul_packed(int isa, const float* xp, int64_t M, const QMatrix& w, float*
     panel_rows(isa, t, xp, M, K, plain.get(), w.row_bytes, 0, n1 - n0, op + n0, N);
   });
 }
-
-bool direct_m1(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
 
 int64_t check_weight(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
   const Layout L = layout_of(t & ~PACKED);
@@ -330,7 +318,7 @@ void matmul(const float* xp, int64_t M, const QMatrix& w, float* op) {
   const int isa = g_isa.load();
   if (w.type & PACKED) return matmul_packed(isa, xp, M, w, op);
 #if defined(__x86_64__) || defined(_M_X64)
-  if (M == 1 && isa == AVX2 && direct_m1(w.type)) {
+  if (M == 1 && isa == AVX2 && packable(w.type)) {
     const int64_t nb = K / 32;
     std::unique_ptr<int16_t[]> hl(new int16_t[2 * K]);  // [2, K]
     std::unique_ptr<float[]> sums(new float[2 * nb]);   // [2, K / 32]

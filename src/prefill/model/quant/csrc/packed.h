@@ -21,6 +21,7 @@ namespace prefill_quant {
 constexpr int64_t PACKED = 0x100;  // type bit: the matrix is in the x8 layout
 constexpr int64_t GROUP = 8;       // rows per group
 
+// The types the integer kernels read (the x8 layout, and the plain layout's direct M = 1 dot).
 inline bool packable(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
 
 // Group g of rows (row_bytes each, nb blocks of `bytes`) from the plain layout into the x8 layout, or back.

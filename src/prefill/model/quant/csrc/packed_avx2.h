@@ -1,11 +1,11 @@
 // AVX2 kernels over the x8 layout (packed.h): one lane per weight row, eight rows at a time.
 //
-// - dot_group_m1: one activation row (decode, M = 1) against a group of eight rows. Each 16 bytes of a segment
-//   hold two bytes of each row; widened to int16 they meet the activations' two int16 limbs (SplitX,
+// - dot_group_rows: 1-4 activation rows (decode, short prompts) against a group of eight rows. Each 16 bytes of
+//   a segment hold two bytes of each row; widened to int16 they meet the activations' two int16 limbs (SplitX,
 //   simd_avx2.h) broadcast to every lane, in exact int32 dot products (_mm256_madd_epi16). The eight rows'
 //   scales and offsets come as one vector each: no horizontal sum, no scalar per block.
 // - decode_group: a group's weights as float32 [K][16] (eight lanes of this group, beside a second group's),
-//   for the M >= 2 kernel `tile_x8`, which broadcasts one x value against 16 weight rows: out[m][n0 .. n0 + 16].
+//   for the M >= 5 kernel `tile_x8`, which broadcasts one x value against 16 weight rows: out[m][n0 .. n0 + 16].
 #pragma once
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -15,11 +15,6 @@
 #include "simd_avx2.h"
 
 namespace prefill_quant::avx2 {
-
-template <int64_t T>
-constexpr int block_bytes() {
-  return T == Q4_0 ? 18 : T == Q4_1 ? 20 : 34;
-}
 
 // Bytes of a segment before the weights: the eight d (and, for Q4_1, the eight m), as halves.
 template <int64_t T>
@@ -31,6 +26,12 @@ PQ_AVX2 inline __m256 halves(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// The eight rows' offsets m of a Q4 segment (w = q d + m): Q4_1 stores them, Q4_0's is -8 d ((q - 8) d).
+template <int64_t T>
+PQ_AVX2 inline __m256 offsets(const uint8_t* seg) {
+  return T == Q4_1 ? halves(seg + 16) : _mm256_mul_ps(halves(seg), _mm256_set1_ps(-8.0f));
+}
+
 PQ_AVX2 inline __m256i pair_at(const int16_t* p) {  // x[p], x[p + 1] in every 32-bit lane (a broadcast load)
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -40,59 +41,18 @@ PQ_AVX2 inline __m256i pair_at(const int16_t* p) {  // x[p], x[p + 1] in every 3
 // Keeps the compiler from reordering a chain of integer adds (it would gather all products first and spill).
 PQ_AVX2 inline void pin(__m256i& v) { asm volatile("" : "+x"(v)); }
 
-// The eight rows of group `grp` (nb segments) against the split activations: out[0..8) = sum_k w[r][k] x[k].
-// Per block: H_r = sum q h and L_r = sum q l exact in int32 (Q4: |H| <= 32 * 15 * 16383 < 2^24; Q8_0 up to 2^26,
-// rounded once on conversion), then d_r s_b (H_r + L_r / 2^15) into the row's lane; m_r sum_b x into another.
-template <int64_t T, int64_t PREFETCH = 4096>
-PQ_AVX2 inline void dot_group_m1(const uint8_t* grp, const SplitX& sx, int64_t nb, float* out) {
-  constexpr int BYTES = block_bytes<T>(), SEG = 8 * BYTES, HDR = header_bytes<T>();
-  __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
-  const __m256 inv15 = _mm256_set1_ps(1.0f / 32768.0f);
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* seg = grp + b * SEG;
-    for (int c = 0; c < SEG; c += 64) _mm_prefetch(reinterpret_cast<const char*>(seg + PREFETCH + c), _MM_HINT_T0);
-    const uint8_t* qs = seg + HDR;
-    const int16_t* h = sx.h + 32 * b;
-    const int16_t* l = sx.l + 32 * b;
-    __m256i H = _mm256_setzero_si256(), L = _mm256_setzero_si256();
-    if constexpr (T == Q8_0) {
-      for (int j = 0; j < 16; j++) {  // unit j: weights 2j, 2j + 1 of each row
-        const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
-        H = _mm256_add_epi32(H, _mm256_madd_epi16(q, pair_at(h + 2 * j)));
-        L = _mm256_add_epi32(L, _mm256_madd_epi16(q, pair_at(l + 2 * j)));
-        pin(H);
-        pin(L);
-      }
-    } else {
-      const __m256i low4 = _mm256_set1_epi16(0xf);
-      for (int j = 0; j < 8; j++) {  // unit j: weights 2j, 2j + 1 (low nibbles) and 2j + 16, 2j + 17 (high)
-        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
-        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_srli_epi16(v, 4);
-        H = _mm256_add_epi32(H, _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(h + 2 * j)), _mm256_madd_epi16(hi, pair_at(h + 16 + 2 * j))));
-        L = _mm256_add_epi32(L, _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(l + 2 * j)), _mm256_madd_epi16(hi, pair_at(l + 16 + 2 * j))));
-        pin(H);
-        pin(L);
-      }
-    }
-    const __m256 p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), inv15, _mm256_cvtepi32_ps(H));
-    const __m256 d = halves(seg);
-    acc = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_set1_ps(sx.s[b])), acc);
-    if constexpr (T == Q4_1) off = _mm256_fmadd_ps(halves(seg + 16), _mm256_set1_ps(sx.sum[b]), off);
-    if constexpr (T == Q4_0) off = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(-8.0f)), _mm256_set1_ps(sx.sum[b]), off);
-  }
-  _mm256_storeu_ps(out, _mm256_add_ps(acc, off));
-}
-
-// R = 2..4 activation rows against the group: the M = 1 arithmetic per row (the same exact integer products),
-// each 16-byte load of weights widened once and met by every row's limbs. Cheaper than decoding the weights to
-// float32 below M = 5; the offsets m sum_b x go in a second pass over the group's segments (in L1 by then), which
-// keeps the accumulators in registers. sx[r]: row r's split; out[r * ldo + 0..8).
+// R = 1..4 activation rows against group `grp` (nb segments): out[r * ldo + 0..8) = sum_k w[i][k] x_r[k]. Each
+// 16-byte load of weights is widened once and met by every row's limbs (sx[r], split_x). Per block and row:
+// H = sum q h and L = sum q l exact in int32 (Q4: |H| <= 32 * 15 * 16383 < 2^24; Q8_0 up to 2^26, rounded once
+// on conversion), then d_i s_b (H + L / 2^15) into weight row i's lane; the offsets m_i sum_b x go into
+// another accumulator in the same pass for one row, and in a second pass over the group's segments (in L1 by
+// then) for more, which keeps the accumulators in registers. For one row the second pass cost 11-13%.
 template <int64_t T, int R>
 PQ_AVX2 inline void dot_group_rows(const uint8_t* grp, const SplitX* sx, int64_t nb, float* out, int64_t ldo) {
-  static_assert(R >= 2 && R <= 4);
-  constexpr int BYTES = block_bytes<T>(), SEG = 8 * BYTES, HDR = header_bytes<T>();
-  constexpr int64_t PREFETCH = 4096;
-  __m256 acc[R];
+  static_assert(R >= 1 && R <= 4);
+  constexpr int BYTES = layout_of(T).bytes, SEG = 8 * BYTES, HDR = header_bytes<T>();
+  constexpr int64_t PREFETCH = 4096;  // bytes ahead; 1 KB streamed 12% slower at 1 and 2 threads
+  __m256 acc[R], off = _mm256_setzero_ps();
   for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
   const __m256 inv15 = _mm256_set1_ps(1.0f / 32768.0f);
   for (int64_t b = 0; b < nb; b++) {
@@ -102,16 +62,17 @@ PQ_AVX2 inline void dot_group_rows(const uint8_t* grp, const SplitX* sx, int64_t
     __m256i H[R], L[R];
     for (int r = 0; r < R; r++) H[r] = L[r] = _mm256_setzero_si256();
     if constexpr (T == Q8_0) {
-      for (int j = 0; j < 16; j++) {
+      for (int j = 0; j < 16; j++) {  // unit j: weights 2j, 2j + 1 of each row
         const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
         for (int r = 0; r < R; r++) {
           H[r] = _mm256_add_epi32(H[r], _mm256_madd_epi16(q, pair_at(sx[r].h + 32 * b + 2 * j)));
           L[r] = _mm256_add_epi32(L[r], _mm256_madd_epi16(q, pair_at(sx[r].l + 32 * b + 2 * j)));
+          if constexpr (R == 1) pin(H[r]), pin(L[r]);
         }
       }
     } else {
       const __m256i low4 = _mm256_set1_epi16(0xf);
-      for (int j = 0; j < 8; j++) {
+      for (int j = 0; j < 8; j++) {  // unit j: weights 2j, 2j + 1 (low nibbles) and 2j + 16, 2j + 17 (high)
         const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));
         const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_srli_epi16(v, 4);
         for (int r = 0; r < R; r++) {
@@ -121,6 +82,7 @@ PQ_AVX2 inline void dot_group_rows(const uint8_t* grp, const SplitX* sx, int64_t
                                                          _mm256_madd_epi16(hi, pair_at(h + 16 + 2 * j))));
           L[r] = _mm256_add_epi32(L[r], _mm256_add_epi32(_mm256_madd_epi16(lo, pair_at(l + 2 * j)),
                                                          _mm256_madd_epi16(hi, pair_at(l + 16 + 2 * j))));
+          if constexpr (R == 1) pin(H[r]), pin(L[r]);
         }
       }
     }
@@ -129,15 +91,12 @@ PQ_AVX2 inline void dot_group_rows(const uint8_t* grp, const SplitX* sx, int64_t
       const __m256 p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[r]), inv15, _mm256_cvtepi32_ps(H[r]));
       acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_set1_ps(sx[r].s[b])), acc[r]);
     }
+    if constexpr (R == 1 && T != Q8_0) off = _mm256_fmadd_ps(offsets<T>(seg), _mm256_set1_ps(sx[0].sum[b]), off);
   }
   for (int r = 0; r < R; r++) {
-    __m256 off = _mm256_setzero_ps();
-    if constexpr (T != Q8_0) {
-      for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* seg = grp + b * SEG;
-        const __m256 m = T == Q4_1 ? halves(seg + 16) : _mm256_mul_ps(halves(seg), _mm256_set1_ps(-8.0f));
-        off = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r].sum[b]), off);
-      }
+    if constexpr (R > 1 && T != Q8_0) {
+      off = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; b++) off = _mm256_fmadd_ps(offsets<T>(grp + b * SEG), _mm256_set1_ps(sx[r].sum[b]), off);
     }
     _mm256_storeu_ps(out + r * ldo, _mm256_add_ps(acc[r], off));
   }
@@ -146,7 +105,7 @@ PQ_AVX2 inline void dot_group_rows(const uint8_t* grp, const SplitX* sx, int64_t
 // Group `grp` decoded to float32 w = q d + m into wt[k * ld + 0..8) for k < K (ld = 16: two groups side by side).
 template <int64_t T>
 PQ_AVX2 inline void decode_group(const uint8_t* grp, int64_t nb, float* wt, int64_t ld) {
-  constexpr int BYTES = block_bytes<T>(), SEG = 8 * BYTES, HDR = header_bytes<T>();
+  constexpr int BYTES = layout_of(T).bytes, SEG = 8 * BYTES, HDR = header_bytes<T>();
   const __m256i low16 = _mm256_set1_epi32(0xffff);
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* seg = grp + b * SEG;
@@ -161,7 +120,7 @@ PQ_AVX2 inline void decode_group(const uint8_t* grp, int64_t nb, float* wt, int6
         _mm256_storeu_ps(w + (2 * j + 1) * ld, _mm256_mul_ps(_mm256_cvtepi32_ps(odd), d));
       }
     } else {
-      const __m256 m = T == Q4_1 ? halves(seg + 16) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));  // (q - 8) d = q d - 8 d
+      const __m256 m = offsets<T>(seg);
       const __m256i low4 = _mm256_set1_epi16(0xf);
       for (int j = 0; j < 8; j++) {
         const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * j)));

@@ -157,7 +157,7 @@ PQ_AVX2 inline void block_dot(const uint8_t* blk, const SplitX& sx, int64_t b, _
 // separate chains, so the accumulator's FMA latency is paid once per two blocks.
 template <int64_t T>
 PQ_AVX2 inline float dot_row_m1(const uint8_t* row, const SplitX& sx, int64_t nb) {
-  constexpr int BYTES = T == Q4_0 ? 18 : T == Q4_1 ? 20 : 34;
+  constexpr int BYTES = layout_of(T).bytes;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   float off0 = 0.0f, off1 = 0.0f;
   int64_t b = 0;
@@ -172,7 +172,7 @@ PQ_AVX2 inline float dot_row_m1(const uint8_t* row, const SplitX& sx, int64_t nb
 // Rows [n0, n0 + rows) of a weight of type T (row_bytes each) decoded into y[rows][K]: w = q d + m.
 template <int64_t T>
 PQ_AVX2 inline void dequant_rows_t(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t K, float* y) {
-  constexpr int BYTES = T == Q4_0 ? 18 : T == Q4_1 ? 20 : 34;
+  constexpr int BYTES = layout_of(T).bytes;
   for (int64_t r = 0; r < rows; r++) {
     const uint8_t* row = w + r * row_bytes;
     float* yr = y + r * K;
