@@ -139,17 +139,22 @@ def simulate(
     loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
     pending = sorted(trace)
     records = [RequestRecord(i, r.prompt_tokens, r.arrival_s) for i, r in enumerate(pending)]
-    cap = in_flight or len(pending)
     i = 0  # requests sent to the server so far, in arrival order
+    sent: list[RequestRecord] = []  # with a client cap: the sent requests not yet seen to end
 
-    def at_server() -> int:
-        return sum(1 for r in records[:i] if r.end is None and r.error is None)
+    def room() -> bool:
+        if in_flight is None:
+            return True
+        sent[:] = [r for r in sent if r.end is None and r.error is None]  # at most in_flight long
+        return len(sent) < in_flight
 
     while i < len(pending) or loop.busy:
         if not loop.busy and clock.now < pending[i].arrival_s:
             clock.now = pending[i].arrival_s  # idle until the next arrival
-        while i < len(pending) and pending[i].arrival_s <= clock.now and at_server() < cap:
+        while i < len(pending) and pending[i].arrival_s <= clock.now and room():
             loop.add(_request(pending[i], records[i], spec, clock.now))
+            if in_flight is not None:
+                sent.append(records[i])
             i += 1
         loop.step()
     wall = max((r.end or 0.0) for r in records) if records else 0.0
