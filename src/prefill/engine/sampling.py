@@ -93,6 +93,9 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     for r, p in enumerate(params):
         if p.logit_bias:
             logits[r : r + 1] = apply_logit_bias(logits[r : r + 1], p.logit_bias)
+    greedy_cpu = logits.device.type == "cpu" and all(p.greedy for p in params)
+    if greedy_cpu and (picked := _greedy_cpu(logits)) is not None:
+        return picked
     logits = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))  # NaN never wins
     ok = (logits > float("-inf")).any(dim=-1)  # [R]
     posinf = logits == float("inf")  # [R, vocab]: a sure pick among them (softmax of inf is NaN)
@@ -110,6 +113,18 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     noise = torch.stack([_gumbel(x.shape[-1], generators[r]) for r in hot]).to(x.device)  # [H, vocab]
     drawn = torch.where(sure[idx], best[idx], (x + noise).argmax(-1))
     return best.index_copy(0, idx, drawn), ok
+
+
+def _greedy_cpu(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Greedy rows in one pass over float32 logits [R, vocab] on the CPU (where reading a value waits for
+    nothing): argmax propagates NaN, so a row whose pick is not NaN holds none, and its pick is the greedy choice
+    (the first +inf if any, which sample_rows' full path also picks); a pick of -inf means every token is banned.
+    None when a pick is NaN: the full path then sets NaN aside (a decode step's 8 passes over the vocabulary)."""
+    best = logits.argmax(-1)  # [R]
+    value = logits.gather(-1, best[:, None])[:, 0]  # [R]
+    if bool(value.isnan().any()):
+        return None
+    return best, value > float("-inf")
 
 
 def _cut(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
