@@ -5,11 +5,14 @@ Prefill: a fresh request's forward (its own blocks of a KV pool allocated once, 
 the warm-up) at every P. Decode: one step of B rows, each row with S tokens of its own context (prefilled for
 real; each row cut back to S after every step). Every workload is timed once per round, in turn, for --repeats
 rounds after one untimed call of each, and its median taken: this machine's speed drifts over minutes, and
-measuring each workload's repeats back to back biased the ones measured in a slow minute. The fit uses a
+measuring each workload's repeats back to back biased the ones measured in a slow minute. For the same reason
+the quick probe (its few seconds of GEMMs, attention, bandwidth and overhead) runs again in every round, and the
+prediction reads the median of its rounds (saved as this machine's probe): a probe of other minutes than the
+measurements predicts the machine of those minutes (--cached-probe does that, to show it). The fit uses a
 subset of the points (marked); the others are held out. The fitted profile is saved for this machine, dtype
 and model, so `prefill run` and `prefill bench` then predict with it.
 
-    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--fresh-probe] [--out FILE]
+    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--cached-probe] [--out FILE]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,6 +69,32 @@ def decode_workloads(engine: Engine, contexts: tuple[int, ...]) -> dict:
             engine.prefill(spread_ids(S, engine.spec.vocab_size, offset=b * S).to(engine.device), seq, chunk_size=1024)
         out.update({(B, S): decode_once(engine, seqs[:B], S) for B in BATCHES})
     return out
+
+
+def probe_once(engine: Engine, entries: list[dict]) -> Callable[[], float]:
+    """A callable that runs the quick probe once (appending its measurements to `entries`) and returns its
+    seconds: a workload of the interleaved rounds like the others."""
+    from prefill.machine.profiles import measure_entry
+
+    def once() -> float:
+        t = time.perf_counter()
+        entries.append(measure_entry(engine.spec, engine.dtype_name, str(engine.device), qtypes=engine.weight_types()))
+        return time.perf_counter() - t
+
+    return once
+
+
+def rounds_profile(engine: Engine, entries: list[dict], save: bool):
+    """The profile of the rounds' probes (point-wise medians), saved as this machine's quick probe with `save`."""
+    from prefill.machine.entries import median_entry
+    from prefill.machine.profiles import profile_of, save_probe
+
+    entry = median_entry(entries)
+    entry["measured"] = f"{time.strftime('%Y-%m-%d %H:%M')} (median of {len(entries)}, one in each round)"
+    if save:
+        save_probe(entry, engine.dtype_name, str(engine.device))
+    print(f"quick probe: the median of {len(entries)} probes, one in each round of the measurements")
+    return profile_of(entry, engine.spec, engine.dtype_name, str(engine.device), engine.weight_types())
 
 
 def samples_of(prefills: dict[int, float], decodes: list[tuple[int, int, float]]) -> list[tuple[Sample, bool]]:
@@ -133,6 +163,12 @@ def summary(rows: list[dict]) -> str:
     )
 
 
+def held_out_worst(rows: list[dict], key: str) -> float:
+    """The largest |error| over the points the fit did not use (over all points when it used every one)."""
+    held = [r for r in rows if not r["fit_point"]] or rows
+    return max(abs(r[key]) for r in held)
+
+
 def profile_line(name: str, p) -> str:
     return (
         f"{name}: GEMM x {p.gemm_efficiency:.3f}, attention x {p.attention_efficiency:.3f}, bandwidth "
@@ -149,23 +185,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="decode contexts S")
     ap.add_argument("--no-save", action="store_true", help="do not save the fitted profile")
     ap.add_argument(
-        "--fresh-probe", action="store_true", help="probe again now, as calibrate (default: the cached quick probe)"
+        "--weights", default="float32", help="float32 (the default) or native: the GGUF's blocks, as `prefill serve`"
+    )
+    ap.add_argument(
+        "--cached-probe",
+        action="store_true",
+        help="predict from the machine's cached quick probe (default: the quick probe run again in every round)",
     )
     ap.add_argument("--out", default="bench-results/predict.json")
     args = ap.parse_args(argv)
     lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
-    engine = Engine.load(None, dtype="float32", weights="float32", threads=args.threads, progress=False)
+    engine = Engine.load(None, dtype="float32", weights=args.weights, threads=args.threads, progress=False)
     engine.warmup()
-    if args.fresh_probe:  # a few seconds of probing: one slow second on a shared machine skews a whole curve
-        from prefill.machine.profiles import probe_profile
-
-        probe_profile(engine.spec, engine.dtype_name, str(engine.device), refresh=True, echo=print)
-    quick = engine.profile(fitted=False, echo=print)
+    cached = engine.profile(fitted=False, echo=print)
     load = os.getloadavg()[0]
     pool = engine.new_pool(max(lengths) + 8)
     workloads = {("prefill", P): prefill_once(engine, P, pool) for P in lengths}
     workloads |= {("decode", *key): once for key, once in decode_workloads(engine, contexts).items()}
+    probes: list[dict] = []
+    if not args.cached_probe:
+        workloads[("probe",)] = probe_once(engine, probes)
     medians = interleaved_medians(workloads, args.repeats)
+    quick = cached if args.cached_probe else rounds_profile(engine, probes[1:], save=not args.no_save)
     prefills = {key[1]: s for key, s in medians.items() if key[0] == "prefill"}
     decodes = [(B, S, s) for (kind, *rest), s in medians.items() if kind == "decode" for B, S in [rest]]
     samples = samples_of(prefills, decodes)
@@ -177,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     print(profile_line("quick probe", quick))
     print(profile_line("fitted", fit.profile))
     cold = engine.predict_prefill(16, profile=quick).seconds
+    print(profile_line("cached probe (not used)" if not args.cached_probe else "cached probe", cached))
     print(
         f"cold (first prefill after load, P = 16): measured {engine.cold_prefill_s * 1e3:.1f} ms beside the warm "
         f"prediction {cold * 1e3:.1f} ms; never mixed into the warm figures above"
@@ -184,11 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at the start {load:.2f}, at the end {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     h200 = catalog_rows(load_result(Path(__file__).resolve().parents[1] / "docs" / "gpu-h200.json"))
     Console(width=140).print(catalog_table(h200))
-    if not args.no_save:
+    better = held_out_worst(rows, "fitted_error") < held_out_worst(rows, "quick_error")
+    if not args.no_save and better:  # kept per weights: a fit of the block kernels is not the dense one's
         from prefill.machine.profiles import save_fitted
 
-        save_fitted(engine.spec, fit.profile, str(engine.device))
+        save_fitted(engine.spec, fit.profile, str(engine.device), qtypes=engine.weight_types())
         print("saved the fitted profile: `prefill run` and `prefill bench` now predict with it on this machine")
+    elif not better:
+        print("the fit predicts the held-out points worse than the quick probe: not saved")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

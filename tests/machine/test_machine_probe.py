@@ -8,7 +8,7 @@ import pytest
 
 from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.specs import PRESETS
-from prefill.machine import probe, profiles
+from prefill.machine import entries, probe, profiles
 from prefill.machine.probe import measure_copy_bandwidth, measure_gemm_rate
 
 SMOLLM2 = PRESETS["smollm2-135m"]
@@ -105,10 +105,15 @@ def test_a_saved_fit_replaces_the_quick_probe_for_that_model(tmp_path, monkeypat
     fake_probe(monkeypatch, [])
     quick = profiles.profile_for(SMOLLM2, "float32", threads=1)
     fitted = quick.with_fit(
-        gemm_efficiency=0.9, op_overhead_s=3e-6, step_overhead_s=1e-3, kind="fitted", source="fitted to 7 measurements"
+        gemm_efficiency=0.9, op_overhead_s=3e-6, step_overhead_s=1e-3, kind="fitted", source=f"fit ({quick.source})"
     )
     profiles.save_fitted(SMOLLM2, fitted, threads=1)
     assert profiles.profile_for(SMOLLM2, "float32", threads=1) == fitted
+    entry = profiles.measure_entry(SMOLLM2, "float32", threads=1)  # a later probe, the fit applied on it
+    entry["measured"] = "later"
+    later = profiles.profile_of(entry, SMOLLM2, "float32", fitted=True, threads=1)
+    assert later.gemm_efficiency == 0.9 and later.source.startswith("quick probe of later")
+    assert "with the fit of" in later.source
     assert profiles.profile_for(SMOLLM2, "float32", threads=1, fitted=False) == quick
     assert profiles.profile_for(PRESETS["llama-3-8b"], "float32", threads=1).kind == "probe"  # another model
 
@@ -166,13 +171,13 @@ def test_gemm_rates_read_the_curve_at_the_probe_m(tmp_path, monkeypatch):
 def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
     # Another process on the second core: every parallel GEMM waits a scheduler slice (~16 ms) for its thread.
     stalled = {"gemm": {"576x960": [[1, 4.0e9], [2, 0.1e9], [4, 0.3e9]]}, "bandwidth_bytes_per_s": 12e9}
-    assert "ran 40x slower per FLOP than of one row" in profiles.implausible(stalled)
+    assert "ran 40x slower per FLOP than of one row" in entries.implausible(stalled)
     one_row = {"gemm": {"576x3072:Q4_1": [[1, 0.3e9], [2, 0.9e9], [4, 25.8e9]]}}  # seen: M = 1 timed mid-stall
-    assert "GEMM of one row at K=576, N=3072 ran 22x slower per weight read than of 4 rows" in profiles.implausible(
+    assert "GEMM of one row at K=576, N=3072 ran 22x slower per weight read than of 4 rows" in entries.implausible(
         one_row
     )
-    assert profiles.implausible({"gemm": {"576x960": [[1, 5.5e9], [2, 11e9], [4, 20.5e9], [64, 81.6e9]]}}) is None
-    assert "cache slower than memory" in profiles.implausible(
+    assert entries.implausible({"gemm": {"576x960": [[1, 5.5e9], [2, 11e9], [4, 20.5e9], [64, 81.6e9]]}}) is None
+    assert "cache slower than memory" in entries.implausible(
         {"bandwidth_bytes_per_s": 12e9, "cache_bandwidth_bytes_per_s": 0.6e9}
     )
     monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
@@ -181,10 +186,48 @@ def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
     profiles.profile_for(SMOLLM2, "float32", threads=1, echo=notes.append)
     assert (
         len(notes) == 1
-        and profiles.implausible(profiles.read_json(profiles.PROFILE_FILE)[profiles._key("cpu", 1, "float32")]) is None
+        and entries.implausible(profiles.read_json(profiles.PROFILE_FILE)[profiles._key("cpu", 1, "float32")]) is None
     )
     monkeypatch.setattr(
         probe, "gemm_curve", lambda K, N, dtype, device="cpu", budget_s=1.0, Ms=(), qtype=None: ((1, 4e9), (2, 1e8))
     )
     profiles.probe_profile(SMOLLM2, "float32", threads=1, refresh=True, echo=notes.append)
     assert notes[-1].startswith("warning: the probe's GEMM of 2 rows") and "idle machine" in notes[-1]
+
+
+def test_probes_of_several_rounds_merge_point_by_point(tmp_path, monkeypatch):
+    """benchmarks/predict.py and loadtest --predict probe in the minutes they measure, several times, and predict
+    from the point-wise medians: each curve at the sizes every probe reached, each scalar the median."""
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    fake_probe(monkeypatch, [])
+    probes = [profiles.measure_entry(SMOLLM2, "float32", threads=1) for _ in range(3)]
+    assert not (tmp_path / profiles.PROFILE_FILE).exists()  # a benchmark's probe is not the cached one
+    name = next(iter(probes[0]["gemm"]))
+    probes[0]["gemm"][name] = [[1, 1e10], [64, 2e10], [1024, 9e10]]
+    probes[1]["gemm"][name] = [[1, 3e10], [64, 6e10]]  # a slow second: this probe stopped its curve early
+    probes[2]["bandwidth_bytes_per_s"] = 4e9
+    merged = entries.median_entry(probes)
+    assert merged["gemm"][name] == [[1, 1e10], [64, 5e10]]  # medians of (1, 3, 1) and (2, 6, 5)
+    assert merged["bandwidth_bytes_per_s"] == 16e9 and merged["cache_bytes"] == 32 * 2**20
+    assert merged["attention"] == probes[0]["attention"]
+    p = profiles.profile_of(merged, SMOLLM2, "float32")
+    assert p.gemm_rate(64, *map(int, name.split("x"))) == 5e10 and p.bandwidth_bytes_per_s == 16e9
+    profiles.save_probe(merged, "float32", threads=1)  # this machine's probe from now on, measured no more
+    cached = profiles.profile_for(SMOLLM2, "float32", threads=1, echo=pytest.fail)
+    assert cached.gemm == p.gemm and cached.bandwidth_bytes_per_s == 16e9
+
+
+def test_a_fit_of_the_block_kernels_applies_to_them_alone(tmp_path, monkeypatch):
+    """benchmarks/predict.py --weights native fits the engine on the GGUF's blocks: that fit applies to the
+    profile of those kernels (the server's, loadtest --predict's), never to the dense weights', nor theirs to it."""
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    fake_probe(monkeypatch, [])
+    q4 = {"576x3072": "Q4_1", "576x49152": "Q8_0"}
+    dense = profiles.profile_for(SMOLLM2, "float32", threads=1)
+    blocks = profiles.profile_for(SMOLLM2, "float32", threads=1, qtypes=q4)
+    profiles.save_fitted(SMOLLM2, blocks.with_fit(gemm_efficiency=0.8, kind="fitted"), threads=1, qtypes=q4)
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1, qtypes=q4).gemm_efficiency == 0.8
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1) == dense
+    profiles.save_fitted(SMOLLM2, dense.with_fit(gemm_efficiency=0.5, kind="fitted"), threads=1)
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1, qtypes=q4).gemm_efficiency == 0.8
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1).gemm_efficiency == 0.5

@@ -4,6 +4,8 @@ per machine, torch version, thread count and dtype, and replaced by a fitted one
     model_shapes(spec)                    the (K, N) of every GEMM the model runs
     profile_for(spec, dtype, device)      the fitted profile if one is saved, else the quick probe's
     probe_profile(spec, dtype, device)    the quick probe's: from this process, the disk cache, or measured now
+    measure_entry(spec, dtype, device)    one fresh probe's measurements, not cached (a benchmark runs several)
+    profile_of(entry, spec, dtype)        the profile of an entry (one probe's, or entries.median_entry of several)
     gemm_rates(device, shape, dtypes)     FLOP/s per dtype at one shape (what --dtype auto reads)
     save_fitted(spec, profile)            remember a fitted profile for this machine, dtype and model
     this_cpu()                            this machine as a Hardware entry (the calculator's `--hardware cpu`)
@@ -22,6 +24,7 @@ from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
 from prefill.machine import probe
 from prefill.machine.cache import machine_key, read_json, write_json
+from prefill.machine.entries import curve_points, implausible
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
 PROBE_VERSION = 6  # entries of another version are measured again (2: GEMMs on the engine's own path; 3: one
@@ -95,8 +98,8 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
     curves, measured, qtypes = entry.setdefault("gemm", {}), False, qtypes or {}
     for K, N in shapes:
         if (name := _gemm_key(K, N, qtypes)) not in curves:
-            points = probe.gemm_curve(K, N, dtype, device, qtype=qtypes.get(shape_key(K, N)))
-            curves[name], measured = [list(p) for p in points], True
+            curve = probe.gemm_curve(K, N, dtype, device, qtype=qtypes.get(shape_key(K, N)))
+            curves[name], measured = [list(p) for p in curve], True
     if spec is None:
         return measured
     attention = entry.setdefault("attention", {})
@@ -164,31 +167,37 @@ def probe_profile(
     return profile
 
 
-def implausible(entry: dict) -> str | None:
-    """What in a probe's measurements no idle machine produces (other processes took the cores meanwhile: a
-    parallel kernel then waits a whole scheduler slice for its second thread), or None. A GEMM at a few rows is
-    never much slower per FLOP than at one row, nor, reading the same weights for M times the FLOPs, more than
-    M times faster; and the cache is never slower than memory."""
-    for name, points in entry.get("gemm", {}).items():
-        rates = dict((int(m), float(r)) for m, r in points)
-        K, N = name.split(":")[0].split("x")
-        slow = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r < 0.5 * rates[1]]
-        if slow:
-            return (
-                f"the probe's GEMM of {slow[0]} rows at K={K}, N={N} ran {rates[1] / rates[slow[0]]:.0f}x slower per "
-                "FLOP than of one row: other processes were using the cores"
-            )
-        stalled = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r > 2 * m * rates[1]]
-        if stalled:
-            m = stalled[0]
-            return (
-                f"the probe's GEMM of one row at K={K}, N={N} ran {rates[m] / rates[1] / m:.0f}x slower per weight "
-                f"read than of {m} rows: other processes were using the cores"
-            )
-    cache, memory = entry.get("cache_bandwidth_bytes_per_s"), entry.get("bandwidth_bytes_per_s")
-    if cache and memory and cache < memory:
-        return "the probe measured the cache slower than memory: other processes were using the cores"
-    return None
+def measure_entry(
+    spec: ModelSpec, dtype: str, device: str = "cpu", threads: int | None = None, qtypes: dict[str, str] | None = None
+) -> dict:
+    """One fresh probe's measurements for `spec` (the quick probe's few seconds), not cached: a benchmark probes
+    in every round of its own measurements, so the probe sees the same minutes of a drifting machine."""
+    entry: dict = {}
+    with _Threads(threads):
+        _measure_missing(entry, spec, model_shapes(spec), canonical_dtype(dtype), device, qtypes or {})
+    return entry
+
+
+def profile_of(
+    entry: dict,
+    spec: ModelSpec,
+    dtype: str,
+    device: str = "cpu",
+    qtypes: dict[str, str] | None = None,
+    fitted: bool = False,
+    threads: int | None = None,
+) -> MachineProfile:
+    """The profile of a probe's `entry` (measure_entry's, or their median_entry) for `spec`, taken with `threads`
+    (default: torch's), with the saved fit applied as profile_for applies it when `fitted`."""
+    n_threads = None if device.startswith("cuda") else threads or _torch_threads()
+    profile = _build(entry, spec, model_shapes(spec), canonical_dtype(dtype), device, n_threads, qtypes or {})
+    return _with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
+
+
+def save_probe(entry: dict, dtype: str, device: str = "cpu", threads: int | None = None) -> None:
+    """Cache `entry` as this machine's quick probe for `dtype` (the next probe_profile in any process reads it)."""
+    _MEMO.clear()
+    _store(_key(device, threads, dtype), dict(entry))
 
 
 @functools.cache
@@ -218,10 +227,10 @@ def _valid(entry) -> dict:
     try:
         if not isinstance(entry.get("gemm", {}), dict) or not isinstance(entry.get("attention", {}), dict):
             return {}
-        for points in entry.get("gemm", {}).values():
-            _points(points)
+        for rows in entry.get("gemm", {}).values():
+            curve_points(rows)
         for curves in entry.get("attention", {}).values():
-            _points(curves["prefill"]), _points(curves["decode"])
+            curve_points(curves["prefill"]), curve_points(curves["decode"])
         return entry
     except (AttributeError, KeyError, TypeError, ValueError):
         return {}
@@ -235,12 +244,8 @@ def _has(entry: dict, spec: ModelSpec, shapes, qtypes: dict[str, str]) -> bool:
     )
 
 
-def _points(rows: list) -> tuple[tuple[int, float], ...]:
-    return tuple((int(n), float(r)) for n, r in rows)
-
-
 def _curve(entry: dict, K: int, N: int, qtypes: dict[str, str]) -> GemmCurve:
-    return GemmCurve(K, N, _points(entry["gemm"][_gemm_key(K, N, qtypes)]))
+    return GemmCurve(K, N, curve_points(entry["gemm"][_gemm_key(K, N, qtypes)]))
 
 
 def _build(
@@ -258,8 +263,8 @@ def _build(
         op_overhead_s=entry["op_overhead_s"],
         source=f"quick probe of {entry.get('measured', 'this machine')} at {spec.name}'s shapes",
         gemm=curves,
-        attention=_points(entry["attention"][_heads(spec)]["prefill"]),
-        attention_decode=_points(entry["attention"][_heads(spec)]["decode"]),
+        attention=curve_points(entry["attention"][_heads(spec)]["prefill"]),
+        attention_decode=curve_points(entry["attention"][_heads(spec)]["decode"]),
         cache_bytes=entry.get("cache_bytes", 0),
         cache_bandwidth_bytes_per_s=entry.get("cache_bandwidth_bytes_per_s"),
         overlap_launches=cuda,
@@ -277,21 +282,44 @@ def profile_for(
     qtypes: dict[str, str] | None = None,
 ) -> MachineProfile:
     """The profile predictions use: the quick probe's (`qtypes` as probe_profile), with the parameters a benchmark
-    fitted for this machine, dtype and model applied when there are some (and `fitted`; dense weights only)."""
+    fitted for this machine, dtype, model and weights applied when there are some (and `fitted`)."""
     profile = probe_profile(spec, dtype, device, threads, echo=echo, qtypes=qtypes)
-    fitted = fitted and not qtypes  # a fit of dense weights says nothing of the block kernels
-    saved = read_json(FITTED_FILE).get(f"{_key(device, threads, dtype)}|{spec.name}") if fitted else None
+    return _with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
+
+
+def _fit_key(spec: ModelSpec, device: str, threads: int | None, dtype: str, qtypes: dict[str, str]) -> str:
+    """A fit's name: machine, dtype, model, and the weights' GGUF types where blocks are kept (a fit of the
+    dense weights says nothing of the block kernels, nor the other way round)."""
+    blocks = f"|{','.join(sorted(set(qtypes.values())))}" if qtypes else ""
+    return f"{_key(device, threads, dtype)}|{spec.name}{blocks}"
+
+
+def _with_fit(
+    profile: MachineProfile, spec: ModelSpec, device: str, threads: int | None, qtypes: dict[str, str]
+) -> MachineProfile:
+    """`profile` with the parameters a benchmark fitted for this machine, its dtype, `spec` and weights, if any."""
+    saved = read_json(FITTED_FILE).get(_fit_key(spec, device, threads, profile.dtype, qtypes))
     if not saved or not current(saved):  # a fit of another probe's curves, or of other kernels, does not apply
         return profile
-    return profile.with_fit(**{k: saved[k] for k in FITTED_FIELDS if k in saved})
+    fitted = profile.with_fit(**{k: saved[k] for k in FITTED_FIELDS if k in saved})
+    if saved.get("source", "").endswith(f"({profile.source})"):
+        return fitted  # the probe it was fitted on
+    return fitted.with_fit(source=f"{profile.source}, with the fit of {saved.get('saved', 'a benchmark')}")
 
 
-def save_fitted(spec: ModelSpec, profile: MachineProfile, device: str = "cpu", threads: int | None = None) -> None:
-    """Remember `profile`'s fitted parameters for this machine, its dtype and `spec` (profile_for applies them)."""
+def save_fitted(
+    spec: ModelSpec,
+    profile: MachineProfile,
+    device: str = "cpu",
+    threads: int | None = None,
+    qtypes: dict[str, str] | None = None,
+) -> None:
+    """Remember `profile`'s fitted parameters for this machine, its dtype, `spec` and weights (`qtypes` as
+    probe_profile's; profile_for applies them)."""
     data = read_json(FITTED_FILE)
     row = {k: getattr(profile, k) for k in FITTED_FIELDS}
     saved = {**row, "saved": time.strftime("%Y-%m-%d %H:%M"), "version": PROBE_VERSION, "kernels": kernels()}
-    data[f"{_key(device, threads, profile.dtype)}|{spec.name}"] = saved
+    data[_fit_key(spec, device, threads, profile.dtype, qtypes or {})] = saved
     write_json(FITTED_FILE, data)
 
 

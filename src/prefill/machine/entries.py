@@ -1,0 +1,61 @@
+"""A probe's measurements (an "entry": GEMM curves, attention curves, bandwidth, overhead) as plain data: checked
+for what no idle machine produces, and merged point by point over several probes.
+
+    implausible(entry)        what in it no idle machine produces (other processes took the cores), or None
+    median_entry(entries)     the point-wise medians of several probes' entries
+    curve_points(rows)        a curve's [[size, rate], ...] as a tuple of (int, float)
+"""
+
+from __future__ import annotations
+
+import statistics
+
+
+def curve_points(rows: list) -> tuple[tuple[int, float], ...]:
+    return tuple((int(n), float(r)) for n, r in rows)
+
+
+def median_entry(entries: list[dict]) -> dict:
+    """The point-wise median of several probes' entries: each curve at the sizes every probe reached (a probe
+    in a slow second stops its curve earlier), each scalar the median of its values."""
+
+    def curve(lists: list) -> list:
+        rates = [dict(curve_points(rows)) for rows in lists]
+        sizes = sorted(set.intersection(*(set(r) for r in rates)))
+        return [[n, statistics.median(r[n] for r in rates)] for n in sizes]
+
+    first = entries[0]
+    out = {k: statistics.median(e[k] for e in entries) for k, v in first.items() if isinstance(v, int | float)}
+    out["gemm"] = {name: curve([e["gemm"][name] for e in entries]) for name in first["gemm"]}
+    out["attention"] = {
+        heads: {part: curve([e["attention"][heads][part] for e in entries]) for part in ("prefill", "decode")}
+        for heads in first["attention"]
+    }
+    return out
+
+
+def implausible(entry: dict) -> str | None:
+    """What in a probe's measurements no idle machine produces (other processes took the cores meanwhile: a
+    parallel kernel then waits a whole scheduler slice for its second thread), or None. A GEMM at a few rows is
+    never much slower per FLOP than at one row, nor, reading the same weights for M times the FLOPs, more than
+    M times faster; and the cache is never slower than memory."""
+    for name, points in entry.get("gemm", {}).items():
+        rates = dict((int(m), float(r)) for m, r in points)
+        K, N = name.split(":")[0].split("x")
+        slow = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r < 0.5 * rates[1]]
+        if slow:
+            return (
+                f"the probe's GEMM of {slow[0]} rows at K={K}, N={N} ran {rates[1] / rates[slow[0]]:.0f}x slower per "
+                "FLOP than of one row: other processes were using the cores"
+            )
+        stalled = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r > 2 * m * rates[1]]
+        if stalled:
+            m = stalled[0]
+            return (
+                f"the probe's GEMM of one row at K={K}, N={N} ran {rates[m] / rates[1] / m:.0f}x slower per weight "
+                f"read than of {m} rows: other processes were using the cores"
+            )
+    cache, memory = entry.get("cache_bandwidth_bytes_per_s"), entry.get("bandwidth_bytes_per_s")
+    if cache and memory and cache < memory:
+        return "the probe measured the cache slower than memory: other processes were using the cores"
+    return None
