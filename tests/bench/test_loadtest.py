@@ -200,3 +200,42 @@ def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
     )
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error:") and "Traceback" not in r.stderr
+
+
+def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path, monkeypatch):
+    """--predict simulates the trace on a profile of the minutes the load ran in (a probe before it, one after:
+    this machine's speed drifts over minutes, and a probe of other minutes predicted the wrong machine), with
+    the step loop's own work per step measured and the server's timed on one request alone, and prints each
+    percentile beside its prediction."""
+    from typer.testing import CliRunner
+
+    from prefill.bench import loadtest as loadtest_module
+    from prefill.cli.main import app
+    from prefill.machine import probe
+
+    events = []
+    monkeypatch.setattr(probe, "gemm_curve", lambda K, N, *a, **kw: events.append("probe") or ((1, 1e9), (64, 4e10)))
+    monkeypatch.setattr(probe, "attention_curves", lambda *a, **kw: (((16, 1e9), (1024, 4e10)), ((64, 2e9),)))
+    monkeypatch.setattr(probe, "measure_bandwidth", lambda device="cpu": 10e9)
+    monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu": 2e-6)
+    monkeypatch.setattr(probe, "measure_cache_bandwidth", lambda device="cpu": 50e9)
+    real_run = loadtest_module.run_load_test
+
+    async def run(cfg):
+        events.append("load")
+        return await real_run(cfg)
+
+    monkeypatch.setattr(loadtest_module, "run_load_test", run)
+    args = ["loadtest", "--requests", "3", "--rate", "20", "--prompt-len", "5", "--max-tokens", "4", "--predict"]
+    with BackgroundServer(scripted_app()) as url:
+        files = ["--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")]
+        result = CliRunner().invoke(app, [*args, "--url", url, *files])
+    assert result.exit_code == 0, result.output
+    runs = [e for i, e in enumerate(events) if e == "load" or i == 0 or events[i - 1] != e]
+    assert runs[-4:] == ["probe", "load", "load", "probe"], events  # probe, one request alone, the load, probe
+    text = " ".join(result.output.split())  # rich wraps lines at the runner's 80 columns
+    assert "(2 probes around it)" in text and "the step loop's own work" in text
+    assert "timed on one request alone" in text
+    assert "measured vs predicted" in text and "TTFT" in text
+    saved = json.loads((tmp_path / "r.json").read_text())["predicted"]
+    assert saved["summary"]["successful"] == 3 and len(saved["loop_s"]) == 2 and saved["serving_s"] >= 0

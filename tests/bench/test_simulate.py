@@ -143,3 +143,19 @@ def test_a_cpu_server_on_native_blocks_is_simulated_with_their_kernels(monkeypat
     assert asked["qtypes"] == engine.weight_types()  # e.g. {"576x960": "Q4_1", ..., "576x49152": "Q8_0"}
     assert layouts[0].fused_below == (engine.layout().fused_below if ops.available() else 0)
     assert layouts[0].weight_bytes == engine.layout().weight_bytes
+
+
+def test_the_step_loops_own_work_is_measured_and_added_to_each_step(monkeypatch):
+    """A server's step is its forward and the loop's own work (scheduling, sampling R rows of the vocabulary,
+    detokenizing): measured on the real StepLoop with a runner that computes nothing, added as a + b R."""
+    from prefill.bench import simulate as sim_module
+    from prefill.bench.loop_overhead import loop_overhead
+    from prefill.costmodel.ops import Row
+    from prefill.loading.resolve import default_model_path
+
+    spec = load_spec(default_model_path())
+    a, b = loop_overhead(spec, None, rows=(1, 4), steps=6)  # raises unless it decoded 1, then 4, rows a step
+    assert a >= 0 and b >= 0 and a + b > 0
+    monkeypatch.setattr(sim_module, "time_model_steps", lambda spec, profile, layout: lambda rows: 0.01 * len(rows))
+    server = sim_module.ServerModel(spec, None, None, 1024, "", None, (1e-3, 2e-4))
+    assert server.steps()([Row(1, 10)] * 4) == pytest.approx(0.04 + 1e-3 + 4 * 2e-4)

@@ -14,6 +14,7 @@ the server's worker admits them. The K/V pool lives on torch's meta device: its 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -84,8 +85,9 @@ class SimRunner:
 
     VOCAB = 2  # logits [R, 2]: token 1 wins
 
-    def __init__(self, spec: ModelSpec, step_seconds: StepSeconds, clock: SimClock, model=None) -> None:
+    def __init__(self, spec: ModelSpec, step_seconds: StepSeconds, clock: SimClock, model=None, logits=None) -> None:
         self.spec, self.step_seconds, self.clock, self.model_runner = spec, step_seconds, clock, model
+        self.logits = logits  # a tensor [R_max, vocab] to return (its first R rows) instead of the 2-token ones
         self.steps: list[list[tuple[int, int]]] = []  # each forward's rows: (new tokens, past)
 
     def run(self, rows: list[tuple[SeqKV, list[int]]], output: str = "last") -> torch.Tensor:
@@ -100,6 +102,8 @@ class SimRunner:
             seq.reserve(seq.length + len(ids))
             seq.length += len(ids)
             seq.trim()
+        if self.logits is not None:
+            return self.logits[: len(rows)]  # [R, vocab]
         return torch.tensor([[0.0, 1.0]]).expand(len(rows), self.VOCAB)
 
     def sync(self) -> None:
@@ -193,22 +197,71 @@ def time_model_steps(spec: ModelSpec, profile, layout) -> StepSeconds:
     return step_seconds
 
 
-def simulate_server(
+@dataclass
+class ServerModel:
+    """What a simulation of a server needs, resolved once: the model's spec, the machine profile and the layout
+    its engine runs, the KV pool's tokens, the step loop's own seconds per step beyond the forward (a + b R for
+    R rows: scheduling, sampling, detokenizing; zero unless measured), the serving process's beyond that (HTTP,
+    the event loop; zero unless measured) and, on a CPU, how to probe it again."""
+
+    spec: ModelSpec
+    profile: object  # MachineProfile
+    layout: object  # Layout
+    tokens: int
+    label: str  # "(float32, weights Q4_1, KV pool 43,690 tokens)"
+    qtypes: dict | None = None  # on a CPU: "KxN" -> GGUF type of the weights kept as blocks; None elsewhere
+    loop_s: tuple[float, float] = (0.0, 0.0)
+    serving_s: float = 0.0  # the server's own seconds per step beyond both (loop_overhead.serving_overhead)
+
+    @property
+    def name(self) -> str:
+        return f"{self.spec.name} on {self.profile.name} {self.label}"
+
+    def probe(self) -> dict:
+        """One fresh quick probe of this machine at the model's shapes and kernels (a few seconds): a load test
+        probes before and after its run, so the prediction sees the minutes it ran in."""
+        from prefill.machine.profiles import measure_entry
+
+        if self.qtypes is None:
+            raise BadInput("only this machine (--hardware cpu) is probed")
+        return measure_entry(self.spec, self.profile.dtype, "cpu", qtypes=self.qtypes)
+
+    def with_probes(self, entries: list[dict]) -> ServerModel:
+        """This model on the profile of `entries` (their point-wise medians; a saved fit applies as before)."""
+        from prefill.machine.entries import median_entry
+        from prefill.machine.profiles import profile_of
+
+        entry = median_entry(entries)
+        entry["measured"] = f"the run's minutes ({len(entries)} probes around it)"
+        profile = profile_of(entry, self.spec, self.profile.dtype, "cpu", self.qtypes, fitted=True)
+        return dataclasses.replace(self, profile=profile)
+
+    def steps(self) -> StepSeconds:
+        """Each step's seconds: the time model's forward, and the loop's own work for its rows."""
+        forward, (a, b), c = time_model_steps(self.spec, self.profile, self.layout), self.loop_s, self.serving_s
+        return lambda rows: forward(rows) + a + b * len(rows) + c
+
+    def with_serving(self, alone) -> ServerModel:
+        """This model with the serving process's own seconds per step measured on `alone`: a load-test record of
+        one request the server ran alone (loop_overhead.serving_overhead)."""
+        from prefill.bench.loop_overhead import serving_overhead
+
+        return dataclasses.replace(self, serving_s=serving_overhead(self.steps(), alone))
+
+
+def server_model(
     model: str | None,
     hardware: str,
     dtype: str | None,
     weights: str | None,
-    trace: Sequence[SimRequest],
-    chunk_size: int,
-    max_running: int,
     kv_cache_mb: float,
     echo: Callable[[str], None] | None = None,
-    in_flight: int | None = None,
-) -> tuple[SimResult, str]:
-    """simulate() for a model (a preset, a file, or None: the embedded SmolLM2) on `hardware`: "cpu" runs this
-    machine's profile (probed once and cached, prefill.machine.profiles), a catalog GPU its datasheet profile.
-    `weights`: a dtype or GGUF type, "auto" (what `prefill serve` picks here) or None (the dtype). Attention
-    reads K/V in place, as the engine does. Returns the result and a one-line name of what was simulated."""
+) -> ServerModel:
+    """A server of `model` (a preset, a file, or None: the embedded SmolLM2) on `hardware`: "cpu" runs this
+    machine's profile (probed once and cached, prefill.machine.profiles) and measures the step loop's own work
+    per step (prefill.bench.loop_overhead), a catalog GPU its datasheet profile. `weights`: a dtype or GGUF type,
+    "auto" (what `prefill serve` picks here) or None (the dtype). Attention reads K/V in place, as the engine
+    does."""
     from prefill.costmodel import costs, storage, timemodel
     from prefill.costmodel.hardware import get_hardware
     from prefill.costmodel.profile import catalog_profile
@@ -222,11 +275,13 @@ def simulate_server(
     dt = costs.canonical_dtype(dtype or ("float32" if on_cpu else "bfloat16"))
     served = on_cpu and weights is not None and weights.lower() == "auto"  # as `prefill serve` would run it
     weights = _stored_as(weights, model, dt, on_cpu)
+    qtypes, tokenizer = ({} if on_cpu else None), None
     if served and weights in storage.GGUF_BLOCKS:  # the file's own blocks: as the server's engine runs them
         from prefill.engine.llm import Engine
 
         engine = Engine.load(model, dtype=dt, weights="native", progress=False)
         profile, layout = engine.profile(echo=echo), engine.layout()  # its kernels' curves, its fused decode
+        qtypes, tokenizer = engine.weight_types(), engine.tokenizer
     else:
         if on_cpu:
             from prefill.machine.profiles import profile_for
@@ -237,9 +292,32 @@ def simulate_server(
         wb = storage.bytes_per_weight(weights) if weights else None
         layout = timemodel.layout_for(dt, wb, gathers_kv=False)
     tokens = int(kv_cache_mb * 2**20 // costs.kv_cache_bytes_for(spec, 1, costs.dtype_bytes(dt)))
-    steps = time_model_steps(spec, profile, layout)
-    result = simulate(spec, trace, steps, tokens, chunk_size, max_running, in_flight=in_flight)
-    return result, f"{spec.name} on {profile.name} ({dt}, weights {weights or dt}, KV pool {tokens:,} tokens)"
+    label = f"({dt}, weights {weights or dt}, KV pool {tokens:,} tokens)"
+    loop_s = (0.0, 0.0)
+    if on_cpu:
+        from prefill.bench.loop_overhead import loop_overhead
+
+        loop_s = loop_overhead(spec, tokenizer)
+    return ServerModel(spec, profile, layout, tokens, label, qtypes, loop_s)
+
+
+def simulate_server(
+    model: str | None,
+    hardware: str,
+    dtype: str | None,
+    weights: str | None,
+    trace: Sequence[SimRequest],
+    chunk_size: int,
+    max_running: int,
+    kv_cache_mb: float,
+    echo: Callable[[str], None] | None = None,
+    in_flight: int | None = None,
+) -> tuple[SimResult, str]:
+    """simulate() of `trace` on server_model(model, hardware, dtype, weights, kv_cache_mb). Returns the result
+    and a one-line name of what was simulated."""
+    server = server_model(model, hardware, dtype, weights, kv_cache_mb, echo)
+    result = simulate(server.spec, trace, server.steps(), server.tokens, chunk_size, max_running, in_flight=in_flight)
+    return result, server.name
 
 
 def _stored_as(weights: str | None, model: str | None, dtype: str, on_cpu: bool) -> str | None:

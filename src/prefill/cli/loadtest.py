@@ -65,24 +65,19 @@ def loadtest(
     prompts = prompt_fields(prompt_len, prompts_file, system_prompt_file)
     cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, **load, **ask, **prompts)
     console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
+    if predict:
+        from prefill.bench.load_prediction import LoadPrediction
+
+        prediction = LoadPrediction.start(predict_model, cfg, note)
     records, wall, model_id = asyncio.run(run_load_test(cfg))
     summary = summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
     save(cfg, model_id, summary, records, out, plot)
     if predict:
-        print_prediction(summary, predicted_summary(records, predict_model, cfg.concurrency))
-
-
-def predicted_summary(records: list, model: str | None, in_flight: int) -> dict:
-    """The same trace simulated on this CPU's profile with `prefill serve`'s defaults (weights auto, chunk 256,
-    32 running, a KV pool of 2 GiB: the default's cap), the client holding at most `in_flight` requests at the
-    server as this load test did (--concurrency: with --rate, the others wait on the client's side)."""
-    from prefill.bench.simulate import simulate_server, trace_of
-
-    trace = trace_of(records)
-    result, name = simulate_server(model, "cpu", None, "auto", trace, 256, 32, 2048.0, echo=note, in_flight=in_flight)
-    console.print(f"predicted: {name}", highlight=False)
-    return summarize(result.records, result.wall_s)
+        predicted = prediction.finish(records, cfg.concurrency, note)
+        console.print(prediction.describe(), highlight=False)
+        print_prediction(summary, predicted)
+        prediction.save(Path(out))
 
 
 def summarize(records: list, wall: float, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
