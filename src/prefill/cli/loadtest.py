@@ -65,19 +65,28 @@ def loadtest(
     prompts = prompt_fields(prompt_len, prompts_file, system_prompt_file)
     cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, **load, **ask, **prompts)
     console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
-    if predict:
-        from prefill.bench.load_prediction import LoadPrediction
-
-        prediction = LoadPrediction.start(predict_model, cfg, note)
+    prediction = start_prediction(predict_model, cfg) if predict else None
     records, wall, model_id = asyncio.run(run_load_test(cfg))
     summary = summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
     save(cfg, model_id, summary, records, out, plot)
-    if predict:
-        predicted = prediction.finish(records, cfg.concurrency, note)
-        console.print(prediction.describe(), highlight=False)
-        print_prediction(summary, predicted)
-        prediction.save(Path(out))
+    if prediction is not None:
+        finish_prediction(prediction, records, summary, cfg.concurrency, Path(out))
+
+
+def start_prediction(model: str | None, cfg):
+    """--predict's measurements before the load (prefill.bench.load_prediction)."""
+    from prefill.bench.load_prediction import LoadPrediction
+
+    return LoadPrediction.start(model, cfg, note)
+
+
+def finish_prediction(prediction, records: list, summary: dict, in_flight: int, out: Path) -> None:
+    """--predict after the load: the simulated trace, each percentile beside the measured one, the JSON report."""
+    predicted = prediction.finish(records, in_flight, note)
+    console.print(prediction.describe(), highlight=False)
+    print_prediction(summary, predicted)
+    prediction.save(out)
 
 
 def summarize(records: list, wall: float, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
