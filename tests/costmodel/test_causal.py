@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from prefill.costmodel.causal import causal_mask, causal_pairs, prefill_matches_sequential
+from prefill.costmodel.causal import causal_blocks, causal_mask, causal_pairs, prefill_matches_sequential
 
 
 def test_causal_pairs_worked_numbers():
@@ -68,3 +68,20 @@ def test_prefill_matches_sequential_on_toy_example():
 def test_prefill_matches_sequential_rejects_wrong_shapes(X, W):
     with pytest.raises(ValueError, match="shape"):
         prefill_matches_sequential(X, W)
+
+
+@pytest.mark.parametrize(("P", "scale"), [(10, 3), (9, 3), (7, 1), (5, 8), (0, 2)])
+def test_scaled_blocks_are_the_mask_seen_in_cells(P, scale):
+    """A long prompt's mask is drawn in cells of scale x scale tokens: '1' where every pair of the cell may attend,
+    '0' where none may, 'd' where some may, as the pair-by-pair mask says."""
+    full, n = causal_mask(P), -(-P // scale)
+    expected = []
+    for I in range(n):
+        row = ""
+        for J in range(n):
+            cell = full[I * scale : (I + 1) * scale, J * scale : (J + 1) * scale]
+            row += "1" if cell.all() else "0" if not cell.any() else "d"
+        expected.append(row)
+    assert causal_blocks(P, scale) == expected
+    with pytest.raises(ValueError):
+        causal_blocks(P, 0)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from prefill.costmodel import costs, roofline
-from prefill.costmodel.causal import causal_pairs
+from prefill.costmodel.causal import causal_blocks, causal_pairs
 from prefill.costmodel.specs import PRESETS
 from prefill.lesson.api import human, roof_points, seed_lines, short_sci
 from prefill.server.app import model_id_of
@@ -138,8 +138,12 @@ def test_mask_rows_and_counts(url):
     assert ok(url, "/api/mask", P=0)["rows"] == []
     big = ok(url, "/api/mask", P=256)
     assert big["allowed"] == causal_pairs(256) and sum(row.count("1") for row in big["rows"]) == causal_pairs(256)
-    refused(get(url, "/api/mask", P=-1), "P must be in [0, 256]")
-    refused(get(url, "/api/mask", P=257), "P must be in [0, 256]")
+    assert big["scale"] == 1 and len(big["rows"]) == 256
+    long = ok(url, "/api/mask", P=1000)  # a long prompt's mask in cells of 4 x 4 tokens, 250 a side
+    assert long["scale"] == 4 and long["rows"] == causal_blocks(1000, 4) and long["allowed"] == causal_pairs(1000)
+    assert long["caption"] == "500,500 pairs for 1,000 tokens, each cell 4 x 4 tokens"
+    refused(get(url, "/api/mask", P=-1), "P must be in [0, 1e+06]")
+    refused(get(url, "/api/mask", P=1_000_001), "P must be in [0, 1e+06]")
 
 
 def test_kv_of_the_loaded_model_and_of_a_preset(url, smollm):

@@ -369,6 +369,21 @@ def test_a_long_prompt_is_drawn_scaled_and_its_attention_is_capped(page):
     sync_api.expect(page.locator("#attn-check")).to_contain_text("up to 64 tokens")
 
 
+def test_a_prompt_of_hundreds_of_tokens_still_gets_its_mask_drawn_scaled(page):
+    """Long prompts are where prefill matters: past 256 tokens the mask is drawn in cells of several tokens
+    (it said "too many to draw")."""
+    page.uncheck("#chat")
+    page.locator("#prompt").fill(" ".join(["the river flows past the old mill"] * 40))  # 280 tokens
+    page.locator("#max-tokens").fill("2")
+    page.click("#prefill-btn")
+    page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    assert page.locator("#token-grid canvas").count() == 1
+    sync_api.expect(page.locator("#token-hover")).to_contain_text("pairs for 280 tokens, each cell 2 x 2 tokens")
+    box = page.locator("#token-grid canvas").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] * 0.1)  # above the diagonal
+    sync_api.expect(page.locator("#token-hover")).to_contain_text("masked: tokens")
+
+
 LABELS_JS = """async () => {
   const { annotate } = await import("/static/js/labels.js");
   const canvas = Object.assign(document.createElement("canvas"), { width: 300, height: 200 });

@@ -23,6 +23,19 @@ def causal_mask(P: int) -> np.ndarray:
     return np.tril(np.ones((_prompt_length(P), P), dtype=bool))  # [P, P]
 
 
+def causal_blocks(P: int, scale: int) -> list[str]:
+    """The causal mask of P tokens seen in cells of `scale` x `scale` tokens (the last row and column of cells
+    hold what is left), one string per row of cells: '1' where every pair may attend (the cell's keys all come
+    before its queries), '0' where none may, 'd' on the diagonal (each query its own and the earlier keys; '1' for
+    a cell of one token)."""
+    P = _prompt_length(P)
+    if scale < 1:
+        raise ValueError(f"a cell holds at least one token, got scale {scale}")
+    n = -(-P // scale)
+    diagonal = ["d" if min(scale, P - I * scale) > 1 else "1" for I in range(n)]  # a cell of one token: its pair
+    return ["".join("1" if J < I else diagonal[I] if J == I else "0" for J in range(n)) for I in range(n)]
+
+
 def prefill_matches_sequential(X: np.ndarray, W: np.ndarray) -> bool:
     """True iff a causal running sum of X @ W computed for all positions at once (np.cumsum) equals the
     same sum built one position at a time, as decode would.

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from prefill.costmodel import costs, roofline
-from prefill.costmodel.causal import causal_mask, causal_pairs
+from prefill.costmodel.causal import causal_blocks, causal_mask, causal_pairs
 from prefill.costmodel.estimate import Estimate, Roofline, Setting, build_estimate
 from prefill.costmodel.estimate import request_time as estimate_request_time
 from prefill.costmodel.hardware import HARDWARE
@@ -28,7 +28,8 @@ from prefill.lesson.state import lesson_of
 MAX_N = 1e14  # parameters: far past any model built, small enough to catch a slip of the exponent
 MAX_P = 10_000_000  # prompt tokens
 MAX_PEAK = 1e19  # FLOP/s
-MAX_MASK_P = 256  # the largest grid /api/mask draws
+MAX_MASK_P = 256  # the largest mask /api/mask sends pair by pair; a longer prompt's comes in cells of tokens
+MAX_MASK_TOKENS = 1_000_000  # the longest prompt whose mask /api/mask sends (scaled)
 MAX_BANDWIDTH = 1e16  # bytes/s
 MAX_B = 4096  # sequences
 MAX_S = 3600.0  # seconds of one request phase
@@ -295,13 +296,18 @@ def exact_body(est: Estimate) -> dict:
 
 
 @router.get("/mask")
-def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds(0, MAX_MASK_P))) -> dict:
-    """The causal mask as rows of '1' (may attend) and '0' (masked), with the pair counts."""
-    in_range("P", P, 0, MAX_MASK_P)
-    grid = causal_mask(P)  # [P, P]
-    pairs = causal_pairs(P)
-    rows = ["".join("1" if c else "0" for c in row) for row in grid]
-    return {"P": P, "allowed": pairs, "masked": P * P - pairs, "rows": rows, "caption": f"{pairs} pairs for {P} tokens"}
+def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds(0, MAX_MASK_TOKENS))) -> dict:
+    """The causal mask as rows of '1' (may attend) and '0' (masked), with the pair counts. Past MAX_MASK_P tokens
+    it is scaled to at most MAX_MASK_P cells a side, each `scale` x `scale` tokens ('d' on the diagonal: part of
+    its pairs may attend), so a long prompt's mask is drawn too."""
+    in_range("P", P, 0, MAX_MASK_TOKENS)
+    pairs, scale = causal_pairs(P), max(1, -(-P // MAX_MASK_P))
+    if scale == 1:
+        rows = ["".join("1" if c else "0" for c in row) for row in causal_mask(P)]  # [P, P]
+    else:
+        rows = causal_blocks(P, scale)
+    caption = f"{pairs:,} pairs for {P:,} tokens" + (f", each cell {scale} x {scale} tokens" if scale > 1 else "")
+    return {"P": P, "allowed": pairs, "masked": P * P - pairs, "rows": rows, "scale": scale, "caption": caption}
 
 
 @router.get("/kv")

@@ -136,8 +136,10 @@ function show(r) {
 
 // ---- the causal mask demo ----
 
+// A mask cell's look: '1' allowed, '0' masked, 'd' a scaled mask's diagonal cell (part of its pairs allowed).
 export function maskCell(rows) {
-  return (i, j) => ({ cls: rows[i][j] === "1" ? "allowed" : "masked" });
+  return (i, j) => (rows[i][j] === "d" ? { cls: "partial", color: "#93b4f0" }
+    : { cls: rows[i][j] === "1" ? "allowed" : "masked" });
 }
 
 function initMask() {

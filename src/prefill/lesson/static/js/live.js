@@ -85,13 +85,18 @@ async function showTokens(tok) {
   $("tokens-box").hidden = false;
   $("tokens-caption").textContent = `${tok.P} tokens: ${tok.labels.slice(0, 12).map(quote).join(" ")}${tok.P > 12 ? " …" : ""}`;
   const hover = $("token-hover");
-  if (tok.P > 256) {
-    $("token-grid").replaceChildren();
-    hover.textContent = `${tok.P} tokens: too many to draw; the mask is the same lower triangle.`;
+  const m = await getJSON("/api/mask", { P: tok.P });  // a long prompt's in cells of m.scale tokens
+  hover.textContent = `${m.caption}. Hover a cell.`;
+  if (m.scale > 1) {
+    const span = (i) => `${i * m.scale}-${Math.min(tok.P, (i + 1) * m.scale) - 1}`;
+    drawGrid($("token-grid"), {
+      P: m.rows.length, labels: null, cell: maskCell(m.rows), hover,
+      describe: (i, j) => (m.rows[i][j] === "1" ? `tokens ${span(i)} may use tokens ${span(j)}`
+        : m.rows[i][j] === "d" ? `tokens ${span(i)}: each may use itself and the earlier ones of these`
+          : `masked: tokens ${span(j)} are in the future of tokens ${span(i)}`),
+    });
     return;
   }
-  const m = await getJSON("/api/mask", { P: tok.P });
-  hover.textContent = `${m.caption}. Hover a cell.`;
   drawGrid($("token-grid"), {
     P: tok.P, labels: tok.labels, cell: maskCell(m.rows), hover,
     describe: (i, j) => (m.rows[i][j] === "1" ? `token ${i} ${quote(tok.labels[i])} may use token ${j} ${quote(tok.labels[j])}`
