@@ -136,9 +136,12 @@ function show(r) {
 
 // ---- the causal mask demo ----
 
-// A mask cell's look: '1' allowed, '0' masked, 'd' a scaled mask's diagonal cell (part of its pairs allowed).
+// A mask cell's look: '1' allowed, '0' masked, 'd' a scaled mask's diagonal cell (part of its pairs allowed),
+// filled with a lighter accent (a fill, not text: no contrast target applies).
+const PARTIAL_FILL = "#93b4f0";
+
 export function maskCell(rows) {
-  return (i, j) => (rows[i][j] === "d" ? { cls: "partial", color: "#93b4f0" }
+  return (i, j) => (rows[i][j] === "d" ? { cls: "partial", color: PARTIAL_FILL }
     : { cls: rows[i][j] === "1" ? "allowed" : "masked" });
 }
 
