@@ -379,8 +379,9 @@ def test_a_prompt_of_hundreds_of_tokens_still_gets_its_mask_drawn_scaled(page):
     page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
     assert page.locator("#token-grid canvas").count() == 1
     sync_api.expect(page.locator("#token-hover")).to_contain_text("pairs for 280 tokens, each cell 2 x 2 tokens")
-    box = page.locator("#token-grid canvas").bounding_box()
-    page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] * 0.1)  # above the diagonal
+    canvas = page.locator("#token-grid canvas")
+    box = canvas.bounding_box()
+    canvas.hover(position={"x": box["width"] * 0.9, "y": box["height"] * 0.1})  # above the diagonal (scrolled to)
     sync_api.expect(page.locator("#token-hover")).to_contain_text("masked: tokens")
 
 
