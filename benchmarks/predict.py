@@ -151,22 +151,25 @@ def report(engine: Engine, samples, quick, fitted) -> list[dict]:
     return rows
 
 
+def largest_error(rows: list[dict], key: str) -> float | None:
+    """The largest |error| of `key` over `rows` (None for no rows)."""
+    return max((abs(r[key]) for r in rows), default=None)
+
+
+def held_out(rows: list[dict]) -> list[dict]:
+    """The points the fit did not use."""
+    return [r for r in rows if not r["fit_point"]]
+
+
 def summary(rows: list[dict]) -> str:
     def worst(key: str, subset) -> str:
-        errs = [abs(r[key]) for r in subset]
-        return f"{max(errs):.1%}" if errs else "-"
+        e = largest_error(subset, key)
+        return "-" if e is None else f"{e:.1%}"
 
-    held = [r for r in rows if not r["fit_point"]]
     return (
         f"largest |error|: quick probe alone {worst('quick_error', rows)}; fitted profile "
-        f"{worst('fitted_error', rows)} over all points, {worst('fitted_error', held)} over the held-out ones"
+        f"{worst('fitted_error', rows)} over all points, {worst('fitted_error', held_out(rows))} over the held-out ones"
     )
-
-
-def held_out_worst(rows: list[dict], key: str) -> float:
-    """The largest |error| over the points the fit did not use (over all points when it used every one)."""
-    held = [r for r in rows if not r["fit_point"]] or rows
-    return max(abs(r[key]) for r in held)
 
 
 def profile_line(name: str, p) -> str:
@@ -226,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at the start {load:.2f}, at the end {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     h200 = catalog_rows(load_result(Path(__file__).resolve().parents[1] / "docs" / "gpu-h200.json"))
     Console(width=140).print(catalog_table(h200))
-    better = held_out_worst(rows, "fitted_error") < held_out_worst(rows, "quick_error")
+    judged = held_out(rows) or rows  # every point when the fit used them all
+    better = largest_error(judged, "fitted_error") < largest_error(judged, "quick_error")
     if not args.no_save and better:  # kept per weights: a fit of the block kernels is not the dense one's
         from prefill.machine.profiles import save_fitted
 

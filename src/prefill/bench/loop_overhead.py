@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from prefill.bench.loadtest_report import itls
 from prefill.costmodel.ops import Row
 from prefill.costmodel.specs import ModelSpec
 
@@ -63,9 +64,8 @@ def serving_overhead(step_seconds, alone) -> float:
     """A server's own seconds per decode step beyond `step_seconds` (the simulator's: forward and loop), at
     least 0: `alone` is a load-test record of one request the server ran alone, its median gap between tokens
     against the predicted step of one row at its middle context."""
-    times = alone.chunk_times
-    if not alone.ok or len(times) < 3 or not alone.usage_prompt_tokens:
+    gaps = itls(alone)
+    if not alone.ok or len(gaps) < 2 or not alone.usage_prompt_tokens:
         raise ValueError("the request served alone streamed too few tokens to time its steps")
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    context = alone.usage_prompt_tokens + len(times) // 2
+    context = alone.usage_prompt_tokens + len(alone.chunk_times) // 2
     return max(0.0, statistics.median(gaps) - step_seconds([Row(1, context)]))

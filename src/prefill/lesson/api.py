@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from prefill.costmodel import costs, roofline
-from prefill.costmodel.causal import causal_blocks, causal_mask, causal_pairs
+from prefill.costmodel.causal import causal_blocks, causal_pairs
 from prefill.costmodel.estimate import Estimate, Roofline, Setting, build_estimate
 from prefill.costmodel.estimate import request_time as estimate_request_time
 from prefill.costmodel.hardware import HARDWARE
@@ -302,10 +302,7 @@ def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds
     its pairs may attend), so a long prompt's mask is drawn too."""
     in_range("P", P, 0, MAX_MASK_TOKENS)
     pairs, scale = causal_pairs(P), max(1, -(-P // MAX_MASK_P))
-    if scale == 1:
-        rows = ["".join("1" if c else "0" for c in row) for row in causal_mask(P)]  # [P, P]
-    else:
-        rows = causal_blocks(P, scale)
+    rows = causal_blocks(P, scale)  # scale 1: the pair-by-pair mask, [P, P]
     caption = f"{pairs:,} pairs for {P:,} tokens" + (f", each cell {scale} x {scale} tokens" if scale > 1 else "")
     return {"P": P, "allowed": pairs, "masked": P * P - pairs, "rows": rows, "scale": scale, "caption": caption}
 

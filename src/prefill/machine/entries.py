@@ -40,7 +40,7 @@ def implausible(entry: dict) -> str | None:
     never much slower per FLOP than at one row, nor, reading the same weights for M times the FLOPs, more than
     M times faster; and the cache is never slower than memory."""
     for name, points in entry.get("gemm", {}).items():
-        rates = dict((int(m), float(r)) for m, r in points)
+        rates = dict(curve_points(points))
         K, N = name.split(":")[0].split("x")
         slow = [m for m, r in rates.items() if 1 < m <= 64 and 1 in rates and r < 0.5 * rates[1]]
         if slow:
