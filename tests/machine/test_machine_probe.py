@@ -3,6 +3,7 @@ one-line note), cached on disk, and replaced by a fitted one when a benchmark sa
 timings wherever a test checks logic, never a speed."""
 
 import math
+import time
 
 import pytest
 
@@ -98,6 +99,33 @@ def test_the_profile_is_probed_once_with_a_note_then_read_from_the_disk_cache(tm
     assert len(calls) == 6 and len(notes) == 1
     profiles.probe_profile(SMOLLM2, "float32", threads=1, refresh=True)  # `prefill calibrate`: all again
     assert len(calls) == 12
+
+
+def test_a_probe_older_than_the_asked_age_is_measured_again_with_a_note(tmp_path, monkeypatch):
+    """`prefill serve` asks for a probe of its own minutes: an old cached one is measured again (and says so), a
+    recent one is read, and without an age any cached probe serves."""
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    calls, notes = [], []
+    fake_probe(monkeypatch, calls)
+    profiles.probe_profile(SMOLLM2, "float32", threads=1)
+    assert len(calls) == 6
+    key = profiles._key("cpu", 1, "float32")
+    data = profiles.read_json(profiles.PROFILE_FILE)
+    assert profiles.probe_age_s(data[key]) < 60
+    data[key]["measured"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 3 * 3600))
+    data[key]["gemm"]["64x64"] = [[1, 1e9]]  # another model's shape, as old as the rest
+    profiles.write_json(profiles.PROFILE_FILE, data)
+    monkeypatch.setattr(profiles, "_MEMO", {})
+    profiles.probe_profile(SMOLLM2, "float32", threads=1, echo=notes.append)  # no age asked: the old one serves
+    assert len(calls) == 6 and notes == []
+    p = profiles.probe_profile(SMOLLM2, "float32", threads=1, echo=notes.append, max_age_s=900)
+    assert len(calls) == 12 and len(notes) == 1 and notes[0].startswith("this machine's cached probe is 3 h old")
+    fresh = profiles.read_json(profiles.PROFILE_FILE)[key]
+    assert profiles.probe_age_s(fresh) < 60 and p.kind == "probe"
+    assert "64x64" not in fresh["gemm"]  # not marked fresh with the rest: measured again on its next need
+    profiles.probe_profile(SMOLLM2, "float32", threads=1, echo=notes.append, max_age_s=900)  # now recent: read
+    assert len(calls) == 12 and len(notes) == 1
+    assert profiles.probe_age_s({"measured": "not a time"}) is None and profiles.probe_age_s({}) is None
 
 
 def test_a_saved_fit_replaces_the_quick_probe_for_that_model(tmp_path, monkeypatch):

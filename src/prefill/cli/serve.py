@@ -39,6 +39,7 @@ def serve(
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from prefill.cli.common import attach_store, check_store_size, open_engine
     from prefill.server.app import ServeConfig, model_id_of
+    from prefill.server.config import SERVE_PROBE_MAX_AGE_S
 
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
@@ -47,7 +48,8 @@ def serve(
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
-    config = ServeConfig(model_id_of(engine), max_queue=max_queue, max_running=max_running, populate_kv=True, **sizes)
+    limits = {"max_queue": max_queue, "max_running": max_running, "probe_max_age_s": SERVE_PROBE_MAX_AGE_S}
+    config = ServeConfig(model_id_of(engine), populate_kv=True, **limits, **sizes)
     code = serve_engine(engine, config, host, port, dtype)
     if code:
         fail("the server stopped because its scheduler could not serve (see the log above)", code)
@@ -81,6 +83,7 @@ def lab(
     """`prefill serve` plus the lesson page opened in a browser (the URL is printed when none can be opened)."""
     from prefill.lesson.lab import open_when_up
     from prefill.server.app import ServeConfig, create_app, model_id_of
+    from prefill.server.config import SERVE_PROBE_MAX_AGE_S
     from prefill.server.server import run_server
 
     engine = load_engine(model, "float32", None)  # warmed up: the page's timeline shows the steady state
@@ -88,4 +91,5 @@ def lab(
     console.print(f"the prefill lesson, live on [bold]{model_id_of(engine)}[/]: {url}", highlight=False)
     if open_browser:
         open_when_up(url, lambda ok: None if ok else console.print(f"no browser could be opened: visit {url}"))
-    run_server(create_app(engine, ServeConfig(model_id_of(engine))), host, port)
+    config = ServeConfig(model_id_of(engine), probe_max_age_s=SERVE_PROBE_MAX_AGE_S)
+    run_server(create_app(engine, config), host, port)

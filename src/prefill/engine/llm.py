@@ -229,16 +229,19 @@ class Engine:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
-    def profile(self, fitted: bool = True, echo: Callable[[str], None] | None = None) -> MachineProfile:
+    def profile(
+        self, fitted: bool = True, echo: Callable[[str], None] | None = None, max_age_s: float | None = None
+    ) -> MachineProfile:
         """This machine's profile for this model, dtype and thread count (prefill.machine.profiles): the one a
         benchmark fitted when there is one (and `fitted`), else the quick probe's, measured on first need (a few
-        seconds; `echo` gets a one-line note) and cached on disk."""
+        seconds; `echo` gets a one-line note) and cached on disk; on the first call, a cached probe older than
+        `max_age_s` is measured again. The engine keeps the profile of its first call."""
         if fitted not in self._profiles:
             from prefill.machine.profiles import profile_for
 
             device, qtypes = str(self.device), self.weight_types()
             self._profiles[fitted] = profile_for(
-                self.spec, self.dtype_name, device, fitted=fitted, echo=echo, qtypes=qtypes
+                self.spec, self.dtype_name, device, fitted=fitted, echo=echo, qtypes=qtypes, max_age_s=max_age_s
             )
         return self._profiles[fitted]
 

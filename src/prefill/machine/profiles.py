@@ -4,6 +4,7 @@ per machine, torch version, thread count and dtype, and replaced by a fitted one
     model_shapes(spec)                    the (K, N) of every GEMM the model runs
     profile_for(spec, dtype, device)      the fitted profile if one is saved, else the quick probe's
     probe_profile(spec, dtype, device)    the quick probe's: from this process, the disk cache, or measured now
+    probe_age_s(entry)                    how long ago a cached probe was measured (a server probes again past an age)
     measure_entry(spec, dtype, device)    one fresh probe's measurements, not cached (a benchmark runs several)
     profile_of(entry, spec, dtype)        the profile of an entry (one probe's, or entries.median_entry of several)
     gemm_rates(device, shape, dtypes)     FLOP/s per dtype at one shape (what --dtype auto reads)
@@ -117,11 +118,12 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
     return measured
 
 
-def _store(key: str, entry: dict) -> None:
-    """Merge `entry` into the disk cache under `key` (another process may have written meanwhile)."""
+def _store(key: str, entry: dict, merge: bool = True) -> None:
+    """Merge `entry` into the disk cache under `key` (another process may have written meanwhile), or replace
+    what is there (a stale probe: its other shapes are as old as the rest, measured again on their next need)."""
     entry["measured"], entry["version"], entry["kernels"] = time.strftime("%Y-%m-%d %H:%M:%S"), PROBE_VERSION, kernels()
     data = read_json(PROFILE_FILE)
-    old = _valid(data.get(key, {}))
+    old = _valid(data.get(key, {})) if merge else {}
     merged = {**old, **entry}
     for part in ("gemm", "attention"):
         merged[part] = {**old.get(part, {}), **entry.get(part, {})}
@@ -140,24 +142,35 @@ def probe_profile(
     refresh: bool = False,
     echo: Callable[[str], None] | None = None,
     qtypes: dict[str, str] | None = None,
+    max_age_s: float | None = None,
 ) -> MachineProfile:
     """The quick probe's profile for `spec` in `dtype`: from this process, the disk cache, or measured now (a
-    few seconds; `echo` gets a one-line note first). `refresh` measures everything again. `qtypes`: "KxN" -> the
-    GGUF type of the weights an engine keeps as blocks at that shape (their GEMMs are timed on those kernels)."""
+    few seconds; `echo` gets a one-line note first). `refresh` measures everything again, and so does a cached
+    probe older than `max_age_s` (this machine's speed drifts over minutes: a server probes again at its start,
+    so that its predictions describe the minutes it serves in). `qtypes`: "KxN" -> the GGUF type of the weights
+    an engine keeps as blocks at that shape (their GEMMs are timed on those kernels)."""
     dtype, shapes, qtypes = canonical_dtype(dtype), model_shapes(spec), qtypes or {}
     key = _key(device, threads, dtype)
     memo = f"{key}|{spec.name}|{shapes}|{sorted(qtypes.items())}"
-    if not refresh and memo in _MEMO:
+    if not refresh and max_age_s is None and memo in _MEMO:
         return _MEMO[memo]
     entry = {} if refresh else _valid(read_json(PROFILE_FILE).get(key, {}))
+    age = probe_age_s(entry)
+    stale = max_age_s is not None and age is not None and age > max_age_s and _has(entry, spec, shapes, qtypes)
+    if stale and echo is not None:
+        echo(
+            f"this machine's cached probe is {_age_text(age)} old: probing it again (a few seconds), so that "
+            "predictions describe the minutes it runs in"
+        )
+    entry = {} if stale else entry
     with _Threads(threads):
-        if echo is not None and not _has(entry, spec, shapes, qtypes):
+        if echo is not None and not stale and not _has(entry, spec, shapes, qtypes):
             echo(
                 f"probing this machine for {spec.name} in {dtype}: GEMM rates at its shapes, attention, bandwidth, "
                 "overhead (a few seconds, once; `prefill calibrate` measures again)"
             )
         if _measure_missing(entry, spec, shapes, dtype, device, qtypes):
-            _store(key, entry)
+            _store(key, entry, merge=not stale)
             busy = implausible(entry)
             if busy and echo is not None:
                 echo(f"warning: {busy}; predictions will be off: run `prefill calibrate` again on an idle machine")
@@ -165,6 +178,21 @@ def probe_profile(
     profile = _build(entry, spec, shapes, dtype, device, n_threads, qtypes)
     _MEMO[memo] = profile
     return profile
+
+
+def probe_age_s(entry: dict) -> float | None:
+    """Seconds since a cached probe `entry` was measured (its local-time stamp), or None without one."""
+    try:
+        return time.time() - time.mktime(time.strptime(entry["measured"], "%Y-%m-%d %H:%M:%S"))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def _age_text(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 120:
+        return f"{minutes} min"
+    return f"{minutes / 60:.0f} h" if minutes < 2880 else f"{minutes / 1440:.0f} days"
 
 
 def measure_entry(
@@ -280,10 +308,12 @@ def profile_for(
     fitted: bool = True,
     echo: Callable[[str], None] | None = None,
     qtypes: dict[str, str] | None = None,
+    max_age_s: float | None = None,
 ) -> MachineProfile:
-    """The profile predictions use: the quick probe's (`qtypes` as probe_profile), with the parameters a benchmark
-    fitted for this machine, dtype, model and weights applied when there are some (and `fitted`)."""
-    profile = probe_profile(spec, dtype, device, threads, echo=echo, qtypes=qtypes)
+    """The profile predictions use: the quick probe's (`qtypes` and `max_age_s` as probe_profile), with the
+    parameters a benchmark fitted for this machine, dtype, model and weights applied when there are some (and
+    `fitted`)."""
+    profile = probe_profile(spec, dtype, device, threads, echo=echo, qtypes=qtypes, max_age_s=max_age_s)
     return _with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
 
 

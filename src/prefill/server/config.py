@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from prefill.engine.llm import Engine
 
 
+# `prefill serve` probes the machine again at its start when the cached probe is older than this: on a shared host
+# the speed drifts by 10-50% over tens of minutes (the Zen 3 of docs/performance.md: a 128-token prefill measured
+# 175 ms where a probe 4 hours old predicted 265), and the page's live view and every `timings` read it.
+SERVE_PROBE_MAX_AGE_S = 15 * 60.0
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Sizes and limits of one server: MiB (`_mb`), bytes, tokens, seconds (`_s`)."""
@@ -21,6 +27,7 @@ class ServeConfig:
     prefix_cache_mb: float = 256.0  # the prefix cache's share of the KV pool; 0 disables it
     kv_cache_mb: float | None = None  # the shared KV pool; None: default_kv_cache_bytes()
     populate_kv: bool = False  # make the pool's pages resident at start (`prefill serve` does; tests need not)
+    probe_max_age_s: float | None = None  # probe again at start when the cached probe is older (None: never)
     max_queue: int = 64  # requests that may wait; more get a 429
     max_running: int = 32  # requests prefilled or decoded at once (their decode steps share one batch)
     chunk_size: int = 256  # prefill chunk, interleaved with decode steps

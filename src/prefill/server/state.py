@@ -79,8 +79,9 @@ class ServerState:
     @classmethod
     def build(cls, engine: Engine, cfg: ServeConfig) -> ServerState:
         """The KV pool, its prefix cache and the step loop over the engine's runner, with a worker to run them.
-        The machine profile is read (or probed) here, once, so no response waits on it."""
-        engine.profile()
+        The machine profile is read (or probed) here, once, so no response waits on it: probed again when the
+        cached one is older than cfg.probe_max_age_s (the machine's speed drifts over minutes)."""
+        engine.profile(echo=print, max_age_s=cfg.probe_max_age_s)
         metrics = ServerMetrics()
         pool = KVPool.for_bytes(engine.spec, cfg.kv_pool_bytes(engine), engine.dtype, engine.device)
         if cfg.populate_kv:
