@@ -34,7 +34,10 @@ GEMM_MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)  # 8: a decode step of 8 row
 COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
 COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
-ATTENTION_PS = (16, 64, 256, 1024, 2048)  # causal prefill lengths of the attention curve
+# Causal prefill lengths of the attention curve. 4: a short prompt's attention is a fixed cost (26 us a layer at
+# SmolLM2's heads on the Zen 3), twice what the rate at 16 scaled down predicted (the curve is read by P, its
+# FLOPs grow as P^2).
+ATTENTION_PS = (4, 16, 64, 256, 1024, 2048)
 DECODE_KEYS = (64, 256, 1024, 4096)  # keys of the decode curve (one query per row)
 DECODE_ROWS = 4  # decode rows of one paged-attention call in the probe (a batch: every thread has K/V heads)
 BANDWIDTH_BYTES = 256 * 2**20  # the GEMV's matrix: far larger than any CPU's last-level cache
