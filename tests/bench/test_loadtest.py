@@ -239,3 +239,7 @@ def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path,
     assert "measured vs predicted" in text and "TTFT" in text
     saved = json.loads((tmp_path / "r.json").read_text())["predicted"]
     assert saved["summary"]["successful"] == 3 and len(saved["loop_s"]) == 2 and saved["serving_s"] >= 0
+    from prefill.costmodel.profile import MachineProfile
+
+    profile = MachineProfile.from_json(saved["machine_profile"])  # the profile it read, to predict it again
+    assert profile.bandwidth_bytes_per_s == 10e9 and profile.source == saved["profile"]

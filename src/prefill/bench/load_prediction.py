@@ -76,6 +76,7 @@ class LoadPrediction:
             "summary": self.summary,
             "server": self.server.name,
             "profile": self.server.profile.source,
+            "machine_profile": self.server.profile.to_json(),  # the numbers the prediction read, to reproduce it
             "loop_s": list(self.server.loop_s),  # the step loop's own seconds per step: a + b R
             "serving_s": self.server.serving_s,
         }
