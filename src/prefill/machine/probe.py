@@ -33,6 +33,11 @@ from prefill.costmodel.costs import canonical_dtype, dtype_bytes
 GEMM_MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)  # 8: a decode step of 8 rows, measured, not interpolated
 COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
 COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
+# The weights' copies fill this many times the last-level cache. At 2x, the Zen 3's 32 MiB L3 (a victim cache)
+# still served part of them: [8, 576] x [576, 3072] ran in 324 us over 2x, 362-378 us over 8x and 16x, as
+# in a forward, which streams all 538 MB of the float32 model between two uses of a weight.
+COLD_CACHES = 8
+COLD_MAX_COPIES = 512
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
 # Causal prefill lengths of the attention curve. 4: a short prompt's attention is a fixed cost (26 us a layer at
 # SmolLM2's heads on the Zen 3), twice what the rate at 16 scaled down predicted (the curve is read by P, its
@@ -121,14 +126,15 @@ def gemm_curve(
 ) -> tuple[tuple[int, float], ...]:
     """(M, FLOP/s) of [M, K] x [K, N] for M in Ms while the next M is predicted to fit the budget (its time grows
     at most 4x per step), so an emulated dtype costs a fraction of a second. Up to M = COLD_UP_TO the weights
-    cycle through copies filling twice the last-level cache, so each is read from memory as in a forward (unless
+    cycle through copies filling COLD_CACHES x the last-level cache, so each is read from memory as in a forward (unless
     one GEMM is so slow that streaming cannot matter); a very wide N (an unembedding) is measured on its first
     GEMM_MAX_N columns, whose rate is the whole one's."""
     from prefill.costmodel.storage import bytes_per_weight
 
     N = min(N, GEMM_MAX_N)
     weight_bytes = K * N * (bytes_per_weight(qtype) if qtype else dtype_bytes(dtype))
-    cold = max(1, min(64, math.ceil(2 * last_level_cache_bytes() / weight_bytes))) if device == "cpu" else 1
+    fill = COLD_CACHES * last_level_cache_bytes()
+    cold = max(1, min(COLD_MAX_COPIES, math.ceil(fill / weight_bytes))) if device == "cpu" else 1
 
     def measure(M: int) -> tuple[float, float]:
         repeats = 2 if M * K * N < 2**31 else 1
