@@ -56,7 +56,7 @@ def test_the_gemm_curve_stops_where_the_budget_would_run_out(monkeypatch):
     # a GEMM of 1 ms per row, 3 calls per point: after 1, 2, 4, 8 and 16 rows 93 ms are spent, and the next (32
     # rows, predicted at most 4x the last) would add 192 ms to the 0.2 s budget
     monkeypatch.setattr(
-        probe, "gemm_seconds", lambda M, K, N, dtype, device="cpu", repeats=3, copies=1, qtype=None: 1e-3 * M
+        probe, "gemm_seconds", lambda M, K, N, dtype, device="cpu", repeats=3, copies=1, qtype=None, made=None: 1e-3 * M
     )
     monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 0)  # no cache to defeat: one copy of the weights
     curve = probe.gemm_curve(8, 8, "float32", budget_s=0.2)

@@ -6,7 +6,8 @@
     measure_bandwidth()            streaming reads from memory (bytes/s): a GEMV over a matrix far larger than
                                    the cache, the way a decode step reads its weights
     measure_cache_bandwidth()      the same for an elementwise op whose tensors stay in the last-level cache
-    measure_op_overhead()          seconds per launch of a block's small operations (one token, width 64)
+    measure_op_overhead()          seconds per launch of a block's small operations (one token, width 64),
+                                   between GEMVs that stream weights, as in a forward
     measure_gemm_rate(dtype)       a square GEMM's FLOP/s (a peak: MFU's denominator, the GPU bench)
     measure_copy_bandwidth()       an array copy's bytes/s (read + written)
 
@@ -32,12 +33,15 @@ from prefill.costmodel.costs import canonical_dtype, dtype_bytes
 # switch from its own few-rows kernel to MKL on most CPUs (prefill.model.kernels.few_rows: 128 on AVX2).
 GEMM_MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)  # 8: a decode step of 8 rows, measured, not interpolated
 COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
-COLD_PASS_S = 0.05  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
-# The weights' copies fill this many times the last-level cache. At 2x, the Zen 3's 32 MiB L3 (a victim cache)
-# still served part of them: [8, 576] x [576, 3072] ran in 324 us over 2x, 362-378 us over 8x and 16x, as
-# in a forward, which streams all 538 MB of the float32 model between two uses of a weight.
+COLD_PASS_S = 0.1  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
+# What the probe streams so that nothing comes from the cache, as in a forward (all 538 MB of the float32 model
+# between two uses of a weight): COLD_CACHES x the last-level cache, at most COLD_MAX_BYTES. At 2x, the Zen 3's
+# 32 MiB L3 (a victim cache) still served part of them: [8, 576] x [576, 3072] ran in 324 us over 2x, 362-378 us
+# over 8x and 16x. A Xeon VM reports a 480 MiB L3, shared with its neighbours: the same GEMM streamed 28 GB/s of
+# weights over 64 MiB of copies, 18-19 GB/s over 256 MiB to 2 GiB.
 COLD_CACHES = 8
-COLD_MAX_COPIES = 512
+COLD_MAX_BYTES = 512 * 2**20
+COLD_MAX_COPIES = 1024  # a small GEMM's copies stop here (its launches, not its bytes, decide its time)
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
 # Causal prefill lengths of the attention curve. 4: a short prompt's attention is a fixed cost (26 us a layer at
 # SmolLM2's heads on the Zen 3), twice what the rate at 16 scaled down predicted (the curve is read by P, its
@@ -45,7 +49,6 @@ GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
 ATTENTION_PS = (4, 16, 64, 256, 1024, 2048)
 DECODE_KEYS = (64, 256, 1024, 4096)  # keys of the decode curve (one query per row)
 DECODE_ROWS = 4  # decode rows of one paged-attention call in the probe (a batch: every thread has K/V heads)
-BANDWIDTH_BYTES = 256 * 2**20  # the GEMV's matrix: far larger than any CPU's last-level cache
 CACHE_BYTES_FALLBACK = 8 * 2**20  # when sysfs does not say how large the last-level cache is
 
 
@@ -72,18 +75,28 @@ def best_seconds(fn: Callable[[], object], repeats: int, device: str = "cpu") ->
 
 
 def gemm_seconds(
-    M: int, K: int, N: int, dtype: str, device: str = "cpu", repeats: int = 3, copies: int = 1, qtype: str | None = None
+    M: int,
+    K: int,
+    N: int,
+    dtype: str,
+    device: str = "cpu",
+    repeats: int = 3,
+    copies: int = 1,
+    qtype: str | None = None,
+    made: list | None = None,
 ) -> float:
     """Best seconds of one [M, K] x [N, K]^T as the engine's projections run it (few_rows_linear: MKL's F.linear,
     for 2..32 rows of dense float32 the engine's own kernel, and with `qtype` the kernels of GGUF blocks kept
     native), cycling through `copies` weights so that with enough of them each one comes from memory, not from
-    the cache."""
+    the cache. `made`: a list that keeps the copies for the next call at the same shape (making 512 MiB of
+    them takes 0.1 s)."""
     import torch
 
     from prefill.model.kernels import few_rows_linear
 
     dt = getattr(torch, canonical_dtype(dtype))
-    ws = [_weight(N, K, dt, device, qtype) for _ in range(copies)]  # copies x [N, K] (nn.Linear's layout)
+    ws = made if made is not None else []  # copies x [N, K] (nn.Linear's layout)
+    ws.extend(_weight(N, K, dt, device, qtype) for _ in range(copies - len(ws)))
     a = torch.randn(M, K, device=device).to(dt)  # [M, K]
 
     def all_copies() -> None:
@@ -126,21 +139,21 @@ def gemm_curve(
 ) -> tuple[tuple[int, float], ...]:
     """(M, FLOP/s) of [M, K] x [K, N] for M in Ms while the next M is predicted to fit the budget (its time grows
     at most 4x per step), so an emulated dtype costs a fraction of a second. Up to M = COLD_UP_TO the weights
-    cycle through copies filling COLD_CACHES x the last-level cache, so each is read from memory as in a forward (unless
-    one GEMM is so slow that streaming cannot matter); a very wide N (an unembedding) is measured on its first
-    GEMM_MAX_N columns, whose rate is the whole one's."""
+    cycle through copies of cold_bytes() in all, so each is read from memory as in a forward (unless one GEMM is
+    so slow that streaming cannot matter); a very wide N (an unembedding) is measured on its first GEMM_MAX_N
+    columns, whose rate is the whole one's."""
     from prefill.costmodel.storage import bytes_per_weight
 
     N = min(N, GEMM_MAX_N)
     weight_bytes = K * N * (bytes_per_weight(qtype) if qtype else dtype_bytes(dtype))
-    fill = COLD_CACHES * last_level_cache_bytes()
-    cold = max(1, min(COLD_MAX_COPIES, math.ceil(fill / weight_bytes))) if device == "cpu" else 1
+    cold = max(1, min(COLD_MAX_COPIES, math.ceil(cold_bytes() / weight_bytes))) if device == "cpu" else 1
+    made: list = []  # the cold copies, made once for every M
 
     def measure(M: int) -> tuple[float, float]:
         repeats = 2 if M * K * N < 2**31 else 1
         t = gemm_seconds(M, K, N, dtype, device, repeats, qtype=qtype)
         if M <= COLD_UP_TO and cold > 1 and t * cold < COLD_PASS_S:
-            t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold, qtype=qtype)
+            t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold, qtype=qtype, made=made)
         return 2.0 * M * K * N, t
 
     return _grow(Ms, measure, budget_s)
@@ -183,7 +196,7 @@ def kernels_built() -> bool:
 def paged_decode_seconds(H_q: int, H_kv: int, d_head: int, S: int, rows: int = DECODE_ROWS, block: int = 16) -> float:
     """Best seconds of one decode row's attention over S cached keys as the engine runs it on a CPU in float32
     (kernels.paged_attention over a pool's blocks, `rows` rows a call so both threads work), with the K/V of
-    enough layers cycled through (twice the last-level cache) that they come from memory, as a step's do."""
+    enough layers cycled through (cold_bytes() in all) that they come from memory, as a step's do."""
     import torch
 
     from prefill.model import kernels
@@ -192,7 +205,7 @@ def paged_decode_seconds(H_q: int, H_kv: int, d_head: int, S: int, rows: int = D
         raise RuntimeError("the engine's kernels are not built")
     n_blocks = -(-S // block)
     layer_bytes = 2 * H_kv * rows * n_blocks * block * d_head * 4
-    layers = max(1, min(256, math.ceil(2 * last_level_cache_bytes() / layer_bytes)))
+    layers = max(1, min(4096, math.ceil(cold_bytes() / layer_bytes)))
     kv = torch.full((layers, 2, H_kv, rows * n_blocks * block, d_head), 0.01)  # a pool: [layers, 2, H_kv, slots, D]
     q = torch.full((rows, H_q, d_head), 0.01)  # [R, H_q, d_head]
     table = torch.arange(rows * n_blocks).view(rows, n_blocks)  # [R, blocks]: a fresh pool's blocks, in order
@@ -218,12 +231,14 @@ def _grow(sizes, measure, budget_s: float) -> tuple[tuple[int, float], ...]:
     return tuple(points)
 
 
-def measure_bandwidth(device: str = "cpu", n_bytes: int = BANDWIDTH_BYTES) -> float:
+def measure_bandwidth(device: str = "cpu", n_bytes: int | None = None) -> float:
     """Streaming read bandwidth (bytes/s): the matrix bytes of a one-row GEMM over an `n_bytes` float32 matrix
-    (the way a decode step reads its weights), over the best of a few repeats."""
+    (default cold_bytes(): none of it in the cache; the way a decode step reads its weights), over the best of a
+    few repeats."""
     import torch
     import torch.nn.functional as F
 
+    n_bytes = n_bytes or cold_bytes()
     K = 1024
     w = torch.ones(n_bytes // 4 // K, K, device=device)  # [N, K] float32, n_bytes in all
     x = torch.ones(1, K, device=device)  # [1, K]
@@ -242,6 +257,11 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=CACHE_BYTES_FALLBACK)
 
 
+def cold_bytes() -> int:
+    """Bytes a probe streams between two uses of one tensor so that it comes from memory, not the cache."""
+    return min(COLD_CACHES * last_level_cache_bytes(), COLD_MAX_BYTES)
+
+
 def measure_cache_bandwidth(device: str = "cpu", n_bytes: int = 2**20) -> float:
     """Bytes/s of an elementwise add whose three tensors (`n_bytes` each) stay in the cache: two read, one written."""
     import torch
@@ -251,10 +271,15 @@ def measure_cache_bandwidth(device: str = "cpu", n_bytes: int = 2**20) -> float:
     return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=out), 20, device)
 
 
-def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
+def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:
     """Seconds per kernel launch of an eager forward's small operations: the operations of one block on one
     token at width 64 (no work to speak of), timed together and divided by the launches prefill.costmodel.ops
-    counts for them, so that the time model's launch counts and this figure agree."""
+    counts for them, so that the time model's launch counts and this figure agree. On a CPU each block's four
+    groups of them (before and after its four projections) run between GEMVs that stream weights from memory,
+    whose time alone is taken off, as in a forward: there the streaming evicts the small operations' code and
+    data and each GEMM starts cold. On the Xeon VM a launch took 2.9 us back to back and 9.2 us so; SmolLM2's
+    1-token prefill took 3.3 ms without its GEMMs and 27.9 ms with them, which take 20.1 ms back to back.
+    At least the launches' time back to back (the difference of two timings can come out lower)."""
     import torch
     import torch.nn.functional as F
 
@@ -275,10 +300,13 @@ def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
         )
     }
     slot = torch.tensor([3], device=device)
+    streamed = _streamer(device)
 
-    def block() -> None:
+    def block(stream: Callable[[], None]) -> None:
+        stream()
         h = F.rms_norm(t["x"], (d,), t["w"])
         qkv = F.linear(h, t["qkv"]).view(1, 1, 3, d)  # [B, T, heads, d_head]
+        stream()
         qk, v = qkv[:, :, :2], qkv[:, :, 2:]
         x1, x2 = qk.chunk(2, dim=-1)
         qk = qk * t["cos"] + torch.cat((-x2, x1), dim=-1) * t["cos"]  # rotary: mul, neg, cat, mul, add
@@ -287,7 +315,9 @@ def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
         t["pool"].index_copy_(1, slot, v.transpose(1, 2).transpose(0, 1).reshape(1, 1, d))
         o = F.scaled_dot_product_attention(q, k, v.transpose(1, 2))
         x = t["x"] + F.linear(o.transpose(1, 2).reshape(1, 1, d), t["sq"])
+        stream()
         gate, up = F.linear(F.rms_norm(x, (d,), t["w"]), t["up"]).chunk(2, dim=-1)
+        stream()
         _ = x + F.linear(F.silu(gate) * up, t["down"])
 
     names = (
@@ -306,11 +336,36 @@ def measure_op_overhead(device: str = "cpu", n: int = 20) -> float:
     )
     launches = sum(LAUNCHES[name] for name in names)
 
-    def many() -> None:
-        for _ in range(n):
-            block()
+    def many(stream: Callable[[], None]) -> Callable[[], None]:
+        return lambda: [block(stream) for _ in range(n)]
 
-    return best_seconds(many, 5, device) / (n * launches)
+    def streams_alone() -> None:
+        for _ in range(4 * n):
+            streamed()
+
+    between = best_seconds(many(streamed), 5, device) - best_seconds(streams_alone, 5, device)
+    return max(between, best_seconds(many(lambda: None), 5, device)) / (n * launches)
+
+
+def _streamer(device: str) -> Callable[[], None]:
+    """A callable that runs one GEMV of a forward's kind (one row, the engine's GEMM) over the next of copies of
+    a [1024, 1024] float32 weight filling cold_bytes(), so each comes from memory; nothing on a GPU."""
+    if device != "cpu":
+        return lambda: None
+    import torch
+
+    from prefill.model.kernels import few_rows_linear
+
+    copies = max(1, cold_bytes() // 2**22)
+    ws = [torch.full((1024, 1024), 0.01) for _ in range(copies)]  # copies x [N, K]
+    a = torch.ones(1, 1024)  # [1, K]
+    turn = [0]
+
+    def stream() -> None:
+        few_rows_linear(a, ws[turn[0] % copies])
+        turn[0] += 1
+
+    return stream
 
 
 def measure_gemm_rate(
