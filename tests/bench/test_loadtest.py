@@ -178,15 +178,13 @@ def test_loadtest_command_prints_table_and_writes_files(tmp_path):
             "60000",
             "--out",
             str(tmp_path / "r.json"),
-            "--plot",
-            str(tmp_path / "r.png"),
         ]
         result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     for word in ("TTFT", "ITL", "TPOT", "E2E", "goodput", "definitions", "3/3 requests ok"):
         assert word in result.output
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["output_tokens"] == 3 * N_CHUNKS
-    assert (tmp_path / "r.png").exists()
+    assert (tmp_path / "r.png").exists()  # without --plot, the plot goes beside the report
 
 
 def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
@@ -200,6 +198,24 @@ def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
     )
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error:") and "Traceback" not in r.stderr
+
+
+def test_the_prediction_runs_what_the_server_says_it_runs():
+    """--predict models the server's own dtype, weights and KV pool from its /health; a server that does not say
+    them (another engine) as `prefill serve` would run by default here."""
+    from prefill.bench.load_prediction import DEFAULT_KV_MB, served_as
+    from prefill.engine.weights import resolve_storage
+
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "dtype": "bfloat16", "weights": "native", "kv_pool_bytes": 512 * 2**20}
+
+    with BackgroundServer(app) as url:
+        assert served_as(None, url) == ("bfloat16", "native", 512.0)
+    with BackgroundServer(scripted_app()) as url:  # no /health: 404
+        assert served_as(None, url) == (*resolve_storage(None, "auto", "auto", echo=None), DEFAULT_KV_MB)
 
 
 def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path, monkeypatch):

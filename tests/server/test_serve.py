@@ -58,7 +58,10 @@ def wait_idle(url: str) -> None:
 
 def test_models_health_and_greedy_answer(server, client, engine):
     url, model = server
-    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    health = httpx.get(f"{url}/health").json()
+    assert health["status"] == "ok"
+    # what the engine runs in, for `loadtest --predict` (load_prediction.served_as)
+    assert (health["dtype"], health["weights"]) == ("float32", "native")  # the fixture: the GGUF's own blocks
     assert [m.id for m in client.models.list().data] == [model]
     r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=12, temperature=0)
     # The scheduler's chunked prefill (chunk 16 < P = 37) and step-wise decode give the engine's own answer.

@@ -27,6 +27,21 @@ from prefill.bench.loadtest_report import summarize
 from prefill.bench.simulate import ServerModel, server_model, simulate, trace_of
 
 ALONE_PROMPT, ALONE_TOKENS = 32, 33  # the request timed alone: 32 gaps between its tokens
+DEFAULT_KV_MB = 2048.0  # `prefill serve`'s KV pool where the server does not say (its default's cap)
+
+
+def served_as(model: str | None, url: str) -> tuple[str, str, float]:
+    """(dtype, weights, KV pool MiB) of the server at `url` from its /health (`prefill serve` reports them), else
+    what `prefill serve` would run here by default."""
+    import httpx
+
+    try:
+        health = httpx.get(f"{url}/health", timeout=10.0).json()
+        return health["dtype"], health["weights"], health["kv_pool_bytes"] / 2**20
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        from prefill.engine.weights import resolve_storage
+
+        return (*resolve_storage(model, "auto", "auto", echo=None), DEFAULT_KV_MB)
 
 
 @dataclass
@@ -38,10 +53,11 @@ class LoadPrediction:
 
     @classmethod
     def start(cls, model: str | None, cfg: LoadTestConfig, echo: Callable[[str], None]) -> LoadPrediction:
-        """`prefill serve`'s defaults on this CPU (weights auto, a KV pool of 2 GiB: the default's cap), a probe
-        of this machine now, and one request sent alone to cfg's server (words no request of the load begins
-        with, so the load meets no prefix of it in the server's cache)."""
-        server = server_model(model, "cpu", None, "auto", 2048.0, echo=echo)
+        """The server at cfg.url as its /health says it runs (dtype, weights, KV pool; another kind of server:
+        `prefill serve`'s defaults on this CPU), a probe of this machine now, and one request sent alone to it
+        (words no request of the load begins with, so the load meets no prefix of it in the server's cache)."""
+        dtype, weights, kv_mb = served_as(model, cfg.url)
+        server = server_model(model, "cpu", dtype, weights, kv_mb, echo=echo)
         echo("probing this machine before the load (and again after it), and timing one request alone, to predict")
         probe = server.probe()
         one = {"concurrency": 1, "rate": None, "max_requests": 1, "prompts": (), "seed": -1 - cfg.seed}

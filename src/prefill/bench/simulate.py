@@ -260,7 +260,8 @@ def server_model(
     """A server of `model` (a preset, a file, or None: the embedded SmolLM2) on `hardware`: "cpu" runs this
     machine's profile (probed once and cached, prefill.machine.profiles) and measures the step loop's own work
     per step (prefill.bench.loop_overhead), a catalog GPU its datasheet profile. `weights`: a dtype or GGUF type,
-    "auto" (what `prefill serve` picks here) or None (the dtype). Attention reads K/V in place, as the engine
+    "native" (the file's blocks, as the engine runs them), "auto" (what `prefill serve` picks here) or None (the
+    dtype). Attention reads K/V in place, as the engine
     does."""
     from prefill.costmodel import costs, storage, timemodel
     from prefill.costmodel.hardware import get_hardware
@@ -273,7 +274,7 @@ def server_model(
     spec = load_spec(model if model is not None else default_model_path())
     on_cpu = hardware.lower() == "cpu"
     dt = costs.canonical_dtype(dtype or ("float32" if on_cpu else "bfloat16"))
-    served = on_cpu and weights is not None and weights.lower() == "auto"  # as `prefill serve` would run it
+    served = on_cpu and weights is not None and weights.lower() in ("auto", "native")  # as `prefill serve` runs it
     weights = _stored_as(weights, model, dt, on_cpu)
     qtypes, tokenizer = ({} if on_cpu else None), None
     if served and weights in storage.GGUF_BLOCKS:  # the file's own blocks: as the server's engine runs them
@@ -321,9 +322,9 @@ def simulate_server(
 
 
 def _stored_as(weights: str | None, model: str | None, dtype: str, on_cpu: bool) -> str | None:
-    """The weights' storage for the time model: "auto" resolves as `prefill serve` does (the GGUF's projection
-    type when it would run the blocks native, else the dtype)."""
-    if weights is None or weights.lower() != "auto":
+    """The weights' storage for the time model: "native" is the GGUF's projection type, and "auto" resolves as
+    `prefill serve` does (that type when it would run the blocks native, else the dtype)."""
+    if weights is None or weights.lower() not in ("auto", "native"):
         return weights
     if not on_cpu:
         return None
@@ -332,6 +333,6 @@ def _stored_as(weights: str | None, model: str | None, dtype: str, on_cpu: bool)
     from prefill.loading.resolve import default_model_path
 
     path = model if model is not None else default_model_path()
-    if resolve_weights("auto", path, dtype, "cpu", echo=None) != "native":
+    if weights.lower() == "auto" and resolve_weights("auto", path, dtype, "cpu", echo=None) != "native":
         return None
     return storage.gguf_file_storage(path)[0]

@@ -109,20 +109,15 @@ def resolve_storage(model: str | None, dtype: str, weights: str, device: str, de
     """(dtype, weights) to load `model` with: "auto" dtype becomes the fastest dtype native here and "auto"
     weights the GGUF's blocks or dense (prefill.engine.weights), each said in one line; the batch-invariant mode
     (`deterministic`) runs dense float32."""
-    from prefill.engine.weights import resolve_weights
+    from prefill.engine.weights import resolve_storage as resolve
     from prefill.loading.resolve import model_path
-    from prefill.machine.native import resolve_dtype
 
     model_path(model)  # a wrong path fails now, before the dtype probe measures this machine
     if deterministic:
         if weights not in ("auto", "float32"):
             fail(f"--deterministic runs dense float32 weights; drop --weights {weights}")
         return deterministic_dtype(dtype), "float32"
-    if weights == "native" and dtype == "auto":  # the blocks' kernels take float32 activations, on any CPU
-        note("dtype auto: float32 (--weights native runs float32 activations)")
-        dtype = "float32"
-    dtype = resolve_dtype(dtype, device, echo=note)
-    return dtype, resolve_weights(weights, model, dtype, device, echo=note)
+    return resolve(model, dtype, weights, device, echo=note)
 
 
 def check_store_size(directory: str | None, max_mb: float) -> None:

@@ -29,7 +29,7 @@ Seed = Annotated[int, typer.Option(help="seed of prompt lengths and words")]
 Predict = Annotated[bool, typer.Option(help="also simulate the same trace on the time model (prefill simulate)")]
 PredictModel = Annotated[str | None, typer.Option(help="the served model for --predict (default: SmolLM2)")]
 Out = Annotated[str, typer.Option(help="JSON report (config, summary, every request)")]
-Plot = Annotated[str, typer.Option(help="PNG plot")]
+Plot = Annotated[str | None, typer.Option(help="PNG plot (default: --out with .png)")]
 
 
 def loadtest(
@@ -51,7 +51,7 @@ def loadtest(
     ignore_eos: IgnoreEos = False,
     seed: Seed = 0,
     out: Out = "loadtest.json",
-    plot: Plot = "loadtest.png",
+    plot: Plot = None,
     predict: Predict = False,
     predict_model: PredictModel = None,
 ) -> None:
@@ -69,7 +69,7 @@ def loadtest(
     records, wall, model_id = asyncio.run(run_load_test(cfg))
     summary = summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
-    save(cfg, model_id, summary, records, out, plot)
+    save(cfg, model_id, summary, records, out, plot or str(Path(out).with_suffix(".png")))
     if prediction is not None:
         finish_prediction(prediction, records, summary, cfg.concurrency, Path(out))
 

@@ -50,6 +50,22 @@ def resolve_weights(
     return choice.dtype
 
 
+def resolve_storage(
+    model, dtype: str, weights: str, device: str = "cpu", echo: Callable[[str], None] | None = print
+) -> tuple[str, str]:
+    """(dtype, weights) to load `model` with, as `prefill serve` and `prefill run` do: "auto" dtype becomes the
+    fastest dtype native here (float32 under native blocks: their kernels take float32 activations) and "auto"
+    weights the GGUF's blocks ("native") or a dense dtype, each choice said in one line to `echo`."""
+    from prefill.machine.native import resolve_dtype
+
+    if weights == "native" and dtype == "auto":
+        if echo is not None:
+            echo("dtype auto: float32 (--weights native runs float32 activations)")
+        dtype = "float32"
+    dtype = resolve_dtype(dtype, device, echo=echo)
+    return dtype, resolve_weights(weights, model, dtype, device, echo=echo)
+
+
 def storage_of(model) -> str:
     """What a loaded model's matrices are stored as: "Q4_1 + Q8_0" (their GGUF types), or the dense dtype."""
     from prefill.model.quant import QuantWeight

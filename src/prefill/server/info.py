@@ -16,13 +16,16 @@ router = APIRouter()
 
 @router.get("/health", responses={503: {"model": HealthBody}})
 async def health(request: Request) -> JSONResponse:
-    """200 while the worker serves; 503 with the reason when it is dead, stuck or shutting down."""
+    """200 while the worker serves; 503 with the reason when it is dead, stuck or shutting down. With the model,
+    the dtype it runs in and its weights ("native": the GGUF's blocks), and the KV pool's state."""
     state = state_of(request)
     reason = state.supervisor.problem()
     body = {
         "status": "error" if reason else "ok",
         "reason": reason,
         "model": state.cfg.model_id,
+        "dtype": state.engine.dtype_name,  # what the time model needs to predict this server (loadtest --predict)
+        "weights": "native" if state.engine.weight_types() else state.engine.dtype_name,
         **state.worker.pool_state(),
     }
     return JSONResponse(body, 503 if reason else 200)

@@ -17,6 +17,8 @@ class HealthBody(BaseModel):
     status: str  # "ok" or "error"
     reason: str | None  # why the server cannot serve (worker dead or stuck, shutting down)
     model: str
+    dtype: str  # the dtype the engine runs in
+    weights: str  # "native" (the GGUF's blocks) or the dense dtype they are stored in
 
 
 def _error(description: str) -> dict:
