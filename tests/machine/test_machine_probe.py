@@ -77,7 +77,7 @@ def fake_probe(monkeypatch, calls: list):
     monkeypatch.setattr(probe, "attention_curves", attention)
     monkeypatch.setattr(probe, "measure_bandwidth", lambda device="cpu": 16e9)
     monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu": 2e-6)
-    monkeypatch.setattr(probe, "measure_cache_bandwidth", lambda device="cpu": 50e9)
+    monkeypatch.setattr(probe, "measure_cache_bandwidth", lambda device="cpu", dtype="float32": 50e9)
     monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 32 * 2**20)
     monkeypatch.setattr(profiles, "_MEMO", {})
 

@@ -162,9 +162,11 @@ def gemm_curve(
 def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str = "cpu", budget_s: float = 0.5):
     """((P, FLOP/s) of causal prefills for P in ATTENTION_PS, (S, FLOP/s) of one decode query over S keys for S
     in DECODE_KEYS) of scaled_dot_product_attention at the model's heads (4 H_q d_head FLOPs per attended pair),
-    each list grown while the budget allows."""
+    each list grown while the budget allows. A prefill runs the engine's own causal attention (the fused SDPA
+    kernel, or on a CPU in bfloat16 its blocked GEMM form: prefill.model.attention.causal_attention)."""
     import torch
-    import torch.nn.functional as F
+
+    from prefill.model.attention import causal_attention
 
     dt = getattr(torch, canonical_dtype(dtype))
 
@@ -172,12 +174,7 @@ def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str =
         q = torch.randn(1, H_q, P, d_head, device=device).to(dt)  # [1, H_q, P, d_head]
         k = torch.randn(1, H_kv, S, d_head, device=device).to(dt)  # [1, H_kv, S, d_head]
         v = torch.randn_like(k)
-        causal = P > 1
-        return best_seconds(
-            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
-            2 if causal else 5,
-            device,
-        )
+        return best_seconds(lambda: causal_attention(q, k, v, S - P), 2 if P > 1 else 5, device)
 
     flops = 4.0 * H_q * d_head
     prefill = _grow(ATTENTION_PS, lambda P: (flops * causal_pairs(P), timed(P, P)), budget_s / 2)
@@ -262,11 +259,13 @@ def cold_bytes() -> int:
     return min(COLD_CACHES * last_level_cache_bytes(), COLD_MAX_BYTES)
 
 
-def measure_cache_bandwidth(device: str = "cpu", n_bytes: int = 2**20) -> float:
-    """Bytes/s of an elementwise add whose three tensors (`n_bytes` each) stay in the cache: two read, one written."""
+def measure_cache_bandwidth(device: str = "cpu", n_bytes: int = 2**20, dtype: str = "float32") -> float:
+    """Bytes/s of an elementwise add in `dtype` whose three tensors (`n_bytes` each) stay in the cache: two read,
+    one written (in bfloat16 on the AMX Xeon 49 GB/s, in float32 187: a CPU converts each bfloat16 to add it)."""
     import torch
 
-    a = torch.ones(n_bytes // 4, device=device)  # [n / 4] float32
+    dt = getattr(torch, canonical_dtype(dtype))
+    a = torch.ones(n_bytes // dt.itemsize, device=device, dtype=dt)  # [n / itemsize]
     b, out = torch.ones_like(a), torch.empty_like(a)
     return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=out), 20, device)
 
@@ -277,9 +276,8 @@ def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:
     counts for them, so that the time model's launch counts and this figure agree. On a CPU each block's four
     groups of them (before and after its four projections) run between GEMVs that stream weights from memory,
     whose time alone is taken off, as in a forward: there the streaming evicts the small operations' code and
-    data and each GEMM starts cold. On the Xeon VM a launch took 2.9 us back to back and 9.2 us so; SmolLM2's
-    1-token prefill took 3.3 ms without its GEMMs and 27.9 ms with them, which take 20.1 ms back to back.
-    At least the launches' time back to back (the difference of two timings can come out lower)."""
+    data and each GEMM starts cold (on the Xeon VM 9.2 us a launch, 2.9 back to back; SmolLM2's 1-token prefill:
+    3.3 ms without its GEMMs, 27.9 ms with them, which take 20.1 back to back). At least the back-to-back time."""
     import torch
     import torch.nn.functional as F
 
@@ -320,20 +318,8 @@ def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:
         stream()
         _ = x + F.linear(F.silu(gate) * up, t["down"])
 
-    names = (
-        "norm",
-        "qkv",
-        "rotary",
-        "kv_write",
-        "attention",
-        "o",
-        "residual",
-        "norm",
-        "gate_up",
-        "mlp_act",
-        "down",
-        "residual",
-    )
+    names = ("norm", "qkv", "rotary", "kv_write", "attention", "o", "residual")  # block()'s, in order
+    names += ("norm", "gate_up", "mlp_act", "down", "residual")
     launches = sum(LAUNCHES[name] for name in names)
 
     def many(stream: Callable[[], None]) -> Callable[[], None]:
