@@ -9,7 +9,7 @@ import pytest
 
 from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.specs import PRESETS
-from prefill.machine import entries, probe, profiles
+from prefill.machine import elementwise, entries, probe, profiles
 from prefill.machine.probe import measure_copy_bandwidth, measure_gemm_rate
 
 SMOLLM2 = PRESETS["smollm2-135m"]
@@ -47,9 +47,16 @@ def test_every_timing_is_a_finite_positive_rate():
     for points in (curve, prefill, decode):
         assert all(math.isfinite(r) and r > 0 for _, r in points)
     assert probe.measure_bandwidth(n_bytes=16 * 2**20) > 1e8  # 100 MB/s: any memory system
-    assert probe.measure_cache_bandwidth() > 1e8
     assert 0 < probe.measure_op_overhead() < 1e-3
     assert probe.last_level_cache_bytes() >= 2**16
+
+
+@pytest.mark.parametrize("preset", ["smollm2-135m", "gemma-3-270m"])  # Gemma 3: q/k norms, post norms, GELU
+def test_the_elementwise_rate_runs_the_engines_block_at_the_models_shapes(preset):
+    from prefill.costmodel.specs import PRESETS
+
+    rate = elementwise.measure_elementwise_rate(PRESETS[preset], "float32")
+    assert math.isfinite(rate) and rate > 1e8  # 100 MB/s of activations: any CPU
 
 
 def test_the_gemm_curve_stops_where_the_budget_would_run_out(monkeypatch):
@@ -77,7 +84,7 @@ def fake_probe(monkeypatch, calls: list):
     monkeypatch.setattr(probe, "attention_curves", attention)
     monkeypatch.setattr(probe, "measure_bandwidth", lambda device="cpu": 16e9)
     monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu": 2e-6)
-    monkeypatch.setattr(probe, "measure_cache_bandwidth", lambda device="cpu", dtype="float32": 50e9)
+    monkeypatch.setattr(elementwise, "measure_elementwise_rate", lambda spec, dtype, device="cpu": 50e9)
     monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 32 * 2**20)
     monkeypatch.setattr(profiles, "_MEMO", {})
 
@@ -205,7 +212,7 @@ def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
         one_row
     )
     assert entries.implausible({"gemm": {"576x960": [[1, 5.5e9], [2, 11e9], [4, 20.5e9], [64, 81.6e9]]}}) is None
-    assert "cache slower than memory" in entries.implausible(
+    assert "elementwise work 4x slower than memory" in entries.implausible(
         {"bandwidth_bytes_per_s": 12e9, "cache_bandwidth_bytes_per_s": 0.6e9}
     )
     monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))

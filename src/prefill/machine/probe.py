@@ -5,7 +5,6 @@
     attention_curves(H_q, ...)     FLOP/s of causal attention by prompt length, and of one decode query by keys
     measure_bandwidth()            streaming reads from memory (bytes/s): a GEMV over a matrix far larger than
                                    the cache, the way a decode step reads its weights
-    measure_cache_bandwidth()      the same for an elementwise op whose tensors stay in the last-level cache
     measure_op_overhead()          seconds per launch of a block's small operations (one token, width 64),
                                    between GEMVs that stream weights, as in a forward
     measure_gemm_rate(dtype)       a square GEMM's FLOP/s (a peak: MFU's denominator, the GPU bench)
@@ -257,17 +256,6 @@ def last_level_cache_bytes() -> int:
 def cold_bytes() -> int:
     """Bytes a probe streams between two uses of one tensor so that it comes from memory, not the cache."""
     return min(COLD_CACHES * last_level_cache_bytes(), COLD_MAX_BYTES)
-
-
-def measure_cache_bandwidth(device: str = "cpu", n_bytes: int = 2**20, dtype: str = "float32") -> float:
-    """Bytes/s of an elementwise add in `dtype` whose three tensors (`n_bytes` each) stay in the cache: two read,
-    one written (in bfloat16 on the AMX Xeon 49 GB/s, in float32 187: a CPU converts each bfloat16 to add it)."""
-    import torch
-
-    dt = getattr(torch, canonical_dtype(dtype))
-    a = torch.ones(n_bytes // dt.itemsize, device=device, dtype=dt)  # [n / itemsize]
-    b, out = torch.ones_like(a), torch.empty_like(a)
-    return 3 * a.nbytes / best_seconds(lambda: torch.add(a, b, out=out), 20, device)
 
 
 def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:

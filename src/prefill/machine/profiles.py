@@ -23,16 +23,16 @@ from prefill.costmodel.costs import canonical_dtype
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
-from prefill.machine import probe
+from prefill.machine import elementwise, probe
 from prefill.machine.cache import machine_key, read_json, write_json
 from prefill.machine.entries import curve_points, implausible
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
-PROBE_VERSION = 10  # entries of another version are measured again (2: GEMMs on the engine's own path; 3: one
+PROBE_VERSION = 11  # entries of another version are measured again (2: GEMMs on the engine's own path; 3: one
 # row too; 4: decode attention through the paged kernel, K/V from memory; 5: GEMMs of 8 rows; 6: linear_f32 up
 # to 128 rows on AVX2; 7: causal attention from 4 tokens; 8: weights streamed over 8x the last-level cache; 9: at
 # most 512 MiB of copies, streamed whatever the cache, launches timed between GEMVs that stream; 10: the engine's
-# own causal attention, the in-cache bandwidth in the dtype)
+# own causal attention, the in-cache rate in the dtype; 11: the engine's elementwise work at the model's shapes)
 FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
@@ -115,7 +115,8 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
         entry["bandwidth_bytes_per_s"] = probe.measure_bandwidth(device)
         entry["op_overhead_s"] = probe.measure_op_overhead(device)
         entry["cache_bytes"] = probe.last_level_cache_bytes() if cpu else 0
-        entry["cache_bandwidth_bytes_per_s"] = probe.measure_cache_bandwidth(device, dtype=dtype) if cpu else None
+        rate = elementwise.measure_elementwise_rate(spec, dtype, device) if cpu else None
+        entry["cache_bandwidth_bytes_per_s"] = rate  # the elementwise work's rate, within the cache
         measured = True
     return measured
 
