@@ -12,7 +12,8 @@ measurements predicts the machine of those minutes (--cached-probe does that, to
 subset of the points (marked); the others are held out. The fitted profile is saved for this machine, dtype
 and model, so `prefill run` and `prefill bench` then predict with it.
 
-    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--cached-probe] [--out FILE]
+    .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--weights float32|bfloat16|native]
+        [--cached-probe] [--out FILE]
 """
 
 from __future__ import annotations
@@ -188,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)), help="decode contexts S")
     ap.add_argument("--no-save", action="store_true", help="do not save the fitted profile")
     ap.add_argument(
-        "--weights", default="float32", help="float32 (the default) or native: the GGUF's blocks, as `prefill serve`"
+        "--weights",
+        default="float32",
+        help="float32 (the default), bfloat16 (dense, as `prefill serve` runs on a CPU with AMX or AVX-512-BF16) or "
+        "native (the GGUF's blocks, float32 activations, as `prefill serve` runs on other CPUs)",
     )
     ap.add_argument(
         "--cached-probe",
@@ -198,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench-results/predict.json")
     args = ap.parse_args(argv)
     lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
-    engine = Engine.load(None, dtype="float32", weights=args.weights, threads=args.threads, progress=False)
+    dtype = "bfloat16" if args.weights == "bfloat16" else "float32"  # native blocks take float32 activations
+    engine = Engine.load(None, dtype=dtype, weights=args.weights, threads=args.threads, progress=False)
     engine.warmup()
     cached = engine.profile(fitted=False, echo=print)
     load = os.getloadavg()[0]

@@ -163,19 +163,27 @@ def test_a_fit_of_another_probe_version_is_not_applied(tmp_path, monkeypatch):
 
 
 def test_the_decode_curve_times_the_engines_paged_kernel(monkeypatch):
-    """On a CPU in float32 with the kernels built, a decode row's attention is timed through paged_attention (the
-    engine's decode path), per row and layer; without them, through SDPA."""
+    """On a CPU a decode row's attention is timed over a pool as the engine runs it: in float32 with the kernels
+    built through paged_attention, per row and layer; in bfloat16 row by row over views of the pool (its _row);
+    in float32 without the kernels, through SDPA."""
     from prefill.model import kernels
 
     if not kernels.available():
         pytest.skip("the engine's kernels are not built here")
     calls = []
     real = probe.paged_decode_seconds
-    monkeypatch.setattr(probe, "paged_decode_seconds", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    monkeypatch.setattr(
+        probe, "paged_decode_seconds", lambda *a, **k: calls.append((a[3], k["dtype"])) or real(*a, **k)
+    )
     _, decode = probe.attention_curves(9, 3, 64, "float32", budget_s=0.5)
-    assert calls == [S for S, _ in decode] and calls[:2] == list(probe.DECODE_KEYS[:2])
+    assert calls == [(S, "float32") for S, _ in decode] and len(calls) >= 2
     calls.clear()
-    probe.attention_curves(9, 3, 64, "bfloat16", budget_s=0.05)
+    _, decode = probe.attention_curves(9, 3, 64, "bfloat16", budget_s=0.5)
+    assert calls == [(S, "bfloat16") for S, _ in decode] and len(calls) >= 1
+    assert all(math.isfinite(r) and r > 0 for _, r in decode)
+    calls.clear()
+    monkeypatch.setattr(probe, "kernels_built", lambda: False)
+    probe.attention_curves(9, 3, 64, "float32", budget_s=0.05)
     assert calls == []
 
 

@@ -43,8 +43,7 @@ COLD_MAX_BYTES = 512 * 2**20
 COLD_MAX_COPIES = 1024  # a small GEMM's copies stop here (its launches, not its bytes, decide its time)
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
 # Causal prefill lengths of the attention curve. 4: a short prompt's attention is a fixed cost (26 us a layer at
-# SmolLM2's heads on the Zen 3), twice what the rate at 16 scaled down predicted (the curve is read by P, its
-# FLOPs grow as P^2).
+# SmolLM2's heads on the Zen 3), twice what the rate at 16 scaled down (its FLOPs grow as P^2) predicted.
 ATTENTION_PS = (4, 16, 64, 256, 1024, 2048)
 DECODE_KEYS = (64, 256, 1024, 4096)  # keys of the decode curve (one query per row)
 DECODE_ROWS = 4  # decode rows of one paged-attention call in the probe (a batch: every thread has K/V heads)
@@ -177,8 +176,11 @@ def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str =
 
     flops = 4.0 * H_q * d_head
     prefill = _grow(ATTENTION_PS, lambda P: (flops * causal_pairs(P), timed(P, P)), budget_s / 2)
-    paged = device == "cpu" and dt == torch.float32 and kernels_built()
-    decode_s = (lambda S: paged_decode_seconds(H_q, H_kv, d_head, S)) if paged else (lambda S: timed(1, S))
+    pool = device == "cpu" and (dt != torch.float32 or kernels_built())  # the engine's path over its pool
+
+    def decode_s(S: int) -> float:
+        return paged_decode_seconds(H_q, H_kv, d_head, S, dtype=dtype) if pool else timed(1, S)
+
     decode = _grow(DECODE_KEYS, lambda S: (flops * S, decode_s(S)), budget_s / 2)
     return prefill, decode
 
@@ -189,27 +191,37 @@ def kernels_built() -> bool:
     return kernels.available()
 
 
-def paged_decode_seconds(H_q: int, H_kv: int, d_head: int, S: int, rows: int = DECODE_ROWS, block: int = 16) -> float:
-    """Best seconds of one decode row's attention over S cached keys as the engine runs it on a CPU in float32
-    (kernels.paged_attention over a pool's blocks, `rows` rows a call so both threads work), with the K/V of
-    enough layers cycled through (cold_bytes() in all) that they come from memory, as a step's do."""
+def paged_decode_seconds(
+    H_q: int, H_kv: int, d_head: int, S: int, rows: int = DECODE_ROWS, block: int = 16, dtype: str = "float32"
+) -> float:
+    """Best seconds of one decode row's attention over S cached keys as the engine runs it on a CPU: float32 in
+    kernels.paged_attention (`rows` rows a call, so both threads work), another dtype in attention.with_lse row
+    by row over its run of the pool, as its _row does; over cold_bytes() of layers' K/V, so they come from memory."""
     import torch
 
     from prefill.model import kernels
+    from prefill.model.attention import with_lse
 
-    if not kernels.available():  # loads the library
+    dt, paged = getattr(torch, canonical_dtype(dtype)), canonical_dtype(dtype) == "float32"
+    if paged and not kernels.available():  # loads the library
         raise RuntimeError("the engine's kernels are not built")
     n_blocks = -(-S // block)
-    layer_bytes = 2 * H_kv * rows * n_blocks * block * d_head * 4
+    layer_bytes = 2 * H_kv * rows * n_blocks * block * d_head * dt.itemsize
     layers = max(1, min(4096, math.ceil(cold_bytes() / layer_bytes)))
-    kv = torch.full((layers, 2, H_kv, rows * n_blocks * block, d_head), 0.01)  # a pool: [layers, 2, H_kv, slots, D]
-    q = torch.full((rows, H_q, d_head), 0.01)  # [R, H_q, d_head]
+    kv = torch.full((layers, 2, H_kv, rows * n_blocks * block, d_head), 0.01, dtype=dt)  # [layers, 2, H_kv, slots, D]
+    q = torch.full((rows, H_q, d_head), 0.01, dtype=dt)  # [R, H_q, d_head]
     table = torch.arange(rows * n_blocks).view(rows, n_blocks)  # [R, blocks]: a fresh pool's blocks, in order
     zero, end = torch.zeros(rows, dtype=torch.long), torch.full((rows,), S, dtype=torch.long)
+    runs = [(r * n_blocks * block, r * n_blocks * block + S) for r in range(rows)]  # each row's slots, one run
 
     def every_layer() -> None:
         for layer in range(layers):
-            kernels.paged_attention(q, kv[layer, 0], kv[layer, 1], table, zero, zero, end, block, d_head**-0.5)
+            k, v = kv[layer, 0], kv[layer, 1]  # [H_kv, slots, D]
+            if paged:
+                kernels.paged_attention(q, k, v, table, zero, zero, end, block, d_head**-0.5)
+            else:  # each row's query [1, H_q, 1, D] over its run's views [1, H_kv, S, D] of the pool
+                for r, (a, b) in enumerate(runs):
+                    with_lse(q[r, :, None][None], k[None, :, a:b], v[None, :, a:b], None, d_head**-0.5)
 
     return best_seconds(every_layer, 3) / (layers * rows)
 
