@@ -9,7 +9,7 @@ import pytest
 
 from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.specs import PRESETS
-from prefill.machine import elementwise, entries, probe, profiles
+from prefill.machine import attention_probe, elementwise, entries, probe, profiles
 from prefill.machine.probe import measure_copy_bandwidth, measure_gemm_rate
 
 SMOLLM2 = PRESETS["smollm2-135m"]
@@ -43,7 +43,7 @@ def test_every_timing_is_a_finite_positive_rate():
     # How many points fit the budget depends on how busy the machine is (one point, in a fresh-clone run beside
     # the other test worker); where the curve stops is tested with fake timings below.
     assert [M for M, _ in curve] == list(probe.GEMM_MS[: len(curve)]) and len(curve) >= 1
-    prefill, decode = probe.attention_curves(2, 1, 16, "float32", budget_s=0.05)
+    prefill, decode = attention_probe.attention_curves(2, 1, 16, "float32", budget_s=0.05)
     for points in (curve, prefill, decode):
         assert all(math.isfinite(r) and r > 0 for _, r in points)
     assert probe.measure_bandwidth(n_bytes=16 * 2**20) > 1e8  # 100 MB/s: any memory system
@@ -81,7 +81,7 @@ def fake_probe(monkeypatch, calls: list):
         return ((16, 1e10), (1024, 4e10)), ((64, 2e9), (4096, 8e9))
 
     monkeypatch.setattr(probe, "gemm_curve", curve)
-    monkeypatch.setattr(probe, "attention_curves", attention)
+    monkeypatch.setattr(attention_probe, "attention_curves", attention)
     monkeypatch.setattr(probe, "measure_bandwidth", lambda device="cpu": 16e9)
     monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu": 2e-6)
     monkeypatch.setattr(elementwise, "measure_elementwise_rate", lambda spec, dtype, device="cpu": 50e9)
@@ -171,19 +171,19 @@ def test_the_decode_curve_times_the_engines_paged_kernel(monkeypatch):
     if not kernels.available():
         pytest.skip("the engine's kernels are not built here")
     calls = []
-    real = probe.paged_decode_seconds
+    real = attention_probe.decode_row_seconds
     monkeypatch.setattr(
-        probe, "paged_decode_seconds", lambda *a, **k: calls.append((a[3], k["dtype"])) or real(*a, **k)
+        attention_probe, "decode_row_seconds", lambda *a, **k: calls.append((a[3], k["dtype"])) or real(*a, **k)
     )
-    _, decode = probe.attention_curves(9, 3, 64, "float32", budget_s=0.5)
+    _, decode = attention_probe.attention_curves(9, 3, 64, "float32", budget_s=0.5)
     assert calls == [(S, "float32") for S, _ in decode] and len(calls) >= 2
     calls.clear()
-    _, decode = probe.attention_curves(9, 3, 64, "bfloat16", budget_s=0.5)
+    _, decode = attention_probe.attention_curves(9, 3, 64, "bfloat16", budget_s=0.5)
     assert calls == [(S, "bfloat16") for S, _ in decode] and len(calls) >= 1
     assert all(math.isfinite(r) and r > 0 for _, r in decode)
     calls.clear()
-    monkeypatch.setattr(probe, "kernels_built", lambda: False)
-    probe.attention_curves(9, 3, 64, "float32", budget_s=0.05)
+    monkeypatch.setattr(attention_probe, "kernels_built", lambda: False)
+    attention_probe.attention_curves(9, 3, 64, "float32", budget_s=0.05)
     assert calls == []
 
 

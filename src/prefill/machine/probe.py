@@ -2,7 +2,7 @@
 
     gemm_curve(K, N, dtype)        FLOP/s of [M, K] x [K, N] as M grows, its weights streamed from memory as a
                                    forward streams each layer's (the model is larger than the cache)
-    attention_curves(H_q, ...)     FLOP/s of causal attention by prompt length, and of one decode query by keys
+    attention_curves(H_q, ...)     (prefill.machine.attention_probe) causal attention's and a decode row's FLOP/s
     measure_bandwidth()            streaming reads from memory (bytes/s): a GEMV over a matrix far larger than
                                    the cache, the way a decode step reads its weights
     measure_op_overhead()          seconds per launch of a block's small operations (one token, width 64),
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from prefill.costmodel.causal import causal_pairs
 from prefill.costmodel.costs import canonical_dtype, dtype_bytes
 
 # Row counts the GEMM curve is measured at (while the budget allows); 32 and 64 on both sides of the engine's
@@ -42,11 +41,6 @@ COLD_CACHES = 8
 COLD_MAX_BYTES = 512 * 2**20
 COLD_MAX_COPIES = 1024  # a small GEMM's copies stop here (its launches, not its bytes, decide its time)
 GEMM_MAX_N = 8192  # columns the probe measures of a wider GEMM
-# Causal prefill lengths of the attention curve. 4: a short prompt's attention is a fixed cost (26 us a layer at
-# SmolLM2's heads on the Zen 3), twice what the rate at 16 scaled down (its FLOPs grow as P^2) predicted.
-ATTENTION_PS = (4, 16, 64, 256, 1024, 2048)
-DECODE_KEYS = (64, 256, 1024, 4096)  # keys of the decode curve (one query per row)
-DECODE_ROWS = 4  # decode rows of one paged-attention call in the probe (a batch: every thread has K/V heads)
 CACHE_BYTES_FALLBACK = 8 * 2**20  # when sysfs does not say how large the last-level cache is
 
 
@@ -154,79 +148,10 @@ def gemm_curve(
             t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold, qtype=qtype, made=made)
         return 2.0 * M * K * N, t
 
-    return _grow(Ms, measure, budget_s)
+    return grow(Ms, measure, budget_s)
 
 
-def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str = "cpu", budget_s: float = 0.5):
-    """((P, FLOP/s) of causal prefills for P in ATTENTION_PS, (S, FLOP/s) of one decode query over S keys for S
-    in DECODE_KEYS) of scaled_dot_product_attention at the model's heads (4 H_q d_head FLOPs per attended pair),
-    each list grown while the budget allows. A prefill runs the engine's own causal attention (the fused SDPA
-    kernel, or on a CPU in bfloat16 its blocked GEMM form: prefill.model.attention.causal_attention)."""
-    import torch
-
-    from prefill.model.attention import causal_attention
-
-    dt = getattr(torch, canonical_dtype(dtype))
-
-    def timed(P: int, S: int) -> float:
-        q = torch.randn(1, H_q, P, d_head, device=device).to(dt)  # [1, H_q, P, d_head]
-        k = torch.randn(1, H_kv, S, d_head, device=device).to(dt)  # [1, H_kv, S, d_head]
-        v = torch.randn_like(k)
-        return best_seconds(lambda: causal_attention(q, k, v, S - P), 2 if P > 1 else 5, device)
-
-    flops = 4.0 * H_q * d_head
-    prefill = _grow(ATTENTION_PS, lambda P: (flops * causal_pairs(P), timed(P, P)), budget_s / 2)
-    pool = device == "cpu" and (dt != torch.float32 or kernels_built())  # the engine's path over its pool
-
-    def decode_s(S: int) -> float:
-        return paged_decode_seconds(H_q, H_kv, d_head, S, dtype=dtype) if pool else timed(1, S)
-
-    decode = _grow(DECODE_KEYS, lambda S: (flops * S, decode_s(S)), budget_s / 2)
-    return prefill, decode
-
-
-def kernels_built() -> bool:
-    from prefill.model import kernels
-
-    return kernels.available()
-
-
-def paged_decode_seconds(
-    H_q: int, H_kv: int, d_head: int, S: int, rows: int = DECODE_ROWS, block: int = 16, dtype: str = "float32"
-) -> float:
-    """Best seconds of one decode row's attention over S cached keys as the engine runs it on a CPU: float32 in
-    kernels.paged_attention (`rows` rows a call, so both threads work), another dtype in attention.with_lse row
-    by row over its run of the pool, as its _row does; over cold_bytes() of layers' K/V, so they come from memory."""
-    import torch
-
-    from prefill.model import kernels
-    from prefill.model.attention import with_lse
-
-    dt, paged = getattr(torch, canonical_dtype(dtype)), canonical_dtype(dtype) == "float32"
-    if paged and not kernels.available():  # loads the library
-        raise RuntimeError("the engine's kernels are not built")
-    n_blocks = -(-S // block)
-    layer_bytes = 2 * H_kv * rows * n_blocks * block * d_head * dt.itemsize
-    layers = max(1, min(4096, math.ceil(cold_bytes() / layer_bytes)))
-    kv = torch.full((layers, 2, H_kv, rows * n_blocks * block, d_head), 0.01, dtype=dt)  # [layers, 2, H_kv, slots, D]
-    q = torch.full((rows, H_q, d_head), 0.01, dtype=dt)  # [R, H_q, d_head]
-    table = torch.arange(rows * n_blocks).view(rows, n_blocks)  # [R, blocks]: a fresh pool's blocks, in order
-    zero, end = torch.zeros(rows, dtype=torch.long), torch.full((rows,), S, dtype=torch.long)
-    runs = [(r * n_blocks * block, r * n_blocks * block + S) for r in range(rows)]  # each row's slots, one run
-
-    def every_layer() -> None:
-        for layer in range(layers):
-            k, v = kv[layer, 0], kv[layer, 1]  # [H_kv, slots, D]
-            if paged:
-                kernels.paged_attention(q, k, v, table, zero, zero, end, block, d_head**-0.5)
-            else:  # each row's query [1, H_q, 1, D] over its run's views [1, H_kv, S, D] of the pool
-                for r, (a, b) in enumerate(runs):
-                    with_lse(q[r, :, None][None], k[None, :, a:b], v[None, :, a:b], None, d_head**-0.5)
-
-    return best_seconds(every_layer, 3) / (layers * rows)
-
-
-def _grow(sizes, measure, budget_s: float) -> tuple[tuple[int, float], ...]:
+def grow(sizes, measure, budget_s: float) -> tuple[tuple[int, float], ...]:
     """(size, FLOP/s) for sizes in turn while the next is predicted to fit the budget (4x the last one's time);
     measure(size) -> (FLOPs, best seconds) of one call (its repeats cost about 3 calls)."""
     points, spent = [], 0.0

@@ -23,7 +23,7 @@ from prefill.costmodel.costs import canonical_dtype
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
-from prefill.machine import elementwise, probe
+from prefill.machine import attention_probe, elementwise, probe
 from prefill.machine.cache import machine_key, read_json, write_json
 from prefill.machine.entries import curve_points, implausible
 
@@ -108,7 +108,7 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
         return measured
     attention = entry.setdefault("attention", {})
     if _heads(spec) not in attention:
-        curves = probe.attention_curves(spec.H_q, spec.H_kv, spec.d_head, dtype, device)
+        curves = attention_probe.attention_curves(spec.H_q, spec.H_kv, spec.d_head, dtype, device)
         attention[_heads(spec)] = {"prefill": [list(p) for p in curves[0]], "decode": [list(p) for p in curves[1]]}
         measured = True
     if "bandwidth_bytes_per_s" not in entry:
