@@ -233,7 +233,7 @@ def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path,
     monkeypatch.setattr(probe, "gemm_curve", lambda K, N, *a, **kw: events.append("probe") or ((1, 1e9), (64, 4e10)))
     monkeypatch.setattr(attention_probe, "attention_curves", lambda *a, **kw: (((16, 1e9), (1024, 4e10)), ((64, 2e9),)))
     monkeypatch.setattr(probe, "measure_bandwidth", lambda device="cpu": 10e9)
-    monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu": 2e-6)
+    monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu", dtype="float32": 2e-6)
     monkeypatch.setattr(elementwise, "measure_elementwise_rate", lambda spec, dtype, device="cpu": 50e9)
     real_run = loadtest_module.run_load_test
 

@@ -71,8 +71,27 @@ def test_the_gemm_curve_stops_where_the_budget_would_run_out(monkeypatch):
     assert curve[0][1] == pytest.approx(2 * 8 * 8 / 1e-3)
 
 
+def test_beyond_cold_up_to_the_gemm_curve_times_a_hot_burst_and_adds_the_weights_streaming_time(monkeypatch):
+    """Up to COLD_UP_TO rows the probe times cold copies of the weights; beyond, HOT_BURST_S of back-to-back calls
+    on one weight (their mean), plus its bytes at the bandwidth (a CPU GEMM packs its weights, then computes).
+    A fake GEMM: 1.5 ms over cold copies; hot, 1 ms alone and 1.2 ms a call in a burst (a thread late at times)."""
+    bursts = []
+
+    def seconds(M, K, N, dtype, device="cpu", repeats=3, copies=1, qtype=None, made=None, calls=1):
+        bursts.append(calls)
+        return 1.5e-3 if copies > 1 else (1.2e-3 if calls > 1 else 1e-3)
+
+    monkeypatch.setattr(probe, "gemm_seconds", seconds)
+    monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 2**20)  # 8 MiB of copies: 32 of 256 KiB
+    K = N = 256  # float32: 256 KiB of weights, streamed in 0.25 ms
+    curve = dict(probe.gemm_curve(K, N, "float32", budget_s=10.0, Ms=(64, 256), bandwidth=4 * K * N / 0.25e-3))
+    assert curve[64] == pytest.approx(2 * 64 * K * N / 1.5e-3)  # cold copies, timed
+    assert curve[256] == pytest.approx(2 * 256 * K * N / (1.2e-3 + 0.25e-3))  # a burst's mean + the weights' time
+    assert max(bursts) == math.ceil(probe.HOT_BURST_S / 1e-3)
+
+
 def fake_probe(monkeypatch, calls: list):
-    def curve(K, N, dtype, device="cpu", budget_s=0.5, Ms=probe.GEMM_MS, qtype=None):
+    def curve(K, N, dtype, device="cpu", budget_s=0.5, Ms=probe.GEMM_MS, qtype=None, bandwidth=None):
         calls.append(("gemm", K, N, dtype))
         return ((1, 1e10), (64, 5e10), (1024, 8e10))
 
@@ -83,7 +102,7 @@ def fake_probe(monkeypatch, calls: list):
     monkeypatch.setattr(probe, "gemm_curve", curve)
     monkeypatch.setattr(attention_probe, "attention_curves", attention)
     monkeypatch.setattr(probe, "measure_bandwidth", lambda device="cpu": 16e9)
-    monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu": 2e-6)
+    monkeypatch.setattr(probe, "measure_op_overhead", lambda device="cpu", dtype="float32": 2e-6)
     monkeypatch.setattr(elementwise, "measure_elementwise_rate", lambda spec, dtype, device="cpu": 50e9)
     monkeypatch.setattr(probe, "last_level_cache_bytes", lambda: 32 * 2**20)
     monkeypatch.setattr(profiles, "_MEMO", {})
@@ -232,7 +251,9 @@ def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
         and entries.implausible(profiles.read_json(profiles.PROFILE_FILE)[profiles._key("cpu", 1, "float32")]) is None
     )
     monkeypatch.setattr(
-        probe, "gemm_curve", lambda K, N, dtype, device="cpu", budget_s=1.0, Ms=(), qtype=None: ((1, 4e9), (2, 1e8))
+        probe,
+        "gemm_curve",
+        lambda K, N, dtype, device="cpu", budget_s=1.0, Ms=(), qtype=None, bandwidth=None: ((1, 4e9), (2, 1e8)),
     )
     profiles.probe_profile(SMOLLM2, "float32", threads=1, refresh=True, echo=notes.append)
     assert notes[-1].startswith("warning: the probe's GEMM of 2 rows") and "idle machine" in notes[-1]

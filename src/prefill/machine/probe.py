@@ -30,7 +30,11 @@ from prefill.costmodel.costs import canonical_dtype, dtype_bytes
 # Row counts the GEMM curve is measured at (while the budget allows); 32 and 64 on both sides of the engine's
 # switch from its own few-rows kernel to MKL on most CPUs (prefill.model.kernels.few_rows: 128 on AVX2).
 GEMM_MS = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)  # 8: a decode step of 8 rows, measured, not interpolated
-COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory (beyond, a GEMM is compute-bound)
+COLD_UP_TO = 64  # up to this M, the probe streams the weights from memory; beyond, gemm_curve adds their time
+# Beyond it, HOT_BURST_S of back-to-back calls are timed, their mean: on the Xeon VM one call in six or seven ran
+# at half speed (a thread late), so the fastest single call ([256, 576] x [576, 3072] bf16: 503 us) was 20% under
+# the mean (618 us), which is what a forward sees.
+HOT_BURST_S, HOT_BURST_CALLS = 0.02, 64
 COLD_PASS_S = 0.1  # the longest pass over the weights' copies worth timing (an emulated dtype is never near it)
 # What the probe streams so that nothing comes from the cache, as in a forward (all 538 MB of the float32 model
 # between two uses of a weight): COLD_CACHES x the last-level cache, at most COLD_MAX_BYTES. At 2x, the Zen 3's
@@ -76,12 +80,13 @@ def gemm_seconds(
     copies: int = 1,
     qtype: str | None = None,
     made: list | None = None,
+    calls: int = 1,
 ) -> float:
     """Best seconds of one [M, K] x [N, K]^T as the engine's projections run it (few_rows_linear: MKL's F.linear,
     for 2..32 rows of dense float32 the engine's own kernel, and with `qtype` the kernels of GGUF blocks kept
     native), cycling through `copies` weights so that with enough of them each one comes from memory, not from
     the cache. `made`: a list that keeps the copies for the next call at the same shape (making 512 MiB of
-    them takes 0.1 s)."""
+    them takes 0.1 s). `calls`: back-to-back calls on each copy, their mean timed."""
     import torch
 
     from prefill.model.kernels import few_rows_linear
@@ -93,9 +98,10 @@ def gemm_seconds(
 
     def all_copies() -> None:
         for w in ws:
-            few_rows_linear(a, w)
+            for _ in range(calls):
+                few_rows_linear(a, w)
 
-    return best_seconds(all_copies, repeats, device) / copies
+    return best_seconds(all_copies, repeats, device) / (copies * calls)
 
 
 def _weight(N: int, K: int, dt, device: str, qtype: str | None):
@@ -128,24 +134,30 @@ def gemm_curve(
     budget_s: float = 1.0,
     Ms: tuple[int, ...] = GEMM_MS,
     qtype: str | None = None,
+    bandwidth: float | None = None,
 ) -> tuple[tuple[int, float], ...]:
     """(M, FLOP/s) of [M, K] x [K, N] for M in Ms while the next M is predicted to fit the budget (its time grows
     at most 4x per step), so an emulated dtype costs a fraction of a second. Up to M = COLD_UP_TO the weights
-    cycle through copies of cold_bytes() in all, so each is read from memory as in a forward (unless one GEMM is
-    so slow that streaming cannot matter); a very wide N (an unembedding) is measured on its first GEMM_MAX_N
-    columns, whose rate is the whole one's."""
+    cycle through copies of cold_bytes() in all, so each is read from memory as in a forward; beyond (or where a
+    pass would be too slow), the hot time plus the weights' bytes at `bandwidth` (default: measured), as a CPU
+    GEMM packs its weights, then computes (on the Xeon VM, cold = hot + bytes / bandwidth within 5% at M = 16 to
+    1,024, bf16 and fp32). A wide N (an unembedding) is timed on its first GEMM_MAX_N columns."""
     from prefill.costmodel.storage import bytes_per_weight
 
     N = min(N, GEMM_MAX_N)
     weight_bytes = K * N * (bytes_per_weight(qtype) if qtype else dtype_bytes(dtype))
     cold = max(1, min(COLD_MAX_COPIES, math.ceil(cold_bytes() / weight_bytes))) if device == "cpu" else 1
     made: list = []  # the cold copies, made once for every M
+    stream_s = weight_bytes / (bandwidth or measure_bandwidth(device)) if cold > 1 else 0.0
 
     def measure(M: int) -> tuple[float, float]:
         repeats = 2 if M * K * N < 2**31 else 1
         t = gemm_seconds(M, K, N, dtype, device, repeats, qtype=qtype)
         if M <= COLD_UP_TO and cold > 1 and t * cold < COLD_PASS_S:
             t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold, qtype=qtype, made=made)
+        elif cold > 1:
+            calls = min(HOT_BURST_CALLS, math.ceil(HOT_BURST_S / t))
+            t = (gemm_seconds(M, K, N, dtype, device, repeats, qtype=qtype, calls=calls) if calls > 1 else t) + stream_s
         return 2.0 * M * K * N, t
 
     return grow(Ms, measure, budget_s)
@@ -195,14 +207,15 @@ def cold_bytes() -> int:
     return min(COLD_CACHES * last_level_cache_bytes(), COLD_MAX_BYTES)
 
 
-def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:
+def measure_op_overhead(device: str = "cpu", n: int = 32, dtype: str = "float32") -> float:
     """Seconds per kernel launch of an eager forward's small operations: the operations of one block on one
     token at width 64 (no work to speak of), timed together and divided by the launches prefill.costmodel.ops
     counts for them, so that the time model's launch counts and this figure agree. On a CPU each block's four
     groups of them (before and after its four projections) run between GEMVs that stream weights from memory,
     whose time alone is taken off, as in a forward: there the streaming evicts the small operations' code and
     data and each GEMM starts cold (on the Xeon VM 9.2 us a launch, 2.9 back to back; SmolLM2's 1-token prefill:
-    3.3 ms without its GEMMs, 27.9 ms with them, which take 20.1 back to back). At least the back-to-back time."""
+    3.3 ms without its GEMMs, 27.9 ms with them, which take 20.1 back to back). At least the back-to-back time.
+    In the model's `dtype`, weights and activations: there a launch took 8.9 us in float32, 10.6-11.3 in bf16."""
     import torch
     import torch.nn.functional as F
 
@@ -210,7 +223,7 @@ def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:
 
     d = 64
     t = {
-        name: torch.randn(*shape, device=device)
+        name: torch.randn(*shape, device=device).to(getattr(torch, canonical_dtype(dtype)))
         for name, shape in (
             ("x", (1, 1, d)),
             ("w", (d,)),
@@ -223,7 +236,7 @@ def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:
         )
     }
     slot = torch.tensor([3], device=device)
-    streamed = _streamer(device)
+    streamed = _streamer(device, dtype)
 
     def block(stream: Callable[[], None]) -> None:
         stream()
@@ -258,18 +271,19 @@ def measure_op_overhead(device: str = "cpu", n: int = 32) -> float:
     return max(between, best_seconds(many(lambda: None), 5, device)) / (n * launches)
 
 
-def _streamer(device: str) -> Callable[[], None]:
+def _streamer(device: str, dtype: str = "float32") -> Callable[[], None]:
     """A callable that runs one GEMV of a forward's kind (one row, the engine's GEMM) over the next of copies of
-    a [1024, 1024] float32 weight filling cold_bytes(), so each comes from memory; nothing on a GPU."""
+    a [1024, 1024] weight in `dtype` filling cold_bytes(), so each comes from memory; nothing on a GPU."""
     if device != "cpu":
         return lambda: None
     import torch
 
     from prefill.model.kernels import few_rows_linear
 
-    copies = max(1, cold_bytes() // 2**22)
-    ws = [torch.full((1024, 1024), 0.01) for _ in range(copies)]  # copies x [N, K]
-    a = torch.ones(1, 1024)  # [1, K]
+    dt = getattr(torch, canonical_dtype(dtype))
+    copies = max(1, cold_bytes() // (2**20 * dt.itemsize))
+    ws = [torch.full((1024, 1024), 0.01, dtype=dt) for _ in range(copies)]  # copies x [N, K]
+    a = torch.ones(1, 1024, dtype=dt)  # [1, K]
     turn = [0]
 
     def stream() -> None:

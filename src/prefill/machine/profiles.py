@@ -28,12 +28,13 @@ from prefill.machine.cache import machine_key, read_json, write_json
 from prefill.machine.entries import curve_points, implausible
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
-PROBE_VERSION = 12  # entries of another version are measured again (2: GEMMs on the engine's own path; 3: one
+PROBE_VERSION = 13  # entries of another version are measured again (2: GEMMs on the engine's own path; 3: one
 # row too; 4: decode attention through the paged kernel, K/V from memory; 5: GEMMs of 8 rows; 6: linear_f32 up
 # to 128 rows on AVX2; 7: causal attention from 4 tokens; 8: weights streamed over 8x the last-level cache; 9: at
 # most 512 MiB of copies, streamed whatever the cache, launches timed between GEMVs that stream; 10: the engine's
 # own causal attention, the in-cache rate in the dtype; 11: the engine's elementwise work at the model's shapes;
-# 12: decode attention in another dtype than float32 row by row over views of a pool, as the engine runs it)
+# 12: decode attention in another dtype than float32 row by row over views of a pool, as the engine runs it;
+# 13: GEMMs beyond COLD_UP_TO rows add their weights' streaming time)
 FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
@@ -100,9 +101,13 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
     """Measure what `entry` lacks for these shapes (and, with a spec, its attention and the memory system);
     True if anything was measured. `qtypes`: "KxN" -> the GGUF type of weights kept as blocks at that shape."""
     curves, measured, qtypes = entry.setdefault("gemm", {}), False, qtypes or {}
+    cpu = not device.startswith("cuda")
+    if cpu and "bandwidth_bytes_per_s" not in entry:  # the GEMM curve adds the weights' streaming time
+        entry["bandwidth_bytes_per_s"], measured = probe.measure_bandwidth(device), True
     for K, N in shapes:
         if (name := _gemm_key(K, N, qtypes)) not in curves:
-            curve = probe.gemm_curve(K, N, dtype, device, qtype=qtypes.get(shape_key(K, N)))
+            qtype, bandwidth = qtypes.get(shape_key(K, N)), entry.get("bandwidth_bytes_per_s")
+            curve = probe.gemm_curve(K, N, dtype, device, qtype=qtype, bandwidth=bandwidth)
             curves[name], measured = [list(p) for p in curve], True
     if spec is None:
         return measured
@@ -111,10 +116,10 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
         curves = attention_probe.attention_curves(spec.H_q, spec.H_kv, spec.d_head, dtype, device)
         attention[_heads(spec)] = {"prefill": [list(p) for p in curves[0]], "decode": [list(p) for p in curves[1]]}
         measured = True
-    if "bandwidth_bytes_per_s" not in entry:
-        cpu = not device.startswith("cuda")
-        entry["bandwidth_bytes_per_s"] = probe.measure_bandwidth(device)
-        entry["op_overhead_s"] = probe.measure_op_overhead(device)
+    if "op_overhead_s" not in entry:
+        if not cpu:  # a CPU's was measured before its GEMMs
+            entry["bandwidth_bytes_per_s"] = probe.measure_bandwidth(device)
+        entry["op_overhead_s"] = probe.measure_op_overhead(device, dtype=dtype)
         entry["cache_bytes"] = probe.last_level_cache_bytes() if cpu else 0
         rate = elementwise.measure_elementwise_rate(spec, dtype, device) if cpu else None
         entry["cache_bandwidth_bytes_per_s"] = rate  # the elementwise work's rate, within the cache
@@ -272,7 +277,7 @@ def _has(entry: dict, spec: ModelSpec, shapes, qtypes: dict[str, str]) -> bool:
     return (
         all(_gemm_key(K, N, qtypes) in entry.get("gemm", {}) for K, N in shapes)
         and _heads(spec) in entry.get("attention", {})
-        and "bandwidth_bytes_per_s" in entry
+        and "op_overhead_s" in entry
     )
 
 
