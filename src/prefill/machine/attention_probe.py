@@ -8,7 +8,7 @@ import math
 
 from prefill.costmodel.causal import causal_pairs
 from prefill.costmodel.costs import canonical_dtype
-from prefill.machine.probe import best_seconds, cold_bytes, grow
+from prefill.machine.probe import after_streaming, best_seconds, cold_bytes, grow, streamer
 
 # Causal prefill lengths of the attention curve. 4: a short prompt's attention is a fixed cost (26 us a layer at
 # SmolLM2's heads on the Zen 3), twice what the rate at 16 scaled down (its FLOPs grow as P^2) predicted.
@@ -21,18 +21,26 @@ def attention_curves(H_q: int, H_kv: int, d_head: int, dtype: str, device: str =
     """((P, FLOP/s) of causal prefills for P in ATTENTION_PS, (S, FLOP/s) of one decode query over S keys for S
     in DECODE_KEYS) of scaled_dot_product_attention at the model's heads (4 H_q d_head FLOPs per attended pair),
     each list grown while the budget allows. A prefill runs the engine's own causal attention (the fused SDPA
-    kernel, or on a CPU in bfloat16 its blocked GEMM form: prefill.model.attention.causal_attention)."""
+    kernel, or on a CPU in bfloat16 its blocked GEMM form: prefill.model.attention.causal_attention), on a CPU
+    after a GEMV that streams weights, as in a forward (probe.after_streaming)."""
     import torch
 
     from prefill.model.attention import causal_attention
 
     dt = getattr(torch, canonical_dtype(dtype))
+    stream = streamer(device, dtype) if device == "cpu" else None
 
     def timed(P: int, S: int) -> float:
         q = torch.randn(1, H_q, P, d_head, device=device).to(dt)  # [1, H_q, P, d_head]
         k = torch.randn(1, H_kv, S, d_head, device=device).to(dt)  # [1, H_kv, S, d_head]
         v = torch.randn_like(k)
-        return best_seconds(lambda: causal_attention(q, k, v, S - P), 2 if P > 1 else 5, device)
+        if stream is None:
+            return best_seconds(lambda: causal_attention(q, k, v, S - P), 2 if P > 1 else 5, device)
+
+        def touch() -> None:  # q, k and v come hot from their projection
+            q.mul_(1), k.mul_(1), v.mul_(1)
+
+        return after_streaming(lambda: causal_attention(q, k, v, S - P), stream, touch)
 
     flops = 4.0 * H_q * d_head
     prefill = grow(ATTENTION_PS, lambda P: (flops * causal_pairs(P), timed(P, P)), budget_s / 2)

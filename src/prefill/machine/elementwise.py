@@ -7,8 +7,9 @@ bytes) run on this CPU.
 A CPU does not run them at its cache's bandwidth: in bfloat16 each element is converted to add it, SiLU is a
 transcendental, rotary reads strided views. So they are timed on the engine's own two block functions
 (prefill.model.transformer.qkv_rotary and out_and_mlp, with GEMMs that cost nothing) and its K/V write, at two
-prompt lengths, so the launches' fixed time cancels: (bytes at P2 - bytes at P1) / (seconds at P2 - at P1). On
-the AMX Xeon VM: float32 49 GB/s and bfloat16 22 GB/s, where a float32 add in the cache ran at 187 GB/s.
+prompt lengths, so the launches' fixed time cancels: (bytes at P2 - bytes at P1) / (seconds at P2 - at P1),
+each block right after a GEMV that streams weights, as in a forward (probe.after_streaming). On the AMX Xeon VM,
+timed back to back: float32 49 GB/s and bfloat16 22 GB/s, where a float32 add in the cache ran at 187 GB/s.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from prefill.costmodel import ops
 from prefill.costmodel.costs import canonical_dtype
 from prefill.costmodel.specs import ModelSpec
-from prefill.machine.probe import best_seconds
+from prefill.machine.probe import after_streaming, streamer
 
 LENGTHS = (64, 256)  # the two prompt lengths (activations of a few MB: within any CPU's cache)
 
@@ -24,21 +25,24 @@ LENGTHS = (64, 256)  # the two prompt lengths (activations of a few MB: within a
 def measure_elementwise_rate(spec: ModelSpec, dtype: str, device: str = "cpu") -> float:
     """Bytes/s of one block's elementwise work at the model's shapes in `dtype`, its bytes as the time model
     counts them (the slope between two prompt lengths; the larger one's average if noise inverts them)."""
-    (b1, t1), (b2, t2) = (_measured(spec, dtype, device, P) for P in LENGTHS)
+    stream = streamer(device, dtype)
+    (b1, t1), (b2, t2) = (_measured(spec, dtype, device, P, stream) for P in LENGTHS)
     return (b2 - b1) / (t2 - t1) if t2 > t1 else b2 / t2
 
 
-def _measured(spec: ModelSpec, dtype: str, device: str, P: int) -> tuple[float, float]:
-    """(bytes the time model counts, best seconds) of one block's elementwise work on P tokens."""
+def _measured(spec: ModelSpec, dtype: str, device: str, P: int, stream) -> tuple[float, float]:
+    """(bytes the time model counts, seconds) of one block's elementwise work on P tokens, after a GEMV."""
     from prefill.costmodel.timemodel import layout_for
 
     layout = layout_for(canonical_dtype(dtype))
-    stream = [op for op in ops.layer_ops(spec, [ops.Row(P)], layout) if op.kind == "stream"]
-    return sum(op.bytes * op.count for op in stream) / spec.L, best_seconds(_block(spec, dtype, device, P), 10, device)
+    work = [op for op in ops.layer_ops(spec, [ops.Row(P)], layout) if op.kind == "stream"]
+    block, x = _block(spec, dtype, device, P)
+    return sum(op.bytes * op.count for op in work) / spec.L, after_streaming(block, stream, lambda: x.mul_(1))
 
 
 def _block(spec: ModelSpec, dtype: str, device: str, P: int):
-    """A callable running the engine's block on P tokens with free GEMMs: the work around them, and its K/V write."""
+    """A callable running the engine's block on P tokens with free GEMMs (the work around them, and its K/V
+    write), and its input x [1, P, d_model]."""
     import torch
 
     from prefill.model.transformer import out_and_mlp, qkv_rotary
@@ -74,4 +78,4 @@ def _block(spec: ModelSpec, dtype: str, device: str, P: int):
         pool_v.index_copy_(1, slots, v[0])
         out_and_mlp(x, o, w_o, norm, 1e-6, w_gate_up, w_down, post, post, gelu, lin=free)
 
-    return block
+    return block, x

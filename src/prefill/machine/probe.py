@@ -151,7 +151,7 @@ def gemm_curve(
     stream_s = weight_bytes / (bandwidth or measure_bandwidth(device)) if cold > 1 else 0.0
 
     def measure(M: int) -> tuple[float, float]:
-        repeats = 2 if M * K * N < 2**31 else 1
+        repeats = 2  # of the largest too: one call of [4096, 576] x [576, 3072] fp32 took 55 ms or 106 in a process
         t = gemm_seconds(M, K, N, dtype, device, repeats, qtype=qtype)
         if M <= COLD_UP_TO and cold > 1 and t * cold < COLD_PASS_S:
             t = gemm_seconds(M, K, N, dtype, device, repeats, copies=cold, qtype=qtype, made=made)
@@ -236,7 +236,7 @@ def measure_op_overhead(device: str = "cpu", n: int = 32, dtype: str = "float32"
         )
     }
     slot = torch.tensor([3], device=device)
-    streamed = _streamer(device, dtype)
+    streamed = streamer(device, dtype)
 
     def block(stream: Callable[[], None]) -> None:
         stream()
@@ -271,7 +271,19 @@ def measure_op_overhead(device: str = "cpu", n: int = 32, dtype: str = "float32"
     return max(between, best_seconds(many(lambda: None), 5, device)) / (n * launches)
 
 
-def _streamer(device: str, dtype: str = "float32") -> Callable[[], None]:
+def after_streaming(fn: Callable[[], object], stream: Callable[[], None], touch=None, pass_s: float = 0.01) -> float:
+    """Seconds of one fn() as a forward runs it on a CPU: right after a GEMV that streams weights from memory (it
+    evicts fn's code and data, its threads have gone idle) and `touch` (which makes fn's inputs hot, as the work
+    that produced them would), less the time of those two alone; about `pass_s` of calls a repeat. At least the
+    warm time. On the Xeon VM causal attention at P = 64 took 162 us warm and 210 us so (P = 256: 890 and 1,205)."""
+    touch, warm = touch or (lambda: None), best_seconds(fn, 3)
+    calls = max(2, min(32, math.ceil(pass_s / warm)))
+    both = best_seconds(lambda: [(stream(), touch(), fn()) for _ in range(calls)], 3)
+    alone = best_seconds(lambda: [(stream(), touch()) for _ in range(calls)], 3)
+    return max((both - alone) / calls, warm)
+
+
+def streamer(device: str, dtype: str = "float32") -> Callable[[], None]:
     """A callable that runs one GEMV of a forward's kind (one row, the engine's GEMM) over the next of copies of
     a [1024, 1024] weight in `dtype` filling cold_bytes(), so each comes from memory; nothing on a GPU."""
     if device != "cpu":
