@@ -57,6 +57,20 @@ def test_a_compute_bound_prefill_follows_flops():
     assert predict_prefill(SMOLLM2, 4096, flat(), FP32).dominant == "compute"
 
 
+def test_a_cpu_gemm_curve_streamed_from_memory_is_the_gemms_whole_time():
+    """A CPU probe times its GEMMs with their weights streamed from memory: a GEMM takes its curve's time even
+    where its bytes at a (fitted, lower) bandwidth would take longer; a GPU's curves are timed hot, so there the
+    bytes stay a second limit."""
+    curve = tuple(GemmCurve(K, N, ((1, 20e9), (4096, 20e9))) for K, N in ((576, 960), (576, 576), (576, 3072)))
+    cpu = replace(flat(bandwidth=1e9), gemm=curve + (GemmCurve(1536, 576, ((1, 20e9), (4096, 20e9))),))
+    assert cpu.gemm_streams_weights and not replace(cpu, overlap_launches=True).gemm_streams_weights
+    for profile, curve_time in ((cpu, True), (replace(cpu, overlap_launches=True), False)):
+        gate_up = predict_decode(SMOLLM2, [64], profile, FP32).by_op()["gate_up"]
+        weights_s = gate_up.weight_bytes / 1e9  # 7 MB at 1 GB/s: 7 ms, where the curve says 0.18 ms
+        assert gate_up.compute_s == pytest.approx(gate_up.flops / 20e9) and weights_s > 10 * gate_up.compute_s
+        assert gate_up.seconds == pytest.approx(gate_up.compute_s if curve_time else gate_up.memory_s)
+
+
 def test_launch_overhead_dominates_a_tiny_model():
     tiny = replace(SMOLLM2, d_model=64, d_ff=128, H_q=1, H_kv=1, d_head=64, vocab_size=256)
     p = predict_prefill(tiny, 1, flat(overhead=5e-6), FP32)

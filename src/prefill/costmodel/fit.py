@@ -62,15 +62,15 @@ def _terms(spec: ModelSpec, sample: Sample, base: MachineProfile, layout: Layout
     return np.array(rows, dtype=float)
 
 
-def _design(terms: list[np.ndarray], steps: list[int], x: np.ndarray, overlap: bool) -> np.ndarray:
+def _design(terms: list[np.ndarray], steps: list[int], x: np.ndarray, overlap: bool, streamed: bool) -> np.ndarray:
     """The linear system's rows for the sides that parameters x put each operation on: on a CPU a sample's time
     is the sum of its operations' larger sides plus their launches; on a GPU (launches overlapping the kernels)
-    the larger of the two sums."""
+    the larger of the two sums. `streamed`: GEMMs take their curve's time (MachineProfile.gemm_streams_weights)."""
     a = np.zeros((len(terms), 5))
     for i, t in enumerate(terms):
         kind, comp, mem, n = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
         comp_s = comp * np.where(kind == 0, x[0], x[1])
-        on_compute = comp_s >= mem * x[2]
+        on_compute = (comp_s >= mem * x[2]) | ((kind == 0) & streamed)  # a streamed GEMM curve is its whole time
         launch_bound = overlap and n.sum() * x[3] > np.maximum(comp_s, mem * x[2]).sum()
         if not launch_bound:
             a[i, 0] = comp[on_compute & (kind == 0)].sum()
@@ -118,12 +118,14 @@ def fit_profile(
     prior[3], prior[4] = base.op_overhead_s, base.step_overhead_s
 
     def error(x: np.ndarray) -> float:  # the model's squared relative error at x, each operation on its side
-        return float(((_design(terms, steps, x, base.overlap_launches) @ x / seconds - 1) ** 2).sum())
+        return float(
+            ((_design(terms, steps, x, base.overlap_launches, base.gemm_streams_weights) @ x / seconds - 1) ** 2).sum()
+        )
 
     x, sides, iterations = prior.copy(), None, 0
     best = (error(x), x)  # an alternation can end worse than it began (sides flip): keep the best point seen
     while iterations < max_iterations:
-        a = _design(terms, steps, x, base.overlap_launches)
+        a = _design(terms, steps, x, base.overlap_launches, base.gemm_streams_weights)
         if sides is not None and np.array_equal(a, sides):
             break
         sides, x, iterations = a, _solve(a, seconds, prior), iterations + 1

@@ -123,6 +123,12 @@ class MachineProfile:
         """The measured curve of this shape, else of the nearest one by K x N (then by K)."""
         return min(self.gemm, key=lambda c: abs(math.log(c.K * c.N / (K * N))) + 0.1 * abs(math.log(c.K / K)))
 
+    @property
+    def gemm_streams_weights(self) -> bool:
+        """Whether the GEMM curves were timed with their weights streamed from memory, as a forward streams them (a
+        CPU's probe): a GEMM's time is then its curve's alone, its bytes no second limit. A GPU's are timed hot."""
+        return bool(self.gemm) and not self.overlap_launches
+
     def gemm_peak(self, K: int, N: int) -> float:
         """The best FLOP/s of a [M, K] x [K, N] GEMM at any M (its roofline's flat roof)."""
         if self.gemm:
