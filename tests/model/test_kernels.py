@@ -65,6 +65,26 @@ def test_a_long_row_over_scattered_blocks_is_attention_over_all_its_keys():
     assert torch.equal(alone[0], ours[0])
 
 
+@pytest.mark.parametrize("H_q,H_kv,D", [(9, 3, 64), (8, 2, 12), (8, 1, 128)])
+def test_bfloat16_kv_is_read_as_its_exact_float32_widening(H_q, H_kv, D):
+    """A bfloat16 pool (`prefill serve`'s dtype on AMX CPUs): each element widened to float32 as it is read (an
+    exact conversion), then the float32 path's every sum in its order: bitwise the kernel on the widened pool,
+    and attention over the gathered keys. Rows over scattered blocks, a window's table, one key."""
+    torch.manual_seed(4)
+    bs = 16
+    k, v = torch.randn(H_kv, 40 * bs, D).bfloat16(), torch.randn(H_kv, 40 * bs, D).bfloat16()
+    table = torch.tensor([[7, 3, 30, -1], [12, 13, 2, -1], [9, -1, -1, -1]])
+    first_block, first, end = torch.tensor([0, 5, 0]), torch.tensor([0, 85, 0]), torch.tensor([41, 100, 1])
+    q = torch.randn(3, H_q, D)
+    ours = kernels.paged_attention(q, k, v, table, first_block, first, end, bs, D**-0.5)
+    assert ours.dtype == torch.float32
+    assert torch.equal(
+        ours, kernels.paged_attention(q, k.float(), v.float(), table, first_block, first, end, bs, D**-0.5)
+    )
+    ref = reference(q, k.float(), v.float(), table, first_block, first, end, bs, D**-0.5)
+    assert (ours - ref).abs().max() < 1e-5  # float32 sums over <= 41 keys of magnitude ~1 in another order
+
+
 @pytest.mark.parametrize("K,N", [(576, 1728), (1536, 576), (13, 7), (64, 3)])
 def test_linear_f32_is_batch_invariant_and_accurate(K, N):
     torch.manual_seed(2)

@@ -62,16 +62,18 @@ def kernels_built() -> bool:
 def decode_row_seconds(
     H_q: int, H_kv: int, d_head: int, S: int, rows: int = DECODE_ROWS, block: int = 16, dtype: str = "float32"
 ) -> float:
-    """Best seconds of one decode row's attention over S cached keys as the engine runs it on a CPU: float32 in
-    kernels.paged_attention (`rows` rows a call, so both threads work), another dtype in attention.with_lse row
-    by row over its run of the pool, as its _row does; over cold_bytes() of layers' K/V, so they come from memory."""
+    """Best seconds of one decode row's attention over S cached keys as the engine runs it on a CPU: float32 and
+    bfloat16 in kernels.paged_attention (`rows` rows a call, so both threads work) when it is built, another dtype
+    in attention.with_lse row by row over its run of the pool, as its _row does; over cold_bytes() of layers'
+    K/V, so they come from memory."""
     import torch
 
     from prefill.model import kernels
     from prefill.model.attention import with_lse
 
-    dt, paged = getattr(torch, canonical_dtype(dtype)), canonical_dtype(dtype) == "float32"
-    if paged and not kernels.available():  # loads the library
+    dt = getattr(torch, canonical_dtype(dtype))
+    paged = dt in (torch.float32, torch.bfloat16) and kernels.available()  # available() loads the library
+    if dt == torch.float32 and not paged:
         raise RuntimeError("the engine's kernels are not built")
     n_blocks = -(-S // block)
     layer_bytes = 2 * H_kv * rows * n_blocks * block * d_head * dt.itemsize
@@ -86,7 +88,9 @@ def decode_row_seconds(
         for layer in range(layers):
             k, v = kv[layer, 0], kv[layer, 1]  # [H_kv, slots, D]
             if paged:
-                kernels.paged_attention(q, k, v, table, zero, zero, end, block, d_head**-0.5)
+                kernels.paged_attention(
+                    q.float(), k, v, table, zero, zero, end, block, d_head**-0.5
+                )  # q as the engine passes it
             else:  # each row's query [1, H_q, 1, D] over its run's views [1, H_kv, S, D] of the pool
                 for r, (a, b) in enumerate(runs):
                     with_lse(q[r, :, None][None], k[None, :, a:b], v[None, :, a:b], None, d_head**-0.5)

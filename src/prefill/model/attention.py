@@ -119,14 +119,15 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
         return causal_attention(q, k, v, 0, window, scale)
     out = torch.empty_like(q)  # [1, H_q, N, d_head]
     rows = batch.rows
-    if paged is not None and (paged.every_token or kernels.usable(q)):
-        # Every decode row (or every token) in one call, each query reading its past where it lies.
-        qp = q[0, :, paged.index].transpose(0, 1).contiguous()  # [Q, H_q, d_head]
+    if paged is not None and (paged.every_token or kernels.paged_usable(batch.k[layer])):
+        # Every decode row (or every token) in one call, each query reading its past where it lies (bfloat16 K/V
+        # widened as they are read: a row's past in many runs of the pool costs one call, not one per run).
+        qp = q[0, :, paged.index].transpose(0, 1).float().contiguous()  # [Q, H_q, d_head] float32
         table, first_block, first, end = paged.tables[batch.group_of[layer]]
         op = kernels.paged_attention(
             qp, batch.k[layer], batch.v[layer], table, first_block, first, end, paged.block_size, scale
         )
-        out[0, :, paged.index] = op.transpose(0, 1)
+        out[0, :, paged.index] = op.transpose(0, 1).to(out.dtype)
         if paged.every_token:
             return out
         rows = [r for r in rows if not r.paged]

@@ -34,13 +34,18 @@ def usable(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype == torch.float32 and available()
 
 
+def paged_usable(t: torch.Tensor) -> bool:
+    """Does the paged attention kernel read this pool (float32 or bfloat16 K/V on the CPU), and is it built?"""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) and available()
+
+
 def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T in float32, each element summed in one fixed order (batch-invariant)."""
     return torch.ops.prefill_kernels.linear_f32(x, w, True)
 
 
 def paged_attention(q, k, v, table, first_block, first, end, block_size: int, scale: float) -> torch.Tensor:
-    """See the module docstring; float32 on the CPU only."""
+    """See the module docstring: q float32, k and v float32 or bfloat16 (read as float32), on the CPU."""
     return torch.ops.prefill_kernels.paged_attention(q, k, v, table, first_block, first, end, block_size, scale, True)
 
 

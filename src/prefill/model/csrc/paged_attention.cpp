@@ -9,7 +9,8 @@
 // its G query heads (GQA), and nothing is copied out of the pool.
 //
 //   q      [R, H_q, D] float32, contiguous        out [R, H_q, D] float32
-//   k, v   [H_kv, n_slots, D] float32, D contiguous (the pool's per-layer tensors)
+//   k, v   [H_kv, n_slots, D] float32 or bfloat16, D contiguous (the pool's per-layer tensors; bfloat16 K/V are
+//          widened to float32 as they are read, and every sum runs in float32)
 //   table  [R, T] int64: block ids; table[r][j] holds positions (j + first_block[r]) * bs ...
 //   first_block, first, end  [R] int64: the table's first block; the first and one-past-last positions read
 #include <torch/library.h>
@@ -19,8 +20,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -37,6 +40,16 @@ constexpr int64_t kSpan = 512;     // positions per span of a long row (see span
 constexpr int64_t kMaxSpans = 8;
 constexpr int64_t kAhead = 2;     // blocks between the one read and the one prefetched
 
+using bf16_t = uint16_t;  // a bfloat16's bits: the top half of a float32's
+
+inline float to_float(float x) { return x; }
+inline float to_float(bf16_t x) {
+  const uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // How many spans a row of n positions is read in: the spans of one (row, KV head) run on different threads, so
 // one long row keeps every thread busy (one row has H_kv = 3 work items for 2 threads otherwise), and their
 // partial softmaxes are merged by log-sum-exp. A function of n alone: a query's spans, and so its result, are
@@ -45,15 +58,16 @@ int64_t spans_of(int64_t n) { return std::clamp<int64_t>(n / kSpan, 1, kMaxSpans
 
 // The scalar path: any CPU, the same visiting order as the AVX2 one (results may differ in the last bits
 // between the two paths, never within one).
-void query_block_scalar(const float* q, int64_t G, int64_t D, const float* kb, const float* vb, int64_t n,
-                        float scale, float* m, float* l, float* acc) {
+template <typename T>
+void query_block_scalar(const float* q, int64_t G, int64_t D, const T* kb, const T* vb, int64_t n, float scale,
+                        float* m, float* l, float* acc) {
   float s[kMaxBlock];
   for (int64_t g = 0; g < G; g++) {
     const float* qg = q + g * D;
     float mx = m[g];
     for (int64_t t = 0; t < n; t++) {
       float d = 0.f;
-      for (int64_t i = 0; i < D; i++) d += qg[i] * kb[t * D + i];
+      for (int64_t i = 0; i < D; i++) d += qg[i] * to_float(kb[t * D + i]);
       s[t] = d * scale;
       mx = s[t] > mx ? s[t] : mx;
     }
@@ -64,7 +78,7 @@ void query_block_scalar(const float* q, int64_t G, int64_t D, const float* kb, c
     for (int64_t t = 0; t < n; t++) {
       const float p = std::exp(s[t] - mx);
       sum += p;
-      for (int64_t i = 0; i < D; i++) a[i] += p * vb[t * D + i];
+      for (int64_t i = 0; i < D; i++) a[i] += p * to_float(vb[t * D + i]);
     }
     m[g] = mx;
     l[g] = sum;
@@ -94,6 +108,13 @@ PA_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
+// 8 elements of K or V as float32 (a bfloat16's bits shifted into a float32's top half).
+PA_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+PA_AVX2 inline __m256 load8(const bf16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // The dot product of one query and one key from its 8 lane sums, in a fixed order: ((0+1)+(2+3))+((4+5)+(6+7)),
 // the order the four-key reduction below produces, so a score does not depend on which path computed it.
 PA_AVX2 inline float lane_sum(__m256 d) {
@@ -105,8 +126,8 @@ PA_AVX2 inline float lane_sum(__m256 d) {
 // Scores s[g][t] = scale * q_g.k_t of n keys for NG query heads at once: each key is loaded once for the NG heads,
 // four keys at a time, 4 * NG independent FMA chains, each key's 8 lane sums reduced by one hadd tree per head.
 // kn (or null): the K of a block ahead, prefetched a group of keys at a time.
-template <int NG>
-PA_AVX2 void scores_avx2(const float* q, int64_t D, const float* kb, int64_t n, float scale, float (*s)[kMaxBlock],
+template <typename T, int NG>
+PA_AVX2 void scores_avx2(const float* q, int64_t D, const T* kb, int64_t n, float scale, float (*s)[kMaxBlock],
                          const char* kn) {
   int64_t t = 0;
   const __m128 vs = _mm_set1_ps(scale);
@@ -114,14 +135,15 @@ PA_AVX2 void scores_avx2(const float* q, int64_t D, const float* kb, int64_t n, 
     __m256 d[NG][4];
     for (int g = 0; g < NG; g++)
       for (int j = 0; j < 4; j++) d[g][j] = _mm256_setzero_ps();
-    const float* k0 = kb + t * D;
+    const T* k0 = kb + t * D;
+    constexpr int64_t e = sizeof(T);
     if (kn)
-      for (int64_t o = 0; o < 4 * D * 4; o += 64) _mm_prefetch(kn + t * D * 4 + o, _MM_HINT_T0);
+      for (int64_t o = 0; o < 4 * D * e; o += 64) _mm_prefetch(kn + t * D * e + o, _MM_HINT_T0);
     for (int64_t i = 0; i < D; i += 8) {
       __m256 qv[NG];
       for (int g = 0; g < NG; g++) qv[g] = _mm256_loadu_ps(q + g * D + i);
       for (int j = 0; j < 4; j++) {
-        const __m256 kv = _mm256_loadu_ps(k0 + j * D + i);
+        const __m256 kv = load8(k0 + j * D + i);
         for (int g = 0; g < NG; g++) d[g][j] = _mm256_fmadd_ps(qv[g], kv, d[g][j]);
       }
     }
@@ -136,7 +158,7 @@ PA_AVX2 void scores_avx2(const float* q, int64_t D, const float* kb, int64_t n, 
     for (int g = 0; g < NG; g++) {
       __m256 d = _mm256_setzero_ps();
       for (int64_t i = 0; i < D; i += 8)
-        d = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + i), _mm256_loadu_ps(kb + t * D + i), d);
+        d = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + i), load8(kb + t * D + i), d);
       s[g][t] = lane_sum(d) * scale;
     }
 }
@@ -144,9 +166,10 @@ PA_AVX2 void scores_avx2(const float* q, int64_t D, const float* kb, int64_t n, 
 // acc_g[0, D) = acc_g * corr_g + sum_t p_g[t] v_t for NG heads, 32 floats of D at a time: each V row is loaded once
 // for the NG heads, 4 * NG accumulators (each element's terms added in the order of t, as in the scalar path);
 // vn (or null): the V of a block ahead, prefetched a row at a time.
-template <int NG>
-PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (*p)[kMaxBlock], const float* vb,
+template <typename T, int NG>
+PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (*p)[kMaxBlock], const T* vb,
                          int64_t n, const char* vn) {
+  constexpr int64_t e = sizeof(T);
   for (int64_t i = 0; i < D; i += 32) {
     if (i + 32 <= D) {
       __m256 x[NG][4];
@@ -155,15 +178,15 @@ PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (
         for (int j = 0; j < 4; j++) x[g][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + i + 8 * j), vc);
       }
       for (int64_t t = 0; t < n; t++) {
-        const float* vt = vb + t * D + i;
-        if (vn) {  // this row's 128 bytes of the V ahead
-          _mm_prefetch(vn + (t * D + i) * 4, _MM_HINT_T0);
-          _mm_prefetch(vn + (t * D + i) * 4 + 64, _MM_HINT_T0);
+        const T* vt = vb + t * D + i;
+        if (vn) {  // this row's 32 elements of the V ahead (128 bytes of float32, 64 of bfloat16)
+          _mm_prefetch(vn + (t * D + i) * e, _MM_HINT_T0);
+          if (e == 4) _mm_prefetch(vn + (t * D + i) * e + 64, _MM_HINT_T0);
         }
         __m256 pt[NG];
         for (int g = 0; g < NG; g++) pt[g] = _mm256_broadcast_ss(p[g] + t);
         for (int j = 0; j < 4; j++) {
-          const __m256 v = _mm256_loadu_ps(vt + 8 * j);
+          const __m256 v = load8(vt + 8 * j);
           for (int g = 0; g < NG; g++) x[g][j] = _mm256_fmadd_ps(pt[g], v, x[g][j]);
         }
       }
@@ -171,10 +194,10 @@ PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (
         for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc + g * D + i + 8 * j, x[g][j]);
     } else {  // the last 8, 16 or 24 floats of D
       for (int g = 0; g < NG; g++)
-        for (int64_t e = i; e < D; e += 8) {
-          __m256 x = _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + e), _mm256_set1_ps(corr[g]));
-          for (int64_t t = 0; t < n; t++) x = _mm256_fmadd_ps(_mm256_set1_ps(p[g][t]), _mm256_loadu_ps(vb + t * D + e), x);
-          _mm256_storeu_ps(acc + g * D + e, x);
+        for (int64_t f = i; f < D; f += 8) {
+          __m256 x = _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + f), _mm256_set1_ps(corr[g]));
+          for (int64_t t = 0; t < n; t++) x = _mm256_fmadd_ps(_mm256_set1_ps(p[g][t]), load8(vb + t * D + f), x);
+          _mm256_storeu_ps(acc + g * D + f, x);
         }
     }
   }
@@ -182,12 +205,12 @@ PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (
 
 // One block of n keys for NG query heads of one KV head (D a multiple of 8): scores, the online softmax's update
 // of each head's (m, l), then the weighted values.
-template <int NG>
-PA_AVX2 void heads_block_avx2(const float* q, int64_t D, const float* kb, const float* vb, int64_t n, float scale,
-                              float* m, float* l, float* acc, const char* kn, const char* vn) {
+template <typename T, int NG>
+PA_AVX2 void heads_block_avx2(const float* q, int64_t D, const T* kb, const T* vb, int64_t n, float scale, float* m,
+                              float* l, float* acc, const char* kn, const char* vn) {
   alignas(32) float s[NG][kMaxBlock];
   float corr[NG];
-  scores_avx2<NG>(q, D, kb, n, scale, s, kn);
+  scores_avx2<T, NG>(q, D, kb, n, scale, s, kn);
   const int64_t n8 = (n + 7) / 8 * 8;
   for (int g = 0; g < NG; g++) {
     for (int64_t t = n; t < n8; t++) s[g][t] = -INFINITY;
@@ -208,16 +231,17 @@ PA_AVX2 void heads_block_avx2(const float* q, int64_t D, const float* kb, const 
     m[g] = _mm256_cvtss_f32(vmx);
     l[g] = l[g] * corr[g] + lane_sum(sum);
   }
-  values_avx2<NG>(acc, D, corr, s, vb, n, vn);
+  values_avx2<T, NG>(acc, D, corr, s, vb, n, vn);
 }
 
 // One block of n keys for the G query heads of one KV head, in groups of up to three heads (three keep the
 // accumulators of four keys, or of 32 floats of D, in AVX2's sixteen registers).
-PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const float* kb, const float* vb, int64_t n,
-                              float scale, float* m, float* l, float* acc, const char* kn, const char* vn) {
+template <typename T>
+PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const T* kb, const T* vb, int64_t n, float scale,
+                              float* m, float* l, float* acc, const char* kn, const char* vn) {
   for (int64_t g = 0; g < G;) {
     const int64_t ng = std::min<int64_t>(3, G - g);
-    const auto heads = ng == 3 ? heads_block_avx2<3> : ng == 2 ? heads_block_avx2<2> : heads_block_avx2<1>;
+    const auto heads = ng == 3 ? heads_block_avx2<T, 3> : ng == 2 ? heads_block_avx2<T, 2> : heads_block_avx2<T, 1>;
     // the block ahead is prefetched once, by the first group
     heads(q + g * D, D, kb, vb, n, scale, m + g, l + g, acc + g * D, g == 0 ? kn : nullptr, g == 0 ? vn : nullptr);
     g += ng;
@@ -233,9 +257,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const at::Tensor& first_block, const at::Tensor& first, const at::Tensor& end,
                            int64_t block_size, double scale, bool allow_simd) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [R, H_q, D] float32");
-  TORCH_CHECK(k.dim() == 3 && k.scalar_type() == at::kFloat && k.stride(2) == 1 && k.stride(1) == k.size(2),
-              "k must be [H_kv, n_slots, D] float32 with D contiguous");
-  TORCH_CHECK(v.sizes() == k.sizes() && v.strides() == k.strides() && v.scalar_type() == at::kFloat, "v like k");
+  const bool bf16 = k.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k.dim() == 3 && (bf16 || k.scalar_type() == at::kFloat) && k.stride(2) == 1 && k.stride(1) == k.size(2),
+              "k must be [H_kv, n_slots, D] float32 or bfloat16 with D contiguous");
+  TORCH_CHECK(v.sizes() == k.sizes() && v.strides() == k.strides() && v.scalar_type() == k.scalar_type(), "v like k");
   TORCH_CHECK(block_size >= 1 && block_size <= kMaxBlock, "block_size must be in [1, 64]");
   const int64_t R = q.size(0), H_q = q.size(1), D = q.size(2), H_kv = k.size(0), n_slots = k.size(1);
   TORCH_CHECK(H_q % H_kv == 0 && H_q / H_kv <= kMaxG && k.size(2) == D, "head counts or widths do not fit");
@@ -243,8 +268,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t G = H_q / H_kv, T = table.size(1);
   auto out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   const int64_t* tp = table.data_ptr<int64_t>();
   const int64_t *fb = first_block.data_ptr<int64_t>(), *fp = first.data_ptr<int64_t>(), *ep = end.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
@@ -268,44 +291,53 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   first_item[R * H_kv] = static_cast<int64_t>(items.size());
   const int64_t stride = G * D + 2 * G;  // one item's partial: acc [G, D], m [G], l [G]
   std::vector<float> part(items.size() * stride);
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t w = lo; w < hi; w++) {
-      const int64_t r = items[w].r, h = items[w].h;
-      float* acc = part.data() + w * stride;
-      float *m = acc + G * D, *l = m + G;
-      std::fill(acc, acc + G * D, 0.f);
-      for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
-      const float* qrh = qp + (r * H_q + h * G) * D;
-      for (int64_t pos = items[w].lo; pos < items[w].hi;) {
-        const int64_t j = pos / block_size - fb[r];
-        TORCH_CHECK(j >= 0 && j < T, "position outside the block table");
-        const int64_t stop = std::min(items[w].hi, (pos / block_size + 1) * block_size);
-        const int64_t slot = tp[r * T + j] * block_size + pos % block_size;
-        TORCH_CHECK(slot >= 0 && slot + (stop - pos) <= n_slots, "block id outside the pool");
-        const float* kb = kp + h * khs + slot * D;
-        const float* vb = vp + h * khs + slot * D;
+  // Every item over K/V of element type E (float, or a bfloat16's bits).
+  const auto run = [&](const auto* kp, const auto* vp) {
+    using E = std::remove_const_t<std::remove_pointer_t<decltype(kp)>>;
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t w = lo; w < hi; w++) {
+        const int64_t r = items[w].r, h = items[w].h;
+        float* acc = part.data() + w * stride;
+        float *m = acc + G * D, *l = m + G;
+        std::fill(acc, acc + G * D, 0.f);
+        for (int64_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
+        const float* qrh = qp + (r * H_q + h * G) * D;
+        for (int64_t pos = items[w].lo; pos < items[w].hi;) {
+          const int64_t j = pos / block_size - fb[r];
+          TORCH_CHECK(j >= 0 && j < T, "position outside the block table");
+          const int64_t stop = std::min(items[w].hi, (pos / block_size + 1) * block_size);
+          const int64_t slot = tp[r * T + j] * block_size + pos % block_size;
+          TORCH_CHECK(slot >= 0 && slot + (stop - pos) <= n_slots, "block id outside the pool");
+          const E* kb = kp + h * khs + slot * D;
+          const E* vb = vp + h * khs + slot * D;
 #ifdef PA_HAVE_X86
-        // The K and V of the block two ahead in the table, fetched a few lines at a time while this one computes
-        // (each block is a 4 KB page of K and one of V: the hardware prefetcher stops at every page's end, and
-        // a whole block's prefetches issued at once stall on the miss buffers). 1 thread, S = 4,096, 30 layers:
-        // 9.4 GB/s read, against 6.4 without.
-        const char *kn = nullptr, *vn = nullptr;
-        if (j + kAhead < T && stop + kAhead * block_size <= items[w].hi) {
-          const int64_t ahead = tp[r * T + j + kAhead] * block_size;
-          if (ahead >= 0 && ahead + block_size <= n_slots) {
-            kn = reinterpret_cast<const char*>(kp + h * khs + ahead * D);
-            vn = reinterpret_cast<const char*>(vp + h * khs + ahead * D);
+          // The K and V of the block two ahead in the table, fetched a few lines at a time while this one computes
+          // (each block is a 4 KB page of K and one of V: the hardware prefetcher stops at every page's end, and
+          // a whole block's prefetches issued at once stall on the miss buffers). 1 thread, S = 4,096, 30 layers:
+          // 9.4 GB/s read, against 6.4 without.
+          const char *kn = nullptr, *vn = nullptr;
+          if (j + kAhead < T && stop + kAhead * block_size <= items[w].hi) {
+            const int64_t ahead = tp[r * T + j + kAhead] * block_size;
+            if (ahead >= 0 && ahead + block_size <= n_slots) {
+              kn = reinterpret_cast<const char*>(kp + h * khs + ahead * D);
+              vn = reinterpret_cast<const char*>(vp + h * khs + ahead * D);
+            }
           }
-        }
-        if (simd)
-          query_block_avx2(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc, kn, vn);
-        else
+          if (simd)
+            query_block_avx2<E>(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc, kn, vn);
+          else
 #endif
-          query_block_scalar(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc);
-        pos = stop;
+            query_block_scalar<E>(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc);
+          pos = stop;
+        }
       }
-    }
-  });
+    });
+  };
+  if (bf16)
+    run(reinterpret_cast<const bf16_t*>(k.data_ptr<at::BFloat16>()),
+        reinterpret_cast<const bf16_t*>(v.data_ptr<at::BFloat16>()));
+  else
+    run(k.data_ptr<float>(), v.data_ptr<float>());
   // Each (row, KV head): its spans' partials merged in span order by their log-sum-exp, then normalised.
   std::vector<float> merged(G * D + 2 * G);
   for (int64_t rh = 0; rh < R * H_kv; rh++) {
