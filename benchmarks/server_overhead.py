@@ -6,7 +6,9 @@ The server runs as its own process (`prefill serve`, as a user starts it), with 
 and chunk size as the in-process engine; both run the same token ids (64-token prompts, 64 tokens each,
 ignore_eos). Rounds alternate engine and server so that a busy machine slows both alike; medians of `--rounds`.
 
-    .venv/bin/python benchmarks/server_overhead.py [--weights float32] [--threads 2] [--rounds 3]
+    .venv/bin/python benchmarks/server_overhead.py [--dtype float32] [--weights float32] [--threads 2] [--rounds 3]
+
+`--dtype bfloat16 --weights bfloat16` runs what `prefill serve` picks on a CPU with AMX.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def free_port() -> int:
 def start_server(args, port: int) -> subprocess.Popen:
     """`prefill serve` in its own process; returns once /health answers."""
     exe = Path(sys.executable).parent / "prefill"
-    flags = f"--port {port} --dtype float32 --weights {args.weights} --threads {args.threads} --max-running 8"
+    flags = f"--port {port} --dtype {args.dtype} --weights {args.weights} --threads {args.threads} --max-running 8"
     cmd = [str(exe), "serve", *flags.split(), "--chunk-size", str(CHUNK), "--kv-cache-mb", "512"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
@@ -78,13 +80,14 @@ def server_itl(url: str, model: str, prompts: list[list[int]]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--weights", default="float32", help="float32 (the issue's), native or auto")
+    ap.add_argument("--dtype", default="float32", help="activations: float32 (the issue's) or bfloat16")
+    ap.add_argument("--weights", default="float32", help="float32 (the issue's), bfloat16, native or auto")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench-results/server_overhead.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    engine = Engine.load(None, dtype="float32", weights=args.weights, progress=False)
+    engine = Engine.load(None, dtype=args.dtype, weights=args.weights, progress=False)
     engine.warmup()
     prompts = [prompt(engine, 64, i) for i in range(8)]
     port = free_port()
@@ -104,7 +107,7 @@ def main() -> None:
         proc.wait(30)
     m = {k: statistics.median(v) for k, v in runs.items()}
     cpu = torch.backends.cpu.get_cpu_capability()
-    print(f"\nSmolLM2-135M, float32 activations, {engine.weights} weights, {args.threads} threads, {cpu}")
+    print(f"\nSmolLM2-135M, {args.dtype} activations, {engine.weights} weights, {args.threads} threads, {cpu}")
     print(f"{'streams':>8} {'engine ITL ms':>14} {'server ITL ms':>14} {'overhead':>9}  (target <= 10%)")
     overhead = {}
     for B in (1, 8):
@@ -113,7 +116,8 @@ def main() -> None:
         print(f"{B:>8} {e * 1e3:>14.1f} {s * 1e3:>14.1f} {overhead[B]:>+9.1%}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"cpu": cpu, "weights": engine.weights, "threads": args.threads, "medians_s": m, "overhead": overhead}
+    record = {"cpu": cpu, "dtype": args.dtype, "weights": engine.weights, "threads": args.threads}
+    record |= {"medians_s": m, "overhead": overhead}
     out.write_text(json.dumps({**record, "runs": runs, "load_average": os.getloadavg()}, indent=1) + "\n")
     print(f"wrote {out}")
 

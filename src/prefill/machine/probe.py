@@ -11,8 +11,10 @@
     measure_copy_bandwidth()       an array copy's bytes/s (read + written)
 
 Each timing is the best of a few repeats after a warm-up: other load on a shared machine can only slow a
-kernel down, so the fastest repeat is the closest to what the hardware does. prefill.machine.profiles
-assembles these into a MachineProfile and caches it. torch is imported inside the functions only.
+kernel down. A repeat is the work as a forward runs it: a pass over weights streamed from memory, a burst of
+back-to-back GEMMs (their mean: a thread that runs late is part of what a forward sees), small operations and
+attention right after a GEMV that streams weights (after_streaming). prefill.machine.profiles assembles these
+into a MachineProfile and caches it. torch is imported inside the functions only.
 """
 
 from __future__ import annotations
