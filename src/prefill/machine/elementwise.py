@@ -8,8 +8,8 @@ A CPU does not run them at its cache's bandwidth: in bfloat16 each element is co
 transcendental, rotary reads strided views. So they are timed on the engine's own two block functions
 (prefill.model.transformer.qkv_rotary and out_and_mlp, with GEMMs that cost nothing) and its K/V write, at two
 prompt lengths, so the launches' fixed time cancels: (bytes at P2 - bytes at P1) / (seconds at P2 - at P1),
-each block right after a GEMV that streams weights, as in a forward (probe.after_streaming). On the AMX Xeon VM,
-timed back to back: float32 49 GB/s and bfloat16 22 GB/s, where a float32 add in the cache ran at 187 GB/s.
+each block right after a GEMV that streams weights, as in a forward (probe.after_streaming). On the AMX Xeon VM:
+float32 47-49 GB/s and bfloat16 20-22 GB/s (as back to back), where a float32 add in the cache ran at 187 GB/s.
 """
 
 from __future__ import annotations
