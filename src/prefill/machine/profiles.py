@@ -28,14 +28,15 @@ from prefill.machine.cache import machine_key, read_json, write_json
 from prefill.machine.entries import curve_points, implausible
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
-PROBE_VERSION = 15  # entries of another version are measured again (2: GEMMs on the engine's own path; 3: one
+PROBE_VERSION = 16  # entries of another version are measured again (2: GEMMs on the engine's own path; 3: one
 # row too; 4: decode attention through the paged kernel, K/V from memory; 5: GEMMs of 8 rows; 6: linear_f32 up
 # to 128 rows on AVX2; 7: causal attention from 4 tokens; 8: weights streamed over 8x the last-level cache; 9: at
 # most 512 MiB of copies, streamed whatever the cache, launches timed between GEMVs that stream; 10: the engine's
 # own causal attention, the in-cache rate in the dtype; 11: the engine's elementwise work at the model's shapes;
 # 12: decode attention in another dtype than float32 row by row over views of a pool, as the engine runs it;
 # 13: GEMMs beyond COLD_UP_TO rows add their weights' streaming time; 14: attention and the elementwise work
-# timed after a GEMV that streams weights; 15: there, the fastest rounds, not a loop's mean)
+# timed after a GEMV that streams weights; 15: there, the fastest rounds, not a loop's mean;
+# 16: the launch overhead too)
 FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
