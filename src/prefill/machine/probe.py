@@ -265,17 +265,9 @@ def measure_op_overhead(device: str = "cpu", n: int = 32, dtype: str = "float32"
     if device != "cpu":  # no streaming: the launches back to back, synchronised
         return best_seconds(lambda: [block(streamed) for _ in range(n)], 5, device) / (n * launches)
 
-    def fastest(one_round: Callable[[], object]) -> float:  # of n rounds: another process slows some, not all
-        one_round()
-        best = float("inf")
-        for _ in range(n):
-            t = time.perf_counter()
-            one_round()
-            best = min(best, time.perf_counter() - t)
-        return best
-
-    between = fastest(lambda: block(streamed)) - fastest(lambda: [streamed() for _ in range(4)])
-    return max(between, fastest(lambda: block(lambda: None))) / launches
+    # the fastest of n rounds each: another process on the cores slows some rounds, not all of them
+    between = best_seconds(lambda: block(streamed), n) - best_seconds(lambda: [streamed() for _ in range(4)], n)
+    return max(between, best_seconds(lambda: block(lambda: None), n)) / launches
 
 
 def after_streaming(fn: Callable[[], object], stream: Callable[[], None], touch=None, calls: int = 10) -> float:
@@ -286,18 +278,9 @@ def after_streaming(fn: Callable[[], object], stream: Callable[[], None], touch=
     not a loop's mean: another process on the cores slows some rounds, not the fastest. On the Xeon VM causal
     attention at P = 64 added 210 us this way, 162 warm (P = 256: 1,205 and 890)."""
     touch = touch or (lambda: None)
-
-    def fastest(work: Callable[[], object]) -> float:
-        best = float("inf")
-        for _ in range(calls + 1):  # the first round follows the other kind's: untimed
-            t = time.perf_counter()
-            stream()
-            touch()
-            work()
-            best = min(best, time.perf_counter() - t) if _ else best
-        return best
-
-    return max(fastest(fn) - fastest(lambda: None), best_seconds(fn, 3))
+    rounds = best_seconds(lambda: (stream(), touch(), fn()), calls)  # its first, untimed, follows the other kind's
+    alone = best_seconds(lambda: (stream(), touch()), calls)
+    return max(rounds - alone, best_seconds(fn, 3))
 
 
 def streamer(device: str, dtype: str = "float32") -> Callable[[], None]:
