@@ -1,6 +1,6 @@
 """Attention timed as the engine runs it: causal prefill by prompt length, and one decode row's query over S
-cached keys (the paged kernel in float32, row by row over the pool in another dtype). Part of the machine's one
-probe (prefill.machine.probe), which times everything else."""
+cached keys (the paged kernel for a float32 or bfloat16 pool, row by row over the pool in another dtype). Part of
+the machine's one probe (prefill.machine.probe), which times everything else."""
 
 from __future__ import annotations
 
@@ -87,10 +87,8 @@ def decode_row_seconds(
     def every_layer() -> None:
         for layer in range(layers):
             k, v = kv[layer, 0], kv[layer, 1]  # [H_kv, slots, D]
-            if paged:
-                kernels.paged_attention(
-                    q.float(), k, v, table, zero, zero, end, block, d_head**-0.5
-                )  # q as the engine passes it
+            if paged:  # q widened to float32, as the engine passes it
+                kernels.paged_attention(q.float(), k, v, table, zero, zero, end, block, d_head**-0.5)
             else:  # each row's query [1, H_q, 1, D] over its run's views [1, H_kv, S, D] of the pool
                 for r, (a, b) in enumerate(runs):
                     with_lse(q[r, :, None][None], k[None, :, a:b], v[None, :, a:b], None, d_head**-0.5)

@@ -103,8 +103,7 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
     """Measure what `entry` lacks for these shapes (and, with a spec, its attention and the memory system);
     True if anything was measured. `qtypes`: "KxN" -> the GGUF type of weights kept as blocks at that shape."""
     curves, measured, qtypes = entry.setdefault("gemm", {}), False, qtypes or {}
-    cpu = not device.startswith("cuda")
-    if cpu and "bandwidth_bytes_per_s" not in entry:  # the GEMM curve adds the weights' streaming time
+    if "bandwidth_bytes_per_s" not in entry:  # first: a CPU's GEMM curve adds the weights' streaming time
         entry["bandwidth_bytes_per_s"], measured = probe.measure_bandwidth(device), True
     for K, N in shapes:
         if (name := _gemm_key(K, N, qtypes)) not in curves:
@@ -119,8 +118,7 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
         attention[_heads(spec)] = {"prefill": [list(p) for p in curves[0]], "decode": [list(p) for p in curves[1]]}
         measured = True
     if "op_overhead_s" not in entry:
-        if not cpu:  # a CPU's was measured before its GEMMs
-            entry["bandwidth_bytes_per_s"] = probe.measure_bandwidth(device)
+        cpu = not device.startswith("cuda")
         entry["op_overhead_s"] = probe.measure_op_overhead(device, dtype=dtype)
         entry["cache_bytes"] = probe.last_level_cache_bytes() if cpu else 0
         rate = elementwise.measure_elementwise_rate(spec, dtype, device) if cpu else None
