@@ -221,8 +221,8 @@ def test_the_prediction_runs_what_the_server_says_it_runs():
 def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path, monkeypatch):
     """--predict simulates the trace on a profile of the minutes the load ran in (a probe before it, one after:
     this machine's speed drifts over minutes, and a probe of other minutes predicted the wrong machine), with
-    the step loop's own work per step measured and the server's timed on one request alone, and prints each
-    percentile beside its prediction."""
+    the step loop's own work per step measured and the server's timed on one request alone and a burst of them
+    together, and prints each percentile beside its prediction."""
     from typer.testing import CliRunner
 
     from prefill.bench import loadtest as loadtest_module
@@ -248,13 +248,17 @@ def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path,
         result = CliRunner().invoke(app, [*args, "--url", url, *files])
     assert result.exit_code == 0, result.output
     runs = [e for i, e in enumerate(events) if e == "load" or i == 0 or events[i - 1] != e]
-    assert runs[-4:] == ["probe", "load", "load", "probe"], events  # probe, one request alone, the load, probe
+    # a probe; requests alone; a burst and the prompts prefilled among it; the load; the same three again; a probe
+    assert runs[-9:] == ["probe", *["load"] * 7, "probe"], events
     text = " ".join(result.output.split())  # rich wraps lines at the runner's 80 columns
     assert "(2 probes around it)" in text and "the step loop's own work" in text
-    assert "timed on one request alone" in text
+    assert (
+        "timed on 2 requests alone, 8 together and 6 prefilled while they decoded, before the load and after it" in text
+    )
     assert "measured vs predicted" in text and "TTFT" in text
     saved = json.loads((tmp_path / "r.json").read_text())["predicted"]
-    assert saved["summary"]["successful"] == 3 and len(saved["loop_s"]) == 2 and saved["serving_s"] >= 0
+    assert saved["summary"]["successful"] == 3 and len(saved["loop_s"]) == 2
+    assert saved["serving"]["c"] >= 0 and saved["serving"]["e"] >= 0 and saved["serving"]["prefill_scale"] > 0
     from prefill.costmodel.profile import MachineProfile
 
     profile = MachineProfile.from_json(saved["machine_profile"])  # the profile it read, to predict it again

@@ -82,6 +82,63 @@ def test_alone_a_request_takes_its_predicted_prefill_then_one_decode_step_per_to
         assert itls == pytest.approx(want, rel=1e-9)
 
 
+def test_a_requests_time_outside_the_server_shifts_its_ttft_and_end_not_its_gaps():
+    """latency_s (HTTP in and out): each request reaches the loop that much later; alone, its TTFT and E2E grow by
+    it and its gaps between tokens do not change."""
+    spec = load_spec("llama-3-8b")
+    trace = [SimRequest(10.0 * i, 30 + 7 * i, 5) for i in range(3)]
+    base = simulate(spec, trace, fixed_steps, pool_tokens=4096)
+    late = simulate(spec, trace, fixed_steps, pool_tokens=4096, latency_s=0.025)
+    for a, b in zip(base.records, late.records, strict=True):
+        assert b.start == a.start and b.first_content == pytest.approx(a.first_content + 0.025, abs=1e-12)
+        assert b.end == pytest.approx(a.end + 0.025, abs=1e-12)
+        assert [y - x for x, y in zip(b.chunk_times, b.chunk_times[1:], strict=False)] == pytest.approx(
+            [y - x for x, y in zip(a.chunk_times, a.chunk_times[1:], strict=False)], abs=1e-12
+        )
+
+
+def test_the_servers_own_time_is_timed_on_requests_alone_together_and_prefilled_among_them():
+    """server_calibration.calibrate: c from the gaps of requests alone beyond the predicted one-row step (the
+    least), e from a burst's gaps beyond the predicted step of all its rows (per row after the first; the least
+    of the runs before and after a load), the latency as the client's TTFT less the server's (of the probes,
+    else of the requests alone), and the prefill's scale from prompts prefilled while the burst decoded (the
+    server's prefill_s against the time model's step of the prompt beside the burst's rows); a probe after the
+    burst ended, or from a server that sends no timings, tells nothing."""
+    from prefill.bench.loadtest import RequestRecord
+    from prefill.bench.server_calibration import BURST, ServingCalibration, calibrate
+    from prefill.costmodel.ops import Row
+
+    def record(i, gap, n=20, prompt=32, timings=None, start=0.0):
+        times = [start + 0.1 + gap * k for k in range(n)]
+        return RequestRecord(i, 100, start, times[0], times, times[-1], n, n, prompt, 0, "length", timings)
+
+    def forward(rows):  # the time model's forward: 30 ms, 1 ms a row and 0.2 ms a prefill token
+        return 0.030 + 0.001 * len(rows) + 0.0002 * sum(r.new for r in rows if r.new > 1)
+
+    def step(rows):  # and the loop's own work: 0.5 ms
+        return forward(rows) + 0.0005
+
+    alone = [record(0, 0.0315 + 0.0025, timings={"ttft_s": 0.094}), record(0, 0.0315 + 0.004, timings={"ttft_s": 0.09})]
+    burst = [record(i, step([Row(1, 40)] * BURST) + 0.0025 + 0.0004 * (BURST - 1)) for i in range(BURST)]
+    whole = forward([Row(100, 0)] + [Row(1, 32)] * BURST)  # beside the burst's rows (no token streamed yet)
+    probe = record(BURST, 0.05, n=2, prompt=100, timings={"prefill_s": 1.25 * whole, "ttft_s": 0.09}, start=-1.0)
+    late = record(BURST + 1, 0.05, n=2, prompt=100, timings={"prefill_s": 9.0}, start=5.0)  # the burst had ended
+    slower = [record(i, step([Row(1, 40)] * BURST) + 0.0025 + 0.0009 * (BURST - 1)) for i in range(BURST)]
+    own = calibrate(forward, step, [(alone, [*burst, probe, late]), (alone[1:], slower)])  # before and after
+    assert own.c == pytest.approx(0.0025) and own.e == pytest.approx(0.0004)
+    assert own.latency_s == pytest.approx(0.01) and own.prefill_scale == pytest.approx(1.25)  # of the busy server's
+    assert calibrate(forward, step, [(alone, burst)]).latency_s == pytest.approx(0.006)  # no probe: the least alone
+    untimed = calibrate(forward, step, [([record(0, 0.034)], burst)])  # no timings: no latency, the prefill unscaled
+    assert untimed.latency_s == 0.0 and untimed.prefill_scale == 1.0
+    for bad in ((alone, burst[:1]), ([], burst)):
+        with pytest.raises(ValueError):
+            calibrate(forward, step, [bad])
+    rows = [Row(100, 0), Row(1, 50), Row(1, 60)]  # a prefill chunk beside two decode rows: the step scaled
+    assert own.forward_seconds(forward, rows) == pytest.approx(1.25 * forward(rows))
+    assert own.forward_seconds(forward, rows[1:]) == forward(rows[1:])  # decode alone: the time model's
+    assert ServingCalibration().forward_seconds(forward, rows) == forward(rows)
+
+
 def test_queueing_grows_the_tail_as_the_rate_nears_capacity():
     """The same 120 requests arriving faster: p99 TTFT grows (queueing), and the rows per decode step too."""
     spec, hw = load_spec("llama-3-8b"), get_hardware("h100")
@@ -159,3 +216,6 @@ def test_the_step_loops_own_work_is_measured_and_added_to_each_step(monkeypatch)
     monkeypatch.setattr(sim_module, "time_model_steps", lambda spec, profile, layout: lambda rows: 0.01 * len(rows))
     server = sim_module.ServerModel(spec, None, None, 1024, "", None, (1e-3, 2e-4))
     assert server.steps()([Row(1, 10)] * 4) == pytest.approx(0.04 + 1e-3 + 4 * 2e-4)
+    own = sim_module.ServingCalibration(c=3e-4, e=1e-4)  # and the server's own, timed on it
+    timed = sim_module.ServerModel(spec, None, None, 1024, "", None, (1e-3, 2e-4), own)
+    assert timed.steps()([Row(1, 10)] * 4) == pytest.approx(0.04 + 1e-3 + 4 * 2e-4 + 3e-4 + 3 * 1e-4)

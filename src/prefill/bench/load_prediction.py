@@ -1,32 +1,32 @@
 """`prefill loadtest --predict`: the load test's own trace through `prefill serve`'s scheduling on a simulated
 clock (prefill.bench.simulate), timed by the time model on this machine as it was while the load ran.
 
-    before = LoadPrediction.start(model, cfg, echo)   # a probe, and one request the server runs alone
+    before = LoadPrediction.start(model, cfg, echo)   # a probe, and requests timed on the server
     ... the load test ...
     predicted = before.finish(records, in_flight=cfg.concurrency, echo)  # a second probe, the simulation
     predicted.save(Path("loadtest.json"))             # the prediction beside the measurement in the report
 
 Three measurements feed it, none of the load itself: the machine probed before and after the load (its speed
 drifts over minutes on a shared host: a probe of other minutes predicts another machine), the step loop's own
-work per step (loop_overhead), and the server's own time per step beyond both, from the gaps between the tokens
-of one request it ran alone before the load (HTTP, SSE, its event loop).
+work per step (loop_overhead), and the server's own time beyond both (HTTP, SSE, its event loop, its prefill
+against the time model's), timed on a few requests sent to it before the load (server_calibration).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefill.bench import loadtest
 from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord
 from prefill.bench.loadtest_report import summarize
+from prefill.bench.server_calibration import ALONE, BURST, PROBES, Timed, timed_requests
 from prefill.bench.simulate import ServerModel, server_model, simulate, trace_of
 
-ALONE_PROMPT, ALONE_TOKENS = 32, 33  # the request timed alone: 32 gaps between its tokens
+CHUNK, MAX_RUNNING = 256, 32  # `prefill serve`'s scheduling defaults
+PROBE_PROMPTS = PromptLengths(64, 192)  # the prompts prefilled while a burst decodes, where the load's are not known
 DEFAULT_KV_MB = 2048.0  # `prefill serve`'s KV pool where the server does not say (its default's cap)
 
 
@@ -44,45 +44,62 @@ def served_as(model: str | None, url: str) -> tuple[str, str, float]:
         return (*resolve_storage(model, "auto", "auto", echo=None), DEFAULT_KV_MB)
 
 
+def probe_lengths(cfg: LoadTestConfig) -> PromptLengths:
+    """Tokens of the prompts timed while a burst decodes: the load's lengths, at most a chunk (PROBE_PROMPTS where
+    the load sends real prompts)."""
+    if cfg.prompts or cfg.system_prompt:
+        return PROBE_PROMPTS
+    lengths = cfg.prompt_lengths
+    capped = tuple(min(CHUNK, n) for n in lengths.choices)
+    return PromptLengths(min(CHUNK, lengths.lo), min(CHUNK, lengths.hi), capped)
+
+
 @dataclass
 class LoadPrediction:
     server: ServerModel
     probe: dict  # the probe before the load
-    alone: RequestRecord  # the request the server ran alone before the load
+    timed: list[Timed]  # requests timed on the server before the load, and after it (timed_requests)
+    cfg: LoadTestConfig  # the load's
     summary: dict | None = None  # the simulated load, once finished
 
     @classmethod
     def start(cls, model: str | None, cfg: LoadTestConfig, echo: Callable[[str], None]) -> LoadPrediction:
         """The server at cfg.url as its /health says it runs (dtype, weights, KV pool; another kind of server:
-        `prefill serve`'s defaults on this CPU), a probe of this machine now, and one request sent alone to it
-        (words no request of the load begins with, so the load meets no prefix of it in the server's cache)."""
+        `prefill serve`'s defaults on this CPU), a probe of this machine now, and requests timed on the server
+        (server_calibration.timed_requests; its probe prompts of the load's lengths)."""
         dtype, weights, kv_mb = served_as(model, cfg.url)
         server = server_model(model, "cpu", dtype, weights, kv_mb, echo=echo)
-        echo("probing this machine before the load (and again after it), and timing one request alone, to predict")
+        echo("probing this machine before the load (and again after it), and timing requests on the server, to predict")
         probe = server.probe()
-        one = {"concurrency": 1, "rate": None, "max_requests": 1, "prompts": (), "seed": -1 - cfg.seed}
-        lengths = PromptLengths(ALONE_PROMPT, ALONE_PROMPT)
-        alone = dataclasses.replace(cfg, prompt_lengths=lengths, max_tokens=ALONE_TOKENS, ignore_eos=True, **one)
-        return cls(server, probe, asyncio.run(loadtest.run_load_test(alone))[0][0])
+        return cls(server, probe, [timed_requests(cfg, probe_lengths(cfg))], cfg)
 
     def finish(self, records: list[RequestRecord], in_flight: int, echo: Callable[[str], None]) -> dict:
-        """The load's trace simulated with `prefill serve`'s scheduling defaults (chunk 256, 32 running), the
-        client holding at most `in_flight` requests at the server as the load test did; its summary."""
+        """Requests timed on the server again and a second probe, then the load's trace simulated with `prefill
+        serve`'s scheduling defaults (chunk 256, 32 running), the client holding at most `in_flight` requests at
+        the server as the load test did; its summary."""
+        self.timed.append(timed_requests(self.cfg, probe_lengths(self.cfg)))
         server = self.server.with_probes([self.probe, self.server.probe()])
         try:
-            server = server.with_serving(self.alone)
+            server = server.with_serving(self.timed)
         except ValueError as e:
-            echo(f"{e}: the prediction leaves the server's own time per step out")
-        result = simulate(server.spec, trace_of(records), server.steps(), server.tokens, 256, 32, in_flight=in_flight)
+            echo(f"{e}: the prediction leaves the server's own time out")
+        trace, steps, latency = trace_of(records), server.steps(), server.serving.latency_s
+        result = simulate(
+            server.spec, trace, steps, server.tokens, CHUNK, MAX_RUNNING, in_flight=in_flight, latency_s=latency
+        )
         self.server, self.summary = server, summarize(result.records, result.wall_s)
         return self.summary
 
     def describe(self) -> str:
-        a, b = (1e3 * s for s in self.server.loop_s)
+        s, own = self.server, self.server.serving
+        a, b = (1e3 * x for x in s.loop_s)
+        c, e, h = (1e3 * x for x in (own.c, own.e, own.latency_s))
         return (
-            f"predicted: {self.server.name}; {self.server.profile.source}. Beside each forward: the step loop's own "
-            f"work {a:.2f} ms + {b:.2f} ms a row, the server's {self.server.serving_s * 1e3:.2f} ms (timed on one "
-            "request alone before the load)"
+            f"predicted: {s.name}; {s.profile.source}. Beside each forward: the step loop's own work {a:.2f} ms + "
+            f"{b:.2f} ms a row, the server's {c:.2f} ms + {e:.2f} ms a row after the first; steps that prefill at "
+            f"{own.prefill_scale:.2f}x the time model; {h:.1f} ms a request outside the server's clock (timed on "
+            f"{ALONE} requests alone, {BURST} together and {PROBES} prefilled while they decoded, before the load "
+            "and after it)"
         )
 
     def save(self, out: Path) -> None:
@@ -94,6 +111,7 @@ class LoadPrediction:
             "profile": self.server.profile.source,
             "machine_profile": self.server.profile.to_json(),  # the numbers the prediction read, to reproduce it
             "loop_s": list(self.server.loop_s),  # the step loop's own seconds per step: a + b R
-            "serving_s": self.server.serving_s,
+            "serving": dataclasses.asdict(self.server.serving),  # the server's own time, timed on it
+            "timed_on_server": [[dataclasses.asdict(r) for r in a + b] for a, b in self.timed],  # before, after
         }
         out.write_text(json.dumps(report, indent=2, default=str))

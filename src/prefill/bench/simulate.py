@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from prefill.bench.loadtest import PromptLengths, RequestRecord
+from prefill.bench.server_calibration import ServingCalibration
 from prefill.costmodel.ops import Row
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVPool, SeqKV
@@ -130,12 +131,15 @@ def simulate(
     max_running: int = 32,
     model=None,
     in_flight: int | None = None,
+    latency_s: float = 0.0,
 ) -> SimResult:
     """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
     generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
     step for real (its K/V pool then real too), timed all the same by `step_seconds`. `in_flight`: the client
     keeps at most this many requests at the server, the others waiting on its side in arrival order, as
-    `prefill loadtest --rate R --concurrency C` does (a request's times still count from its arrival)."""
+    `prefill loadtest --rate R --concurrency C` does (a request's times still count from its arrival).
+    `latency_s`: each request reaches the step loop this long after it is sent, and its first token the client
+    as much later, in all (HTTP, tokenizing, the first chunk out: ServerModel.latency_s)."""
     clock = SimClock()
     runner = SimRunner(spec, step_seconds, clock, model)
     where = ("meta", torch.float32) if model is None else (model.device, model.dtype)
@@ -153,9 +157,9 @@ def simulate(
         return len(sent) < in_flight
 
     while i < len(pending) or loop.busy:
-        if not loop.busy and clock.now < pending[i].arrival_s:
-            clock.now = pending[i].arrival_s  # idle until the next arrival
-        while i < len(pending) and pending[i].arrival_s <= clock.now and room():
+        if not loop.busy and clock.now < pending[i].arrival_s + latency_s:
+            clock.now = pending[i].arrival_s + latency_s  # idle until the next request reaches the loop
+        while i < len(pending) and pending[i].arrival_s + latency_s <= clock.now and room():
             loop.add(_request(pending[i], records[i], spec, clock.now))
             if in_flight is not None:
                 sent.append(records[i])
@@ -201,8 +205,9 @@ def time_model_steps(spec: ModelSpec, profile, layout) -> StepSeconds:
 class ServerModel:
     """What a simulation of a server needs, resolved once: the model's spec, the machine profile and the layout
     its engine runs, the KV pool's tokens, the step loop's own seconds per step beyond the forward (a + b R for
-    R rows: scheduling, sampling, detokenizing; zero unless measured), the serving process's beyond that (HTTP,
-    the event loop; zero unless measured) and, on a CPU, how to probe it again."""
+    R rows: scheduling, sampling, detokenizing; zero unless measured), the serving process's own time beyond
+    both (prefill.bench.server_calibration: HTTP, the event loop; none unless timed on the server) and, on a CPU,
+    how to probe it again."""
 
     spec: ModelSpec
     profile: object  # MachineProfile
@@ -211,7 +216,7 @@ class ServerModel:
     label: str  # "(float32, weights Q4_1, KV pool 43,690 tokens)"
     qtypes: dict | None = None  # on a CPU: "KxN" -> GGUF type of the weights kept as blocks; None elsewhere
     loop_s: tuple[float, float] = (0.0, 0.0)
-    serving_s: float = 0.0  # the server's own seconds per step beyond both (loop_overhead.serving_overhead)
+    serving: ServingCalibration = ServingCalibration()  # the server's own time, timed on it (none: zero)
 
     @property
     def name(self) -> str:
@@ -238,15 +243,17 @@ class ServerModel:
 
     def steps(self) -> StepSeconds:
         """Each step's seconds: the time model's forward, and the loop's own work for its rows."""
-        forward, (a, b), c = time_model_steps(self.spec, self.profile, self.layout), self.loop_s, self.serving_s
-        return lambda rows: forward(rows) + a + b * len(rows) + c
+        forward, (a, b), own = time_model_steps(self.spec, self.profile, self.layout), self.loop_s, self.serving
+        return lambda rows: own.forward_seconds(forward, rows) + a + b * len(rows) + own.own_seconds(len(rows))
 
-    def with_serving(self, alone) -> ServerModel:
-        """This model with the serving process's own seconds per step measured on `alone`: a load-test record of
-        one request the server ran alone (loop_overhead.serving_overhead)."""
-        from prefill.bench.loop_overhead import serving_overhead
+    def with_serving(self, runs) -> ServerModel:
+        """This model with the server's own time timed on it: `runs`, records of server_calibration.timed_requests
+        before and after a load (server_calibration.calibrate)."""
+        from prefill.bench.server_calibration import calibrate
 
-        return dataclasses.replace(self, serving_s=serving_overhead(self.steps(), alone))
+        forward = time_model_steps(self.spec, self.profile, self.layout)
+        bare = dataclasses.replace(self, serving=ServingCalibration()).steps()
+        return dataclasses.replace(self, serving=calibrate(forward, bare, runs))
 
 
 def server_model(
