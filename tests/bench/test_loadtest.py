@@ -135,6 +135,25 @@ def test_client_against_scripted_server(tmp_path, chat, include_usage, rate):
     assert (tmp_path / "out.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_closed_loop_streams_pause_their_think_time_between_requests():
+    """think_s: each stream waits a draw of U(0, 2 think_s) after a request before its next (its own draws, so the
+    prompts stay those of the seed); a negative think time is refused."""
+    import itertools
+    import random
+
+    with BackgroundServer(scripted_app()) as url:
+        runs = {
+            think: asyncio.run(run_load_test(LoadTestConfig(url, concurrency=1, max_requests=4, think_s=think)))[0]
+            for think in (0.0, 0.04)
+        }
+    draws = random.Random(0 + 1)
+    for prev, nxt in itertools.pairwise(runs[0.04]):
+        assert nxt.start - prev.end >= draws.uniform(0.0, 0.08) - 1e-3  # asyncio.sleep wakes no earlier
+    assert [r.prompt_chars for r in runs[0.0]] == [r.prompt_chars for r in runs[0.04]]
+    with pytest.raises(BadInput, match="think time"):
+        LoadTestConfig("http://x", think_s=-1.0)
+
+
 def test_client_reports_http_errors():
     app = FastAPI()
 
@@ -259,6 +278,7 @@ def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path,
     saved = json.loads((tmp_path / "r.json").read_text())["predicted"]
     assert saved["summary"]["successful"] == 3 and len(saved["loop_s"]) == 2
     assert saved["serving"]["c"] >= 0 and saved["serving"]["e"] >= 0 and saved["serving"]["prefill_scale"] > 0
+    assert saved["serving"]["intake_s"] >= 0
     from prefill.costmodel.profile import MachineProfile
 
     profile = MachineProfile.from_json(saved["machine_profile"])  # the profile it read, to predict it again

@@ -97,6 +97,48 @@ def test_a_requests_time_outside_the_server_shifts_its_ttft_and_end_not_its_gaps
         )
 
 
+def test_a_request_arriving_at_a_busy_server_makes_the_next_step_longer():
+    """intake_s: a request that arrives while the loop runs a step (its HTTP and tokenizing take a core) makes the
+    next step longer by it: its own TTFT and the running request's next token come that much later; a request
+    that finds the loop idle costs nothing."""
+    spec = load_spec("llama-3-8b")
+    trace = [SimRequest(0.0, 30, 6), SimRequest(0.05, 20, 3), SimRequest(5.0, 10, 2)]
+    base = simulate(spec, trace, fixed_steps, pool_tokens=4096)
+    slow = simulate(spec, trace, fixed_steps, pool_tokens=4096, intake_s=0.004)
+    (a0, b0, c0), (a1, b1, c1) = base.records, slow.records
+    assert b1.first_content == pytest.approx(b0.first_content + 0.004, abs=1e-12)  # it arrived while a decoded
+    later = [t1 - t0 for t0, t1 in zip(a0.chunk_times, a1.chunk_times, strict=True)]
+    assert later[0] == 0.0 and later[-1] == pytest.approx(0.004, abs=1e-12)  # a's tokens after b arrived
+    assert c1.first_content - c1.start == pytest.approx(c0.first_content - c0.start, abs=1e-12)  # idle: no cost
+
+
+def test_a_steps_intake_is_timed_from_probes_arriving_while_a_burst_decodes():
+    """server_calibration.arrival_costs: the burst's step during which a probe arrived less its steps without an
+    arrival or a prefill (median over the burst's requests); a step in which a probe's prompt was prefilled is no
+    baseline. calibrate() takes the median over the probes of every run."""
+    from prefill.bench.loadtest import RequestRecord
+    from prefill.bench.server_calibration import BURST, arrival_costs, calibrate
+
+    steps = [0.04] * 30  # the burst's steps: 40 ms each, but ...
+    steps[5] = steps[15] = 0.046  # ... a probe arrived during these two (+6 ms) ...
+    steps[6], steps[16] = 0.10, 0.13  # ... and was prefilled in the next
+    ends = [sum(steps[: k + 1]) for k in range(30)]
+    burst = [RequestRecord(i, 10, 0.0, ends[0], ends, ends[-1], 30, 30, 32, 0, "length") for i in range(BURST)]
+
+    def probe(i, start, k):  # sent at `start`, prefilled in step k, its second token a step later
+        return RequestRecord(BURST + i, 10, start, ends[k], ends[k : k + 2], ends[k + 1], 2, 2, 64, 0, "length")
+
+    probes = [probe(0, ends[4] + 0.01, 6), probe(1, ends[14] + 0.03, 16), probe(2, ends[15] + 0.05, 17)]
+    assert arrival_costs(burst, probes) == pytest.approx([0.006, 0.006])  # the third arrived during a prefill
+
+    def forward(rows):  # the time model's forward, and the step's
+        return 0.030 + 0.001 * len(rows)
+
+    alone = [RequestRecord(0, 10, 0.0, 0.1, [0.1 + 0.031 * k for k in range(20)], 0.7, 20, 20, 32, 0, "length")]
+    assert calibrate(forward, forward, [(alone, [*burst, *probes])]).intake_s == pytest.approx(0.006)
+    assert calibrate(forward, forward, [(alone, burst)]).intake_s == 0.0  # no probe: none timed
+
+
 def test_the_servers_own_time_is_timed_on_requests_alone_together_and_prefilled_among_them():
     """server_calibration.calibrate: c from the gaps of requests alone beyond the predicted one-row step (the
     least), e from a burst's gaps beyond the predicted step of all its rows (per row after the first; the least

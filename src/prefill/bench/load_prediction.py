@@ -83,21 +83,21 @@ class LoadPrediction:
             server = server.with_serving(self.timed)
         except ValueError as e:
             echo(f"{e}: the prediction leaves the server's own time out")
-        trace, steps, latency = trace_of(records), server.steps(), server.serving.latency_s
-        result = simulate(
-            server.spec, trace, steps, server.tokens, CHUNK, MAX_RUNNING, in_flight=in_flight, latency_s=latency
-        )
+        trace, steps, own = trace_of(records), server.steps(), server.serving
+        late = {"in_flight": in_flight, "latency_s": own.latency_s, "intake_s": own.intake_s}
+        result = simulate(server.spec, trace, steps, server.tokens, CHUNK, MAX_RUNNING, **late)
         self.server, self.summary = server, summarize(result.records, result.wall_s)
         return self.summary
 
     def describe(self) -> str:
         s, own = self.server, self.server.serving
         a, b = (1e3 * x for x in s.loop_s)
-        c, e, h = (1e3 * x for x in (own.c, own.e, own.latency_s))
+        c, e, h, i = (1e3 * x for x in (own.c, own.e, own.latency_s, own.intake_s))
         return (
             f"predicted: {s.name}; {s.profile.source}. Beside each forward: the step loop's own work {a:.2f} ms + "
             f"{b:.2f} ms a row, the server's {c:.2f} ms + {e:.2f} ms a row after the first; steps that prefill at "
-            f"{own.prefill_scale:.2f}x the time model; {h:.1f} ms a request outside the server's clock (timed on "
+            f"{own.prefill_scale:.2f}x the time model; {i:.1f} ms more for a step a request arrived in; {h:.1f} ms "
+            "a request outside the server's clock (timed on "
             f"{ALONE} requests alone, {BURST} together and {PROBES} prefilled while they decoded, before the load "
             "and after it)"
         )

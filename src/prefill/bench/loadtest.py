@@ -94,6 +94,7 @@ class LoadTestConfig:
     model: str | None = None  # None: ask GET /v1/models and use the first id
     chat: bool = False  # /v1/chat/completions instead of /v1/completions
     concurrency: int = 4  # fixed-concurrency mode when rate is None
+    think_s: float = 0.0  # fixed concurrency: each stream waits U(0, 2 think_s) before its next request
     rate: float | None = None  # Poisson arrivals at this rate (concurrency then caps in-flight requests)
     duration_s: float = 60.0
     max_requests: int = 100
@@ -113,6 +114,8 @@ class LoadTestConfig:
             raise BadInput("concurrency must be >= 1")
         if self.rate is not None and not self.rate > 0:
             raise BadInput("rate must be > 0 requests per second")
+        if self.think_s < 0:
+            raise BadInput("think time must be >= 0 seconds")
         if not self.duration_s > 0 or self.max_requests < 1:
             raise BadInput("duration must be > 0 seconds and requests >= 1")
         if self.max_tokens < 1:
@@ -257,11 +260,14 @@ async def run_load_test(cfg: LoadTestConfig) -> tuple[list[RequestRecord], float
                 await asyncio.wait_for(coro, timeout=max(0.0, deadline - time.perf_counter()))
 
         if cfg.rate is None:
+            think = random.Random(cfg.seed + 1)  # its own draws: the prompts stay those of the seed
 
             async def worker() -> None:
                 while (item := new_record()) is not None:
                     rec, prompt = item
                     await bounded(one_request(client, cfg, model, prompt, rec, t0))
+                    if cfg.think_s:
+                        await asyncio.sleep(think.uniform(0.0, 2 * cfg.think_s))
 
             await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
         else:

@@ -8,26 +8,30 @@
 A server is more than its forwards: HTTP and SSE, its event loop and the client's, all on the compute's cores.
 Measured on `prefill serve` under load (Xeon VM, bfloat16, a Poisson load at 60% of capacity, each step traced):
 a step's forward ran 4-8% longer than the same rows replayed in-process, a step during which a request arrived
-5 ms longer, a prefill step's forward 11% longer than the time model's even in-process (the time model's error
-at 64-256 tokens in bfloat16, benchmarks/predict.py), and the first forward at a new token count builds oneDNN's
-kernels for its shapes (~1 ms each in bfloat16). Four figures, each timed on the server itself before the load
-and again after it:
+5-9 ms longer (its HTTP and tokenizing take a core from the forward's threads), a prefill step's forward 11%
+longer than the time model's even in-process (the time model's error at 64-256 tokens in bfloat16,
+benchmarks/predict.py), and the first forward at a new token count builds oneDNN's kernels for its shapes (~1 ms
+each in bfloat16). Five figures, each timed on the server itself before the load and again after it:
 
 - per step, c: the gaps between the tokens of a request alone, beyond the predicted one-row step (the lesser
   of ALONE such requests: a minute of a slower machine once timed c = 5.6 ms where the next read 0);
 - per streamed row, e: the gaps of BURST requests decoding together, beyond the predicted step of all of them;
 - per request, latency: the client's TTFT less the server's own (its `timings`: HTTP in, the first chunk out),
   of the probes below (requests sent to a busy server);
-- the prefill's scale, k: PROBES prompts of the load's lengths sent one after another while the burst
+- the prefill's scale, k: PROBES prompts of the load's lengths sent one after another (each a random pause,
+  up to two THINK_S, after the one before: they arrive at any point of a step, as a load's do) while the burst
   decodes, each prefill step (the server's `timings`, the burst's decode rows in it) against the time model's
   step, median (a server that sends no timings: k = 1). A new token count's first forward builds its kernels,
-  so prompts of new lengths, as a load's, run slower than one length timed again and again.
+  so prompts of new lengths, as a load's, run slower than one length timed again and again;
+- per arrival at a busy server, intake: the burst's step during which a probe arrived less its steps without
+  an arrival or a prefill, median.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import random
 import statistics
 import time
@@ -43,19 +47,23 @@ ALONE, ALONE_PROMPT, ALONE_TOKENS = 2, 32, 33  # requests timed alone, one after
 BURST, BURST_TOKENS = 8, 49  # requests decoding together (as many as a busy minute's steps hold), and their tokens
 PROBES = 6  # prompts prefilled one after another while the burst decodes
 PROBE_START_S = 0.3  # after the burst is sent: its prompts are prefilled and it decodes
+THINK_S = 0.025  # the probes' mean pause after the one before (uniform up to twice it: about a step here)
+SSE_S = 0.003  # a step's chunks reach the client within this of one another
 Forward = Callable[[list[Row]], float]  # the time model's seconds of one forward
 Timed = tuple[list[RequestRecord], list[RequestRecord]]  # timed_requests: (alone, burst + probes)
 
 
 @dataclass(frozen=True)
 class ServingCalibration:
-    """The server's own seconds: c + e (R - 1) a step of R rows, `latency_s` a request outside its clock, and a
-    step that prefills at `prefill_scale` times the time model's forward."""
+    """The server's own seconds: c + e (R - 1) a step of R rows, `latency_s` a request outside its clock, a step
+    that prefills at `prefill_scale` times the time model's forward, and `intake_s` more for a step during which
+    a request arrived (prefill.bench.simulate charges it)."""
 
     c: float = 0.0
     e: float = 0.0
     latency_s: float = 0.0
     prefill_scale: float = 1.0
+    intake_s: float = 0.0
 
     def forward_seconds(self, forward: Forward, rows: list[Row]) -> float:
         """A step's forward: the time model's, scaled when the step prefills (a row of more than one token)."""
@@ -70,9 +78,9 @@ def calibrate(forward: Forward, step: Forward, runs: Sequence[Timed]) -> Serving
     """The calibration from the records of timed_requests, run before and after a load: `forward` is the time
     model's forward, `step` the simulator's whole step without the server's own time (forward and the loop's
     work). c and e are the least of their runs' (a server timed in a slower minute: 6 ms a step more at one
-    stream, then none in the next); k and the latency the median over every probe (sent to a busy server, as a
-    load's requests are: 2-14 ms outside its clock where one alone spent 2-5). ValueError when the requests timed
-    too little."""
+    stream, then none in the next); k, the latency and the intake the median over every probe (sent to a busy
+    server, as a load's requests are: 2-14 ms outside its clock where one alone spent 2-5; a client's first
+    request, opening its connection, took 30 ms of a step). ValueError when the requests timed too little."""
     alone = [r for a, _ in runs for r in a]
     if not alone:
         raise ValueError("no request was timed alone")
@@ -82,7 +90,8 @@ def calibrate(forward: Forward, step: Forward, runs: Sequence[Timed]) -> Serving
     k = statistics.median(scales) if scales else 1.0
     timed = [r for _, busy in runs for r in busy[BURST:] if r.ok and (r.server_timings or {}).get("ttft_s")]
     latency = statistics.median(map(http_latency, timed)) if timed else min(map(http_latency, alone))
-    return ServingCalibration(c, e, latency, k)
+    intakes = [x for _, busy in runs for x in arrival_costs(busy[:BURST], busy[BURST:])]
+    return ServingCalibration(c, e, latency, k, max(0.0, statistics.median(intakes)) if intakes else 0.0)
 
 
 def _per_row(step: Forward, burst: list[RequestRecord], c: float) -> float:
@@ -107,6 +116,26 @@ def prefill_scales(forward: Forward, burst: Sequence[RequestRecord], probes: Seq
     return scales
 
 
+def arrival_costs(burst: Sequence[RequestRecord], probes: Sequence[RequestRecord]) -> list[float]:
+    """For each probe that arrived while the burst decoded: the burst's step it arrived in (the gap between two of
+    the burst's tokens that holds its start, median over the burst's requests) less the burst's median step
+    without an arrival, when no prompt was prefilled in either (a probe's first token not within SSE_S of it)."""
+    prefilled = [p.first_content for p in probes if p.first_content is not None]
+    starts = [p.start for p in probes]
+    held: dict[int, list[float]] = {}
+    free: list[float] = []
+    for r in burst:
+        for a, b in itertools.pairwise(r.chunk_times):
+            if any(a < t <= b + SSE_S for t in prefilled):
+                continue
+            inside = [i for i, t in enumerate(starts) if a < t < b]
+            (held.setdefault(inside[0], []) if inside else free).append(b - a)
+    if not free:
+        return []
+    base = statistics.median(free)
+    return [statistics.median(gaps) - base for gaps in held.values()]
+
+
 def http_latency(alone: RequestRecord) -> float:
     """Seconds a request spends outside the server's own timing: the client's TTFT less the server's (its
     `timings`: HTTP in, tokenizing before the clock starts, the first chunk out), 0 when the server sends none."""
@@ -119,13 +148,14 @@ def http_latency(alone: RequestRecord) -> float:
 def timed_requests(cfg: LoadTestConfig, probe_lengths: PromptLengths) -> Timed:
     """Run on the server at cfg.url: ALONE requests one after another, then BURST together with PROBES prompts of
     `probe_lengths` (each length new to the server, as a load's are: its first forward builds the kernels of its
-    shapes) sent one after another PROBE_START_S later (their times moved to the burst's clock). Their
+    shapes) sent one after another, with pauses, PROBE_START_S later (their times moved to the burst's clock). Their
     words come from seeds drawn anew each time (negative: never a load's), so neither they nor the load meet a
     prefix of theirs in the server's cache. Returns (alone, burst + probes)."""
     seeds = [-1 - random.SystemRandom().randrange(2**31) for _ in range(3)]
 
-    def run(n: int, together: int, seed: int, lengths, tokens: int, model: str | None = None) -> LoadTestConfig:
-        each = {"concurrency": together, "rate": None, "max_requests": n, "seed": seed, "model": model or cfg.model}
+    def run(n: int, together: int, seed: int, lengths, tokens: int, model=None, think_s=0.0) -> LoadTestConfig:
+        each = {"concurrency": together, "rate": None, "max_requests": n, "seed": seed, "think_s": think_s}
+        each["model"] = model or cfg.model
         return dataclasses.replace(cfg, prompt_lengths=lengths, max_tokens=tokens, ignore_eos=True, prompts=(), **each)
 
     async def started(config: LoadTestConfig, delay_s: float = 0.0) -> tuple[float, list[RequestRecord]]:
@@ -134,7 +164,7 @@ def timed_requests(cfg: LoadTestConfig, probe_lengths: PromptLengths) -> Timed:
 
     async def busy(model: str) -> list[RequestRecord]:
         burst = started(run(BURST, BURST, seeds[1], short, BURST_TOKENS, model))
-        probes = started(run(PROBES, 1, seeds[2], probe_lengths, 2, model), PROBE_START_S)
+        probes = started(run(PROBES, 1, seeds[2], probe_lengths, 2, model, THINK_S), PROBE_START_S)
         (t_burst, together), (t_probes, probed) = await asyncio.gather(burst, probes)
         return together + [_shifted(r, t_probes - t_burst) for r in probed]
 

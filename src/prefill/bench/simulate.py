@@ -90,12 +90,14 @@ class SimRunner:
         self.spec, self.step_seconds, self.clock, self.model_runner = spec, step_seconds, clock, model
         self.logits = logits  # a tensor [R_max, vocab] to return (its first R rows) instead of the 2-token ones
         self.steps: list[list[tuple[int, int]]] = []  # each forward's rows: (new tokens, past)
+        self.owed_s = 0.0  # the next step runs this much longer (requests that arrived during the last one)
 
     def run(self, rows: list[tuple[SeqKV, list[int]]], output: str = "last") -> torch.Tensor:
         if output != "last":
             raise BadInput("the simulator predicts generation steps only (no scoring)")
         shape = [(len(ids), seq.length) for seq, ids in rows]
-        self.clock.now += self.step_seconds([Row(new, past) for new, past in shape])
+        self.clock.now += self.step_seconds([Row(new, past) for new, past in shape]) + self.owed_s
+        self.owed_s = 0.0
         self.steps.append(shape)
         if self.model_runner is not None:
             return self.model_runner.run(rows, output)  # [R, vocab]
@@ -132,6 +134,7 @@ def simulate(
     model=None,
     in_flight: int | None = None,
     latency_s: float = 0.0,
+    intake_s: float = 0.0,
 ) -> SimResult:
     """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
     generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
@@ -139,7 +142,10 @@ def simulate(
     keeps at most this many requests at the server, the others waiting on its side in arrival order, as
     `prefill loadtest --rate R --concurrency C` does (a request's times still count from its arrival).
     `latency_s`: each request reaches the step loop this long after it is sent, and its first token the client
-    as much later, in all (HTTP, tokenizing, the first chunk out: ServerModel.latency_s)."""
+    as much later, in all (HTTP, tokenizing, the first chunk out: ServerModel.latency_s). `intake_s`: a request
+    that arrives while the loop is busy makes its time longer by this (its HTTP and tokenizing take a core from
+    the forward's threads), charged to the next step: the same for its TTFT and the others' tokens, one step
+    on."""
     clock = SimClock()
     runner = SimRunner(spec, step_seconds, clock, model)
     where = ("meta", torch.float32) if model is None else (model.device, model.dtype)
@@ -159,8 +165,10 @@ def simulate(
     while i < len(pending) or loop.busy:
         if not loop.busy and clock.now < pending[i].arrival_s + latency_s:
             clock.now = pending[i].arrival_s + latency_s  # idle until the next request reaches the loop
+        busy = loop.busy
         while i < len(pending) and pending[i].arrival_s + latency_s <= clock.now and room():
             loop.add(_request(pending[i], records[i], spec, clock.now))
+            runner.owed_s += intake_s if busy else 0.0
             if in_flight is not None:
                 sent.append(records[i])
             i += 1
