@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -53,14 +54,20 @@ def start_server(dtype: str, chunk_size: int, threads: int | None) -> tuple[subp
         cmd += ["--threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):  # bounded: 2 minutes
+    wait_healthy(proc, url, lambda: proc.stderr.read().decode())
+    return proc, url
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, why: Callable[[], str]) -> None:
+    """Return once the server at `url` answers /health; RuntimeError (`why()` if `proc` exited) after 2 minutes."""
+    for _ in range(600):
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
+                return
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode())
+            raise RuntimeError(why())
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError("the server did not start")

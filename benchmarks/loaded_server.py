@@ -16,10 +16,9 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from batching import wait_healthy
 
 from prefill.server.server import free_port
 
@@ -36,17 +35,11 @@ def start_server(log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([*CLI, "serve", "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):  # two minutes
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            sys.exit(f"error: prefill serve exited (its log: {log})")
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit(f"error: prefill serve did not answer in two minutes (its log: {log})")
+    try:
+        wait_healthy(proc, url, lambda: f"prefill serve exited (its log: {log})")
+    except RuntimeError as e:
+        sys.exit(f"error: {e}")
+    return proc, url
 
 
 def loadtest(url: str, out: Path, extra: list[str]) -> dict:
