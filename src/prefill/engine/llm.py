@@ -30,6 +30,7 @@ from prefill.engine.weights import resolve_weights, storage_of
 from prefill.errors import BadInput
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
+from prefill.machine import heap
 from prefill.machine.weights import NATIVE
 from prefill.model.transformer import check_supported
 
@@ -46,6 +47,7 @@ class Engine:
         self._profiles: dict[bool, MachineProfile] = {}
         self.cold_prefill_s: float | None = None  # the first prefill after load (warmup), seconds
         self.cold_decode_s: float | None = None  # the first decode step after load, seconds
+        heap.keep_freed_memory()  # a forward's freed activations are reused, not unmapped (prefill.machine.heap)
         self.kv_store: StoreTier | None = None  # attach_kv_store
 
     # ---- construction ----
