@@ -25,8 +25,6 @@ from prefill.server.server import free_port
 FRACTIONS, TARGETS = (0.3, 0.6, 0.9), (0.15, 0.15, 0.25)  # of capacity; |predicted / measured - 1| allowed
 METRICS = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"))
 LOAD = ["--prompt-len", "32:256", "--max-tokens", "48", "--ignore-eos", "--concurrency", "16"]
-
-
 CLI = [sys.executable, "-c", "from prefill.cli.main import main; main()"]
 
 

@@ -2,31 +2,21 @@
 (The slow state they remove is measured on a server, docs/performance.md; a synthetic arena in a test did not
 reproduce glibc's heap deletion reliably, so the test checks the settings, not the timing.)"""
 
-import ctypes
-import sys
-
 import pytest
 
 from prefill.machine import heap
 
 
-def glibc() -> bool:
-    try:
-        return sys.platform.startswith("linux") and bool(ctypes.CDLL(None).gnu_get_libc_version)
-    except (OSError, AttributeError):
-        return False
-
-
-@pytest.mark.skipif(not glibc(), reason="needs glibc")
+@pytest.mark.skipif(heap.glibc() is None, reason="needs glibc")
 def test_glibc_takes_every_setting():
     heap.keep_freed_memory.cache_clear()
     assert heap.keep_freed_memory()  # mallopt returned 1 for each: none above glibc's limits
 
 
-def test_a_new_engine_holds_the_heap(monkeypatch):
+def test_a_new_engine_holds_the_heap(monkeypatch, smollm):
     calls = []
     monkeypatch.setattr(heap, "keep_freed_memory", lambda: calls.append(1) or True)
     from prefill.engine.llm import Engine
 
-    Engine.load(progress=False)
+    Engine(smollm.runner, smollm.tokenizer, smollm.source)
     assert calls == [1]

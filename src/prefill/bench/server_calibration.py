@@ -153,7 +153,9 @@ def timed_requests(cfg: LoadTestConfig, probe_lengths: PromptLengths) -> Timed:
     prefix of theirs in the server's cache. Returns (alone, burst + probes)."""
     seeds = [-1 - random.SystemRandom().randrange(2**31) for _ in range(3)]
 
-    def run(n: int, together: int, seed: int, lengths, tokens: int, model=None, think_s=0.0) -> LoadTestConfig:
+    def run(
+        n: int, together: int, seed: int, lengths, tokens: int, model: str | None = None, think_s: float = 0.0
+    ) -> LoadTestConfig:
         each = {"concurrency": together, "rate": None, "max_requests": n, "seed": seed, "think_s": think_s}
         each["model"] = model or cfg.model
         return dataclasses.replace(cfg, prompt_lengths=lengths, max_tokens=tokens, ignore_eos=True, prompts=(), **each)

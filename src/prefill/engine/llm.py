@@ -47,8 +47,8 @@ class Engine:
         self._profiles: dict[bool, MachineProfile] = {}
         self.cold_prefill_s: float | None = None  # the first prefill after load (warmup), seconds
         self.cold_decode_s: float | None = None  # the first decode step after load, seconds
-        heap.keep_freed_memory()  # a forward's freed activations are reused, not unmapped (prefill.machine.heap)
         self.kv_store: StoreTier | None = None  # attach_kv_store
+        heap.keep_freed_memory()  # a forward's freed activations are reused, not unmapped (prefill.machine.heap)
 
     # ---- construction ----
     @classmethod

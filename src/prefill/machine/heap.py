@@ -35,13 +35,22 @@ MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit; a lar
 
 
 @functools.cache
-def keep_freed_memory() -> bool:
-    """Hold freed memory in the process (once per process). True when glibc took all three settings."""
+def glibc() -> ctypes.CDLL | None:
+    """This process's C library when it is glibc (it has mallopt and says its version), else None."""
     try:
         libc = ctypes.CDLL(None)
-        mallopt, version = libc.mallopt, libc.gnu_get_libc_version
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): their allocators are left alone
+    except OSError:  # no C library to open by name (Windows)
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version") else None
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Hold freed memory in the process (once per process). True when glibc took all three settings."""
+    libc = glibc()
+    if libc is None:  # not glibc (musl, macOS, Windows): their allocators are left alone
         return False
+    mallopt, version = libc.mallopt, libc.gnu_get_libc_version
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     version.restype = ctypes.c_char_p
     settings = ((M_TOP_PAD, TOP_PAD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_MMAP_THRESHOLD, MMAP_THRESHOLD))
