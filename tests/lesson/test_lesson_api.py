@@ -230,17 +230,17 @@ def test_attention_is_a_causal_softmax(url):
 
 
 def test_attention_is_computed_on_the_worker_thread(url, monkeypatch):
-    """The probe's forwards run on the server's worker thread (between two steps), never on a thread of
-    Starlette's pool beside it."""
+    """The probe's forwards and its checks run on the server's worker thread (between two steps), never on a
+    thread of Starlette's pool beside it (tests/lesson/test_one_compute_thread.py: nor on the event loop)."""
     from prefill.lesson import live
 
-    probe, threads = live.attention_weights, []
+    probe, threads = live.attention_map, []
 
     def recorded(*args):
         threads.append(threading.current_thread().name)
         return probe(*args)
 
-    monkeypatch.setattr(live, "attention_weights", recorded)
+    monkeypatch.setattr(live, "attention_map", recorded)
     assert httpx.post(f"{url}/api/attention", json={"text": "AI is fast"}, timeout=60).status_code == 200
     assert threads == ["prefill-worker"]
 

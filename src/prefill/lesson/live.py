@@ -19,7 +19,7 @@ from prefill.costmodel.estimate import Setting, build_estimate
 from prefill.engine.llm import Engine
 from prefill.errors import BadInput
 from prefill.lesson.api import MAX_S, bad_input, bounds, finite, human, in_range, kv_body, roofline_body
-from prefill.lesson.probe import MAX_P, attention_weights
+from prefill.lesson.probe import MAX_P, attention_map
 from prefill.lesson.state import lesson_of
 
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
@@ -87,17 +87,16 @@ async def attention(request: Request, body: AttentionBody) -> dict:
     ids = await asyncio.to_thread(encode, engine, body.text, body.chat)
     in_range("layer", body.layer, 0, spec.L - 1)
     in_range("head", body.head, 0, spec.H_q - 1)
-    A = await lesson.run(partial(attention_weights, engine.model, ids, body.layer, body.head))  # [P, P]
-    upper = A.triu(1)  # [P, P]: the masked future, exactly 0
+    A = await lesson.run(partial(attention_map, engine.model, ids, body.layer, body.head))  # [P][P], no tensors
     return {
         "P": len(ids),
         "layer": body.layer,
         "head": body.head,
         "labels": labels(engine, ids),
         "kv_head": body.head // (spec.H_q // spec.H_kv),
-        "weights": A.tolist(),
-        "row_sums": A.sum(-1).tolist(),
-        "upper_max": float(upper.abs().max()),
+        "weights": A.weights,
+        "row_sums": A.row_sums,
+        "upper_max": A.upper_max,
     }
 
 

@@ -63,3 +63,20 @@ def attention_weights(model: Transformer, ids: list[int], layer: int, head: int)
     pos = torch.arange(P, device=scores.device)
     hidden = ~visible(pos[:, None], pos[None, :], spec.windows[layer])  # [P, P]: the future; in a windowed layer
     return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1).cpu()  # also the too old. [P, P]
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """attention_weights as plain numbers for the page, with the two checks it shows: every row sums to 1, and
+    the upper triangle (the masked future) is exactly 0."""
+
+    weights: list[list[float]]  # [P][P]
+    row_sums: list[float]  # [P]
+    upper_max: float  # largest |weight| above the diagonal
+
+
+def attention_map(model: Transformer, ids: list[int], layer: int, head: int) -> AttentionMap:
+    """attention_weights and its checks, every tensor op on the calling thread (the server's worker: a torch op
+    on another thread, even a small triu, can start a second OpenMP pool; see prefill.machine.openmp)."""
+    A = attention_weights(model, ids, layer, head)  # [P, P]
+    return AttentionMap(A.tolist(), A.sum(-1).tolist(), float(A.triu(1).abs().max()))
