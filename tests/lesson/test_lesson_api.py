@@ -245,6 +245,22 @@ def test_attention_is_computed_on_the_worker_thread(url, monkeypatch):
     assert threads == ["prefill-worker"]
 
 
+def test_predict_beside_a_measurement_gives_its_error_and_what_set_its_time(url, smollm):
+    p = ok(url, "/api/predict", P=3, prefill_s=0.05, n=12, itl_s=0.04)
+    assert p["error"] == pytest.approx(p["predicted_prefill_s"] / 0.05 - 1) and p["human"]["error"].endswith("%")
+    assert p["dominant"] in ("compute", "memory", "overhead") and p["method"].endswith(f"{p['dominant']}-bound")
+    assert p["note"].startswith(f"3 tokens: {p['dominant']}-bound") and "weights" in p["note"]
+    assert p["predicted_itl_s"] == pytest.approx(smollm.predict_itl_seconds(3, 12))  # the server's own rule
+    assert p["itl_error"] == pytest.approx(p["predicted_itl_s"] / 0.04 - 1)
+    hit = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.05)
+    assert (hit["computed"], hit["cached"]) == (8, 32) and hit["note"].startswith("8 new tokens after 32 cached: ")
+    assert hit["predicted_prefill_s"] == pytest.approx(smollm.predict_prefill(8, 32).seconds)
+    alone = ok(url, "/api/predict", P=3)  # nothing measured: nothing to compare, and one token has no ITL
+    assert "error" not in alone and "note" not in alone and alone["predicted_itl_s"] is None
+    refused(get(url, "/api/predict", P=3, n=0), "n must be in [1")
+    refused(get(url, "/api/predict", P=3, n=4, itl_s=0), "itl_s")
+
+
 def test_predict_and_roofline_use_the_measured_rates(url, smollm):
     p = ok(url, "/api/predict", P=3, prefill_s=0.01, tokenize_s=0.001)
     count = costs.prefill_flops_exact(smollm.spec, 3)

@@ -255,6 +255,10 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
     assert page.locator("#answer").inner_text().strip() != ""
     for tile in ("#tl-ttft", "#tl-pred", "#tl-total", "#tl-model", "#tl-mfu"):
         assert text(page, tile) not in ("…", "–", ""), tile
+    # the prediction beside the measurement: its error, the part that set the time, and why in words
+    assert re.search(r"predicted beside .* measured \([+-]\d+%\); time model", text(page, "#tl-pred-sub"))
+    assert re.match(r"Why: 3 tokens: (compute|memory|overhead)-bound", text(page, "#tl-why"))
+    assert re.search(r"ITL p50 .* measured beside .* predicted \([+-]\d+%\)", text(page, "#tl-model-sub"))
     assert "compute-bound" in text(page, "#roof-text") or "memory-bound" in text(page, "#roof-text")
     assert page.locator("#roof-chart canvas").count() == 1 and page.locator("#timeline-chart canvas").count() == 1
 
@@ -383,6 +387,23 @@ def test_a_prompt_of_hundreds_of_tokens_still_gets_its_mask_drawn_scaled(page):
     box = canvas.bounding_box()
     canvas.hover(position={"x": box["width"] * 0.9, "y": box["height"] * 0.1})  # above the diagonal (scrolled to)
     sync_api.expect(page.locator("#token-hover")).to_contain_text("masked: tokens")
+
+
+def test_a_prompt_again_says_what_came_from_the_prefix_cache_and_predicts_only_the_rest(page):
+    """After a prefix-cache hit the page shows what was cached and what was computed, and predicts the computed
+    suffix against the cached context (it predicted the whole prompt's prefill beside a 2-token measurement)."""
+    page.uncheck("#chat")
+    page.locator("#prompt").fill(" ".join(["the river flows past the old mill"] * 40))  # as above: 280 tokens
+    page.locator("#max-tokens").fill("2")
+    with page.expect_response("**/api/predict*") as predicted:
+        page.click("#prefill-btn")
+        page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    p = predicted.value.json()
+    assert p["cached"] > 0 and p["computed"] == 280 - p["cached"]
+    legend = text(page, "#phase-legend")
+    assert f"prefill ({p['computed']} tokens computed; {p['cached']} came from the prefix cache)" in legend
+    assert text(page, "#tl-why").startswith(f"Why: {p['computed']} new tokens after {p['cached']} cached: ")
+    assert f"the {p['computed']} tokens computed; {p['cached']} came from the prefix cache" in text(page, "#roof-text")
 
 
 LABELS_JS = """async () => {

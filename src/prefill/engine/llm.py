@@ -280,6 +280,11 @@ class Engine:
         """The time model's prediction of one decode step (the ITL) of len(contexts) rows, each at its context."""
         return timemodel.predict_decode(self.spec, contexts, profile or self.profile(), self.layout())
 
+    def predict_itl_seconds(self, P: int, n: int) -> float | None:
+        """The predicted ITL of a request of P prompt tokens that wrote n tokens, alone on this engine: one decode
+        step at its middle context (None for one token: it has no ITL)."""
+        return self.predict_decode([P + n // 2]).seconds if n > 1 else None
+
     def predict_step(self, rows: list[Row], profile: MachineProfile | None = None) -> timemodel.Prediction:
         """The time model's prediction of one forward of `rows` (each: new tokens, cached past, logits asked), as
         a step of the loop runs them: decode rows and a prefill chunk together, one GEMM per weight."""

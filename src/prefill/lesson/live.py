@@ -18,8 +18,9 @@ from prefill.costmodel import costs
 from prefill.costmodel.estimate import Setting, build_estimate
 from prefill.engine.llm import Engine
 from prefill.errors import BadInput
-from prefill.lesson.api import MAX_S, bad_input, bounds, finite, human, in_range, kv_body, roofline_body
+from prefill.lesson.api import MAX_N_OUT, MAX_S, bad_input, bounds, finite, human, in_range, kv_body, roofline_body
 from prefill.lesson.probe import MAX_P, attention_map
+from prefill.lesson.regime import regime_words
 from prefill.lesson.state import lesson_of
 
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
@@ -110,47 +111,74 @@ async def predict(
         json_schema_extra={"minimum": 0},
     ),
     prefill_s: float | None = Query(
-        None, description="a measured prefill, seconds: gives its MFU", json_schema_extra=bounds(0, MAX_S, True)
+        None,
+        description="a measured prefill, seconds: gives its MFU, the prediction's error and what set its time",
+        json_schema_extra=bounds(0, MAX_S, True),
     ),
     tokenize_s: float = Query(
         0.0,
         description="measured tokenization, seconds: added to the predicted TTFT",
         json_schema_extra=bounds(0, MAX_S),
     ),
+    n: int = Query(
+        1,
+        description="answer tokens the request wrote: gives the predicted ITL",
+        json_schema_extra=bounds(1, MAX_N_OUT),
+    ),
+    itl_s: float | None = Query(
+        None,
+        description="the measured ITL (median), seconds: gives its error",
+        json_schema_extra=bounds(0, MAX_S, True),
+    ),
 ) -> dict:
     """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server (the
-    engine's predict_prefill_seconds), exact FLOPs, and the MFU of a measured prefill against the measured
-    GEMM rate."""
+    engine's time model), exact FLOPs, and beside a measured prefill its MFU against the measured GEMM rate, the
+    error (predicted / measured - 1) and what set its time in words; the predicted ITL of n answer tokens."""
     lesson = lesson_of(request)
     in_range("P", P, 1, lesson.spec.context_length)
     in_range("cached", cached, 0, P - 1)
     in_range("tokenize_s", tokenize_s, 0, MAX_S)
+    in_range("n", n, 1, MAX_N_OUT)
     gemm, _, source = await lesson.rates.get()
+    profile = await lesson.profile()
+    body: dict = {"P": P, "cached": cached, "computed": P - cached}
     with bad_input():
-        seconds, how = lesson.engine.predict_prefill_seconds(P - cached, cached)
-        ttft = costs.ttft_seconds(seconds, tokenize_s=tokenize_s)
+        pred = lesson.engine.predict_prefill(P - cached, cached, profile=profile)
+        _, how = lesson.engine.predict_prefill_seconds(P - cached, cached)
         count = costs.prefill_flops_exact(lesson.spec, P - cached, cached)
-        mfu = None
-        if prefill_s is not None:
-            mfu = costs.mfu(count.total, in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True), gemm)
-    human_body = {
-        "predicted": human(seconds, "s"),
-        "flops": human(count.total, "FLOP"),
-        "gemm_rate": human(gemm, "FLOP/s"),
-    }
-    return finite(
-        {
-            "P": P,
-            "predicted_prefill_s": seconds,
-            "predicted_ttft_s": ttft,
+        itl = lesson.engine.predict_itl_seconds(P, n)
+        body |= {
+            "predicted_prefill_s": pred.seconds,
+            "predicted_ttft_s": costs.ttft_seconds(pred.seconds, tokenize_s=tokenize_s),
+            "predicted_itl_s": itl,
             "method": how,
+            "dominant": pred.dominant,
             "flops": count.total,
             "gemm_rate": gemm,
             "gemm_source": source,
-            "mfu": mfu,
-            "human": human_body,
+            "mfu": None,
         }
-    )
+        human_body = {
+            "predicted": human(pred.seconds, "s"),
+            "flops": human(count.total, "FLOP"),
+            "gemm_rate": human(gemm, "FLOP/s"),
+        }
+        if itl is not None:
+            human_body["predicted_itl"] = human(itl, "s")
+        if prefill_s is not None:
+            measured = in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True)
+            error = pred.seconds / measured - 1
+            what = f"{P - cached:,} new tokens after {cached:,} cached" if cached else f"{P:,} tokens"
+            body |= {
+                "mfu": costs.mfu(count.total, measured, gemm),
+                "error": error,
+                "note": f"{what}: {regime_words(pred, measured, lesson.dtype, profile)}.",
+            }
+            human_body["error"] = f"{error:+.0%}"
+        if itl is not None and itl_s is not None:
+            body["itl_error"] = itl / in_range("itl_s", itl_s, 0, MAX_S, lo_open=True) - 1
+            human_body["itl_error"] = f"{body['itl_error']:+.0%}"
+    return finite({**body, "human": human_body})
 
 
 @router.get("/roofline")

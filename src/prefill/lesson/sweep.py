@@ -16,11 +16,12 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from prefill.bench.warm import timed_repeats, warm_prefill
-from prefill.costmodel import costs, roofline
+from prefill.costmodel import roofline
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
 from prefill.engine.llm import Engine
-from prefill.lesson.api import finite, human, in_range, roof_points, short_sci
+from prefill.lesson.api import finite, human, in_range, roof_points
+from prefill.lesson.regime import regime_words, weight_bytes
 from prefill.lesson.state import lesson_of
 
 MEASURE_P = (1, 4, 16, 64, 256, 1024)  # what the page measures: a forward of 1024 tokens is ~2 s on 2 cores
@@ -78,46 +79,15 @@ def compute_bound_from(engine: Engine, profile: MachineProfile, points: list[dic
     return hi
 
 
-def weight_bytes(pred: Prediction) -> float:
-    """Bytes of weights one forward of the prediction reads (every weight, once)."""
-    return sum(o.weight_bytes for o in pred.ops) / pred.steps
-
-
 def regime_note(
     P: int, pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile, repeats: int = REPEATS
 ) -> str:
-    """What sets a prefill's time, in plain words, with the prediction's own numbers (its ops' FLOPs, bytes and
-    seconds), and how it was measured."""
-    compute_s = sum(o.compute_s for o in pred.ops)  # the FLOPs at the GEMM and attention rates measured here
-    memory_s = sum(o.memory_s for o in pred.ops)
-    flops, moved, weights = pred.flops, pred.bytes, weight_bytes(pred)
-    bandwidth = human(profile.bandwidth_bytes_per_s, "B/s")
-    if pred.dominant == "memory":  # (a GEMM rate measured at so few rows already includes the weights' reading)
-        peak_s = costs.compute_seconds(flops, profile.peak_flops_per_s)
-        why = (
-            f"memory-bound: every forward reads the {human(weights, 'B')} of {dtype} weights, however short the "
-            f"prompt ({human(moved, 'B')} moved in all: {human(memory_s, 's')} at {bandwidth}); its "
-            f"{short_sci(flops)} FLOPs alone would take {human(peak_s, 's')} at the peak GEMM rate "
-            f"({human(profile.peak_flops_per_s, 'FLOP/s')})"
-        )
-    elif pred.dominant == "compute":
-        why = (
-            f"compute-bound: {short_sci(flops)} FLOPs at the GEMM rate measured at these shapes take "
-            f"{human(compute_s, 's')} ({human(flops / compute_s, 'FLOP/s')} predicted, "
-            f"{human(flops / measured_s, 'FLOP/s')} measured); reading the {human(weights, 'B')} of weights "
-            f"({human(memory_s, 's')} at {bandwidth}) hides under the compute"
-        )
-    else:
-        launch_s = sum(o.overhead_s for o in pred.ops) + pred.steps * pred.step_overhead_s
-        why = (
-            f"overhead-bound: launching the forward's kernels ({human(launch_s, 's')}) takes longer than its "
-            f"FLOPs ({human(compute_s, 's')}) or its bytes ({human(memory_s, 's')})"
-        )
+    """What sets a prefill's time, in plain words, with the prediction's own numbers, and how it was measured."""
     how = (
         f"Measured warm: one untimed forward first, then {timed_words(repeats)}: {human(measured_s, 's')}, "
         f"predicted {human(pred.seconds, 's')}."
     )
-    return f"P = {P:,}: {why}. {how}"
+    return f"P = {P:,}: {regime_words(pred, measured_s, dtype, profile)}. {how}"
 
 
 def timed_words(repeats: int) -> str:

@@ -88,7 +88,7 @@ class Reply:
         engine = self.state.engine
         past, P = gen.cached_tokens, gen.P - gen.cached_tokens
         predicted, how = engine.predict_prefill_seconds(P, past, self.state.cfg.chunk_size)
-        itl = engine.predict_decode([gen.P + len(gen.token_ids) // 2]).seconds if len(gen.token_ids) > 1 else None
+        itl = engine.predict_itl_seconds(gen.P, len(gen.token_ids))
         out = {
             **gen.timings(),
             "predicted_prefill_s": predicted,

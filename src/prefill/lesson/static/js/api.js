@@ -52,6 +52,13 @@ export function latest(work, delay = 50) {
 
 export const $ = (id) => document.getElementById(id);
 
+// Resolves once the page's pending changes have been laid out and painted (two animation frames), or after
+// 100 ms where frames do not come (a tab in the background gets none).
+export const settled = () => new Promise((done) => {
+  requestAnimationFrame(() => requestAnimationFrame(done));
+  setTimeout(done, 100);
+});
+
 // A log-scaled range input of `steps` positions from lo to hi: the value at a position, and a value's position
 // (clamped to the track). The page's sliders over orders of magnitude (N, P, the arrival rate) all use it.
 export function logScale(lo, hi, steps = 1000) {

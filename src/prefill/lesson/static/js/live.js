@@ -1,7 +1,7 @@
 // Part 2: a real prefill on the server's model. The prompt goes through the OpenAI streaming route (the same
 // scheduler as any client); tokens, attention, predictions and the roofline come from the /api routes.
 
-import { $, ApiError, getJSON, latest, postJSON, report } from "./api.js";
+import { $, ApiError, getJSON, latest, postJSON, report, settled } from "./api.js";
 import { maskCell } from "./calculator.js";
 import { cssColor, drawRoofline, drawTimeline } from "./charts.js";
 import { drawGrid, visible } from "./grid.js";
@@ -12,6 +12,12 @@ let current = null; // the prompt last prefilled: {text, chat, P, labels, maxAtt
 const fmtB = (n) => `${Math.round(n).toLocaleString("en-US")} B`;
 const ms = (s) => (s == null ? "–" : s < 1 ? `${(s * 1e3).toFixed(1)} ms` : `${s.toFixed(2)} s`);
 const quote = (t) => `'${visible(t)}'`;
+const REPAINT_MS = 100; // the streamed answer's repaints, at most one in this many ms
+const median = (xs) => {
+  if (!xs.length) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
 
 function status(text, error = false) {
   $("live-status").textContent = text;
@@ -59,7 +65,8 @@ async function run() {
     const result = await stream(tok, chat, +$("max-tokens").value);
     btn.disabled = false;
     status(`done: ${tok.P} prompt tokens, ${result.n} answer tokens.`);
-    await Promise.all([showTimeline(tok, result), showRoofline(tok.P), showAttention()]);
+    const cached = result.usage?.prompt_tokens_details?.cached_tokens ?? 0;
+    await Promise.all([showTimeline(tok, result, cached), showRoofline(tok.P - cached, cached), showAttention()]);
     $("live").dataset.done = "1";
   } catch (e) {
     if (e instanceof ApiError) staleResults(e.message);
@@ -132,13 +139,27 @@ async function stream(tok, chat, maxTokens) {
   $("answer-box").hidden = false;
   $("answer").textContent = "";
   const out = { times: [], serverTimes: [], text: "", timings: null, usage: null, n: 0 };
-  const formula = latest(async (signal) => {
-    const kv = await getJSON("/api/kv", { P: formula.held }, signal);
+  // While tokens stream, the answer and the KV cache are repainted every REPAINT_MS at most, not once a token:
+  // where the browser shares the server's cores, a repaint a token took 7-8 ms of every ITL (2 cores).
+  let pending = null;
+  let latestKV = null; // [tokens held, the token's timings or null]
+  const show = () => {
+    pending = null;
+    $("answer").textContent = out.text;
+    if (latestKV) showKV(tok.P, latestKV[0], latestKV[1], formulaFor);
+  };
+  const showFormula = async (held, signal) => {
+    const kv = await getJSON("/api/kv", { P: held }, signal);
     $("kv-formula").textContent = fmtB(kv.bytes);
     $("kv-formula-text").textContent = `${kv.formula} (this server version does not report measured bytes per chunk)`;
-  }, 0);
+  };
+  const formula = latest((signal) => showFormula(formula.held, signal), 0);
   const formulaFor = (held) => { formula.held = held; formula(); };
-  showKV(tok.P, tok.P, null, formulaFor);
+  showKV(tok.P, tok.P, null, () => {});
+  await showFormula(tok.P);
+  // The page holds still while the server prefills: where it shares the machine with the server (`prefill lab`
+  // on a laptop), its own layout and painting take cores from the forward it is about to measure.
+  await settled();
   const t0 = performance.now();
   const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
@@ -166,26 +187,27 @@ async function stream(tok, chat, maxTokens) {
       // when its text is held back for a possible stop string. The last chunk's timings are the final ones.
       const perToken = obj.timings?.t_s != null;
       if (piece) out.text += piece;
+      if (obj.usage) out.usage = obj.usage;
+      if (obj.timings && !perToken) out.timings = obj.timings;
       if (piece || perToken) {
         out.times.push(now);
         if (perToken) out.serverTimes.push(obj.timings.t_s);
-        $("answer").textContent = out.text;
       }
-      if (obj.usage) out.usage = obj.usage;
-      if (obj.timings && !perToken) out.timings = obj.timings;
       out.n = out.usage?.completion_tokens ?? out.times.length;
-      if (perToken || piece) {
-        const held = obj.timings?.kv_tokens ?? tok.P + Math.max(0, out.n - 1);
-        showKV(tok.P, held, perToken ? obj.timings : null, formulaFor);
+      if (piece || perToken) {
+        latestKV = [obj.timings?.kv_tokens ?? tok.P + Math.max(0, out.n - 1), perToken ? obj.timings : null];
+        pending ??= setTimeout(show, REPAINT_MS);
       }
     }
   }
+  clearTimeout(pending);
+  show();
   return out;
 }
 
 // ---- timeline: measured phases and ticks, beside the predictions ----
 
-async function showTimeline(tok, r) {
+async function showTimeline(tok, r, cached) {
   $("timeline-box").hidden = false;
   const t = r.timings ?? {};
   const ticks = r.serverTimes.length === r.times.length ? r.serverTimes : r.times;
@@ -196,7 +218,9 @@ async function showTimeline(tok, r) {
   const phases = [["tokenize", t.tokenize_s], ["queue", t.queue_s], ["prefill", t.prefill_s]];
   const before = phases.reduce((a, [, s]) => a + (s ?? 0), 0);
   phases.push(["first", t.first_token_s ?? Math.max(0, ttft - before)], ["decode", Math.max(0, total - ttft)]);
-  const names = { tokenize: "tokenize", queue: "queue", prefill: `prefill (${tok.P} tokens, one pass)`,
+  const prefillName = cached ? `prefill (${tok.P - cached} tokens computed; ${cached} came from the prefix cache)`
+    : `prefill (${tok.P} tokens, one pass)`;
+  const names = { tokenize: "tokenize", queue: "queue", prefill: prefillName,
     first: "first token (from the prefill)",
     decode: r.n > 1 ? `decode (${r.n - 1} steps: tokens 2 to ${r.n})` : "decode (none: one token)" };
   $("phases").replaceChildren(...phases.filter(([, s]) => s != null).map(([k, s]) => {
@@ -215,21 +239,27 @@ async function showTimeline(tok, r) {
   $("tl-ttft").textContent = ms(ttft);
   $("tl-ttft-sub").textContent = t.prefill_s != null ? `of which prefill ${ms(t.prefill_s)}` : "";
   $("tl-total").textContent = ms(total);
-  for (const id of ["tl-pred", "tl-model", "tl-mfu"]) $(id).textContent = "…";
+  for (const id of ["tl-pred", "tl-model", "tl-mfu", "tl-why"]) $(id).textContent = "…";
   $("tl-mfu-sub").textContent = "measuring this machine's GEMM rate (once per server)…";
-  const query = { P: tok.P, cached: r.usage?.prompt_tokens_details?.cached_tokens ?? 0 };
+  const query = { P: tok.P, cached, n: r.n };
   if (t.prefill_s) query.prefill_s = t.prefill_s;
   if (t.tokenize_s != null) query.tokenize_s = t.tokenize_s;
+  const itlP50 = median(itls);
+  if (itlP50) query.itl_s = itlP50;
   const [pred, model] = await Promise.all([
     getJSON("/api/predict", query),
     itl && r.n >= 1 ? getJSON("/api/request", { ttft, itl, n: r.n }) : Promise.resolve(null),
   ]);
   const predTTFT = pred.predicted_ttft_s;
   $("tl-pred").textContent = ms(predTTFT);
-  $("tl-pred-sub").textContent = `prefill ${pred.human.predicted} (${pred.method})`
-    + (query.cached ? `; ${query.cached} prompt tokens came from the prefix cache` : "");
+  $("tl-pred-sub").textContent = pred.error != null
+    ? `prefill ${pred.human.predicted} predicted beside ${ms(t.prefill_s)} measured (${pred.human.error}); ${pred.method}`
+    : `prefill ${pred.human.predicted} (${pred.method})`;
+  $("tl-why").textContent = pred.note ? `Why: ${pred.note}` : "";
   $("tl-model").textContent = model ? ms(model.request_s) : "–";
-  $("tl-model-sub").textContent = model ? `${ms(ttft)} + ${r.n - 1} × ${ms(itl)} (mean ITL)` : "one token: no ITL";
+  $("tl-model-sub").textContent = model ? `${ms(ttft)} + ${r.n - 1} × ${ms(itl)} (mean ITL)`
+    + (pred.itl_error != null ? `; ITL p50 ${ms(itlP50)} measured beside ${pred.human.predicted_itl} predicted `
+      + `(${pred.human.itl_error})` : "") : "one token: no ITL";
   $("tl-mfu").textContent = pred.mfu != null ? `${(pred.mfu * 100).toFixed(1)} %` : "–";
   $("tl-mfu-sub").textContent = `${pred.human.flops} in ${ms(t.prefill_s)} against ${pred.human.gemm_rate} measured (${pred.gemm_source})`
     + (pred.mfu > 1 ? ". Over 100 %: the reference GEMM was timed at a busier moment; rates on a shared CPU are noisy." : "");
@@ -239,11 +269,12 @@ async function showTimeline(tok, r) {
   ]);
 }
 
-async function showRoofline(P) {
+async function showRoofline(P, cached) {
   $("roof-box").hidden = false;
   $("roof-text").textContent = "Measuring this machine's GEMM rate and memory bandwidth (once per server)…";
   const r = await getJSON("/api/roofline", { P });
-  $("roof-text").textContent = `This prefill: ${r.prefill_intensity.toFixed(1)} FLOP/B, ${r.prefill_bound}. `
+  const what = cached ? `This prefill (the ${P} tokens computed; ${cached} came from the prefix cache)` : "This prefill";
+  $("roof-text").textContent = `${what}: ${r.prefill_intensity.toFixed(1)} FLOP/B, ${r.prefill_bound}. `
     + `One decode step: ${r.decode_intensity.toFixed(1)} FLOP/B, ${r.decode_bound}. Ridge point `
     + `${r.ridge.toFixed(1)} FLOP/B = measured GEMM rate / measured bandwidth (${r.dtype}). `
     + (r.compute_bound_from_P ? `A prefill here is compute-bound from P ≈ ${r.compute_bound_from_P.toLocaleString("en-US")} tokens.` : "");

@@ -1,0 +1,48 @@
+"""What sets a prefill's time, in plain words: the lesson's sentences for a measured prefill beside its prediction
+(the P sweep's points and the live view's prompt), every number from the time model's Prediction."""
+
+from __future__ import annotations
+
+from prefill.costmodel import costs
+from prefill.costmodel.profile import MachineProfile
+from prefill.costmodel.timemodel import Prediction
+from prefill.lesson.api import human, short_sci
+
+
+def weight_bytes(pred: Prediction) -> float:
+    """Bytes of weights one forward of the prediction reads (every weight, once)."""
+    return sum(o.weight_bytes for o in pred.ops) / pred.steps
+
+
+def regime_words(pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile) -> str:
+    """The part that sets the prefill's time (compute, memory or overhead), with the prediction's own FLOPs, bytes
+    and seconds; when memory sets it, also what its FLOPs alone (the 2·N·P view) would take."""
+    parts = pred.parts()  # seconds the compute, memory and overhead sides add to the prediction
+    side = [o for o in pred.ops if o.side == pred.dominant]
+    side_s = max(sum(o.work_s for o in side), 1e-30)
+    flops, weights = pred.flops, weight_bytes(pred)
+    overhead = f"; per-operation overhead adds {human(parts['overhead'], 's')}" if parts["overhead"] else ""
+    if pred.dominant == "memory":  # the rate its ops move bytes at, as measured at their shapes (not the peak)
+        moved = sum(o.bytes for o in side)
+        peak_s = costs.compute_seconds(flops, profile.peak_flops_per_s)
+        return (
+            f"memory-bound: every forward reads the {human(weights, 'B')} of {dtype} weights, however short the "
+            f"prompt; its operations move {human(moved, 'B')} at {human(moved / side_s, 'B/s')} at these "
+            f"shapes ({human(parts['memory'], 's')}){overhead}. Its {short_sci(flops)} FLOPs alone (the 2·N·P "
+            f"view) would take {human(peak_s, 's')} at the peak GEMM rate ({human(profile.peak_flops_per_s, 'FLOP/s')})"
+        )
+    if pred.dominant == "compute":
+        side_flops = sum(o.flops for o in side)
+        memory_s = sum(o.memory_s for o in pred.ops)
+        return (
+            f"compute-bound: {short_sci(side_flops)} FLOPs at the rates measured at these shapes take "
+            f"{human(parts['compute'], 's')} ({human(side_flops / side_s, 'FLOP/s')}; "
+            f"{human(flops / measured_s, 'FLOP/s')} measured over the whole forward){overhead}; moving its "
+            f"{human(pred.bytes, 'B')} (the {human(weights, 'B')} of weights, and the activations) would take "
+            f"{human(memory_s, 's')} at {human(profile.bandwidth_bytes_per_s, 'B/s')}: it hides under the compute"
+        )
+    compute_s, memory_s = sum(o.compute_s for o in pred.ops), sum(o.memory_s for o in pred.ops)
+    return (
+        f"overhead-bound: launching the forward's kernels ({human(parts['overhead'], 's')}) takes longer than its "
+        f"FLOPs ({human(compute_s, 's')}) or its bytes ({human(memory_s, 's')})"
+    )
