@@ -12,7 +12,7 @@ from prefill.costmodel import costs, roofline
 from prefill.costmodel.causal import causal_blocks, causal_pairs
 from prefill.costmodel.specs import PRESETS
 from prefill.lesson.api import human, roof_points, seed_lines, short_sci
-from prefill.server.app import model_id_of
+from prefill.server.app import ServeConfig, model_id_of
 
 pytestmark = pytest.mark.slow
 
@@ -249,12 +249,17 @@ def test_predict_beside_a_measurement_gives_its_error_and_what_set_its_time(url,
     p = ok(url, "/api/predict", P=3, prefill_s=0.05, n=12, itl_s=0.04)
     assert p["error"] == pytest.approx(p["predicted_prefill_s"] / 0.05 - 1) and p["human"]["error"].endswith("%")
     assert p["dominant"] in ("compute", "memory", "overhead") and p["method"].endswith(f"{p['dominant']}-bound")
-    assert p["note"].startswith(f"3 tokens: {p['dominant']}-bound") and "weights" in p["note"]
+    assert p["note"].startswith(f"3 tokens, one pass: {p['dominant']}-bound") and "weights" in p["note"]
     assert p["predicted_itl_s"] == pytest.approx(smollm.predict_itl_seconds(3, 12))  # the server's own rule
     assert p["itl_error"] == pytest.approx(p["predicted_itl_s"] / 0.04 - 1)
     hit = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.05)
-    assert (hit["computed"], hit["cached"]) == (8, 32) and hit["note"].startswith("8 new tokens after 32 cached: ")
+    assert (hit["computed"], hit["cached"]) == (8, 32)
+    assert hit["note"].startswith("8 tokens computed; 32 came from the prefix cache, one pass: ")
     assert hit["predicted_prefill_s"] == pytest.approx(smollm.predict_prefill(8, 32).seconds)
+    chunk = ServeConfig(model_id_of(smollm)).chunk_size  # the server's: a longer prompt is prefilled in chunks
+    long = ok(url, "/api/predict", P=chunk + 44, prefill_s=0.2)
+    assert long["forwards"] == 2 and long["prefill"] == f"{chunk + 44} tokens, in 2 chunks of at most {chunk}"
+    assert long["predicted_prefill_s"] == pytest.approx(smollm.predict_prefill(chunk + 44, 0, chunk).seconds)
     alone = ok(url, "/api/predict", P=3)  # nothing measured: nothing to compare, and one token has no ITL
     assert "error" not in alone and "note" not in alone and alone["predicted_itl_s"] is None
     refused(get(url, "/api/predict", P=3, n=0), "n must be in [1")

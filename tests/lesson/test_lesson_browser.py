@@ -257,7 +257,8 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
         assert text(page, tile) not in ("…", "–", ""), tile
     # the prediction beside the measurement: its error, the part that set the time, and why in words
     assert re.search(r"predicted beside .* measured \([+-]\d+%\); time model", text(page, "#tl-pred-sub"))
-    assert re.match(r"Why: 3 tokens: (compute|memory|overhead)-bound", text(page, "#tl-why"))
+    assert re.match(r"Why: 3 tokens, one pass: (compute|memory|overhead)-bound", text(page, "#tl-why"))
+    assert "prefill (3 tokens, one pass)" in text(page, "#phase-legend")
     assert re.search(r"ITL p50 .* measured beside .* predicted \([+-]\d+%\)", text(page, "#tl-model-sub"))
     assert "compute-bound" in text(page, "#roof-text") or "memory-bound" in text(page, "#roof-text")
     assert page.locator("#roof-chart canvas").count() == 1 and page.locator("#timeline-chart canvas").count() == 1
@@ -400,9 +401,9 @@ def test_a_prompt_again_says_what_came_from_the_prefix_cache_and_predicts_only_t
         page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
     p = predicted.value.json()
     assert p["cached"] > 0 and p["computed"] == 280 - p["cached"]
-    legend = text(page, "#phase-legend")
-    assert f"prefill ({p['computed']} tokens computed; {p['cached']} came from the prefix cache)" in legend
-    assert text(page, "#tl-why").startswith(f"Why: {p['computed']} new tokens after {p['cached']} cached: ")
+    words = f"{p['computed']} tokens computed; {p['cached']} came from the prefix cache, one pass"
+    assert p["prefill"] == words and f"prefill ({words})" in text(page, "#phase-legend")
+    assert text(page, "#tl-why").startswith(f"Why: {words}: ")
     assert f"the {p['computed']} tokens computed; {p['cached']} came from the prefix cache" in text(page, "#roof-text")
 
 

@@ -131,9 +131,10 @@ async def predict(
         json_schema_extra=bounds(0, MAX_S, True),
     ),
 ) -> dict:
-    """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server (the
-    engine's time model), exact FLOPs, and beside a measured prefill its MFU against the measured GEMM rate, the
-    error (predicted / measured - 1) and what set its time in words; the predicted ITL of n answer tokens."""
+    """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server, in its
+    prefill chunks (the engine's time model), exact FLOPs, and beside a measured prefill its MFU against the
+    measured GEMM rate, the error (predicted / measured - 1) and what set its time in words; the predicted ITL of
+    n answer tokens."""
     lesson = lesson_of(request)
     in_range("P", P, 1, lesson.spec.context_length)
     in_range("cached", cached, 0, P - 1)
@@ -143,8 +144,9 @@ async def predict(
     profile = await lesson.profile()
     body: dict = {"P": P, "cached": cached, "computed": P - cached}
     with bad_input():
-        pred = lesson.engine.predict_prefill(P - cached, cached, profile=profile)
-        _, how = lesson.engine.predict_prefill_seconds(P - cached, cached)
+        pred = lesson.engine.predict_prefill(P - cached, cached, lesson.chunk_size, profile=profile)
+        _, how = lesson.engine.predict_prefill_seconds(P - cached, cached, lesson.chunk_size)
+        words = prefill_words(P, cached, pred.steps, lesson.chunk_size)
         count = costs.prefill_flops_exact(lesson.spec, P - cached, cached)
         itl = lesson.engine.predict_itl_seconds(P, n)
         body |= {
@@ -152,6 +154,8 @@ async def predict(
             "predicted_ttft_s": costs.ttft_seconds(pred.seconds, tokenize_s=tokenize_s),
             "predicted_itl_s": itl,
             "method": how,
+            "prefill": words,
+            "forwards": pred.steps,
             "dominant": pred.dominant,
             "flops": count.total,
             "gemm_rate": gemm,
@@ -168,17 +172,23 @@ async def predict(
         if prefill_s is not None:
             measured = in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True)
             error = pred.seconds / measured - 1
-            what = f"{P - cached:,} new tokens after {cached:,} cached" if cached else f"{P:,} tokens"
             body |= {
                 "mfu": costs.mfu(count.total, measured, gemm),
                 "error": error,
-                "note": f"{what}: {regime_words(pred, measured, lesson.dtype, profile)}.",
+                "note": f"{words}: {regime_words(pred, measured, lesson.dtype, profile)}.",
             }
             human_body["error"] = f"{error:+.0%}"
         if itl is not None and itl_s is not None:
             body["itl_error"] = itl / in_range("itl_s", itl_s, 0, MAX_S, lo_open=True) - 1
             human_body["itl_error"] = f"{body['itl_error']:+.0%}"
     return finite({**body, "human": human_body})
+
+
+def prefill_words(P: int, cached: int, forwards: int, chunk_size: int | None) -> str:
+    """What the server prefilled: '3 tokens, one pass', '16 tokens computed; 288 came from the prefix cache, one
+    pass', '305 tokens, in 2 chunks of at most 256'."""
+    what = f"{P - cached:,} tokens computed; {cached:,} came from the prefix cache" if cached else f"{P:,} tokens"
+    return f"{what}, in {forwards} chunks of at most {chunk_size:,}" if forwards > 1 else f"{what}, one pass"
 
 
 @router.get("/roofline")

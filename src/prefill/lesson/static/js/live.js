@@ -215,12 +215,24 @@ async function showTimeline(tok, r, cached) {
   const total = t.total_s ?? r.times.at(-1);
   const itls = Array.isArray(t.itl_s) ? t.itl_s : ticks.slice(1).map((x, k) => x - ticks[k]);
   const itl = itls.length ? itls.reduce((a, b) => a + b, 0) / itls.length : null;
+  $("tl-ttft").textContent = ms(ttft);
+  $("tl-ttft-sub").textContent = t.prefill_s != null ? `of which prefill ${ms(t.prefill_s)}` : "";
+  $("tl-total").textContent = ms(total);
+  for (const id of ["tl-pred", "tl-model", "tl-mfu", "tl-why"]) $(id).textContent = "…";
+  $("tl-mfu-sub").textContent = "measuring this machine's GEMM rate (once per server)…";
+  const query = { P: tok.P, cached, n: r.n };
+  if (t.prefill_s) query.prefill_s = t.prefill_s;
+  if (t.tokenize_s != null) query.tokenize_s = t.tokenize_s;
+  const itlP50 = median(itls);
+  if (itlP50) query.itl_s = itlP50;
+  const [pred, model] = await Promise.all([
+    getJSON("/api/predict", query),
+    itl && r.n >= 1 ? getJSON("/api/request", { ttft, itl, n: r.n }) : Promise.resolve(null),
+  ]);
   const phases = [["tokenize", t.tokenize_s], ["queue", t.queue_s], ["prefill", t.prefill_s]];
   const before = phases.reduce((a, [, s]) => a + (s ?? 0), 0);
   phases.push(["first", t.first_token_s ?? Math.max(0, ttft - before)], ["decode", Math.max(0, total - ttft)]);
-  const prefillName = cached ? `prefill (${tok.P - cached} tokens computed; ${cached} came from the prefix cache)`
-    : `prefill (${tok.P} tokens, one pass)`;
-  const names = { tokenize: "tokenize", queue: "queue", prefill: prefillName,
+  const names = { tokenize: "tokenize", queue: "queue", prefill: `prefill (${pred.prefill})`,
     first: "first token (from the prefill)",
     decode: r.n > 1 ? `decode (${r.n - 1} steps: tokens 2 to ${r.n})` : "decode (none: one token)" };
   $("phases").replaceChildren(...phases.filter(([, s]) => s != null).map(([k, s]) => {
@@ -236,20 +248,6 @@ async function showTimeline(tok, r, cached) {
     span.innerHTML = `<span class="sw ph-${k}"></span> ${names[k]} ${ms(s)}`;
     return span;
   }));
-  $("tl-ttft").textContent = ms(ttft);
-  $("tl-ttft-sub").textContent = t.prefill_s != null ? `of which prefill ${ms(t.prefill_s)}` : "";
-  $("tl-total").textContent = ms(total);
-  for (const id of ["tl-pred", "tl-model", "tl-mfu", "tl-why"]) $(id).textContent = "…";
-  $("tl-mfu-sub").textContent = "measuring this machine's GEMM rate (once per server)…";
-  const query = { P: tok.P, cached, n: r.n };
-  if (t.prefill_s) query.prefill_s = t.prefill_s;
-  if (t.tokenize_s != null) query.tokenize_s = t.tokenize_s;
-  const itlP50 = median(itls);
-  if (itlP50) query.itl_s = itlP50;
-  const [pred, model] = await Promise.all([
-    getJSON("/api/predict", query),
-    itl && r.n >= 1 ? getJSON("/api/request", { ttft, itl, n: r.n }) : Promise.resolve(null),
-  ]);
   const predTTFT = pred.predicted_ttft_s;
   $("tl-pred").textContent = ms(predTTFT);
   $("tl-pred-sub").textContent = pred.error != null
