@@ -405,6 +405,16 @@ def test_a_prompt_again_says_what_came_from_the_prefix_cache_and_predicts_only_t
     assert p["prefill"] == words and f"prefill ({words})" in text(page, "#phase-legend")
     assert text(page, "#tl-why").startswith(f"Why: {words}: ")
     assert f"the {p['computed']} tokens computed; {p['cached']} came from the prefix cache" in text(page, "#roof-text")
+    page.uncheck("#use-cache")  # the switch: a new cache_salt, so every token is prefilled (in the server's chunks)
+    try:
+        with page.expect_response("**/api/predict*") as predicted:
+            page.click("#prefill-btn")
+            page.wait_for_selector("#live[data-done='1']", timeout=TIMEOUT_MS)
+    finally:
+        page.check("#use-cache")
+    p = predicted.value.json()
+    assert (p["cached"], p["computed"]) == (0, 280) and p["forwards"] == 2
+    assert "prefill (280 tokens, in 2 chunks of at most 256)" in text(page, "#phase-legend")
 
 
 LABELS_JS = """async () => {

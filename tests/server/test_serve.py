@@ -166,6 +166,24 @@ def test_repeated_system_prompt_reuses_the_prefix(server, client):
     assert b.choices[0].message.content == a.choices[0].message.content
 
 
+def test_a_cache_salt_shares_the_prefix_only_with_the_same_salt(server, client):
+    """vLLM's cache_salt: the lesson page's switch to prefill without the prefix cache sends a new salt."""
+    _, model = server
+    system = "You are a history tutor. " + " ".join(f"Date {i}: kings had castles." for i in range(10))
+    messages = [{"role": "system", "content": system}, *QUESTION]
+
+    def cached(salt: str | None) -> tuple[int, int]:
+        extra = {"cache_salt": salt} if salt is not None else {}
+        r = client.chat.completions.create(model=model, messages=messages, max_tokens=2, extra_body=extra)
+        return r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens
+
+    first, P = cached("one")
+    assert first == 0 and P > 100
+    assert cached("one")[0] >= P - 16  # all but a partial block
+    assert cached("two")[0] == 0 and cached(None)[0] == 0  # another salt, and none: nothing shared
+    assert cached(None)[0] >= P - 16
+
+
 def _post(url, path, **kw):
     return httpx.post(f"{url}{path}", timeout=60, **kw)
 
@@ -179,6 +197,7 @@ def _post(url, path, **kw):
         ("unknown model", 404, "model_not_found"),
         ("prompt over context", 400, "context_length_exceeded"),
         ("max_tokens over limit", 400, "context_length_exceeded"),
+        ("empty cache salt", 400, "invalid_value"),
         ("body over size limit", 413, "request_too_large"),
         ("unknown route", 404, "not_found"),
     ],
@@ -195,6 +214,7 @@ def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(server, cas
         "unknown model": lambda: _post(url, "/v1/completions", json={**ok, "model": "gpt-9"}),
         "prompt over context": lambda: _post(url, "/v1/completions", json={**ok, "prompt": [1] * 8200}),
         "max_tokens over limit": lambda: _post(url, "/v1/completions", json={**ok, "max_tokens": 100_000}),
+        "empty cache salt": lambda: _post(url, "/v1/completions", json={**ok, "cache_salt": ""}),
         "body over size limit": lambda: _post(url, "/v1/completions", json={**ok, "prompt": "x" * 300_000}),
         "unknown route": lambda: httpx.get(f"{url}/v1/nothing"),
     }

@@ -16,13 +16,16 @@ pytestmark = pytest.mark.slow
 PROMPT = "A short history of Paris for a school essay, in plain sentences. " * 8
 
 
-def served(smollm, directory) -> tuple[dict, str]:
-    """One server's life on `directory`: start, one greedy completion, /metrics, shut down (the store flushed)."""
+def served(smollm, directory, salt: str | None = None) -> tuple[dict, str]:
+    """One server's life on `directory`: start, one greedy completion (with `salt` as its cache_salt, if given),
+    /metrics, shut down (the store flushed)."""
     engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
     engine.attach_kv_store(directory, 256, force="load")  # the decision itself: tests/engine/test_kv_tier.py
     cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=64)
     with TestClient(create_app(engine, cfg)) as client:
         body = {"model": cfg.model_id, "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+        if salt is not None:
+            body["cache_salt"] = salt
         reply = client.post("/v1/completions", json=body)
         assert reply.status_code == 200, reply.text
         return reply.json(), client.get("/metrics").text
@@ -51,3 +54,15 @@ def test_a_restarted_server_serves_the_prefix_from_the_store(smollm, tmp_path):
         store["predicted_saved_s"]
     )
     assert sample(warm_metrics, "prefill_kv_store_bad_blocks_total") == 0
+
+
+def test_a_salted_request_neither_saves_to_the_store_nor_loads_from_it(smollm, tmp_path):
+    """The store's keys have no salt: a salted request stays out of it, both ways."""
+    salted, _ = served(smollm, tmp_path, salt="one")
+    plain, _ = served(smollm, tmp_path)  # nothing was stored by the salted request
+    again, _ = served(smollm, tmp_path, salt="one")  # the plain one stored its blocks; a salted one does not read them
+    for reply in (salted, plain, again):
+        assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert reply["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert plain["timings"]["kv_store"]["choice"] is not None  # the plain one looked in the store (and missed)
+    assert again["timings"].get("kv_store") is None

@@ -47,6 +47,23 @@ def test_match_insert_share_without_copy():
     assert pool.used_blocks == pc.n_blocks == 2  # what is left is exactly the tree's share
 
 
+def test_a_salt_shares_prefixes_only_with_the_same_salt():
+    """vLLM's cache_salt: the salt keys the first block, so no block of a salted prefix matches another salt's or
+    an unsalted one, and the salted blocks are evicted like any others."""
+    pool = pool_of()
+    pc = RadixPrefixCache(pool, capacity_bytes=10 * BLOCK_BYTES)
+    a = list(range(10))
+    plain, salted = filled(pool, a), filled(pool, a)
+    assert pc.insert_prefix(a, salted, salt="s1") == 8
+    assert pc.match_prefix(a).n_tokens == 0 and pc.match_prefix(a, "s2").n_tokens == 0
+    assert pc.match_prefix(a, "s1").blocks == tuple(salted.blocks[:2])
+    assert pc.insert_prefix(a, plain) == 8  # the same tokens unsalted: blocks of their own
+    assert pc.match_prefix(a).blocks == tuple(plain.blocks[:2]) and pc.n_blocks == 4
+    plain.free()
+    salted.free()
+    assert pc.evict(10) == 4 and pc.n_blocks == 0 and pool.used_blocks == 0
+
+
 def test_lru_eviction_keeps_the_bound_and_spares_held_blocks():
     pool = pool_of()
     pc = RadixPrefixCache(pool, capacity_bytes=3 * BLOCK_BYTES)

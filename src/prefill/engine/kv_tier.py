@@ -19,6 +19,9 @@ holds every full-attention layer and the windowed layers whose group still held 
 blocks back as decode goes on, so a windowed model's prompt is also stored when its prefill ends (`prefilled`):
 a repeated prompt needs the window at the prompt's end, long gone when the request leaves. A load into such a
 model starts each windowed group's table where the continuation's window begins (SeqKV.open_windows_at).
+
+A request with a cache salt (vLLM's cache_salt) neither loads nor saves: the store's keys have no salt, and its
+prefixes stay shared only with requests of the same salt, in the prefix cache.
 """
 
 from __future__ import annotations
@@ -139,6 +142,8 @@ class StoreTier:
         """Extend `seq` (holding a RAM-cached prefix, or nothing) with the stored blocks of req's reusable ids
         that follow, when loading them is predicted faster and the pool has blocks for them and the first chunk
         after them (`fits`: the scheduler's check). Records the decision in req.gen.kv_store."""
+        if req.cache_salt is not None:
+            return
         target = req.cached_target
 
         def room(end: int) -> bool:
@@ -302,8 +307,9 @@ class StoreTier:
 
     # ---- leaving ----
     def save(self, req: Request) -> int:
-        """Queue the whole blocks of req's cached positions that the store lacks (save_seq)."""
-        return self.save_seq(req.all_ids(), req.seq)
+        """Queue the whole blocks of req's cached positions that the store lacks (save_seq); none of a salted
+        request."""
+        return self.save_seq(req.all_ids(), req.seq) if req.cache_salt is None else 0
 
     def prefilled(self, req: Request) -> int:
         """req's prompt is in the cache: a windowed model stores its blocks now (the window at the prompt's end

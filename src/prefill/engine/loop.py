@@ -132,7 +132,7 @@ class StepLoop:
             if req.scorer is not None:
                 req.gen.prompt_scores, req.scorer = req.scorer.result(), None
             if self.prefix_cache is not None:
-                self.prefix_cache.insert_prefix(req.prompt_ids, req.seq)
+                self.prefix_cache.insert_prefix(req.prompt_ids, req.seq, req.cache_salt)
             if self.scheduler.kv_tier is not None:
                 self.scheduler.kv_tier.prefilled(req)
             req.prefilled()

@@ -33,12 +33,14 @@ class PrefixCache(ABC):
     """What the step loop needs of a prefix cache (swappable: a radix tree, a hash table, none)."""
 
     @abstractmethod
-    def match_prefix(self, ids: list[int]) -> PrefixMatch:
-        """The longest cached prefix of `ids` in whole blocks (marks it recently used)."""
+    def match_prefix(self, ids: list[int], salt: str | None = None) -> PrefixMatch:
+        """The longest cached prefix of `ids` in whole blocks (marks it recently used), among the prefixes
+        inserted with the same `salt` (vLLM's cache_salt: requests of other salts never share blocks)."""
 
     @abstractmethod
-    def insert_prefix(self, ids: list[int], seq: SeqKV) -> int:
-        """Share the whole blocks of `ids` that `seq` holds (its first positions); returns tokens newly cached."""
+    def insert_prefix(self, ids: list[int], seq: SeqKV, salt: str | None = None) -> int:
+        """Share the whole blocks of `ids` that `seq` holds (its first positions), under `salt`; returns tokens
+        newly cached."""
 
     @abstractmethod
     def evict(self, n_blocks: int) -> int:
@@ -59,10 +61,10 @@ class PrefixCache(ABC):
 class _Node:
     """One block of tokens in the tree, and the pool block holding their K/V."""
 
-    tokens: tuple[int, ...]
+    tokens: tuple[int | str, ...]  # the first block's key starts with its salt, if any
     parent: _Node | None
     block: int = -1
-    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+    children: dict[tuple[int | str, ...], _Node] = field(default_factory=dict)
     last_used: int = 0
 
 
@@ -89,13 +91,18 @@ class RadixPrefixCache(PrefixCache):
     def nbytes(self) -> int:
         return self._n_blocks * self.pool.bytes_per_block(0)
 
-    def _keys(self, ids: list[int]) -> list[tuple[int, ...]]:
+    def _keys(self, ids: list[int], salt: str | None) -> list[tuple[int | str, ...]]:
+        """One key a whole block; a salt goes in front of the first, so every block after it differs too (as vLLM
+        puts the salt in the first block's hash)."""
         bs = self.block_size
-        return [tuple(ids[i : i + bs]) for i in range(0, len(ids) - bs + 1, bs)]
+        keys: list[tuple[int | str, ...]] = [tuple(ids[i : i + bs]) for i in range(0, len(ids) - bs + 1, bs)]
+        if salt is not None and keys:
+            keys[0] = (salt, *keys[0])
+        return keys
 
-    def match_prefix(self, ids: list[int]) -> PrefixMatch:
+    def match_prefix(self, ids: list[int], salt: str | None = None) -> PrefixMatch:
         node, blocks, now = self._root, [], next(self._clock)
-        for key in self._keys(ids):
+        for key in self._keys(ids, salt):
             node = node.children.get(key)
             if node is None:
                 break
@@ -103,11 +110,11 @@ class RadixPrefixCache(PrefixCache):
             blocks.append(node.block)
         return PrefixMatch(tuple(blocks), len(blocks) * self.block_size)
 
-    def insert_prefix(self, ids: list[int], seq: SeqKV) -> int:
+    def insert_prefix(self, ids: list[int], seq: SeqKV, salt: str | None = None) -> int:
         if self.max_blocks == 0:
             return 0
         node, now, added = self._root, next(self._clock), 0
-        for i, key in enumerate(self._keys(ids[: seq.length])):
+        for i, key in enumerate(self._keys(ids[: seq.length], salt)):
             child = node.children.get(key)
             if child is None:
                 if self._n_blocks >= self.max_blocks and self.evict(1) == 0:

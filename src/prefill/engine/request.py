@@ -123,6 +123,7 @@ class Request:
     logprobs: int | None = None  # record the chosen token's log-probability and this many alternatives
     prompt_logprobs: int | None = None  # score every prompt position, with this many alternatives (engine.scoring)
     ignore_eos: bool = False  # keep going past EOS to max_tokens (vLLM's benchmark option)
+    cache_salt: str | None = None  # vLLM's: cached prefixes are shared only with requests of the same salt
     cancelled: bool = False  # set by the caller (a client went away); the loop drops the request
     clock: Callable[[], float] = time.perf_counter  # seconds; the loop's (a simulation's clock is simulated)
     # ---- state, set by the loop ----

@@ -127,7 +127,7 @@ class Scheduler:
     def _new_seq(self, req: Request):
         match = None
         if self.prefix_cache is not None:
-            match = self.prefix_cache.match_prefix(req.reusable_ids())
+            match = self.prefix_cache.match_prefix(req.reusable_ids(), req.cache_salt)
         if match is None or not match.n_tokens:
             return self.pool.new_seq()
         return self.pool.new_seq([match.blocks], match.n_tokens)
@@ -158,7 +158,7 @@ class Scheduler:
         if self.kv_tier is not None:
             self.kv_tier.abandon(req)  # a tail still loading into its blocks stops first
         if self.prefix_cache is not None and req.seq.length:
-            self.prefix_cache.insert_prefix(req.all_ids()[: req.seq.length], req.seq)
+            self.prefix_cache.insert_prefix(req.all_ids()[: req.seq.length], req.seq, req.cache_salt)
         req.seq.free()
         req.preempted()
         self.running.remove(req)

@@ -65,6 +65,7 @@ def pending_of(state: ServerState, body: Body, prepared: Prepared, sampling: Sam
             tokenize_s=prepared.tokenize_s,
             constraint=prepared.constraint,
             ignore_eos=body.ignore_eos,
+            cache_salt=body.cache_salt,
             logprobs=k,
             prompt_logprobs=k if prepared.scored else None,
         )

@@ -94,6 +94,7 @@ def float_in(ge: float | None = None, le: float | None = None, gt: float | None 
 
 
 MAX_STOPS, MAX_STOP_CHARS = 16, 1024  # stop strings in one request (OpenAI allows 4, vLLM any), characters in one
+MAX_SALT_CHARS = 256  # a cache salt (vLLM suggests 43: 256 random bits in base64)
 Stop = text_of(max_length=MAX_STOP_CHARS)
 
 
@@ -149,6 +150,11 @@ class _Sampling(_Body):
     top_p: float_in(gt=0.0, le=1.0) = 1.0
     top_k: int_in(ge=0) = Field(default=0, description="vLLM's extension; 0 = no cut")
     ignore_eos: StrictBool = Field(default=False, description="vLLM's extension, for benchmarks: run to max_tokens")
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=MAX_SALT_CHARS)] | None = Field(
+        default=None,
+        description="vLLM's extension: cached prefixes are shared only among requests with the same salt (a new "
+        "salt: no prefix-cache hit); a salted request skips the KV store",
+    )
     # the item cap is on the list alone: a single string is capped by its characters (MAX_STOP_CHARS)
     stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
     seed: int_in(ge=SEED_MIN, le=SEED_MAX) | None = Field(default=None, description="what torch.Generator takes")

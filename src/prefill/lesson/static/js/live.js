@@ -136,6 +136,8 @@ async function stream(tok, chat, maxTokens) {
     stream_options: { include_usage: true, continuous_usage_stats: true } };
   if (chat) body.messages = [{ role: "user", content: current.text }];
   else body.prompt = current.text;
+  // Without the prefix cache: a salt no request had before (vLLM's cache_salt) shares no cached block.
+  if (!$("use-cache").checked) body.cache_salt = `page-${Date.now()}-${Math.random().toString(36).slice(2)}`;
   $("answer-box").hidden = false;
   $("answer").textContent = "";
   const out = { times: [], serverTimes: [], text: "", timings: null, usage: null, n: 0 };
