@@ -294,7 +294,11 @@ class Engine:
         """Predicted seconds of a warm prefill of P tokens after `past` cached ones (in chunks, if given), and how:
         the time model on this machine's profile, with the part that dominates."""
         pred = self.predict_prefill(P, past, chunk_size)
-        return pred.seconds, f"time model, {self.profile().kind} profile: {pred.dominant}-bound"
+        return pred.seconds, self.method_of(pred)
+
+    def method_of(self, pred: timemodel.Prediction) -> str:
+        """How a prediction on this machine's profile was made, and the part that dominates it."""
+        return f"time model, {self.profile().kind} profile: {pred.dominant}-bound"
 
 
 def _drain(loop: StepLoop, req: Request, events: list) -> Iterator[TokenEvent | Generation]:

@@ -145,7 +145,6 @@ async def predict(
     body: dict = {"P": P, "cached": cached, "computed": P - cached}
     with bad_input():
         pred = lesson.engine.predict_prefill(P - cached, cached, lesson.chunk_size, profile=profile)
-        _, how = lesson.engine.predict_prefill_seconds(P - cached, cached, lesson.chunk_size)
         words = prefill_words(P, cached, pred.steps, lesson.chunk_size)
         count = costs.prefill_flops_exact(lesson.spec, P - cached, cached)
         itl = lesson.engine.predict_itl_seconds(P, n)
@@ -153,7 +152,7 @@ async def predict(
             "predicted_prefill_s": pred.seconds,
             "predicted_ttft_s": costs.ttft_seconds(pred.seconds, tokenize_s=tokenize_s),
             "predicted_itl_s": itl,
-            "method": how,
+            "method": lesson.engine.method_of(pred),
             "prefill": words,
             "forwards": pred.steps,
             "dominant": pred.dominant,
