@@ -182,3 +182,21 @@ def test_bfloat16_agrees_with_float32_within_bf16_error(smollm):
 def test_bad_requests_are_refused(smollm, kwargs, match):
     with pytest.raises(BadInput, match=match):
         smollm.complete(**kwargs)
+
+
+def test_a_prefill_is_cold_the_first_time_its_thread_runs_that_many_tokens(smollm):
+    """The first forward of a token count on a thread builds its kernels and touches its pools first: the
+    request's timings say so, so that time is never taken for a warm one. A new thread has run nothing."""
+    import threading
+
+    ids = list(range(200, 229))  # 29 tokens
+    seen: list[bool] = []
+
+    def twice() -> None:
+        for _ in range(2):
+            seen.append(smollm.complete(ids, max_new_tokens=2).timings()["cold"])
+
+    t = threading.Thread(target=twice)
+    t.start()
+    t.join()
+    assert seen == [True, False]

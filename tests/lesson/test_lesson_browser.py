@@ -256,7 +256,9 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
     for tile in ("#tl-ttft", "#tl-pred", "#tl-total", "#tl-model", "#tl-mfu"):
         assert text(page, tile) not in ("…", "–", ""), tile
     # the prediction beside the measurement: its error, the part that set the time, and why in words
-    assert re.search(r"predicted beside .* measured \([+-]\d+%\); time model", text(page, "#tl-pred-sub"))
+    # (the server's first 3-token forward: cold, and said so)
+    assert re.search(r"predicted beside .* measured \([+-]\d+%, cold\); time model", text(page, "#tl-pred-sub"))
+    assert text(page, "#tl-why").endswith("run the prompt again.")
     assert re.match(r"Why: 3 tokens, one pass: (compute|memory|overhead)-bound", text(page, "#tl-why"))
     assert "prefill (3 tokens, one pass)" in text(page, "#phase-legend")
     assert re.search(r"ITL p50 .* measured beside .* predicted \([+-]\d+%\)", text(page, "#tl-model-sub"))

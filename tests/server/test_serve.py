@@ -184,6 +184,16 @@ def test_a_cache_salt_shares_the_prefix_only_with_the_same_salt(server, client):
     assert cached(None)[0] >= P - 16
 
 
+def test_a_new_servers_first_prefill_of_a_length_is_labelled_cold(engine):
+    """A fresh server's worker has run no forward: its first prefill of a length is cold, the same length again
+    is not (the page and the benchmarks leave cold ones out of warm figures)."""
+    cfg = ServeConfig(model_id_of(engine), kv_cache_mb=64)
+    with BackgroundServer(create_app(engine, cfg)) as url:
+        body = {"model": cfg.model_id, "prompt": [300 + i for i in range(9)], "max_tokens": 2}
+        cold = [_post(url, "/v1/completions", json=body).json()["timings"]["cold"] for _ in range(2)]
+    assert cold == [True, False]
+
+
 def _post(url, path, **kw):
     return httpx.post(f"{url}{path}", timeout=60, **kw)
 

@@ -91,6 +91,7 @@ class SimRunner:
         self.logits = logits  # a tensor [R_max, vocab] to return (its first R rows) instead of the 2-token ones
         self.steps: list[list[tuple[int, int]]] = []  # each forward's rows: (new tokens, past)
         self.owed_s = 0.0  # the next step runs this much longer (requests that arrived during the last one)
+        self.first_of_shape = False  # a simulated step is never cold
 
     def run(self, rows: list[tuple[SeqKV, list[int]]], output: str = "last") -> torch.Tensor:
         if output != "last":

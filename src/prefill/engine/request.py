@@ -66,6 +66,7 @@ class Generation:
     queue_s: float = 0.0
     tokenize_s: float = 0.0
     prefill_s: float = 0.0  # compute seconds of this request's prefill forwards
+    cold: bool = False  # one of them was its thread's first forward of that many tokens (ModelRunner.run)
     first_token_s: float = 0.0  # sampling the first token from the prefill's logits
     ttft_s: float = 0.0  # arrival -> first token ready
     itl_s: list[float] = field(default_factory=list)
@@ -86,6 +87,7 @@ class Generation:
             "queue_s": self.queue_s,
             "tokenize_s": self.tokenize_s,
             "prefill_s": self.prefill_s,
+            "cold": self.cold,
             "first_token_s": self.first_token_s,
             "ttft_s": self.ttft_s,
             "total_s": self.total_s,

@@ -7,6 +7,7 @@ benchmark and the warm-up call `forward`, its rectangular wrapper, so what they 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -33,6 +34,8 @@ class ModelRunner:
         self.model, self.dtype, self.device = model, dtype, torch.device(device)
         self.spec: ModelSpec = model.spec
         self.deterministic = False
+        self._shapes: set[tuple[int, int]] = set()  # (thread, tokens) of every forward run so far
+        self.first_of_shape = False  # the last forward was the first with its token count on its thread
         if deterministic:
             self.set_deterministic()
 
@@ -69,6 +72,11 @@ class ModelRunner:
         pool = rows[0][0].pool
         batch = forward_batch(pool, [(seq, len(ids)) for seq, ids in rows], self.device, self.deterministic)
         flat = torch.tensor([t for _, ids in rows for t in ids], dtype=torch.long, device=self.device)  # [N]
+        # Cold: a forward of a token count this thread never ran builds its kernels (oneDNN's bfloat16 GEMMs: +40%
+        # at 3-40 tokens, 2 cores) and a new thread touches its pools first; such a time is not a warm figure.
+        shape = (threading.get_ident(), len(flat))
+        self.first_of_shape = shape not in self._shapes
+        self._shapes.add(shape)
         out = self.model(flat, batch, output)
         for seq, ids in rows:
             seq.length += len(ids)

@@ -28,6 +28,10 @@ MAX_TEXT = 20_000  # characters of a prompt the token route reads
 # once the model is known (document_context), as context + this offset.
 CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1, ("/api/roofline", "P"): 0}
 router = APIRouter(prefix="/api", tags=["lesson: live model"])
+COLD = (
+    " This one was cold: a forward of a length the server's worker had not run before builds its kernels and"
+    " touches its memory first, so it is no warm figure; run the prompt again."
+)
 
 
 class AttentionBody(BaseModel):
@@ -130,6 +134,7 @@ async def predict(
         description="the measured ITL (median), seconds: gives its error",
         json_schema_extra=bounds(0, MAX_S, True),
     ),
+    cold: bool = Query(False, description="the server's timings said the measured prefill was cold"),
 ) -> dict:
     """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server, in its
     prefill chunks (the engine's time model), exact FLOPs, and beside a measured prefill its MFU against the
@@ -174,9 +179,10 @@ async def predict(
             body |= {
                 "mfu": costs.mfu(count.total, measured, gemm),
                 "error": error,
-                "note": f"{words}: {regime_words(pred, measured, lesson.dtype, profile)}.",
+                "note": f"{words}: {regime_words(pred, measured, lesson.dtype, profile)}." + (COLD if cold else ""),
+                "cold": cold,
             }
-            human_body["error"] = f"{error:+.0%}"
+            human_body["error"] = f"{error:+.0%}, cold" if cold else f"{error:+.0%}"
         if itl is not None and itl_s is not None:
             body["itl_error"] = itl / in_range("itl_s", itl_s, 0, MAX_S, lo_open=True) - 1
             human_body["itl_error"] = f"{body['itl_error']:+.0%}"

@@ -225,6 +225,7 @@ async function showTimeline(tok, r, cached) {
   const query = { P: tok.P, cached, n: r.n };
   if (t.prefill_s) query.prefill_s = t.prefill_s;
   if (t.tokenize_s != null) query.tokenize_s = t.tokenize_s;
+  if (t.cold) query.cold = 1;
   const itlP50 = median(itls);
   if (itlP50) query.itl_s = itlP50;
   const [pred, model] = await Promise.all([
