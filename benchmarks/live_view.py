@@ -8,7 +8,7 @@ part it names. The first run of each prompt (it does other work than the runs af
 new length) and any run the server's timings call cold (its worker's first forward of that length) are shown and
 left out of the median; the issue's target is warm: within 15%.
 
-    .venv/bin/python benchmarks/live_view.py [--runs 6] [--out bench-results/live_view.json]
+    .venv/bin/python benchmarks/live_view.py [--runs 8] [--out bench-results/live_view.json]
 
 The browser runs on the same cores as the server, as it does for a student running `prefill lab` on a laptop; the
 page holds still while a prompt prefills and repaints the streamed answer every 100 ms, but its own work during the
@@ -65,7 +65,7 @@ def run_case(page, seen: list, prompt: str, chat: bool, cache: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=6, help="runs of each prompt; the first is left out of the median")
+    ap.add_argument("--runs", type=int, default=8, help="runs of each prompt; the first is left out of the median")
     ap.add_argument("--out", default="bench-results/live_view.json")
     args = ap.parse_args()
     if args.runs < 2:
