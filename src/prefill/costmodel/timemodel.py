@@ -152,18 +152,26 @@ class Prediction:
             merged[o.name] = o if o.name not in merged else _merge(merged[o.name], o)
         return merged
 
+    @property
+    def weights_per_forward(self) -> float:
+        """Bytes of weights one forward reads (every weight, once)."""
+        return sum(o.weight_bytes for o in self.ops) / self.steps
+
+    def dominant_work(self) -> tuple[list[OpTime], float]:
+        """The operations on the dominant side, and the seconds of their work (never 0: rates divide by it)."""
+        side = [o for o in self.ops if o.side == self.dominant]
+        return side, max(sum(o.work_s for o in side), 1e-30)
+
     def explain(self) -> str:
         """One sentence on what sets the time, with the numbers that set it."""
         parts, total = self.parts(), self.seconds
         head = f"{self.dominant}-bound ({parts[self.dominant] / total if total else 0:.0%} of {total * 1e3:,.1f} ms)"
-        side = [o for o in self.ops if o.side == self.dominant]
-        seconds = max(sum(o.work_s for o in side), 1e-30)
+        side, seconds = self.dominant_work()
         if self.dominant == "memory":  # the rate it moves at, as measured at its shapes (not the stream's peak)
             moved = sum(o.bytes for o in side)
-            weights = sum(o.weight_bytes for o in self.ops) / self.steps
             return (
                 f"{head}: {moved / 1e6:,.0f} MB moved at {moved / seconds / 1e9:,.1f} GB/s; the weights' "
-                f"{weights / 1e6:,.0f} MB are read once per forward however few its tokens"
+                f"{self.weights_per_forward / 1e6:,.0f} MB are read once per forward however few its tokens"
             )
         if self.dominant == "compute":
             flops = sum(o.flops for o in side)

@@ -9,18 +9,12 @@ from prefill.costmodel.timemodel import Prediction
 from prefill.lesson.api import human, short_sci
 
 
-def weight_bytes(pred: Prediction) -> float:
-    """Bytes of weights one forward of the prediction reads (every weight, once)."""
-    return sum(o.weight_bytes for o in pred.ops) / pred.steps
-
-
 def regime_words(pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile) -> str:
     """The part that sets the prefill's time (compute, memory or overhead), with the prediction's own FLOPs, bytes
     and seconds; when memory sets it, also what its FLOPs alone (the 2·N·P view) would take."""
     parts = pred.parts()  # seconds the compute, memory and overhead sides add to the prediction
-    side = [o for o in pred.ops if o.side == pred.dominant]
-    side_s = max(sum(o.work_s for o in side), 1e-30)
-    flops, weights = pred.flops, weight_bytes(pred)
+    side, side_s = pred.dominant_work()
+    flops, weights = pred.flops, pred.weights_per_forward
     overhead = f"; per-operation overhead adds {human(parts['overhead'], 's')}" if parts["overhead"] else ""
     if pred.dominant == "memory":  # the rate its ops move bytes at, as measured at their shapes (not the peak)
         moved = sum(o.bytes for o in side)

@@ -21,7 +21,7 @@ from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
 from prefill.engine.llm import Engine
 from prefill.lesson.api import finite, human, in_range, roof_points
-from prefill.lesson.regime import regime_words, weight_bytes
+from prefill.lesson.regime import regime_words
 from prefill.lesson.state import lesson_of
 
 MEASURE_P = (1, 4, 16, 64, 256, 1024)  # what the page measures: a forward of 1024 tokens is ~2 s on 2 cores
@@ -118,7 +118,7 @@ async def curve(request: Request) -> dict:
         f"Predicted on this machine: a 3-token prompt takes {human(short.seconds, 's')}, a 30-token one "
         f"{human(longer.seconds, 's')}: {longer.flops / short.flops:.2g} times the FLOPs for "
         f"{longer.seconds / short.seconds:.2g} times the time, as each forward reads all "
-        f"{human(weight_bytes(short), 'B')} of weights first. "
+        f"{human(short.weights_per_forward, 'B')} of weights first. "
         + (f"From P = {turn:,} the FLOPs take longer than the bytes: compute-bound." if turn else "")
     )
     return finite(
