@@ -28,7 +28,7 @@ from prefill.costmodel.costs import (
     scoring_flops_exact,
     ttft_seconds,
 )
-from prefill.costmodel.hardware import HARDWARE, Hardware, get_hardware, load_calibration, save_calibration
+from prefill.costmodel.hardware import HARDWARE, Hardware, load_calibration, save_calibration
 from prefill.costmodel.ops import Row
 from prefill.costmodel.parallel import (
     ring_allreduce_bytes_per_gpu,
@@ -65,6 +65,7 @@ _LAZY = {  # torch-backed names, imported on first use so the calculator starts 
     "Transformer": "prefill.model.transformer",
     "measure_gemm_rate": "prefill.machine.probe",  # the machine's one probe (imports torch when called)
     "profile_for": "prefill.machine.profiles",
+    "get_hardware": "prefill.machine.profiles",  # a catalog GPU, or "cpu": this machine, measured
 }
 
 

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from prefill.costmodel import hardware
 from prefill.costmodel.costs import (
     Calibration,
 )
@@ -62,16 +63,16 @@ def test_catalog_lookup_imports_no_torch():
     assert out.strip() == "False"
 
 
-def test_the_measuring_names_still_resolve_from_the_catalog_module():
+def test_the_catalog_does_not_measure_this_cpu():
     import prefill
-    from prefill.costmodel import hardware
     from prefill.machine import probe, profiles
 
-    assert hardware.measure_gemm_rate is probe.measure_gemm_rate is prefill.measure_gemm_rate
-    assert hardware.measure_copy_bandwidth is probe.measure_copy_bandwidth
-    assert hardware.this_cpu is profiles.this_cpu
+    assert prefill.measure_gemm_rate is probe.measure_gemm_rate
+    assert prefill.get_hardware is profiles.get_hardware  # "cpu" resolves above the cost model
+    with pytest.raises(BadInput, match="this machine"):
+        get_hardware("cpu")
     with pytest.raises(AttributeError):
-        hardware.no_such_name  # noqa: B018
+        hardware.this_cpu  # noqa: B018
 
 
 def test_calibration_round_trip(tmp_path, monkeypatch):

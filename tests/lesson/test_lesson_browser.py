@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from prefill.costmodel import costs
+from prefill.lesson.routes import add_lesson
 from prefill.server.app import ServeConfig, create_app, model_id_of
 from prefill.server.server import BackgroundServer
 
@@ -40,7 +41,7 @@ TIMEOUT_MS = 120_000
 def url(smollm):
     cfg = ServeConfig(model_id_of(smollm), max_tokens_limit=512, kv_cache_mb=64)
     smollm.warmup()  # as `prefill lab` does: the page's timeline shows the steady state, not first-call set-up
-    with BackgroundServer(create_app(smollm, cfg)) as root:
+    with BackgroundServer(add_lesson(create_app(smollm, cfg))) as root:
         yield root
 
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.specs import PRESETS
 from prefill.machine import attention_probe, elementwise, entries, probe, profiles
 from prefill.machine.probe import measure_copy_bandwidth, measure_gemm_rate
+from prefill.machine.profiles import get_hardware
 
 SMOLLM2 = PRESETS["smollm2-135m"]
 

@@ -2,9 +2,9 @@
 
 import pytest
 
+from prefill.device.capability import Capability, cpu_flags
 from prefill.errors import BadInput
 from prefill.machine import native
-from prefill.machine.capability import Capability, cpu_flags
 from prefill.machine.native import choose
 
 AVX2 = Capability("cpu", "AMD EPYC (AVX2 only)", "AVX2", frozenset({"avx2", "fma"}))

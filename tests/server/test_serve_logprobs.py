@@ -3,7 +3,7 @@
 import torch
 
 from prefill.engine.request import TokenEvent
-from prefill.engine.scoring import Scores
+from prefill.engine.scores import Scores
 from prefill.server.logprobs import (
     FLOOR,
     CompletionLogprobs,

@@ -5,7 +5,7 @@ float32 or bfloat16. To compare llama.cpp like for like, this writes the same de
 a BF16 GGUF with the `gguf` package: every metadata key copied (tokenizer, chat template, shapes, rotary),
 general.file_type set to the new type, tensors in the source's order, names and layout (llama.cpp's rotary row
 order kept: it is llama.cpp that reads the file). 1-D tensors (the norms) stay F32 in the BF16 file, as
-llama.cpp's own converter writes them. Files are cached in prefill.machine.cache.cache_dir()/gguf, keyed by the
+llama.cpp's own converter writes them. Files are cached in prefill.device.cache.cache_dir()/gguf, keyed by the
 source's name, size and modification time.
 """
 
@@ -33,7 +33,7 @@ def dense_gguf_name(source: str | Path, dtype: str) -> str:
 
 def dense_gguf_path(source: str | Path, dtype: str) -> Path:
     """Where the `dtype` copy of `source` is (or will be) cached: a folder per version of the source file."""
-    from prefill.machine.cache import cache_dir
+    from prefill.device.cache import cache_dir
 
     src = Path(source).resolve()
     st = src.stat()

@@ -4,7 +4,7 @@ predicts (a forward is not all a server's step costs: on the Zen 3 about 1.6 ms 
 
     a, b = loop_overhead(spec, tokenizer)      # seconds per step of R rows: a + b R
 
-Measured on the real StepLoop with a runner that computes nothing (prefill.bench.simulate.SimRunner returning
+Measured on the real StepLoop with a runner that computes nothing (prefill.bench.sim_runner.SimRunner returning
 fixed random logits of the model's vocabulary), so every second timed is the loop's. A serving process adds its
 own: HTTP and SSE, its event loop, and that thread taking a core from the compute's two (on the Zen 3, native
 weights: 1.4 ms a step at one stream, benchmarks/server_overhead.py): `prefill loadtest --predict` times it on the
@@ -40,7 +40,7 @@ def loop_overhead(spec: ModelSpec, tokenizer=None, rows: tuple[int, int] = ROWS,
 
 
 def _median_step(spec: ModelSpec, tokenizer, R: int, steps: int) -> float:
-    from prefill.bench.simulate import SimClock, SimRunner
+    from prefill.bench.sim_runner import SimClock, SimRunner
     from prefill.engine.kvcache import KVPool
     from prefill.engine.loop import StepLoop
     from prefill.engine.request import Request

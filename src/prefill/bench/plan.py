@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prefill.costmodel.costs import prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
-from prefill.machine.capability import Capability
+from prefill.device.capability import Capability
 from prefill.machine.native import AUTO, AUTO_CANDIDATES
 
 # Rough fraction of the probe's GEMM rate each engine reaches in a whole prefill (measured on 2-core CPUs:

@@ -21,7 +21,7 @@ def short(dtype: str) -> str:
 
 def device_line(device: str = "cpu") -> str:
     """The first line of a bench: the processor, its matrix capability and the dtypes native on it."""
-    from prefill.machine.capability import capability
+    from prefill.device.capability import capability
 
     cap = capability("cuda" if device.startswith("cuda") else "cpu")
     return f"{cap.name}: {cap.kind} (torch CPU capability {cap.isa}); native dtypes: {', '.join(cap.native_dtypes())}"

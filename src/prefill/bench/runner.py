@@ -43,8 +43,8 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     and the estimated duration from the cost model at the probe's GEMM rates. Returns the config with
     concrete dtypes, the plan, the spec and the model path."""
     from prefill.costmodel.specs import load_spec
+    from prefill.device.capability import capability
     from prefill.loading.resolve import model_path as checked_path
-    from prefill.machine.capability import capability
     from prefill.machine.profiles import gemm_rates
 
     model_path = str(checked_path(config.model))  # a .gguf file or a model folder, else a one-line error
@@ -367,7 +367,7 @@ def _save_compile_verdicts(result: BenchResult, config: BenchConfig) -> None:
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
     import torch
 
-    from prefill.machine.capability import capability, cpu_name
+    from prefill.device.capability import capability, cpu_name
 
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
     machine = {

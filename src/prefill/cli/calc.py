@@ -101,7 +101,8 @@ def hardware_fields(name: str, dtype: str, peak: float | None, mfu: float | None
     cpu the saved calibration (when `calibrated`). MFU defaults to 0.5, and to 1.0 on cpu, whose peak is a GEMM
     measured now. `quiet`: no line on stderr while the CPU is measured."""
     from prefill.costmodel.costs import canonical_dtype
-    from prefill.costmodel.hardware import get_hardware, load_calibration
+    from prefill.costmodel.hardware import load_calibration
+    from prefill.machine.profiles import get_hardware
 
     dtype = canonical_dtype(dtype)  # an unknown dtype fails before the CPU is measured
     on_cpu = name.lower() == "cpu"

@@ -25,7 +25,7 @@ def calibrate(
     streaming bandwidth and per-operation overhead; cached for every later prediction."""
     import json
 
-    from prefill.machine.cache import cache_dir
+    from prefill.device.cache import cache_dir
     from prefill.machine.native import resolve_dtype
     from prefill.machine.profiles import PROFILE_FILE, probe_profile, profile_for
 

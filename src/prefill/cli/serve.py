@@ -58,10 +58,11 @@ def serve(
 def serve_engine(engine, config, host: str, port: int, dtype: str) -> int:
     """Serve `engine` with `config` at host:port until SIGTERM / SIGINT, after saying how large its KV pool is
     and where it answers; the exit status (non-zero when the scheduler could not serve)."""
+    from prefill.lesson.routes import add_lesson
     from prefill.server.app import create_app
     from prefill.server.server import run_server
 
-    app = create_app(engine, config)
+    app = add_lesson(create_app(engine, config))  # the lesson page at /, as `prefill lab` serves it
     pool = app.state.server.worker.loop.pool
     tokens = pool.max_tokens()
     mib = pool.allocated_bytes() / 1024**2
@@ -82,6 +83,7 @@ def lab(
 ) -> None:
     """`prefill serve` plus the lesson page opened in a browser (the URL is printed when none can be opened)."""
     from prefill.lesson.lab import open_when_up
+    from prefill.lesson.routes import add_lesson
     from prefill.server.app import ServeConfig, create_app, model_id_of
     from prefill.server.config import SERVE_PROBE_MAX_AGE_S
     from prefill.server.server import run_server
@@ -92,4 +94,4 @@ def lab(
     if open_browser:
         open_when_up(url, lambda ok: None if ok else console.print(f"no browser could be opened: visit {url}"))
     config = ServeConfig(model_id_of(engine), probe_max_age_s=SERVE_PROBE_MAX_AGE_S)
-    run_server(create_app(engine, config), host, port)
+    run_server(add_lesson(create_app(engine, config)), host, port)

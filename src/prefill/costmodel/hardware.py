@@ -93,28 +93,15 @@ def hardware_names() -> list[str]:
 
 
 def get_hardware(name: str) -> Hardware:
-    """A catalog entry by name or alias; "cpu" measures this machine (once per process)."""
+    """A catalog entry by name or alias. "cpu" is this machine, measured: prefill.machine.profiles.get_hardware
+    resolves it (the cost model takes a machine's numbers as data and never probes)."""
     key = name.lower()
     key = ALIASES.get(key, key)
-    if key == "cpu":  # not a catalog entry: this machine, measured by its probe (the one import of machine here)
-        from prefill.machine.profiles import this_cpu
-
-        return this_cpu()
+    if key == "cpu":
+        raise BadInput("'cpu' is this machine, measured by its probe: ask prefill.machine.profiles.get_hardware")
     if key not in HARDWARE:
         raise BadInput(f"unknown hardware {name!r}; choose one of: {', '.join(hardware_names())}")
     return HARDWARE[key]
-
-
-_MEASURED = ("this_cpu", "measure_gemm_rate", "measure_copy_bandwidth")
-
-
-def __getattr__(name: str):
-    # These measure the machine and now live in its one probe; the old names still resolve (lazily: no torch).
-    if name in _MEASURED:
-        from prefill.machine import probe, profiles
-
-        return getattr(profiles if name == "this_cpu" else probe, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- calibration file --------------------------------------------------------------------------------

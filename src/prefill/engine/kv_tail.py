@@ -17,15 +17,25 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
+from prefill.costmodel.kv_store import LoadDecision
+
 if TYPE_CHECKING:
     from prefill.engine.kv_store import BlockKey
-    from prefill.engine.kv_tier import StoreTier
     from prefill.engine.kvcache import SeqKV
+
+
+class BlockSource(Protocol):
+    """Where a tail's blocks come from (prefill.engine.kv_tier.StoreTier): its block size and its one read."""
+
+    block_size: int
+
+    def load_blocks(self, keys, seq, at, staging, copy) -> tuple[int, bytearray | None]: ...
+
 
 log = logging.getLogger("prefill.kv_store")
 
@@ -70,14 +80,14 @@ def numpy_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 class TailLoader:
-    """One background thread that loads tails for a StoreTier, with its own staging buffer."""
+    """One background thread that loads tails for a StoreTier (any BlockSource), with its own staging buffer."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kv-store-loader")
         self._staging: bytearray | None = None
 
     def start(
-        self, tier: StoreTier, keys: tuple[BlockKey, ...], sizes: tuple[int, ...], seq: SeqKV, at: int, length: int
+        self, tier: BlockSource, keys: tuple[BlockKey, ...], sizes: tuple[int, ...], seq: SeqKV, at: int, length: int
     ) -> PendingLoad:
         """Start loading `keys` (block files of `sizes` bytes) into seq's reserved blocks from position `at` (a
         block boundary); the sequence will hold `length` positions once they are in."""
@@ -94,3 +104,34 @@ class TailLoader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+@dataclass
+class StoreUse:
+    """What the store did for one request: the cost model's decision, and what was loaded (measured)."""
+
+    decision: LoadDecision
+    loaded_tokens: int = 0
+    loaded_bytes: int = 0
+    load_s: float = 0.0  # measured: reading, verifying and copying into the pool
+    bad_blocks: int = 0  # stored blocks rejected on the way (checksum, fingerprint, truncation...)
+    resident_share: float | None = None  # of the loaded files' pages in the page cache before the read (Linux)
+    pending: PendingLoad | None = None  # "both": the tail still loading (prefill.engine.kv_tail)
+
+    @property
+    def saved_s(self) -> float:
+        """The decision's predicted saving, in the share of its planned load that happened (a bad block can cut
+        it short)."""
+        d = self.decision
+        planned = d.n_tokens - (d.split if d.choice == "both" else 0)
+        return d.saved_s * self.loaded_tokens / planned if planned else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            **self.decision.as_dict(),
+            "loaded_tokens": self.loaded_tokens,
+            "loaded_bytes": self.loaded_bytes,
+            "load_s": self.load_s,
+            "bad_blocks": self.bad_blocks,
+            "resident_share": self.resident_share,
+        }

@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +46,7 @@ from prefill.engine.kv_store import (
     probe_bandwidth,
     weights_digest,
 )
-from prefill.engine.kv_tail import PendingLoad, TailLoader
+from prefill.engine.kv_tail import StoreUse, TailLoader
 from prefill.engine.kvcache import SeqKV
 from prefill.errors import BadInput
 
@@ -58,37 +57,6 @@ log = logging.getLogger("prefill.kv_store")
 PrefillSeconds = Callable[[int, int, int | None], float]  # (n, past, chunk_size) -> predicted seconds
 PROBE_BYTES = 16 << 20  # enough files for a steady read rate, a fraction of a second to write and read
 STAGE_BYTES = 4 << 20  # a load reads this many bytes of block files at a time, then copies them into the pool
-
-
-@dataclass
-class StoreUse:
-    """What the store did for one request: the cost model's decision, and what was loaded (measured)."""
-
-    decision: LoadDecision
-    loaded_tokens: int = 0
-    loaded_bytes: int = 0
-    load_s: float = 0.0  # measured: reading, verifying and copying into the pool
-    bad_blocks: int = 0  # stored blocks rejected on the way (checksum, fingerprint, truncation...)
-    resident_share: float | None = None  # of the loaded files' pages in the page cache before the read (Linux)
-    pending: PendingLoad | None = None  # "both": the tail still loading (prefill.engine.kv_tail)
-
-    @property
-    def saved_s(self) -> float:
-        """The decision's predicted saving, in the share of its planned load that happened (a bad block can cut
-        it short)."""
-        d = self.decision
-        planned = d.n_tokens - (d.split if d.choice == "both" else 0)
-        return d.saved_s * self.loaded_tokens / planned if planned else 0.0
-
-    def as_dict(self) -> dict:
-        return {
-            **self.decision.as_dict(),
-            "loaded_tokens": self.loaded_tokens,
-            "loaded_bytes": self.loaded_bytes,
-            "load_s": self.load_s,
-            "bad_blocks": self.bad_blocks,
-            "resident_share": self.resident_share,
-        }
 
 
 class StoreTier:
@@ -223,16 +191,7 @@ class StoreTier:
         usable = min(limit, past + len(keys) * bs) - past  # positions the blocks save computing
         if not keys:
             return StoreUse(LoadDecision("compute", 0, past, 0, 0.0, 0.0), bad_blocks=self._bad_since(bad0))
-        both, rate = both and not windowed, self.load_bytes_per_s
-        prefill_s = lambda n, p: self.prefill_seconds(n, p, chunk_size)  # noqa: E731
-        cpu = self.bandwidth.cpu_bytes_per_s  # a load's CPU work (verifying, copying), which the head loses
-        decision = compute_or_load(usable, past, sum(sizes), rate, prefill_s, sizes if both else (), bs, cpu)
-        if self.force == "both" and both and len(keys) >= 2:
-            split, both_s = split_ends(usable, past, sizes, rate, prefill_s, bs, cpu)
-            split = split if split < usable else len(keys) // 2 * bs  # the head and the tail, a block each at least
-            decision = dataclasses.replace(decision, choice="both", split=split, both_s=both_s)
-        elif self.force is not None:
-            decision = dataclasses.replace(decision, choice="load")
+        decision = self._decide(usable, past, sizes, chunk_size, both and not windowed)
         use = StoreUse(decision, bad_blocks=self._bad_since(bad0))
         end = past + len(keys) * bs
         if windowed:
@@ -258,6 +217,24 @@ class StoreTier:
         use.load_s = time.perf_counter() - t0
         use.bad_blocks = self._bad_since(bad0)
         return use
+
+    def _decide(
+        self, usable: int, past: int, sizes: tuple[int, ...], chunk_size: int | None, both: bool
+    ) -> LoadDecision:
+        """The cost model's compute-or-load for the `usable` positions after `past` that the blocks of `sizes`
+        bytes hold (with `both`, loading the tail while the head is computed is weighed too), or what `force`
+        asks for."""
+        bs, rate = self.block_size, self.load_bytes_per_s
+        prefill_s = lambda n, p: self.prefill_seconds(n, p, chunk_size)  # noqa: E731
+        cpu = self.bandwidth.cpu_bytes_per_s  # a load's CPU work (verifying, copying), which the head loses
+        decision = compute_or_load(usable, past, sum(sizes), rate, prefill_s, sizes if both else (), bs, cpu)
+        if self.force == "both" and both and len(sizes) >= 2:
+            split, both_s = split_ends(usable, past, sizes, rate, prefill_s, bs, cpu)
+            split = split if split < usable else len(sizes) // 2 * bs  # the head and the tail, a block each at least
+            decision = dataclasses.replace(decision, choice="both", split=split, both_s=both_s)
+        elif self.force is not None:
+            decision = dataclasses.replace(decision, choice="load")
+        return decision
 
     def load_blocks(
         self,

@@ -23,7 +23,7 @@ from prefill.engine.request import Event, Request
 from prefill.engine.runner import ModelRunner
 from prefill.engine.sampling import NothingToSample, sample_rows
 from prefill.engine.scheduler import Scheduler, Step
-from prefill.engine.scoring import ScoreAccumulator
+from prefill.engine.scores import ScoreAccumulator
 from prefill.errors import BadInput
 
 

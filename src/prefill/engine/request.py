@@ -23,8 +23,8 @@ from prefill.errors import BadInput
 from prefill.loading.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from prefill.engine.kv_tier import StoreUse
-    from prefill.engine.scoring import ScoreAccumulator, Scores
+    from prefill.engine.kv_tail import StoreUse
+    from prefill.engine.scores import ScoreAccumulator, Scores
 
 
 class Constraint(Protocol):

@@ -177,7 +177,7 @@ async def load(
     if rate is not None and not rate > 0:  # before the baseline, which takes seconds the first time (NaN fails too)
         raise BadInput(f"rate must be > 0 requests/s, got {rate:g}")
     lesson = lesson_of(request)
-    sim = lesson.load
+    sim = lesson.part(SimulatedServer)
     base = await sim.baseline()
     capacity = base.capacity
     asked = DEFAULT_UTILISATION * capacity if rate is None else rate

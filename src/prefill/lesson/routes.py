@@ -7,6 +7,7 @@ and so runs through the same worker as any client's. Nothing sent over HTTP is e
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
@@ -14,7 +15,10 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from prefill.lesson import api, live, load, sweep, tiers
+from prefill.lesson.live import document_context
 from prefill.lesson.state import LessonState
+from prefill.server.openapi import document
+from prefill.server.state import ServerState
 
 STATIC = Path(__file__).parent / "static"
 router = APIRouter()
@@ -23,6 +27,19 @@ router = APIRouter()
 @router.get("/", include_in_schema=False)
 async def lesson_page() -> FileResponse:
     return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+def add_lesson(app: FastAPI) -> FastAPI:
+    """Mount the lesson on an OpenAI server's app (prefill.server.app.create_app): the page and its API read the
+    server's engine, its worker (every forward runs there) and its scheduler's sizes. The server knows nothing of
+    the lesson; `prefill serve` and `prefill lab` compose the two: add_lesson(create_app(engine, cfg)). Returns app."""
+    server: ServerState = app.state.server
+    cfg, engine = server.cfg, server.engine
+    pool_tokens = server.worker.loop.pool.max_tokens()
+    lesson = LessonState(engine, cfg.model_id, server.worker.call, cfg.chunk_size, cfg.max_running, pool_tokens)
+    add_lesson_routes(app, lesson)
+    document(app, partial(document_context, context=engine.spec.context_length))
+    return app
 
 
 def add_lesson_routes(app: FastAPI, state: LessonState) -> None:

@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
@@ -17,8 +16,6 @@ if TYPE_CHECKING:
     from prefill.costmodel.profile import MachineProfile
     from prefill.costmodel.specs import ModelSpec
     from prefill.engine.llm import Engine
-    from prefill.lesson.load import SimulatedServer
-    from prefill.lesson.tiers import StoreRates
 
 T = TypeVar("T")
 OnWorker = Callable[[Callable[[], Any]], Future]  # prefill.server.worker.Worker.call
@@ -39,7 +36,8 @@ class MachineRates:
         return await asyncio.wrap_future(self._rates)
 
     def _measure(self) -> tuple[float, float, str]:
-        from prefill.costmodel.hardware import HARDWARE, measure_copy_bandwidth
+        from prefill.costmodel.hardware import HARDWARE
+        from prefill.machine.probe import measure_copy_bandwidth
 
         gemm = self.engine.gemm_rate()
         if self.engine.device.type == "cuda":
@@ -66,9 +64,17 @@ class LessonState:
     max_running: int
     pool_tokens: int
     rates: MachineRates = field(init=False)
+    _parts: dict[Callable[[LessonState], Any], Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rates = MachineRates(self.engine, self.on_worker)
+
+    def part(self, make: Callable[[LessonState], T]) -> T:
+        """The page's one `make(self)`, made on its first ask: the simulated load (prefill.lesson.load), the KV
+        store's read rates (prefill.lesson.tiers). They are passed in, so this module imports neither."""
+        if make not in self._parts:
+            self._parts[make] = make(self)
+        return self._parts[make]
 
     @property
     def spec(self) -> ModelSpec:
@@ -85,20 +91,6 @@ class LessonState:
     async def profile(self) -> MachineProfile:
         """The engine's machine profile (what the time model reads), probed on the worker thread on first need."""
         return await self.run(self.engine.profile)
-
-    @cached_property
-    def load(self) -> SimulatedServer:
-        """This server under simulated load (prefill.lesson.load), made on the page's first ask."""
-        from prefill.lesson.load import SimulatedServer  # load.py reads lesson_of from here
-
-        return SimulatedServer(self)
-
-    @cached_property
-    def store_rates(self) -> StoreRates:
-        """How fast this machine reads KV-store blocks back (prefill.lesson.tiers), measured on the page's first ask."""
-        from prefill.lesson.tiers import StoreRates  # tiers.py reads lesson_of from here
-
-        return StoreRates(self)
 
 
 def lesson_of(request: Request) -> LessonState:

@@ -160,7 +160,7 @@ async def compute_or_load_curve(request: Request) -> dict:
     spec = lesson.spec
     if any(w is not None for w in spec.windows):
         return {"available": False, "note": f"{spec.name} has sliding-window layers: it is served without a KV store."}
-    rates = await lesson.store_rates.get()
+    rates = await lesson.part(StoreRates).get()
     if rates is None:
         return {"available": False, "note": "No read rate could be measured here (the directory was not writable)."}
     profile = await lesson.profile()

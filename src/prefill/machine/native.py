@@ -2,7 +2,7 @@
 
 A CPU multiplies bfloat16 in hardware only with AVX-512-BF16 or AMX; elsewhere torch emulates it, often 100x
 slower than float32. So the choice is made from two readings: the instruction sets the CPU reports
-(/proc/cpuinfo flags, torch's CPU capability: prefill.machine.capability), and the machine probe's GEMM rate
+(/proc/cpuinfo flags, torch's CPU capability: prefill.device.capability), and the machine probe's GEMM rate
 per dtype at the model's own shapes (prefill.machine.profiles.gemm_rates: measured once, cached on disk per
 machine, torch version and thread count).
 
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefill.costmodel.costs import canonical_dtype
-from prefill.machine.cache import machine_key, read_json, write_json
-from prefill.machine.capability import Capability, capability
+from prefill.device.cache import machine_key, read_json, write_json
+from prefill.device.capability import Capability, capability
 from prefill.machine.profiles import gemm_rates
 
 AUTO = "auto"

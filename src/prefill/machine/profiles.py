@@ -10,6 +10,7 @@ per machine, torch version, thread count and dtype, and replaced by a fitted one
     gemm_rates(device, shape, dtypes)     FLOP/s per dtype at one shape (what --dtype auto reads)
     save_fitted(spec, profile)            remember a fitted profile for this machine, dtype and model
     this_cpu()                            this machine as a Hardware entry (the calculator's `--hardware cpu`)
+    get_hardware(name)                    a catalog entry, or "cpu": this machine, measured once per process
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import os
 import time
 from collections.abc import Callable
 
+from prefill.costmodel import hardware
 from prefill.costmodel.costs import canonical_dtype
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
+from prefill.device.cache import machine_key, read_json, write_json
 from prefill.machine import attention_probe, elementwise, probe
-from prefill.machine.cache import machine_key, read_json, write_json
 from prefill.machine.entries import curve_points, implausible
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
@@ -288,7 +290,7 @@ def _curve(entry: dict, K: int, N: int, qtypes: dict[str, str]) -> GemmCurve:
 def _build(
     entry: dict, spec: ModelSpec, shapes, dtype: str, device: str, threads: int | None, qtypes: dict[str, str]
 ) -> MachineProfile:
-    from prefill.machine.capability import capability
+    from prefill.device.capability import capability
 
     curves = tuple(_curve(entry, K, N, qtypes) for K, N in shapes)
     cuda = device.startswith("cuda")
@@ -397,3 +399,9 @@ def this_cpu() -> Hardware:
         memory_bytes=psutil.virtual_memory().total,
         source="measured on this machine: square GEMM (torch.matmul) and a streaming GEMV (prefill.machine.probe)",
     )
+
+
+def get_hardware(name: str) -> Hardware:
+    """A catalog entry by name or alias (prefill.costmodel.hardware), or "cpu": this machine, measured once per
+    process."""
+    return this_cpu() if name.lower() == "cpu" else hardware.get_hardware(name)

@@ -60,7 +60,7 @@ FEW_ROWS_ELSEWHERE = 32
 @functools.cache
 def few_rows() -> int:
     """The most rows a float32 projection runs through linear_f32 on this CPU (FEW_ROWS)."""
-    from prefill.machine.capability import capability
+    from prefill.device.capability import capability
 
     return FEW_ROWS.get(capability("cpu").kind, FEW_ROWS_ELSEWHERE)
 

@@ -1,12 +1,12 @@
-"""The HTTP app: OpenAI-compatible routes over the worker, with OpenAI-style error bodies, and the lesson page.
+"""The HTTP app: OpenAI-compatible routes over the worker, with OpenAI-style error bodies.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (prefill.server.completions: stream true or false;
 streams are server-sent events ending in `data: [DONE]`; logprobs, echo and max_tokens 0 score prompts),
 GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (prefill.server.info), and vLLM's POST /tokenize,
-POST /detokenize, GET /tokenizer_info (prefill.server.tokenizer_routes); the lesson page at / and /api
-(prefill.lesson.routes). Every refusal is a 4xx (or a JSON 5xx) with {"error": {"message", "type", "param",
-"code"}} and leaves the server serving (prefill.server.error_handlers). The routers live at module level and
-read one `ServerState` (prefill.server.state) from `request.app.state.server`.
+POST /detokenize, GET /tokenizer_info (prefill.server.tokenizer_routes). Every refusal is a 4xx (or a JSON 5xx)
+with {"error": {"message", "type", "param", "code"}} and leaves the server serving (prefill.server.error_handlers).
+The routers live at module level and read one `ServerState` (prefill.server.state) from `request.app.state.server`.
+The lesson page mounts itself on this app (prefill.lesson.routes.add_lesson): the server knows nothing of it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from functools import partial
 from fastapi import FastAPI
 
 from prefill.engine.llm import Engine
-from prefill.lesson.live import document_context
-from prefill.lesson.routes import add_lesson_routes
-from prefill.lesson.state import LessonState
 from prefill.server import completions, info, tokenizer_routes
 from prefill.server.config import ServeConfig, model_id_of
 from prefill.server.error_handlers import add_error_handlers
@@ -56,10 +53,6 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     add_error_handlers(app)
     for module in (info, tokenizer_routes, completions):
         app.include_router(module.router)
-    pool_tokens = state.worker.loop.pool.max_tokens()
-    lesson = LessonState(engine, cfg.model_id, state.worker.call, cfg.chunk_size, cfg.max_running, pool_tokens)
-    add_lesson_routes(app, lesson)
-    spec = engine.spec
-    limits = partial(server_limits, cfg=cfg, vocab_size=spec.vocab_size)
-    document(app, refusals_are_400, generation_bounds, limits, partial(document_context, context=spec.context_length))
+    limits = partial(server_limits, cfg=cfg, vocab_size=engine.spec.vocab_size)
+    document(app, refusals_are_400, generation_bounds, limits)
     return app

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prefill.engine.request import TokenEvent
-    from prefill.engine.scoring import Scores
+    from prefill.engine.scores import Scores
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's and vLLM's default bound on k
 FLOOR = -9999.0  # what OpenAI writes for a log-probability of -inf (JSON has no infinity)

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import torch
 
-from prefill.engine.kv_tier import StoreUse
+from prefill.engine.kv_tail import StoreUse
 from prefill.engine.loop import StepLoop
 from prefill.engine.request import Event, Generation, Request, TokenEvent
 from prefill.errors import PrefillError

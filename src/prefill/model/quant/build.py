@@ -6,7 +6,7 @@ kernels (prefill/model/csrc/: the paged attention and the batch-invariant linear
 `make install` runs it; the engine also builds on first need when the library is missing or stale. The
 library's name carries a digest of the sources, the torch version and the flags, so an edited kernel or another
 torch never loads an old build. It is written beside this file when the package folder is writable (an editable
-install), else under the cache folder (prefill.machine.cache.cache_dir). No compiler (or PREFILL_NO_COMPILER=1,
+install), else under the cache folder (prefill.device.cache.cache_dir). No compiler (or PREFILL_NO_COMPILER=1,
 how the tests force it): nothing is built, and the engine runs its portable path with a one-line note.
 
 The flags come from torch.utils.cpp_extension (torch's headers, libraries and C++ ABI); no -march: the SIMD
@@ -75,7 +75,7 @@ def library_name() -> str:
 
 
 def _folders() -> list[Path]:
-    from prefill.machine.cache import cache_dir
+    from prefill.device.cache import cache_dir
 
     return [Path(__file__).parent, cache_dir() / "kernels"]
 

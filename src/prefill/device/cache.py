@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from prefill.machine.capability import capability
+from prefill.device.capability import capability
 
 
 def cache_dir() -> Path:
