@@ -169,24 +169,72 @@ def table(result: dict):
             f"same top token: {result.get('same_top1_as_transformers')}"
         )
     )
-    for col in ("P", "engine", "median ms", "p90 ms", "tok/s", "TFLOP/s", "MFU", "peak MiB", "speed-up"):
+    for col in COLUMNS:
         t.add_column(col, justify="right")
-    pts = result["points"]
+    for row in gpu_rows(result):
+        t.add_row(*row)
+    return t
+
+
+COLUMNS = ("P", "engine", "median ms", "p90 ms", "tok/s", "TFLOP/s", "MFU", "peak MiB", "speed-up")
+
+
+def gpu_rows(result: dict) -> list[list[str]]:
+    """The table's cells: ours and transformers per P, MFU against the measured GEMM rate, our speed-up."""
+    pts, rows = result["points"], []
     for p in pts:
         hf = next((q for q in pts if q["engine"] == "transformers" and q["P"] == p["P"]), None)
         speedup = hf["median_s"] / p["median_s"] if hf and p["engine"] == "prefill" else None
-        t.add_row(
-            str(p["P"]),
-            p["engine"],
-            f"{p['median_s'] * 1e3:.2f}",
-            f"{p['p90_s'] * 1e3:.2f}",
-            f"{p['tokens_per_s']:,.0f}",
-            f"{p['flops_per_s'] / 1e12:.2f}",
-            f"{p['mfu']:.1%}",
-            f"{bytes_to_mib(p['peak_bytes']):,.0f}",
-            "" if speedup is None else f"{speedup:.2f}x",
+        rows.append(
+            [
+                str(p["P"]),
+                p["engine"],
+                f"{p['median_s'] * 1e3:.2f}",
+                f"{p['p90_s'] * 1e3:.2f}",
+                f"{p['tokens_per_s']:,.0f}",
+                f"{p['flops_per_s'] / 1e12:.2f}",
+                f"{p['mfu']:.1%}",
+                f"{bytes_to_mib(p['peak_bytes']):,.0f}",
+                "" if speedup is None else f"{speedup:.2f}x",
+            ]
         )
-    return t
+    return rows
+
+
+def publish(result: dict, root: str | Path, **fields) -> Path:
+    """A gpu.json (as loaded) as the results file root/<GPU>/gpu.json, with the GPU and torch it names (a CPU
+    run of the tiny preset: this CPU's kind). fields: command, date, commit, conditions, notes, headline."""
+    import datetime
+
+    from prefill.bench import published
+
+    conditions = fields.pop("conditions", "")
+    if result["device"] == "cpu":
+        kind, machine = published.this_machine("cpu", conditions=conditions)
+    else:
+        kind = published.kind_slug(result["device"], "CUDA")
+        machine = published.Machine(name=result["device"], kind="CUDA", torch=result["torch"], conditions=conditions)
+    gemm = result["bf16_gemm_flops_per_s"] / 1e12
+    said = (
+        f"bf16 GEMM rate measured in the same run: {gemm:.1f} TFLOP/s; logits against transformers: max |difference| "
+        f"{result['logits_rel_gap_vs_transformers']:.1%} of max |logit|, same top token: "
+        f"{result.get('same_top1_as_transformers')}."
+    )
+    out = published.Result(
+        benchmark="gpu",
+        kind=kind,
+        title=f"{result['spec']['name'].split('/')[-1]} shapes, random bf16 weights: ours beside transformers",
+        machine=machine,
+        command=fields.pop("command", None) or published.command_line(program="benchmarks/gpu.sh"),
+        date=fields.pop("date", None) or datetime.date.today().isoformat(),
+        commit=fields.pop("commit", None) or published.git_commit(),
+        columns=COLUMNS,
+        rows=tuple(map(tuple, gpu_rows(result))),
+        notes=fields.pop("notes", said),
+        plot={"x": "P", "y": ["MFU"], "series": "engine", "ylabel": "MFU (%)", "labels": {"prefill": "ours"}},
+        **fields,
+    )
+    return published.write(out, root)
 
 
 def load_result(path: str | Path) -> dict:
@@ -256,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run, print the table, write gpu.json; returns the exit code."""
     from rich.console import Console
 
+    from prefill.bench.published import publish_option
     from prefill.bench.results import parse_ints
 
     ap = argparse.ArgumentParser(prog="benchmarks/gpu.sh", description=__doc__.split("\n\n")[0])
@@ -265,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-transformers", action="store_true", help="time ours only")
     ap.add_argument("--out", default="bench-results", help="folder for gpu.json")
+    ap.add_argument("--publish", **publish_option())
     args = ap.parse_args(argv)
     console = Console()
     try:
@@ -284,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu.json").write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"wrote {out / 'gpu.json'} in {result['wall_s']:.0f} s", highlight=False)
+    if args.publish is not None:
+        console.print(f"wrote {publish(result, args.publish)}", highlight=False)
     return 0
 
 

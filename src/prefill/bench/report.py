@@ -216,10 +216,10 @@ def write_json(result: BenchResult, out_dir: Path) -> Path:
     return path
 
 
-def markdown(data: dict[str, Any]) -> str:
-    """README tables from a bench.json (as loaded): machine line, ours beside each peer, calibration."""
+def bench_table(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The columns and rows of a bench.json's table (as loaded): ours at each (dtype, P) beside each peer, the
+    time model and the calibration (the Performance page's table)."""
     ms = data["measurements"]
-    ours = [m for m in ms if m["engine"] == OURS and m["chunk_size"] is None]
     cols = peer_columns({m["engine"] for m in ms})
 
     def find(engine: str, dtype: str, P: int) -> dict | None:
@@ -234,35 +234,42 @@ def markdown(data: dict[str, Any]) -> str:
         a, b = m["tokens_per_s"], theirs["tokens_per_s"]
         return [f"{b:,.0f}", f"{(b / a if engine == OURS_COMPILED else a / b):.2f}x"]
 
-    m0 = data["machine"]
-    gemm = ", ".join(f"{short(dt)} {r / 1e9:.0f} GFLOP/s" for dt, r in data["gemm_flops_per_s"].items())
-    lines = [
-        f"Machine: {m0['cpu']} ({m0.get('capability', '?')}, torch CPU capability {m0.get('isa', '?')}; native "
-        f"dtypes: {', '.join(m0.get('native_dtypes', []))}), {m0['cores']} cores, {m0['threads']} threads; torch "
-        f"{m0['torch']}, transformers {m0['transformers']}, llama-cpp-python {m0['llama_cpp']}; measured GEMM rate: "
-        f"{gemm}; 5-minute load average {m0.get('load_average_5min', float('nan')):.1f}.",
-        "",
-        "| dtype | P | prefill ms (median / p90) | prefill tok/s | MFU | "
-        + " | ".join(f"{h} tok/s | {'vs eager' if e == OURS_COMPILED else 'speed-up'}" for e, _, h in cols)
-        + " | predicted ms (time model, error, dominant) | calibrated ms (error) |",
-        "|" + "---|" * (7 + 2 * len(cols)),
-    ]
-    for m in ours:
-        row = [
-            short(m["dtype"]),
-            str(m["P"]),
-            f"{m['median_s'] * 1e3:.1f} / {m['p90_s'] * 1e3:.1f}",
-            f"{m['tokens_per_s']:,.0f}",
-            f"{m['mfu']:.0%}",
-        ]
+    columns = ["dtype", "P", "prefill ms (median / p90)", "prefill tok/s", "MFU"]
+    for engine, _, head in cols:
+        columns += [f"{head} tok/s", "vs eager" if engine == OURS_COMPILED else f"vs {head}"]
+    columns += ["predicted ms (time model, error, dominant)", "calibrated ms (error)"]
+    rows = []
+    for m in (m for m in ms if m["engine"] == OURS and m["chunk_size"] is None):
+        row = [short(m["dtype"]), str(m["P"]), f"{m['median_s'] * 1e3:.1f} / {m['p90_s'] * 1e3:.1f}"]
+        row += [f"{m['tokens_per_s']:,.0f}", f"{m['mfu']:.0%}"]
         for engine, which, _ in cols:
             row += cells(engine, which, m)
         cal = m["calibrated_s"]
         err = "" if cal is None else f" ({100 * (cal - m['median_s']) / m['median_s']:+.1f}%)"
         error = m["predicted_s"] / m["median_s"] - 1
         pred = f"{m['predicted_s'] * 1e3:.1f} ({error:+.0%}, {m.get('predicted_bound', '-')})"
-        row += [pred, "-" if cal is None else f"{cal * 1e3:.1f}{err}"]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row + [pred, "-" if cal is None else f"{cal * 1e3:.1f}{err}"])
+    return columns, rows
+
+
+def machine_sentence(data: dict[str, Any]) -> str:
+    """One sentence: the machine, its versions and the GEMM rates a bench.json was measured with."""
+    m0 = data["machine"]
+    gemm = ", ".join(f"{short(dt)} {r / 1e9:.0f} GFLOP/s" for dt, r in data["gemm_flops_per_s"].items())
+    return (
+        f"Machine: {m0['cpu']} ({m0.get('capability', '?')}, torch CPU capability {m0.get('isa', '?')}; native "
+        f"dtypes: {', '.join(m0.get('native_dtypes', []))}), {m0['cores']} cores, {m0['threads']} threads; torch "
+        f"{m0['torch']}, transformers {m0['transformers']}, llama-cpp-python {m0['llama_cpp']}; measured GEMM rate: "
+        f"{gemm}; 5-minute load average {m0.get('load_average_5min', float('nan')):.1f}."
+    )
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """README tables from a bench.json (as loaded): machine line, ours beside each peer, calibration."""
+    columns, rows = bench_table(data)
+    lines = [machine_sentence(data), "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    ms = data["measurements"]
     lines += _calibration_lines(data["calibrations"]) + _chunk_lines([m for m in ms if m["chunk_size"] is not None])
     lines += [f"\nNote: {n}" for n in data["notes"]]
     return "\n".join(lines) + "\n"
@@ -298,7 +305,92 @@ def _chunk_lines(chunks: list[dict]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
+def bench_command(config: dict[str, Any]) -> str:
+    """The `prefill bench` command line that a bench.json's config reproduces."""
+    args = ["prefill", "bench", "--prompt-lengths", ",".join(map(str, config["prompt_lengths"]))]
+    args += ["--dtypes", ",".join(config["dtypes"]), "--repeats", str(config["repeats"])]
+    args += ["--peers", ",".join(config["peers"]) or "none"]
+    args += ["--threads", str(config["threads"])] if config.get("threads") else []
+    if config.get("calibrate"):
+        args += ["--calibrate"] + (
+            ["--calibrate-on", ",".join(map(str, config["calibrate_on"]))] if config.get("calibrate_on") else []
+        )
+    args += ["--compile"] * bool(config.get("compile")) + ["--force"] * bool(config.get("force"))
+    return " ".join(args)
+
+
+def publish(data: dict[str, Any], root: str | Path, **fields: Any) -> Path:
+    """A bench.json (as loaded) as the results file root/<kind>/bench.json, with the machine it names (not this
+    one). fields override kind, date, commit, command and conditions; a run of today's tree needs none."""
+    import datetime
+
+    from prefill.bench import published
+
+    m0 = data["machine"]
+    load, cores = m0.get("load_average_5min"), m0.get("cores") or 1
+    said = "" if load is None else f"5-minute load average {load:.1f} on {cores} cores"
+    machine = published.Machine(
+        name=m0["device"] if m0.get("device", "cpu") != "cpu" else m0["cpu"],
+        kind=m0.get("capability", "?"),
+        flags=tuple(m0.get("flags", ())),
+        cores=m0.get("cores"),
+        threads=m0.get("threads"),
+        torch=m0["torch"],
+        shared=load is not None and load > cores / 2,
+        conditions=fields.pop("conditions", None) or said,
+    )
+    columns, rows = bench_table(data)
+    kind = fields.pop("kind", None) or published.kind_slug(machine.name, machine.kind, m0.get("cpu_family"))
+    result = published.Result(
+        benchmark="bench",
+        kind=kind,
+        title=f"Prefill by P: {Path(data['model'] or 'the embedded model').stem}, ours beside its peers",
+        machine=machine,
+        command=fields.pop("command", None) or bench_command(data["config"]),
+        date=fields.pop("date", None) or datetime.date.today().isoformat(),
+        commit=fields.pop("commit", None) or published.git_commit(),
+        columns=tuple(columns),
+        rows=tuple(map(tuple, rows)),
+        notes=" ".join(
+            [*_calibration_lines(data["calibrations"]), *(f"{n[0].upper()}{n[1:]}." for n in data["notes"])]
+        ).strip(),
+        plot={"x": "P", "y": [c for c in columns if c.endswith("tok/s")], "group": "dtype", "ylabel": "tok/s"},
+        **fields,
+    )
+    return published.write(result, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m prefill.bench.report BENCH_JSON [--publish [DIR]]: the tables as markdown, or the results file."""
+    import argparse
     import sys
 
-    sys.stdout.write(markdown(json.loads(Path(sys.argv[1]).read_text())))
+    from prefill.bench.published import publish_option
+    from prefill.errors import BadInput
+
+    ap = argparse.ArgumentParser(prog="python -m prefill.bench.report", description=main.__doc__)
+    ap.add_argument("bench_json", type=Path)
+    ap.add_argument("--publish", **publish_option())
+    for name in ("kind", "date", "commit", "conditions"):
+        ap.add_argument(
+            f"--{name}", default=None, help=f"with --publish: the results file's {name} (default: the run's)"
+        )
+    args = ap.parse_args(argv)
+    try:
+        data = json.loads(args.bench_json.read_text())
+        if args.publish is None:
+            sys.stdout.write(markdown(data))
+            return 0
+        given = {k: v for k in ("kind", "date", "commit", "conditions") if (v := getattr(args, k)) is not None}
+        print(f"wrote {publish(data, args.publish, **given)}")
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {args.bench_json}: not a bench.json ({e})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -367,6 +367,7 @@ def _save_compile_verdicts(result: BenchResult, config: BenchConfig) -> None:
 def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
     import torch
 
+    from prefill.bench.published import cpu_family
     from prefill.device.capability import capability, cpu_name
 
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
@@ -374,6 +375,8 @@ def _new_result(config, model_path, spec, threads, gemm) -> BenchResult:
         "cpu": cpu_name(),
         "capability": cap.kind,
         "isa": cap.isa,
+        "flags": sorted(cap.flags),
+        "cpu_family": cpu_family(),
         "native_dtypes": list(cap.native_dtypes()),
         "cores": os.cpu_count(),
         "threads": threads,
