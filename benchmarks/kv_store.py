@@ -11,7 +11,7 @@ Part 2 (the decision): for each P, the measured prefill of P tokens, the measure
 (disk tier and RAM tier: read, verify, copy into a pool), and compute_or_load's prediction; "agree" when the
 predicted choice is the measured faster one, or the predicted times are within 15% of the measured.
 
-    nice -n 10 .venv/bin/python benchmarks/kv_store.py [--prompt-tokens 2048] [--sizes 16,64,256,1024,4096]
+    nice -n 10 .venv/bin/python benchmarks/kv_store.py [--prompt-tokens 2048] [--sizes 16,64,256,1024,4096] [--publish]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from prefill.bench.published import publish, publish_option
 from prefill.costmodel.kv_store import compute_or_load
 from prefill.engine.kv_store.probe import drop_from_page_cache
 from prefill.engine.llm import Engine
@@ -182,7 +183,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=2048)
     ap.add_argument("--sizes", default="16,64,256,1024,4096")
     ap.add_argument("--dir", type=Path, default=None, help="the store's directory (default: a temporary one)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kv_store.json"))
+    ap.add_argument("--out", type=Path, default=Path("bench-results/kv_store.json"))
+    ap.add_argument("--publish", **publish_option())
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     mb = 4096.0
@@ -196,11 +198,38 @@ def main() -> None:
         rows = decision_part(engine, directory / "decide", sizes, mb)
     print_tables(ttft, rows)
     bandwidth = {"disk_bytes_per_s": bw.disk_bytes_per_s, "ram_bytes_per_s": bw.ram_bytes_per_s}
-    write_result(args.out, {"bandwidth": bandwidth, "ttft": ttft, "decision": rows})
+    record = write_result(args.out, {"bandwidth": bandwidth, "ttft": ttft, "decision": rows})
+    if args.publish is not None:
+        print(f"wrote {publish(args.publish, 'kv_store', TITLE, **published_table(record), data=record)}")
 
 
-def write_result(path: Path, fields: dict) -> None:
-    """`fields` as JSON at `path`, after the machine it was measured on."""
+TITLE = "The KV store: TTFT after a restart, and compute or load"
+
+
+def published_table(record: dict) -> dict:
+    """The results file's table of a run's record: each TTFT run beside the cold one, the decision's agreement."""
+    ttft, runs = record["ttft"], record["ttft"]["runs"]
+    rows = [
+        [label, f"{r['ttft_s'] * 1e3:,.1f}", f"{r['ttft_vs_cold']:.1%}", r["cached_tokens"], str(r["same_tokens"])]
+        for label, r in runs.items()
+    ]
+    agree = [f"{d['P']:,}" for d in record["decision"] if d["agree"]]
+    wrong = [f"{d['P']:,}" for d in record["decision"] if not d["agree"]]
+    notes = (
+        f"A {ttft['P']:,}-token prompt. Compute or load: the cost model's choice agrees with the faster measured "
+        f"path at P = {', '.join(agree) or 'none'}" + (f"; not at P = {', '.join(wrong)}." if wrong else ".")
+    )
+    disk, ram = runs["restart, disk tier"]["ttft_vs_cold"], runs["restart, RAM tier"]["ttft_vs_cold"]
+    headline = [
+        f"a {ttft['P']:,}-token prompt's TTFT after a restart: {disk:.1%} of its cold TTFT from the disk, "
+        f"{ram:.1%} from the page cache"
+    ]
+    columns = ["run", "TTFT ms", "of cold TTFT", "cached tokens", "same tokens as cold"]
+    return {"columns": columns, "rows": rows, "notes": notes, "headline": headline}
+
+
+def write_result(path: Path, fields: dict) -> dict:
+    """`fields` as JSON at `path`, after the machine it was measured on; returns the record."""
     machine = {
         "cpu": platform.processor() or platform.machine(),
         "capability": torch.backends.cpu.get_cpu_capability(),
@@ -209,6 +238,7 @@ def write_result(path: Path, fields: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(machine | fields, indent=2))
     print(f"\nwrote {path}")
+    return machine | fields
 
 
 if __name__ == "__main__":

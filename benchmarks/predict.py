@@ -13,7 +13,7 @@ subset of the points (marked); the others are held out. The fitted profile is sa
 and model, so `prefill run` and `prefill bench` then predict with it.
 
     .venv/bin/python benchmarks/predict.py [--threads 2] [--repeats 5] [--weights float32|bfloat16|native]
-        [--cached-probe] [--out FILE]
+        [--cached-probe] [--out FILE] [--publish [DIR]]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 from rich.console import Console
 
 from prefill.bench.gpu import catalog_rows, catalog_table, load_result
+from prefill.bench.published import publish, publish_option
 from prefill.bench.results import parse_ints
 from prefill.bench.warm import interleaved_medians, prefill_once, spread_ids, timed
 from prefill.costmodel.fit import Sample, fit_profile
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         help="predict from the machine's cached quick probe (default: the quick probe run again in every round)",
     )
     ap.add_argument("--out", default="bench-results/predict.json")
+    ap.add_argument("--publish", **publish_option())
     args = ap.parse_args(argv)
     lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
     dtype = "bfloat16" if args.weights == "bfloat16" else "float32"  # native blocks take float32 activations
@@ -260,7 +262,36 @@ def main(argv: list[str] | None = None) -> int:
         + "\n"
     )
     print(f"wrote {out}")
+    if args.publish is not None:
+        table = published_table(rows, args.weights)
+        print(f"wrote {publish(args.publish, 'predict', TITLE, threads=engine.threads(), **table)}")
     return 0
+
+
+TITLE = "The time model: warm prefill and decode steps, predicted beside measured"
+
+
+def published_table(rows: list[dict], weights: str) -> dict:
+    """The results file's table: each workload measured, the quick probe's and the fitted profile's prediction."""
+    cells = [
+        [
+            r["workload"],
+            f"{r['measured_s'] * 1e3:,.1f}",
+            f"{r['quick_s'] * 1e3:,.1f} ({r['quick_error']:+.1%})",
+            f"{r['fitted_s'] * 1e3:,.1f} ({r['fitted_error']:+.1%})",
+            r["dominant"],
+            "yes" if r["fit_point"] else "held out",
+        ]
+        for r in rows
+    ]
+    columns = ["workload", "measured ms", "quick probe ms (error)", "fitted ms (error)", "dominant (fitted)", "fit"]
+    quick, fitted = largest_error(rows, "quick_error"), largest_error(rows, "fitted_error")
+    held = largest_error(held_out(rows), "fitted_error")
+    headline = [
+        f"time model ({weights} weights): quick probe within {quick:.1%}, fitted within {fitted:.1%}"
+        + ("" if held is None else f" ({held:.1%} held out)")
+    ]
+    return {"columns": columns, "rows": cells, "notes": summary(rows) + " (targets 25% and 10%).", "headline": headline}
 
 
 if __name__ == "__main__":

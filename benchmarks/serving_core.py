@@ -8,6 +8,7 @@ each also predicted by the time model (Engine.predict_decode) with its error. Ro
 busy machine slows all of them alike; medians of `--rounds`.
 
     .venv/bin/python benchmarks/serving_core.py [--weights float32] [--rounds 3] [--out bench-results/serving_core.json]
+        [--publish]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from prefill.bench.published import publish, publish_option
 from prefill.engine.llm import Engine
 from prefill.engine.loop import StepLoop
 from prefill.engine.request import Request
@@ -83,6 +85,7 @@ def main() -> None:
     ap.add_argument("--weights", default="float32", help="float32 (the issue's), native or auto")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench-results/serving_core.json")
+    ap.add_argument("--publish", **publish_option())
     args = ap.parse_args()
     default = Engine.load(None, dtype="float32", weights=args.weights, progress=False)
     invariant = Engine.load(None, dtype="float32", progress=False, deterministic=True)
@@ -123,6 +126,36 @@ def main() -> None:
     record = {"cpu": cpu, "weights": default.weights, "medians": m, "predicted_itl_s": pred, "ratios": ratios}
     out.write_text(json.dumps({**record, "runs": runs}, indent=1) + "\n")
     print(f"wrote {out}")
+    if args.publish is not None:
+        print(f"wrote {publish(args.publish, 'serving_core', TITLE, **published_table(record), data=record)}")
+
+
+TITLE = "The serving core: batched decode through one step loop, in-process"
+CASES = {
+    "B=1": "1 stream, 64-token prompt, 64 tokens",
+    "B=8": "8 streams",
+    "B=8 deterministic": "8 streams, `--deterministic`",
+    "ctx 64": "1 stream at 64 tokens of context",
+    "ctx 4096": "1 stream at 4,096 tokens of context",
+}
+
+
+def published_table(record: dict) -> dict:
+    """The results file's table of a run's record: each case's tok/s and ITL beside the time model's ITL."""
+    m, pred, ratios = record["medians"], record["predicted_itl_s"], record["ratios"]
+    rows = []
+    for key, label in CASES.items():
+        p, itl = pred.get(key), m[key]["itl_p50_s"]
+        predicted = "" if p is None else f"{p * 1e3:.1f} ms ({p / itl - 1:+.0%})"
+        rows.append([label, f"{m[key]['tok_per_s']:.1f}", f"{itl * 1e3:.1f} ms", predicted])
+    notes = "; ".join(f"{k}: {v:.2f}" for k, v in ratios.items()) + f" ({record['weights']} weights)."
+    headline = [
+        f"8 streams {ratios['aggregate tok/s 8 / 1 (target >= 4)']:.2f}x the output tok/s of one, at "
+        f"{ratios['ITL p50 8 / 1 (target <= 1.5)']:.2f}x its ITL",
+        f"ITL at 4,096 tokens of context {ratios['ITL p50 ctx 4096 / 64 (target <= 1.25)']:.2f}x that at 64",
+    ]
+    columns = ["case", "tok/s", "ITL p50", "predicted ITL"]
+    return {"columns": columns, "rows": rows, "notes": notes, "headline": headline}
 
 
 if __name__ == "__main__":
