@@ -23,6 +23,8 @@ def test_gpu_script_runs_on_cpu_with_the_tiny_preset(tmp_path):
         "2",
         "--out",
         str(tmp_path),
+        "--publish",
+        str(tmp_path / "results"),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -38,6 +40,18 @@ def test_gpu_script_runs_on_cpu_with_the_tiny_preset(tmp_path):
     # the same weights: bf16 logits of ours and transformers agree to bf16 rounding
     assert result["logits_rel_gap_vs_transformers"] < 0.05
     assert result["bf16_gemm_flops_per_s"] > 0
+    # --publish: the same table as a results file of this CPU's kind, with the command that reproduces it
+    (published,) = (tmp_path / "results").glob("*/gpu.json")
+    from prefill.bench.published import load
+
+    table = load(published)
+    assert [row[:2] for row in table.rows] == [
+        ("32", "prefill"),
+        ("32", "transformers"),
+        ("128", "prefill"),
+        ("128", "transformers"),
+    ]
+    assert table.command.startswith("benchmarks/gpu.sh --device cpu --preset tiny") and "--publish" not in table.command
 
 
 def test_gpu_script_refuses_cuda_without_a_gpu(tmp_path):
