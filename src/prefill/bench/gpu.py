@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from prefill.bench import published
 from prefill.bench.timing import measure_peak_memory, time_call
 from prefill.costmodel.costs import bytes_to_mib, mfu, prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
@@ -206,8 +207,6 @@ def publish(result: dict, root: str | Path, **fields) -> Path:
     run of the tiny preset: this CPU's kind). fields: command, date, commit, conditions, notes, headline."""
     import datetime
 
-    from prefill.bench import published
-
     conditions = fields.pop("conditions", "")
     if result["device"] == "cpu":
         kind, machine = published.this_machine("cpu", conditions=conditions)
@@ -304,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run, print the table, write gpu.json; returns the exit code."""
     from rich.console import Console
 
-    from prefill.bench.published import publish_option
     from prefill.bench.results import parse_ints
 
     ap = argparse.ArgumentParser(prog="benchmarks/gpu.sh", description=__doc__.split("\n\n")[0])
@@ -314,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-transformers", action="store_true", help="time ours only")
     ap.add_argument("--out", default="bench-results", help="folder for gpu.json")
-    ap.add_argument("--publish", **publish_option())
+    ap.add_argument("--publish", **published.publish_option())
     args = ap.parse_args(argv)
     console = Console()
     try:

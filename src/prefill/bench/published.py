@@ -32,6 +32,9 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _KIND_SUFFIX = {"AMX": "avx512-amx", "AVX512-BF16": "avx512-bf16", "AVX512": "avx512", "AVX2": "avx2"}
 # AMD's core generation by (cpu family, has AVX-512): family 25 is Zen 3 without AVX-512 and Zen 4 with it.
 _ZEN = {(23, False): "zen2", (25, False): "zen3", (25, True): "zen4", (26, True): "zen5"}
+# The 1-minute load average when the benchmark started (its script imports this module first thing): read at
+# the end, the load would count the benchmark's own threads.
+START_LOAD = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
 @dataclass(frozen=True)
@@ -149,15 +152,15 @@ def cpu_family(cpuinfo: str | None = None) -> int | None:
 
 
 def this_machine(device: str = "cpu", threads: int | None = None, conditions: str = "") -> tuple[str, Machine]:
-    """This machine's kind slug and Machine. Shared when the 1-minute load average before the run is above half
-    its cores (other work ran: only ratios within the run hold); the load goes into `conditions`."""
+    """This machine's kind slug and Machine. Shared when the 1-minute load average at the benchmark's start
+    (START_LOAD) is above half its cores (other work ran: only ratios within the run hold); said in `conditions`."""
     import torch
 
     from prefill.device.capability import capability
 
     cap = capability("cuda" if device.startswith("cuda") else "cpu")
     cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
+    load = START_LOAD
     said = f"load average {load:.1f} on {cores} cores at the start" + (f"; {conditions}" if conditions else "")
     machine = Machine(
         name=cap.name,

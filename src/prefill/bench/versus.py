@@ -14,7 +14,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from prefill.bench import published
 from prefill.costmodel.storage import decode_step_bytes, gguf_file_storage
 from prefill.errors import BadInput
 
@@ -201,6 +203,38 @@ def _tg(contenders: list[Contender], ids: list[int], config: VersusConfig) -> di
     return {c: statistics.median(samples[c.name]) for c in contenders}
 
 
+COLUMNS = ("test", "threads", "engine", "ms", "tok/s", "vs llama.cpp", "bytes/step", "floor ms", "of floor")
+
+
+def versus_cells(data: dict) -> list[list[str]]:
+    """The table's cells of a result as plain data (to_json): each engine's time, our speed over llama.cpp's at
+    the same test and threads, and a decode step's memory floor."""
+    rows, cells = data["rows"], []
+    for row in rows:
+        llama = next(
+            r for r in rows if (r["test"], r["threads"]) == (row["test"], row["threads"]) and "llama" in r["engine"]
+        )
+        ratio = "" if row is llama else f"{row['tokens_per_s'] / llama['tokens_per_s']:.2f}x"
+        floor = (
+            ["", "", ""]
+            if row["step_bytes"] is None
+            else [
+                f"{row['step_bytes'] / 1e6:.1f} MB",
+                f"{row['floor_s'] * 1e3:.2f}",
+                f"{row['floor_s'] / row['seconds']:.0%}",
+            ]
+        )
+        cells.append([row["test"], str(row["threads"]), row["engine"], f"{row['seconds'] * 1e3:.2f}",
+                      f"{row['tokens_per_s']:,.1f}", ratio, *floor])  # fmt: skip
+    return cells
+
+
+def caption(data: dict) -> str:
+    bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in data["bandwidth"].items())
+    clock = "thread CPU time" if data["config"]["clock"] == "cpu" else "wall clock"
+    return f"{clock}, medians; read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
+
+
 def versus_table(result: VersusResult):
     """A rich Table: one line per (test, threads, engine), our speed over llama.cpp's, decode's memory floor."""
     from rich.table import Table
@@ -208,38 +242,81 @@ def versus_table(result: VersusResult):
     table = Table(
         title="ours vs llama.cpp on the same GGUF (llama-bench conventions: pp P, tg @ depth)", title_justify="left"
     )
-    for col in ("test", "threads", "engine", "ms", "tok/s", "vs llama.cpp", "bytes/step", "floor ms", "of floor"):
+    for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("test", "engine") else "right")
-    for row in result.rows:
-        llama = next(r for r in result.rows if (r.test, r.threads) == (row.test, row.threads) and "llama" in r.engine)
-        ratio = "" if row is llama else f"{row.tokens_per_s / llama.tokens_per_s:.2f}x"
-        floor = (
-            ("", "", "")
-            if row.step_bytes is None
-            else (f"{row.step_bytes / 1e6:.1f} MB", f"{row.floor_s * 1e3:.2f}", f"{row.floor_s / row.seconds:.0%}")
-        )
-        table.add_row(
-            row.test,
-            str(row.threads),
-            row.engine,
-            f"{row.seconds * 1e3:.2f}",
-            f"{row.tokens_per_s:,.1f}",
-            ratio,
-            *floor,
-        )
-    bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in result.bandwidth.items())
-    clock = "thread CPU time" if result.config.clock == "cpu" else "wall clock"
-    table.caption = f"{clock}, medians; read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
+    data = to_json(result)
+    for cells in versus_cells(data):
+        table.add_row(*cells)
+    table.caption = caption(data)
     return table
 
 
 def to_json(result: VersusResult) -> dict:
-    """The result as plain data (bench-results/versus.json)."""
+    """The result as plain data (bench-results/versus.json), with the machine it ran on (read in this process)."""
     from dataclasses import asdict
 
+    kind, machine = published.this_machine(threads=max(result.config.threads))
     return {
         "config": asdict(result.config),
+        "machine": asdict(machine) | {"slug": kind},
         "bandwidth": result.bandwidth,
         "rows": [asdict(r) for r in result.rows],
         "notes": result.notes,
     }
+
+
+def publish(data: dict, root, **fields) -> Path:
+    """A versus.json (as loaded) as the results file root/<kind>/llama_bench.json, with the machine it names."""
+    import datetime
+
+    m = dict(data["machine"])
+    kind = fields.pop("kind", None) or m.pop("slug")
+    m.pop("slug", None)
+    c = data["config"]
+    command = ["prefill", "bench", "--llama-bench", "--repeats", str(c["repeats"])]
+    command += ["--threads", str(c["threads"][0])] if len(c["threads"]) == 1 else []
+    command += ["--cpu-time"] * (c["clock"] == "cpu") + (
+        ["--weights", c["weights"][0]] if len(c["weights"]) == 1 else []
+    )
+    result = published.Result(
+        benchmark="llama_bench",
+        kind=kind,
+        title="Native GGUF weights against llama.cpp on the same file",
+        machine=published.Machine(**{**m, "flags": tuple(m.get("flags", ()))}),
+        command=fields.pop("command", None) or " ".join(command),
+        date=fields.pop("date", None) or datetime.date.today().isoformat(),
+        commit=fields.pop("commit", None) or published.git_commit(),
+        columns=COLUMNS,
+        rows=tuple(map(tuple, versus_cells(data))),
+        notes=" ".join([caption(data) + ".", *data["notes"]]),
+        **fields,
+    )
+    return published.write(result, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m prefill.bench.versus VERSUS_JSON --publish [DIR]: `prefill bench --llama-bench`'s run published."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m prefill.bench.versus", description=main.__doc__)
+    ap.add_argument("versus_json", type=Path)
+    ap.add_argument("--publish", **published.publish_option())
+    args = ap.parse_args(argv)
+    try:
+        data = json.loads(args.versus_json.read_text())
+        if "machine" not in data:
+            raise BadInput(f"{args.versus_json} names no machine (written before results files): run it again")
+        print(f"wrote {publish(data, args.publish or published.RESULTS_DIR)}")
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {args.versus_json}: not a versus.json ({e})", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
