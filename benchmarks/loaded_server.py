@@ -4,7 +4,7 @@ TTFT p99 and ITL p50, measured and predicted, their errors against the targets (
 the highest), and whether all nine met them. Every run starts a fresh server.
 
     .venv/bin/python benchmarks/loaded_server.py                 # one run, about 4 minutes on 2 cores
-    .venv/bin/python benchmarks/loaded_server.py --runs 3 --out bench-results/loaded
+    .venv/bin/python benchmarks/loaded_server.py --runs 3 --out bench-results/loaded [--publish]
 
 The commands it runs are the ones a user runs (printed as it goes); their JSON reports, kept under --out, hold what
 each prediction read (`predicted.serving`, `predicted.machine_profile`) to simulate it again.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from batching import wait_healthy
 
+from prefill.bench.published import publish, publish_option
 from prefill.server.server import free_port
 
 FRACTIONS, TARGETS = (0.3, 0.6, 0.9), (0.15, 0.15, 0.25)  # of capacity; |predicted / measured - 1| allowed
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=30, help="requests at each rate")
     ap.add_argument("--seed", type=int, default=800)
     ap.add_argument("--out", type=Path, default=Path("bench-results/loaded"))
+    ap.add_argument("--publish", **publish_option())
     args = ap.parse_args()
     if args.runs < 1 or args.requests < 2:
         sys.exit("error: --runs must be >= 1 and --requests >= 2")
@@ -89,11 +91,24 @@ def main() -> None:
     for run in range(args.runs):
         errors = one_run(run, args.seed + 100 * run, args.requests, args.out)
         met = all(abs(e) <= t for errs, t in zip(errors, TARGETS, strict=True) for e in errs)
-        cells = " | ".join(" / ".join(f"{100 * e:+.0f}" for e in errs) for errs in errors)
-        rows.append(f"| {run} | {cells} | {'yes' if met else 'no'} |")
-    print("\nerrors of the prediction, TTFT p50 / TTFT p99 / ITL p50, % (targets 15% at 30% and 60%, 25% at 90%)")
-    print("| run | " + " | ".join(f"{f:.0%}" for f in FRACTIONS) + " | all nine within |\n|---|---|---|---|---|")
-    print("\n".join(rows))
+        rows.append(
+            [str(run), *(" / ".join(f"{100 * e:+.0f}" for e in errs) for errs in errors), "yes" if met else "no"]
+        )
+    columns = ["run", *(f"{f:.0%}" for f in FRACTIONS), "all nine within"]
+    print(f"\n{NOTES}\n| " + " | ".join(columns) + " |\n|---|---|---|---|---|")
+    print("\n".join("| " + " | ".join(r) + " |" for r in rows))
+    if args.publish is not None:
+        met = sum(r[-1] == "yes" for r in rows)
+        headline = [
+            "a loaded server's TTFT p50 / p99 and ITL p50 at 30 / 60 / 90% of capacity: all nine within their "
+            f"targets in {met} of {len(rows)} runs"
+        ]
+        path = publish(args.publish, "loaded_server", TITLE, columns, rows, notes=NOTES, headline=headline)
+        print(f"wrote {path}")
+
+
+TITLE = "A loaded server, predicted beside measured"
+NOTES = "Errors of the prediction, TTFT p50 / TTFT p99 / ITL p50, % (targets 15% at 30% and 60%, 25% at 90%)."
 
 
 if __name__ == "__main__":

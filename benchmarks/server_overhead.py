@@ -7,6 +7,7 @@ and chunk size as the in-process engine; both run the same token ids (64-token p
 ignore_eos). Rounds alternate engine and server so that a busy machine slows both alike; medians of `--rounds`.
 
     .venv/bin/python benchmarks/server_overhead.py [--dtype float32] [--weights float32] [--threads 2] [--rounds 3]
+        [--publish]
 
 `--dtype bfloat16 --weights bfloat16` runs what `prefill serve` picks on a CPU with AMX.
 """
@@ -28,6 +29,7 @@ import httpx
 import torch
 from serving_core import NEW, prompt, run_streams
 
+from prefill.bench.published import publish, publish_option
 from prefill.engine.llm import Engine
 
 CHUNK = 256
@@ -85,6 +87,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench-results/server_overhead.json")
+    ap.add_argument("--publish", **publish_option())
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = Engine.load(None, dtype=args.dtype, weights=args.weights, progress=False)
@@ -120,6 +123,27 @@ def main() -> None:
     record |= {"medians_s": m, "overhead": overhead}
     out.write_text(json.dumps({**record, "runs": runs, "load_average": os.getloadavg()}, indent=1) + "\n")
     print(f"wrote {out}")
+    if args.publish is not None:
+        table = published_table(record)
+        print(f"wrote {publish(args.publish, 'server_overhead', TITLE, threads=args.threads, data=record, **table)}")
+
+
+TITLE = "The server's overhead per decode step: prefill serve beside the step loop in-process"
+
+
+def published_table(record: dict) -> dict:
+    """The results file's table of a run's record: engine and server ITL at 1 and 8 streams, the overhead."""
+    m, w = record["medians_s"], record["weights"]
+    rows = [
+        [w, str(B), f"{m[f'engine B={B}'] * 1e3:.1f} ms", f"{m[f'server B={B}'] * 1e3:.1f} ms", f"{o:+.1%}"]
+        for B, o in record["overhead"].items()
+    ]
+    headline = [
+        f"the server adds {' / '.join(f'{o:+.1%}' for o in record['overhead'].values())} to the engine's step at "
+        f"1 / 8 streams ({w})"
+    ]
+    columns = ["weights", "streams", "engine ITL", "server ITL", "server's overhead"]
+    return {"columns": columns, "rows": rows, "notes": "Target <= 10%.", "headline": headline}
 
 
 if __name__ == "__main__":
