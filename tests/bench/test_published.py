@@ -157,3 +157,20 @@ def test_a_llama_bench_run_is_published_with_our_speed_over_llama_cpps(tmp_path)
         ("pp 512", "2.50x", ""), ("pp 512", "", ""), ("tg @ d64", "1.25x", "33%"), ("tg @ d64", "", "26%")
     ]  # fmt: skip
     assert r.notes.startswith("thread CPU time, medians; read bandwidth measured in this run: 1 threads 15.0 GB/s")
+
+
+def test_the_report_command_prints_publishes_or_refuses_in_one_line(tmp_path, capsys):
+    run = tmp_path / "bench.json"
+    run.write_text(json.dumps(bench_json()))
+    assert (
+        report.main([str(run)]) == 0
+        and "| fp32 | 128 | 250.0 / 275.0 | 512 | 50% | 256 | 2.00x |" in capsys.readouterr().out
+    )
+    assert (
+        report.main([str(run), "--publish", str(tmp_path / "r"), "--commit", "abc1234", "--conditions", "quiet"]) == 0
+    )
+    r = published.load(tmp_path / "r" / "zen3-avx2" / "bench.json")
+    assert (r.commit, r.machine.conditions, r.date) == ("abc1234", "quiet", datetime.date.today().isoformat())
+    run.write_text("{}")
+    assert report.main([str(run), "--publish", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {run}: not a bench.json ('machine')")

@@ -218,6 +218,37 @@ def publish_option() -> dict[str, Any]:
     }
 
 
+OVERRIDES = ("kind", "date", "commit", "conditions")
+
+
+def publish_main(argv: list[str] | None, prog: str, what: str, publish_fn, show=None) -> int:
+    """`python -m PROG RUN_JSON [--publish [DIR]] [--kind K] [--date D] [--commit C] [--conditions TEXT]`: a run's
+    JSON file (`what`: its name) published by publish_fn(data, root, **overrides), or, without --publish,
+    show(data) printed. One line and exit 2 on a file that is not one."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=f"Publish a {what} as a results file.")
+    ap.add_argument("run_json", type=Path, metavar=what.upper().replace(".", "_"))
+    ap.add_argument("--publish", **publish_option())
+    for name in OVERRIDES:
+        ap.add_argument(f"--{name}", default=None, help=f"the results file's {name} (default: the run's)")
+    args = ap.parse_args(argv)
+    try:
+        data = json.loads(args.run_json.read_text())
+        if args.publish is None and show is not None:
+            sys.stdout.write(show(data))
+            return 0
+        given = {k: v for k in OVERRIDES if (v := getattr(args, k)) is not None}
+        print(f"wrote {publish_fn(data, args.publish or RESULTS_DIR, **given)}")
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {args.run_json}: not a {what} ({e})", file=sys.stderr)
+        return 2
+    return 0
+
+
 def publish(root: str | Path, benchmark: str, title: str, columns, rows, **fields: Any) -> Path:
     """Write this run as a results file under root/<this machine's kind>/; returns its path.
 

@@ -362,34 +362,9 @@ def publish(data: dict[str, Any], root: str | Path, **fields: Any) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """python -m prefill.bench.report BENCH_JSON [--publish [DIR]]: the tables as markdown, or the results file."""
-    import argparse
-    import sys
+    from prefill.bench.published import publish_main
 
-    from prefill.bench.published import publish_option
-    from prefill.errors import BadInput
-
-    ap = argparse.ArgumentParser(prog="python -m prefill.bench.report", description=main.__doc__)
-    ap.add_argument("bench_json", type=Path)
-    ap.add_argument("--publish", **publish_option())
-    for name in ("kind", "date", "commit", "conditions"):
-        ap.add_argument(
-            f"--{name}", default=None, help=f"with --publish: the results file's {name} (default: the run's)"
-        )
-    args = ap.parse_args(argv)
-    try:
-        data = json.loads(args.bench_json.read_text())
-        if args.publish is None:
-            sys.stdout.write(markdown(data))
-            return 0
-        given = {k: v for k in ("kind", "date", "commit", "conditions") if (v := getattr(args, k)) is not None}
-        print(f"wrote {publish(data, args.publish, **given)}")
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: {args.bench_json}: not a bench.json ({e})", file=sys.stderr)
-        return 2
-    return 0
+    return publish_main(argv, "prefill.bench.report", "bench.json", publish, show=markdown)
 
 
 if __name__ == "__main__":

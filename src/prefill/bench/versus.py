@@ -269,9 +269,12 @@ def publish(data: dict, root, **fields) -> Path:
     """A versus.json (as loaded) as the results file root/<kind>/llama_bench.json, with the machine it names."""
     import datetime
 
+    if "machine" not in data:
+        raise BadInput("this versus.json names no machine (written before results files were): run it again")
     m = dict(data["machine"])
     kind = fields.pop("kind", None) or m.pop("slug")
     m.pop("slug", None)
+    m["conditions"] = fields.pop("conditions", None) or m.get("conditions", "")
     c = data["config"]
     command = ["prefill", "bench", "--llama-bench", "--repeats", str(c["repeats"])]
     command += ["--threads", str(c["threads"][0])] if len(c["threads"]) == 1 else []
@@ -295,27 +298,8 @@ def publish(data: dict, root, **fields) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m prefill.bench.versus VERSUS_JSON --publish [DIR]: `prefill bench --llama-bench`'s run published."""
-    import argparse
-    import json
-    import sys
-
-    ap = argparse.ArgumentParser(prog="python -m prefill.bench.versus", description=main.__doc__)
-    ap.add_argument("versus_json", type=Path)
-    ap.add_argument("--publish", **published.publish_option())
-    args = ap.parse_args(argv)
-    try:
-        data = json.loads(args.versus_json.read_text())
-        if "machine" not in data:
-            raise BadInput(f"{args.versus_json} names no machine (written before results files): run it again")
-        print(f"wrote {publish(data, args.publish or published.RESULTS_DIR)}")
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: {args.versus_json}: not a versus.json ({e})", file=sys.stderr)
-        return 2
-    return 0
+    """python -m prefill.bench.versus VERSUS_JSON [--publish [DIR]]: `prefill bench --llama-bench`'s run published."""
+    return published.publish_main(argv, "prefill.bench.versus", "versus.json", publish)
 
 
 if __name__ == "__main__":
