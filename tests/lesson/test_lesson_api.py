@@ -11,7 +11,8 @@ import pytest
 from prefill.costmodel import costs, roofline
 from prefill.costmodel.causal import causal_blocks, causal_pairs
 from prefill.costmodel.specs import PRESETS
-from prefill.lesson.api import human, roof_points, seed_lines, short_sci
+from prefill.lesson.api import roof_points
+from prefill.lesson.words import human, seed_lines, short_sci
 from prefill.server.app import ServeConfig, model_id_of
 
 pytestmark = pytest.mark.slow
@@ -63,7 +64,6 @@ def test_page_static_files_and_openapi_are_served(url):
         "/api/tokens",
         "/api/attention",
         "/api/predict",
-        "/api/roofline",
         "/api/sweep/curve",
         "/api/sweep/measure",
         "/api/load",
@@ -110,19 +110,20 @@ def test_the_roof_bends_exactly_at_the_ridge_point():
 @pytest.mark.parametrize(
     "params,words",
     [
-        ({"N": 0}, ("N must be in (0",)),
-        ({"N": -7e9}, ("N must be",)),
-        ({"N": 1e20}, ("N must be",)),
-        ({"P": -1}, ("P must be in [0",)),
-        ({"P": 10**9}, ("P must be",)),
-        ({"mfu": 0}, ("mfu must be in (0, 1]",)),
-        ({"mfu": 1.5}, ("mfu",)),
-        ({"peak": 0}, ("peak",)),
+        ({"N": 0}, ("parameters must be more than 0 billion and at most 100,000 billion; you typed 0 billion",)),
+        ({"N": -3e9}, ("parameters must be", "you typed -3 billion")),
+        ({"N": 1e20}, ("parameters must be",)),
+        ({"P": -1}, ("prompt tokens must be at least 0 and at most 10,000,000; you typed -1",)),
+        ({"P": 10**9}, ("prompt tokens must be",)),
+        ({"mfu": 0}, ("GPU utilisation must be more than 0 and at most 1; you typed 0",)),
+        ({"mfu": 1.5}, ("GPU utilisation",)),
+        ({"peak": 0}, ("the peak must be more than 0 TFLOP/s",)),
+        ({"n": 0}, ("output tokens n must be at least 1",)),
         ({"N": "abc"}, ("N", "valid number")),
         ({"model": "gpt-9"}, ("unknown model", "llama-3-8b")),
         ({"dtype": "int3"}, ("unknown dtype",)),
-        ({"N": "nan"}, ("N must be",)),
-        ({"bandwidth": -1}, ("bandwidth",)),
+        ({"N": "nan"}, ("parameters must be",)),
+        ({"bandwidth": -1}, ("memory bandwidth must be more than 0 TB/s",)),
         ({"peak": 5e-324}, ("float64",)),
         ({"mfu": 1e-320, "peak": 1e-10}, ("float64",)),
     ],
@@ -166,9 +167,9 @@ def test_request_is_the_worked_example(url):
         "output": "5 / 0.40 = 12.5 tokens/s",
     }
     assert r["request_s"] == pytest.approx(0.4) and r["output_rate"] == pytest.approx(12.5)
-    refused(get(url, "/api/request", ttft=0.2, itl=0, n=5), "itl must be in (0")
-    refused(get(url, "/api/request", ttft=-1, itl=0.05, n=5), "ttft")
-    refused(get(url, "/api/request", ttft=0.2, itl=0.05, n=0), "n must be in [1")
+    refused(get(url, "/api/request", ttft=0.2, itl=0, n=5), "ITL must be more than 0 s")
+    refused(get(url, "/api/request", ttft=-1, itl=0.05, n=5), "TTFT must be at least 0 s")
+    refused(get(url, "/api/request", ttft=0.2, itl=0.05, n=0), "output tokens n must be at least 1")
     refused(get(url, "/api/request", ttft=0.2, itl=5e-324, n=5), "float64")
 
 
@@ -246,12 +247,14 @@ def test_attention_is_computed_on_the_worker_thread(url, monkeypatch):
 
 
 def test_predict_beside_a_measurement_gives_its_error_and_what_set_its_time(url, smollm):
-    p = ok(url, "/api/predict", P=3, prefill_s=0.05, n=12, itl_s=0.04)
+    p = ok(url, "/api/predict", P=3, prefill_s=0.05, n=12, itl=[0.04, 0.05, 0.03], ttft_s=0.06)
     assert p["error"] == pytest.approx(p["predicted_prefill_s"] / 0.05 - 1) and p["human"]["error"].endswith("%")
     assert p["dominant"] in ("compute", "memory", "overhead") and p["method"].endswith(f"{p['dominant']}-bound")
     assert p["note"].startswith(f"3 tokens, one pass: {p['dominant']}-bound") and "weights" in p["note"]
     assert p["predicted_itl_s"] == pytest.approx(smollm.predict_itl_seconds(3, 12))  # the server's own rule
+    assert (p["itl_p50_s"], p["itl_mean_s"]) == (0.04, pytest.approx(0.04))  # median and mean, computed here
     assert p["itl_error"] == pytest.approx(p["predicted_itl_s"] / 0.04 - 1)
+    assert p["request_model_s"] == pytest.approx(0.06 + 11 * 0.04)  # TTFT + (n - 1) · mean ITL
     hit = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.05)
     assert (hit["computed"], hit["cached"]) == (8, 32)
     assert hit["note"].startswith("8 tokens computed; 32 came from the prefix cache, one pass: ")
@@ -265,27 +268,41 @@ def test_predict_beside_a_measurement_gives_its_error_and_what_set_its_time(url,
     alone = ok(url, "/api/predict", P=3)  # nothing measured: nothing to compare, and one token has no ITL
     assert "error" not in alone and "note" not in alone and alone["predicted_itl_s"] is None
     refused(get(url, "/api/predict", P=3, n=0), "n must be in [1")
-    refused(get(url, "/api/predict", P=3, n=4, itl_s=0), "itl_s")
+    refused(get(url, "/api/predict", P=3, n=4, itl=-1), "itl must be in [0")
 
 
-def test_predict_and_roofline_use_the_measured_rates(url, smollm):
+def test_predict_uses_the_measured_rates_and_gives_one_verdict(url, smollm):
     p = ok(url, "/api/predict", P=3, prefill_s=0.01, tokenize_s=0.001)
     count = costs.prefill_flops_exact(smollm.spec, 3)
     assert p["flops"] == count.total and p["gemm_rate"] > 1e8
     assert p["mfu"] == pytest.approx(costs.mfu(count.total, 0.01, p["gemm_rate"]))
     assert p["predicted_ttft_s"] == pytest.approx(p["predicted_prefill_s"] + 0.001)
-    r = ok(url, "/api/roofline", P=3)
-    assert r["peak"] == p["gemm_rate"]  # measured once per server: the same rate in both routes
-    assert r["ridge"] == pytest.approx(r["peak"] / r["bandwidth"])
-    assert r["prefill_intensity"] == pytest.approx(roofline.prefill_intensity(smollm.spec, 3, 4))
-    assert r["decode_bound"] == "memory-bound" and r["decode_intensity"] == roofline.decode_intensity(4)
+    v, profile = p["verdict"], smollm.profile()
+    pred = smollm.predict_prefill(3, 0, ServeConfig(model_id_of(smollm)).chunk_size, profile=profile)
+    # one verdict: the time model's dominant part, its FLOP/B against the profile's ridge, as the sweep's
+    assert v["bound"] == f"{pred.dominant}-bound" == f"{p['dominant']}-bound" and v["words"].startswith(v["bound"])
+    assert v["intensity"] == pytest.approx(pred.flops / pred.bytes)
+    assert v["ridge"] == pytest.approx(profile.peak_flops_per_s / profile.bandwidth_bytes_per_s)
+    assert v["measured_flops_per_s"] == pytest.approx(pred.flops / 0.01)
+    assert v["weights"] == f"{human(pred.weights_per_forward, 'B')} of float32 weights, float32 activations"
+    assert p["decode"]["bound"] == f"{smollm.predict_decode([3], profile=profile).dominant}-bound"
     cached = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.01)
     assert cached["flops"] == costs.prefill_flops_exact(smollm.spec, 8, 32).total  # only the 8 new tokens run
     refused(get(url, "/api/predict", P=40, cached=40), "cached must be in [0, 39]")
     refused(get(url, "/api/predict", P=0), "P must be in [1")
     refused(get(url, "/api/predict", P=3, prefill_s=0), "prefill_s")
     refused(get(url, "/api/predict", P=3, prefill_s=5e-324), "float64")
-    refused(get(url, "/api/roofline", P=10**6), "P must be in [1, 8192]")
+
+
+def test_guesses_sit_beside_what_was_measured(url, smollm):
+    p = ok(url, "/api/predict", P=3, prefill_s=0.01, ttft_s=0.02, guess_ttft_s=0.01, guess_kv=150_000)
+    kv = costs.kv_cache_bytes_for(smollm.spec, 3, 4)
+    assert kv == 138_240  # the lesson's "AI is fast": 3 tokens of 30 layers, 3 KV heads, d_head 64, float32
+    ttft, kv_guess = p["guesses"]
+    assert (ttft["what"], ttft["error"]) == ("TTFT", pytest.approx(0.01 / 0.02 - 1))
+    assert (kv_guess["actual"], kv_guess["error"]) == (kv, pytest.approx(150_000 / kv - 1))
+    assert kv_guess["words"] == "your guess 150 kB beside 138 kB: +9%"
+    assert ok(url, "/api/predict", P=3)["guesses"] == []  # nothing guessed, nothing shown
 
 
 def test_the_server_keeps_serving_after_bad_input(url):

@@ -39,8 +39,7 @@ def completion(url: str, model: str, route: str = "completions", **extra) -> dic
 ROUTES = [
     ("POST", "/api/attention", {"text": TEXT, "chat": False, "layer": 3, "head": 1}),
     ("POST", "/api/attention", {"text": TEXT, "chat": True, "layer": 0, "head": 0}),
-    ("GET", "/api/predict", {"P": 3, "prefill_s": 0.05}),
-    ("GET", "/api/roofline", {"P": 3}),
+    ("GET", "/api/predict", {"P": 3, "prefill_s": 0.05, "n": 3, "itl": [0.04, 0.05]}),
     ("GET", "/api/tokens", {"text": TEXT, "chat": 1}),
     ("POST", "/tokenize", {"prompt": TEXT}),
     ("GET", "/api/load", {}),  # the simulator: the real scheduler on a pool of the meta device, off the worker

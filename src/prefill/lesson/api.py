@@ -24,6 +24,7 @@ from prefill.errors import BadInput
 from prefill.lesson.exercise import FUNCTIONS, skeleton
 from prefill.lesson.quiz import check_answer
 from prefill.lesson.state import lesson_of
+from prefill.lesson.words import human, plural, seed_lines
 
 MAX_N = 1e14  # parameters: far past any model built, small enough to catch a slip of the exponent
 MAX_P = 10_000_000  # prompt tokens
@@ -80,43 +81,42 @@ def in_range(name: str, value: float, lo: float, hi: float, lo_open: bool = Fals
     return value
 
 
+# The calculator's inputs in the page's words and units: (what it is, the unit the page shows it in, its size).
+CALC_WORDS = {
+    "N": ("parameters", "billion", 1e9),
+    "P": ("prompt tokens", "", 1.0),
+    "n": ("output tokens n", "", 1.0),
+    "peak": ("the peak", "TFLOP/s", 1e12),
+    "mfu": ("GPU utilisation", "", 1.0),
+    "bandwidth": ("memory bandwidth", "TB/s", 1e12),
+    "ttft": ("TTFT", "s", 1.0),
+    "itl": ("ITL", "s", 1.0),
+}
+
+
+def in_words(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    """in_range for a calculator input, said as the page says it: 'parameters must be more than 0 and at most
+    100,000 billion; you typed -3 billion' (not 'N must be in (0, 1e+14], got -3e+09')."""
+    what, unit, size = CALC_WORDS[name]
+
+    def say(x: float) -> str:
+        v = x / size
+        number = f"{int(v):,}" if math.isfinite(v) and abs(v) < 1e15 and v == int(v) else f"{v:,.6g}"
+        return number + (f" {unit}" if unit else "")
+
+    try:
+        return in_range(name, value, lo, hi, lo_open)
+    except BadInput:
+        low = f"more than {say(lo)}" if lo_open else f"at least {say(lo)}"
+        raise BadInput(f"{what} must be {low} and at most {say(hi)}; you typed {say(value)}") from None
+
+
 def bounds(lo: float, hi: float, lo_open: bool = False) -> dict:
     """The range in_range checks, written into the OpenAPI schema (so the document says what is accepted)."""
     return {"exclusiveMinimum" if lo_open else "minimum": lo, "maximum": hi}
 
 
 DTYPES = ["float32", "bfloat16", "float16", "fp8", "int8"]
-
-
-# ---- display: the seed's notation --------------------------------------------------------------------
-
-
-def short_sci(x: float) -> str:
-    """7e9 -> '7e9', 1.35e8 -> '1.35e8', 500 -> '500': the lesson's compact way of writing N."""
-    if abs(x) < 1e4:
-        return f"{x:.3g}"
-    mantissa, exp = f"{x:.2e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exp)}"
-
-
-def human(x: float, unit: str) -> str:
-    """1.4e13, 'FLOP' -> '14 TFLOP'; 0.0933, 's' -> '93.3 ms'; bytes and rates alike."""
-    if unit == "s":
-        if x == 0 or x >= 1:
-            return f"{x:.3g} s"
-        return f"{x * 1e3:.3g} ms" if x >= 1e-3 else f"{x * 1e6:.3g} µs"
-    for power, prefix in ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
-        if abs(x) >= 10**power:
-            return f"{x / 10**power:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
-
-
-def seed_lines(N: float, P: float, flops: float, rate: float, seconds: float) -> dict[str, str]:
-    """The seed's two lines: 'FLOPs ≈ 2 · N · P = 2 · 7e9 · 1,000 = 1.40e+13' and 'time ≈ … = 0.28 s'."""
-    return {
-        "flops": f"FLOPs ≈ 2 · N · P = 2 · {short_sci(N)} · {P:,.0f} = {flops:.2e}",
-        "time": f"time ≈ {flops:.2e} / {rate:.1e} = {seconds:.3g} s",
-    }
 
 
 # ---- the routes --------------------------------------------------------------------------------------
@@ -133,8 +133,9 @@ def spec_named(model: str | None, loaded: ModelSpec) -> ModelSpec | None:
     return PRESETS[model]
 
 
-def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1) -> dict:
-    """KV-cache bytes of `spec` after P tokens, with the formula written out and the per-layer shape."""
+def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1, symbol: str = "P") -> dict:
+    """KV-cache bytes of `spec` holding P positions, with the formula written out (the length named `symbol`: P
+    after prefill, S = P + n - 1 after n answer tokens, the last one's K/V never written) and the per-layer shape."""
     b = costs.dtype_bytes(dtype)
     n = costs.kv_cache_bytes_for(spec, P, b, B)
     return {
@@ -145,7 +146,7 @@ def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1) -> dict:
         "mb": costs.bytes_to_mb(n),
         "shape": [B, spec.H_kv, P, spec.d_head],
         "L": spec.L,
-        "formula": f"2 · L · B · H_kv · P · d_head · b = 2 · {spec.L} · {B} · {spec.H_kv} · {P:,} · "
+        "formula": f"2 · L · B · H_kv · {symbol} · d_head · b = 2 · {spec.L} · {B} · {spec.H_kv} · {P:,} · "
         f"{spec.d_head} · {b} = {n:,} B",
     }
 
@@ -218,10 +219,11 @@ def catalog(request: Request) -> dict:
         "H_kv": loaded.H_kv,
         "d_head": loaded.d_head,
         "dtype": lesson.dtype,
+        "weights": lesson.engine.weights,
         "model_id": lesson.model_id,
         "context_length": loaded.context_length,
     }
-    return {"hardware": hardware, "models": models, "dtypes": ["bfloat16", "float16", "float32", "fp8"], "loaded": own}
+    return {"hardware": hardware, "models": models, "dtypes": ["float32", "bfloat16", "float16", "fp8"], "loaded": own}
 
 
 @router.get("/estimate")
@@ -229,6 +231,7 @@ def estimate(
     request: Request,
     N: float = Query(7e9, description="parameters, e.g. 7e9", json_schema_extra=bounds(0, MAX_N, True)),
     P: int = Query(1000, description="prompt tokens", json_schema_extra=bounds(0, MAX_P)),
+    n: int = Query(1, description="answer tokens (the KV cache after decode)", json_schema_extra=bounds(1, MAX_N_OUT)),
     peak: float = Query(1e14, description="peak FLOP/s", json_schema_extra=bounds(0, MAX_PEAK, True)),
     mfu: float = Query(0.5, description="utilisation of the peak", json_schema_extra=bounds(0, 1, True)),
     bandwidth: float = Query(
@@ -244,11 +247,12 @@ def estimate(
     ),
 ) -> dict:
     """Prefill FLOPs (2·N·P and exact), seconds, KV-cache bytes and the roofline at one setting."""
-    in_range("N", N, 0, MAX_N, lo_open=True)
-    in_range("P", P, 0, MAX_P)
-    in_range("peak", peak, 0, MAX_PEAK, lo_open=True)
-    in_range("mfu", mfu, 0, 1, lo_open=True)
-    in_range("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
+    in_words("N", N, 0, MAX_N, lo_open=True)
+    in_words("P", P, 0, MAX_P)
+    in_words("n", n, 1, MAX_N_OUT)
+    in_words("peak", peak, 0, MAX_PEAK, lo_open=True)
+    in_words("mfu", mfu, 0, 1, lo_open=True)
+    in_words("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
     with bad_input():
         spec = spec_named(model, lesson_of(request).spec)
         machine = {"peak_flops_per_s": peak, "mfu": mfu, "bandwidth_bytes_per_s": bandwidth}
@@ -270,6 +274,7 @@ def estimate(
             },
             "exact": exact_body(est) if est.exact else None,
             "kv": kv_body(spec, P, dtype) if spec is not None else None,
+            "kv_decoded": kv_body(spec, P + n - 1, dtype, symbol="S") if spec is not None else None,
             "roofline": roofline_body(est.roofline, peak),
         }
     return finite(body)
@@ -303,7 +308,9 @@ def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds
     in_range("P", P, 0, MAX_MASK_TOKENS)
     pairs, scale = causal_pairs(P), max(1, -(-P // MAX_MASK_P))
     rows = causal_blocks(P, scale)  # scale 1: the pair-by-pair mask, [P, P]
-    caption = f"{pairs:,} pairs for {P:,} tokens" + (f", each cell {scale} x {scale} tokens" if scale > 1 else "")
+    caption = f"{plural(pairs, 'pair')} for {plural(P, 'token')}" + (
+        f", each cell {scale} x {scale} tokens" if scale > 1 else ""
+    )
     return {"P": P, "allowed": pairs, "masked": P * P - pairs, "rows": rows, "scale": scale, "caption": caption}
 
 
@@ -318,6 +325,7 @@ def kv(
         json_schema_extra={"enum": ["", *DTYPES]},
     ),
     B: int = Query(1, description="sequences", json_schema_extra=bounds(1, MAX_B)),
+    symbol: Literal["P", "S"] = Query("P", description="the length's name in the formula: P, or S after decode"),
 ) -> dict:
     """KV-cache bytes after P tokens: 2·L·B·H_kv·P·d_head·b, written out, and the per-layer shape."""
     in_range("P", P, 0, MAX_P)
@@ -326,7 +334,7 @@ def kv(
     with bad_input():
         spec = spec_named(model or LOADED, lesson.spec)
         own = model in ("", LOADED) and lesson.dtype
-        return kv_body(spec, P, dtype or (own or "bfloat16"), B)
+        return kv_body(spec, P, dtype or (own or "bfloat16"), B, symbol)
 
 
 @router.get("/request")
@@ -336,9 +344,9 @@ def request_time(
     n: int = Query(5, description="output tokens", json_schema_extra=bounds(1, MAX_N_OUT)),
 ) -> dict:
     """The chapter's worked example: request time TTFT + (n−1)·ITL, decode rate 1/ITL, output rate n/time."""
-    in_range("ttft", ttft, 0, MAX_S)
-    in_range("itl", itl, 0, MAX_S, lo_open=True)
-    in_range("n", n, 1, MAX_N_OUT)
+    in_words("ttft", ttft, 0, MAX_S)
+    in_words("itl", itl, 0, MAX_S, lo_open=True)
+    in_words("n", n, 1, MAX_N_OUT)
     with bad_input():
         r = estimate_request_time(ttft, n, itl)
         total, decode, output = r.request_s, r.decode_rate, r.output_rate

@@ -1,6 +1,6 @@
-"""The lesson page's live routes, on the server's own model: tokens, attention weights, predictions, roofline.
+"""The lesson page's live routes, on the server's own model: tokens, attention weights, predictions and verdicts.
 
-GET /api/tokens, POST /api/attention, GET /api/predict, GET /api/roofline. The prompt itself is prefilled
+GET /api/tokens, POST /api/attention, GET /api/predict. The prompt itself is prefilled
 through the OpenAI routes (the same worker as any client); these routes only look and predict. The attention
 probe's forwards and the measurement of this machine's GEMM rate and bandwidth (once per server, on the first
 request that needs them, never on the calculator's slider path) run on the server's worker thread.
@@ -9,24 +9,28 @@ request that needs them, never on the calculator's slider path) run on the serve
 from __future__ import annotations
 
 import asyncio
+import statistics
 from functools import partial
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from prefill.costmodel import costs
-from prefill.costmodel.estimate import Setting, build_estimate
+from prefill.costmodel.estimate import request_time
+from prefill.costmodel.timemodel import prefill_steps
 from prefill.engine.llm import Engine
 from prefill.errors import BadInput
-from prefill.lesson.api import MAX_N_OUT, MAX_S, bad_input, bounds, finite, human, in_range, kv_body, roofline_body
+from prefill.lesson.api import MAX_N_OUT, MAX_S, bad_input, bounds, finite, in_range, kv_body
 from prefill.lesson.probe import MAX_P, attention_map
 from prefill.lesson.regime import regime_words
 from prefill.lesson.state import lesson_of
+from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
+from prefill.lesson.words import human, plural
 
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
 # Token counts bounded by the model's context length: their `maximum` is written into the OpenAPI document
 # once the model is known (document_context), as context + this offset.
-CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1, ("/api/roofline", "P"): 0}
+CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1}
 router = APIRouter(prefix="/api", tags=["lesson: live model"])
 COLD = (
     " This one was cold: a forward of a length the server's worker had not run before builds its kernels and"
@@ -72,6 +76,7 @@ def tokens(
     in_range("chat", chat, 0, 1)
     lesson = lesson_of(request)
     ids = encode(lesson.engine, text, bool(chat))
+    chunk = lesson.chunk_size
     return {
         "P": len(ids),
         "ids": ids,
@@ -79,6 +84,8 @@ def tokens(
         "chat": bool(chat),
         "max_attention_P": MAX_P,
         "kv": kv_body(lesson.spec, len(ids), lesson.dtype),
+        "prefill": prefill_words(len(ids), 0, len(list(prefill_steps(len(ids), chunk_size=chunk))), chunk),
+        "chunk_size": lesson.chunk_size,
     }
 
 
@@ -129,17 +136,21 @@ async def predict(
         description="answer tokens the request wrote: gives the predicted ITL",
         json_schema_extra=bounds(1, MAX_N_OUT),
     ),
-    itl_s: float | None = Query(
-        None,
-        description="the measured ITL (median), seconds: gives its error",
-        json_schema_extra=bounds(0, MAX_S, True),
+    itl: list[float] | None = Query(
+        None, description="the measured inter-token gaps, seconds: their median and mean, and the ITL's error"
+    ),
+    ttft_s: float | None = Query(
+        None, description="the measured TTFT, seconds: gives TTFT + (n - 1) · mean ITL", ge=0, le=MAX_S
     ),
     cold: bool = Query(False, description="the server's timings said the measured prefill was cold"),
+    guess_ttft_s: float | None = Query(None, description="the student's guess of the TTFT, seconds", ge=0),
+    guess_kv: float | None = Query(None, description="the student's guess of the KV bytes after prefill", ge=0),
 ) -> dict:
     """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server, in its
-    prefill chunks (the engine's time model), exact FLOPs, and beside a measured prefill its MFU against the
-    measured GEMM rate, the error (predicted / measured - 1) and what set its time in words; the predicted ITL of
-    n answer tokens."""
+    prefill chunks (the engine's time model), exact FLOPs, the page's one verdict on it (prefill.lesson.verdict:
+    bound, FLOP/B against the ridge, weights) and on one decode step; beside a measured prefill its MFU against
+    the measured GEMM rate, the error (predicted / measured - 1: negative, it ran slower than predicted) and what
+    set its time in words; the predicted ITL of n answer tokens beside the measured gaps' median."""
     lesson = lesson_of(request)
     in_range("P", P, 1, lesson.spec.context_length)
     in_range("cached", cached, 0, P - 1)
@@ -149,66 +160,92 @@ async def predict(
     profile = await lesson.profile()
     body: dict = {"P": P, "cached": cached, "computed": P - cached}
     with bad_input():
-        pred = lesson.engine.predict_prefill(P - cached, cached, lesson.chunk_size, profile=profile)
+        engine = lesson.engine
+        pred = engine.predict_prefill(P - cached, cached, lesson.chunk_size, profile=profile)
         words = prefill_words(P, cached, pred.steps, lesson.chunk_size)
         count = costs.prefill_flops_exact(lesson.spec, P - cached, cached)
-        itl = lesson.engine.predict_itl_seconds(P, n)
+        predicted_itl = engine.predict_itl_seconds(P, n)
+        turn = compute_bound_from_P(engine, profile, lesson.chunk_size)
+        measured = None if prefill_s is None else in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True)
         body |= {
             "predicted_prefill_s": pred.seconds,
             "predicted_ttft_s": costs.ttft_seconds(pred.seconds, tokenize_s=tokenize_s),
-            "predicted_itl_s": itl,
-            "method": lesson.engine.method_of(pred),
+            "predicted_itl_s": predicted_itl,
+            "method": engine.method_of(pred),
             "prefill": words,
             "forwards": pred.steps,
+            "chunk_size": lesson.chunk_size,
             "dominant": pred.dominant,
             "flops": count.total,
             "gemm_rate": gemm,
             "gemm_source": source,
             "mfu": None,
+            "verdict": verdict_body(engine, pred, profile, turn, measured),
+            "decode": verdict_body(engine, engine.predict_decode([P], profile=profile), profile, turn),
         }
         human_body = {
             "predicted": human(pred.seconds, "s"),
             "flops": human(count.total, "FLOP"),
             "gemm_rate": human(gemm, "FLOP/s"),
         }
-        if itl is not None:
-            human_body["predicted_itl"] = human(itl, "s")
-        if prefill_s is not None:
-            measured = in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True)
+        if predicted_itl is not None:
+            human_body["predicted_itl"] = human(predicted_itl, "s")
+        if measured is not None:
             error = pred.seconds / measured - 1
+            weights = weights_words(engine, pred)
             body |= {
                 "mfu": costs.mfu(count.total, measured, gemm),
                 "error": error,
-                "note": f"{words}: {regime_words(pred, measured, lesson.dtype, profile)}." + (COLD if cold else ""),
+                "note": f"{words}: {regime_words(pred, measured, weights, profile)}." + (COLD if cold else ""),
                 "cold": cold,
             }
             human_body["error"] = f"{error:+.0%}, cold" if cold else f"{error:+.0%}"
-        if itl is not None and itl_s is not None:
-            body["itl_error"] = itl / in_range("itl_s", itl_s, 0, MAX_S, lo_open=True) - 1
-            human_body["itl_error"] = f"{body['itl_error']:+.0%}"
+        body |= itl_body(itl, predicted_itl, ttft_s, n, human_body)
+        kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
+        guessed = {"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")}
+        body["guesses"] = guesses_body(guessed)
     return finite({**body, "human": human_body})
+
+
+def guesses_body(pairs: dict[str, tuple[float | None, float | None, str]]) -> list[dict]:
+    """Each guess beside what was measured (or, for KV bytes, counted): its error, guess / actual - 1 (negative:
+    the guess was too low), in words."""
+    out = []
+    for what, (guess, actual, unit) in pairs.items():
+        if guess is None or not actual:
+            continue
+        error = guess / actual - 1
+        words = f"your guess {human(guess, unit)} beside {human(actual, unit)}: {error:+.0%}"
+        out.append({"what": what, "guess": guess, "actual": actual, "error": error, "words": words})
+    return out
+
+
+def itl_body(gaps: list[float] | None, predicted: float | None, ttft_s: float | None, n: int, words: dict) -> dict:
+    """The measured gaps' median and mean (seconds), the predicted ITL's error against the median, and the request
+    time TTFT + (n - 1) · mean ITL; their words added to `words`."""
+    if not gaps:
+        return {"itl_p50_s": None, "itl_mean_s": None}
+    for g in gaps:
+        in_range("itl", g, 0, MAX_S)
+    p50, mean = statistics.median(gaps), statistics.fmean(gaps)
+    out: dict = {"itl_p50_s": p50, "itl_mean_s": mean}
+    words |= {"itl_p50": human(p50, "s"), "itl_mean": human(mean, "s")}
+    if predicted is not None and p50 > 0:
+        out["itl_error"] = predicted / p50 - 1
+        words["itl_error"] = f"{out['itl_error']:+.0%}"
+    if ttft_s is not None:
+        out["request_model_s"] = request_time(ttft_s, n, mean).request_s
+        words["request_model"] = human(out["request_model_s"], "s")
+    return out
 
 
 def prefill_words(P: int, cached: int, forwards: int, chunk_size: int | None) -> str:
     """What the server prefilled: '3 tokens, one pass', '16 tokens computed; 288 came from the prefix cache, one
     pass', '305 tokens, in 2 chunks of at most 256'."""
-    what = f"{P - cached:,} tokens computed; {cached:,} came from the prefix cache" if cached else f"{P:,} tokens"
+    what = plural(P, "token")
+    if cached:
+        what = f"{plural(P - cached, 'token')} computed; {cached:,} came from the prefix cache"
     return f"{what}, in {forwards} chunks of at most {chunk_size:,}" if forwards > 1 else f"{what}, one pass"
-
-
-@router.get("/roofline")
-async def roofline(
-    request: Request, P: int = Query(..., description="prompt tokens", json_schema_extra={"minimum": 1})
-) -> dict:
-    """This prefill's and one decode step's arithmetic intensity against this machine's ridge point."""
-    lesson = lesson_of(request)
-    in_range("P", P, 1, lesson.spec.context_length)
-    gemm, bandwidth, source = await lesson.rates.get()
-    with bad_input():
-        machine = {"peak_flops_per_s": gemm, "mfu": 1.0, "bandwidth_bytes_per_s": bandwidth}
-        est = build_estimate(Setting(P=P, spec=lesson.spec, dtype=lesson.dtype, **machine))
-        body = roofline_body(est.roofline, gemm)
-    return finite({**body, "source": source, "dtype": lesson.dtype})
 
 
 def document_context(doc: dict, context: int) -> None:

@@ -25,8 +25,9 @@ from prefill.bench.simulate import SimRequest, simulate
 from prefill.costmodel.ops import Row
 from prefill.costmodel.profile import MachineProfile
 from prefill.errors import BadInput
-from prefill.lesson.api import finite, human
+from prefill.lesson.api import finite
 from prefill.lesson.state import lesson_of
+from prefill.lesson.words import human
 
 if TYPE_CHECKING:
     from prefill.lesson.state import LessonState

@@ -6,22 +6,24 @@ from __future__ import annotations
 from prefill.costmodel import costs
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
-from prefill.lesson.api import human, short_sci
+from prefill.lesson.words import human, short_sci
 
 
-def regime_words(pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile) -> str:
-    """The part that sets the prefill's time (compute, memory or overhead), with the prediction's own FLOPs, bytes
-    and seconds; when memory sets it, also what its FLOPs alone (the 2·N·P view) would take."""
+def regime_words(pred: Prediction, measured_s: float, weights: str, profile: MachineProfile) -> str:
+    """The part that sets the prefill's time (compute, memory or overhead: the page's one verdict, as
+    prefill.lesson.verdict says it), with the prediction's own FLOPs, bytes and seconds; `weights` says what a
+    forward reads ('84 MB of Q8_0 + Q4_1 blocks, float32 activations'); when memory sets the time, also what its
+    FLOPs alone (the 2·N·P view) would take."""
     parts = pred.parts()  # seconds the compute, memory and overhead sides add to the prediction
     side, side_s = pred.dominant_work()
-    flops, weights = pred.flops, pred.weights_per_forward
+    flops = pred.flops
     overhead = f"; per-operation overhead adds {human(parts['overhead'], 's')}" if parts["overhead"] else ""
     if pred.dominant == "memory":  # the rate its ops move bytes at, as measured at their shapes (not the peak)
         moved = sum(o.bytes for o in side)
         peak_s = costs.compute_seconds(flops, profile.peak_flops_per_s)
         return (
-            f"memory-bound: every forward reads the {human(weights, 'B')} of {dtype} weights, however short the "
-            f"prompt; its operations move {human(moved, 'B')} at {human(moved / side_s, 'B/s')} at these "
+            f"memory-bound: every forward reads all its weights, however short the prompt ({weights}); its "
+            f"operations move {human(moved, 'B')} at {human(moved / side_s, 'B/s')} at these "
             f"shapes ({human(parts['memory'], 's')}){overhead}. Its {short_sci(flops)} FLOPs alone (the 2·N·P "
             f"view) would take {human(peak_s, 's')} at the peak GEMM rate ({human(profile.peak_flops_per_s, 'FLOP/s')})"
         )
@@ -32,7 +34,7 @@ def regime_words(pred: Prediction, measured_s: float, dtype: str, profile: Machi
             f"compute-bound: {short_sci(side_flops)} FLOPs at the rates measured at these shapes take "
             f"{human(parts['compute'], 's')} ({human(side_flops / side_s, 'FLOP/s')}; "
             f"{human(flops / measured_s, 'FLOP/s')} measured over the whole forward){overhead}; moving its "
-            f"{human(pred.bytes, 'B')} (the {human(weights, 'B')} of weights, and the activations) would take "
+            f"{human(pred.bytes, 'B')} ({weights}) would take "
             f"{human(memory_s, 's')} at {human(profile.bandwidth_bytes_per_s, 'B/s')}: it hides under the compute"
         )
     compute_s, memory_s = sum(o.compute_s for o in pred.ops), sum(o.memory_s for o in pred.ops)

@@ -20,9 +20,11 @@ from prefill.costmodel import roofline
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
 from prefill.engine.llm import Engine
-from prefill.lesson.api import finite, human, in_range, roof_points
+from prefill.lesson.api import finite, in_range, roof_points
 from prefill.lesson.regime import regime_words
 from prefill.lesson.state import lesson_of
+from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
+from prefill.lesson.words import human
 
 MEASURE_P = (1, 4, 16, 64, 256, 1024)  # what the page measures: a forward of 1024 tokens is ~2 s on 2 cores
 MAX_CURVE_P = 8192
@@ -65,29 +67,33 @@ def point(P: int, pred: Prediction) -> dict:
     }
 
 
-def compute_bound_from(engine: Engine, profile: MachineProfile, points: list[dict]) -> int | None:
-    """The shortest prompt whose predicted prefill is compute-bound: bisected between the P of the curve's first
-    compute-bound point and the P before it (None if no point is)."""
-    bound = [p["P"] for p in points if p["dominant"] == "compute"]
-    if not bound:
-        return None
-    hi = bound[0]
-    lo = max((p["P"] for p in points if p["P"] < hi), default=0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if engine.predict_prefill(mid, profile=profile).dominant == "compute" else (mid, hi)
-    return hi
-
-
 def regime_note(
-    P: int, pred: Prediction, measured_s: float, dtype: str, profile: MachineProfile, repeats: int = REPEATS
+    P: int, pred: Prediction, measured_s: float, weights: str, profile: MachineProfile, repeats: int = REPEATS
 ) -> str:
     """What sets a prefill's time, in plain words, with the prediction's own numbers, and how it was measured."""
     how = (
         f"Measured warm: one untimed forward first, then {timed_words(repeats)}: {human(measured_s, 's')}, "
         f"predicted {human(pred.seconds, 's')}."
     )
-    return f"P = {P:,}: {regime_words(pred, measured_s, dtype, profile)}. {how}"
+    return f"P = {P:,}: {regime_words(pred, measured_s, weights, profile)}. {how}"
+
+
+def curve_summary(engine: Engine, profile: MachineProfile, turn: int | None) -> str:
+    """The curve in two sentences, its words chosen by its own numbers: a 3- and a 30-token prompt's predicted
+    times and their ratio beside the FLOPs' ratio, and the P from which the page's verdict is compute-bound."""
+    short, longer = engine.predict_prefill(3, profile=profile), engine.predict_prefill(30, profile=profile)
+    flops, time = longer.flops / short.flops, longer.seconds / short.seconds
+    why = (
+        f"far less than in proportion: every forward reads all its weights ({weights_words(engine, short)}) "
+        "however few its tokens, and all of them share that reading"
+        if time < flops / 2
+        else "nearly in proportion: the FLOPs set the time already"
+    )
+    turn_words = f" From P = {turn:,} the page's verdict is compute-bound." if turn else " No P here is compute-bound."
+    return (
+        f"Predicted on this machine: a 3-token prompt takes {human(short.seconds, 's')}, a 30-token one "
+        f"{human(longer.seconds, 's')}: {flops:.2g} times the FLOPs for {time:.2g} times the time, {why}." + turn_words
+    )
 
 
 def timed_words(repeats: int) -> str:
@@ -112,15 +118,8 @@ async def curve(request: Request) -> dict:
     for P in measured_lengths(context):
         total += (1 + timed_repeats(by_P[P]["predicted_s"], REPEATS, BUDGET_S)) * by_P[P]["predicted_s"]
         measure.append({"P": P, "predicted_s": by_P[P]["predicted_s"], "sweep_s": total, "sweep": human(total, "s")})
-    turn = compute_bound_from(engine, profile, points)
-    short, longer = engine.predict_prefill(3, profile=profile), engine.predict_prefill(30, profile=profile)
-    summary = (
-        f"Predicted on this machine: a 3-token prompt takes {human(short.seconds, 's')}, a 30-token one "
-        f"{human(longer.seconds, 's')}: {longer.flops / short.flops:.2g} times the FLOPs for "
-        f"{longer.seconds / short.seconds:.2g} times the time, as each forward reads all "
-        f"{human(short.weights_per_forward, 'B')} of weights first. "
-        + (f"From P = {turn:,} the FLOPs take longer than the bytes: compute-bound." if turn else "")
-    )
+    turn = compute_bound_from_P(engine, profile, lesson.chunk_size)
+    summary = curve_summary(engine, profile, turn)
     return finite(
         {
             "model": lesson.spec.name,
@@ -148,6 +147,7 @@ async def measure(request: Request, body: MeasureBody) -> dict:
     P = int(in_range("P", body.P, 1, min(MEASURE_P[-1], lesson.spec.context_length - 1)))
     profile = await lesson.profile()
     pred = lesson.engine.predict_prefill(P, profile=profile)
+    turn = compute_bound_from_P(lesson.engine, profile, lesson.chunk_size)
     warm = await lesson.run(partial(warm_prefill, lesson.engine, P, REPEATS, budget_s=BUDGET_S))
     measured_s = warm.seconds
     error = pred.seconds / measured_s - 1
@@ -159,7 +159,8 @@ async def measure(request: Request, body: MeasureBody) -> dict:
             "measured_flops_per_s": pred.flops / measured_s,
             "predicted_flops_per_s": pred.flops / pred.seconds,
             "explain": pred.explain(),
-            "note": regime_note(P, pred, measured_s, lesson.dtype, profile, warm.repeats),
+            "note": regime_note(P, pred, measured_s, weights_words(lesson.engine, pred), profile, warm.repeats),
+            "verdict": verdict_body(lesson.engine, pred, profile, turn, measured_s),
             "repeats": warm.repeats,
             "human": {
                 "measured": human(measured_s, "s"),

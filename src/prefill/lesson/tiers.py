@@ -25,8 +25,9 @@ from prefill.engine.kv_store import Fingerprint, KVStore, StoreBandwidth, probe_
 from prefill.engine.kv_store.fingerprint import BLOCK_SIZE
 from prefill.engine.kv_store.format import file_size
 from prefill.engine.kv_tier import PROBE_BYTES
-from prefill.lesson.api import finite, human
+from prefill.lesson.api import finite
 from prefill.lesson.state import LessonState, lesson_of
+from prefill.lesson.words import human
 
 MAX_P = 32768  # the curve's longest prefix (or the context length, if shorter)
 router = APIRouter(prefix="/api", tags=["lesson: compute or load"])

@@ -26,18 +26,21 @@ export async function postJSON(path, body, signal = undefined) {
   return parse(res);
 }
 
-let toastTimer = null;
-export function report(error) {
-  if (!(error instanceof ApiError)) console.error(error); // a bug, not bad input: tests watch the console
-  const toast = document.getElementById("toast");
-  toast.textContent = error instanceof ApiError ? error.message : `unexpected: ${error}`;
-  toast.hidden = false;
-  clearTimeout(toastTimer);
-  toastTimer = setTimeout(() => { toast.hidden = true; }, 4000);
+// An error said where it happened, in the page's flow (never over its content): the section's status line, or the
+// header's line for the page as a whole. A bug (not bad input) is also logged: the tests watch the console.
+export function report(error, section = null) {
+  if (!(error instanceof ApiError)) console.error(error);
+  const text = error instanceof ApiError ? error.message : `unexpected: ${error}`;
+  if (section && $(`${section}-status`)) setStatus(section, text, true);
+  else {
+    $("page-status").textContent = text;
+    $("page-status").hidden = false;
+  }
 }
 
-// work(signal) runs `delay` ms after the last call; a newer run aborts the older one's fetches.
-export function latest(work, delay = 50) {
+// work(signal) runs `delay` ms after the last call; a newer run aborts the older one's fetches; a failure is said
+// in `section`'s status line.
+export function latest(work, delay = 50, section = null) {
   let timer = null;
   let ctrl = null;
   return () => {
@@ -45,7 +48,7 @@ export function latest(work, delay = 50) {
     timer = setTimeout(() => {
       ctrl?.abort();
       ctrl = new AbortController();
-      work(ctrl.signal).catch((e) => { if (e.name !== "AbortError") report(e); });
+      work(ctrl.signal).catch((e) => { if (e.name !== "AbortError") report(e, section); });
     }, delay);
   };
 }
@@ -98,8 +101,5 @@ export function setStatus(section, text, error = false) {
 
 // work() once the section first comes into view; its failure is said in the section's status line.
 export function loadWhenSeen(section, work) {
-  onFirstView($(section), () => work().catch((e) => {
-    setStatus(section, e instanceof ApiError ? e.message : String(e), true);
-    report(e);
-  }));
+  onFirstView($(section), () => work().catch((e) => report(e, section)));
 }

@@ -41,7 +41,8 @@ function logPair(rangeId, numId, lo, hi, onChange, integer = false) {
     }
   });
   range.value = track.position(+num.value);
-  return { get: () => +num.value, set: (v) => { num.value = v; range.value = track.position(v); } };
+  return { get: () => +num.value, set: (v) => { num.value = v; range.value = track.position(v); },
+    lock: (on) => { range.disabled = on; num.disabled = on; } };
 }
 
 // A refused input (the API's one-line reason) greys out the results it no longer matches; null clears that.
@@ -56,7 +57,7 @@ function peakOf(hw, dtype) {
 
 export function initCalculator(cat) {
   catalog = cat;
-  const update = latest(refresh, 30);
+  const update = latest(refresh, 30, "calc");
   const N = logPair("n-range", "n-num", 0.1, 500, update);
   const P = logPair("p-range", "p-num", 1, 32768, update, true);
   const U = pairUp("u-range", "u-num", update);
@@ -68,6 +69,8 @@ export function initCalculator(cat) {
   for (const d of cat.dtypes) dtypeSel.append(new Option(d, d));
   if (cat.loaded) modelSel.append(new Option(`this server's model (${cat.loaded.name})`, cat.loaded.key));
   for (const m of cat.models) modelSel.append(new Option(m.name, m.key));
+  dtypeSel.value = "bfloat16"; // the seed's GPU; the server's model brings the server's own dtype
+  const nOut = $("n-out");
 
   const applyHardware = () => {
     const hw = cat.hardware.find((h) => h.key === hwSel.value);
@@ -76,19 +79,44 @@ export function initCalculator(cat) {
   };
   hwSel.addEventListener("change", () => { applyHardware(); update(); });
   dtypeSel.addEventListener("change", () => { if (hwSel.value) applyHardware(); update(); });
-  modelSel.addEventListener("change", () => {
-    const m = cat.models.find((x) => x.key === modelSel.value) ?? (cat.loaded?.key === modelSel.value ? cat.loaded : null);
+  // A chosen model brings its own N and shapes: N is locked to it (and said so) while the model is chosen, so
+  // 2·N·P, the exact FLOPs and the KV bytes never describe two models at once.
+  const chooseModel = () => {
+    const own = cat.loaded?.key === modelSel.value ? cat.loaded : null;
+    const m = cat.models.find((x) => x.key === modelSel.value) ?? own;
+    N.lock(!!m);
     if (m) N.set(+(m.N / 1e9).toPrecision(4));
+    if (own) dtypeSel.value = own.dtype; // the dtype this server computes and caches in
+    if (own && hwSel.value) applyHardware();
+    $("model-lock").textContent = m ? `N = ${(m.N / 1e9).toPrecision(4)} billion is ${m.name}'s own: locked while a `
+      + "model is chosen (choose “only N” to type any N)." + (own ? ` dtype: ${own.dtype}, as this server runs it.` : "") : "";
     update();
-  });
+  };
+  modelSel.addEventListener("change", chooseModel);
   $("bw-num").addEventListener("input", update);
+  nOut.addEventListener("input", update);
+  // "use my prompt's P and n": the live run's prompt length and answer tokens, on this server's model, so the KV
+  // tiles line up with the live view's.
+  const useBtn = $("use-prompt");
+  document.addEventListener("prompt-run", (e) => {
+    useBtn.disabled = false;
+    useBtn.dataset.P = e.detail.P;
+    useBtn.dataset.n = e.detail.n;
+    useBtn.title = `P = ${e.detail.P}, n = ${e.detail.n}: the live run's`;
+  });
+  useBtn.addEventListener("click", () => {
+    if (cat.loaded) modelSel.value = cat.loaded.key;
+    P.set(+useBtn.dataset.P);
+    nOut.value = useBtn.dataset.n;
+    chooseModel();
+  });
 
   async function refresh(signal) {
     let body;
     try {
       body = await getJSON("/api/estimate", {
         N: N.get() * 1e9, P: P.get(), mfu: U.get(), peak: peak.get() * TERA, bandwidth: +$("bw-num").value * TERA,
-        model: modelSel.value, dtype: dtypeSel.value,
+        model: modelSel.value, dtype: dtypeSel.value, n: nOut.value,
       }, signal);
     } catch (e) {
       if (!(e instanceof ApiError)) throw e;
@@ -119,11 +147,16 @@ function show(r) {
   }
   if (r.kv) {
     $("out-kv").textContent = r.kv.text;
-    $("out-kv-sub").textContent = `${r.kv.L} layers × K and V of [${r.kv.shape.join(", ")}]; ${r.kv.per_token.toLocaleString("en-US")} B per token`;
+    $("out-kv-sub").textContent = `${r.kv.formula}; ${r.kv.L} layers × K and V of [${r.kv.shape.join(", ")}], `
+      + `${r.kv.per_token.toLocaleString("en-US")} B per token`;
   } else {
     $("out-kv").textContent = "choose a model";
     $("out-kv-sub").textContent = "KV bytes need L, H_kv and d_head";
   }
+  const d = r.kv_decoded;
+  $("out-kv-decoded").textContent = d ? `${d.bytes.toLocaleString("en-US")} B` : "choose a model";
+  $("out-kv-decoded-sub").textContent = d ? `${d.formula} (the last answer token's K/V is never written: nothing reads it)`
+    : "KV bytes need L, H_kv and d_head";
   const rf = r.roofline;
   const out = $("out-bound");
   out.textContent = `prefill: ${rf.prefill_bound} · one decode step: ${rf.decode_bound}`;
@@ -151,11 +184,11 @@ function initMask() {
     const m = await getJSON("/api/mask", { P: range.value }, signal);
     $("demo-out").textContent = m.P;
     $("mask-caption").textContent = m.caption;
-    const labels = Array.from({ length: m.P }, (_, k) => String(k + 1));
+    const labels = Array.from({ length: m.P }, (_, k) => String(k)); // from 0, as the live grid and the lesson
     drawGrid($("mask-grid"), {
       P: m.P, labels, cell: maskCell(m.rows), hover: $("mask-hover"),
-      describe: (i, j) => (m.rows[i][j] === "1" ? `token ${i + 1} may use token ${j + 1}`
-        : `masked: ${j + 1} is in ${i + 1}'s future`),
+      describe: (i, j) => (m.rows[i][j] === "1" ? `token ${i} may use token ${j}`
+        : `masked: ${j} is in ${i}'s future`),
     });
   }, 20);
   range.addEventListener("input", draw);
@@ -166,10 +199,26 @@ function initMask() {
 
 function initExample() {
   const ids = ["ex-ttft", "ex-itl", "ex-n"];
+  const box = document.querySelector("#example .worked");
+  const refuse = (reason) => {
+    setStatus("example", reason ? `${reason}. The greyed lines are for the last values that could be computed.` : "", !!reason);
+    box.classList.toggle("stale", !!reason);
+  };
   const update = latest(async (signal) => {
     const [ttft, itl, n] = ids.map((id) => $(id).value);
-    if ([ttft, itl, n].some((v) => v === "")) return;
-    const r = await getJSON("/api/request", { ttft, itl, n }, signal);
+    if ([ttft, itl, n].some((v) => v === "")) {
+      refuse("Type all three: TTFT and ITL in seconds, and the number of output tokens");
+      return;
+    }
+    let r;
+    try {
+      r = await getJSON("/api/request", { ttft, itl, n }, signal);
+    } catch (e) {
+      if (!(e instanceof ApiError)) throw e;
+      refuse(e.message);
+      return;
+    }
+    refuse(null);
     $("ex-request").textContent = r.lines.request;
     $("ex-decode").textContent = r.lines.decode;
     $("ex-output").textContent = r.lines.output;

@@ -1,5 +1,5 @@
-// The page's charts, drawn with uPlot (vendored, MIT): the live request's tokens over time and its roofline,
-// the P sweep's roofline, TTFT against the arrival rate, and compute against load over the stored prefix. uPlot is
+// The page's charts, drawn with uPlot (vendored, MIT): the live request's tokens over time, the machine's roofline
+// (the P sweep's, with the live prompt on it), TTFT against the arrival rate, and compute against load over the stored prefix. uPlot is
 // loaded on first use so the page's first paint does not wait for it. Every value drawn comes from the API.
 
 import { annotate } from "./labels.js";
@@ -55,38 +55,18 @@ export async function drawTimeline(el, times, marks) {
   }, [xs, ys], el), 220);
 }
 
-// r: the /api/roofline body.
-export async function drawRoofline(el, r) {
-  const U = await uPlot();
-  const pts = [[r.prefill_intensity, r.prefill_attainable, "prefill"], [r.decode_intensity, r.decode_attainable, "decode"]];
-  const xs = [...new Set([...r.roof.intensity, ...pts.map((p) => p[0])])].sort((a, b) => a - b);
-  const roofAt = new Map(r.roof.intensity.map((x, k) => [x, r.roof.flops_per_s[k]]));
-  for (const [x, y] of pts) roofAt.set(x, y);
-  const series = pts.map(([px, py]) => xs.map((x) => (x === px ? py : null)));
-  el.replaceChildren();
-  return fit(el, new U({
-    width: widthOf(el), height: 260,
-    scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
-    axes: [{ label: "arithmetic intensity (FLOP per byte)", values: (u, v) => v.map(si) },
-      { label: "attainable FLOP/s", values: (u, v) => v.map(si), size: 60 }],
-    series: [{},
-      { label: "roof", stroke: "#64748b", width: 2, spanGaps: true, points: { show: false } },
-      { label: "this prefill", stroke: "#2563eb", paths: () => null, dots: true, points: { show: true, size: 12, fill: "#2563eb" } },
-      { label: "one decode step", stroke: "#dc2626", paths: () => null, dots: true, points: { show: true, size: 12, fill: "#dc2626" } }],
-    legend: { show: false },
-    hooks: { draw: [annotate([{ x: r.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${r.ridge.toFixed(1)}` }])] },
-  }, [xs, xs.map((x) => roofAt.get(x)), ...series], el), 260);
-}
-
-// c: the /api/sweep/curve body; measured: /api/sweep/measure bodies. Log-log: intensity against FLOP/s.
-export async function drawSweep(el, c, measured) {
+// The machine's one roofline (c: the /api/sweep/curve body), log-log, intensity against FLOP/s: the roof, the time
+// model's curve, measured points ({intensity, measured_flops_per_s, label or P}: the sweep's, or the live prompt)
+// and, for the live view, one decode step's predicted point ({intensity, flops_per_s, label}).
+export async function drawRoofline(el, c, measured, decode = null) {
   const U = await uPlot();
   const roof = new Map(c.roof.intensity.map((x, k) => [x, c.roof.flops_per_s[k]]));
   const predicted = new Map(c.points.map((p) => [p.intensity, p.attainable_flops_per_s]));
   const got = new Map(measured.map((m) => [m.intensity, m.measured_flops_per_s]));
-  const xs = [...new Set([...roof.keys(), ...predicted.keys(), ...got.keys()])].sort((a, b) => a - b);
+  const dec = new Map(decode ? [[decode.intensity, decode.flops_per_s]] : []);
+  const xs = [...new Set([...roof.keys(), ...predicted.keys(), ...got.keys(), ...dec.keys()])].sort((a, b) => a - b);
   const column = (m) => xs.map((x) => m.get(x) ?? null);
-  const labels = new Map(measured.map((m) => [m.intensity, `P=${m.P}`]));
+  const labels = new Map(measured.map((m) => [m.intensity, m.label ?? `P=${m.P}`]));
   el.replaceChildren();
   return fit(el, new U({
     width: widthOf(el), height: 280,
@@ -96,13 +76,14 @@ export async function drawSweep(el, c, measured) {
     series: [{},
       { label: "roof", stroke: "#64748b", width: 2, spanGaps: true, points: { show: false } },
       { label: "predicted", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: false } },
-      { label: "measured", stroke: "#ea580c", paths: () => null, dots: true, points: { show: true, size: 10, fill: "#ea580c" } }],
+      { label: "measured", stroke: "#ea580c", paths: () => null, dots: true, points: { show: true, size: 10, fill: "#ea580c" } },
+      { label: "one decode step", stroke: "#dc2626", paths: () => null, dots: true, points: { show: true, size: 10, fill: "#dc2626" } }],
     legend: { show: false },
     hooks: { draw: [annotate(
       [{ x: c.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${c.ridge.toFixed(1)} FLOP/B`, short: "ridge" }],
       { s: 3, labels, color: "#9a3412" },
     )] },
-  }, [xs, column(roof), column(predicted), column(got)], el), 280);
+  }, [xs, column(roof), column(predicted), column(got), column(dec)], el), 280);
 }
 
 // r: an /api/load body. TTFT (log) against the arrival rate: the curve's p50 and p99, this rate's two points.

@@ -3,7 +3,8 @@
 
 const MAX_CELLS_P = 64;
 
-// spec: {P, labels, cell(i, j) -> {cls, color}, describe(i, j) -> text, hover: element}
+// spec: {P, labels, cell(i, j) -> {cls, color}, describe(i, j) -> text, hover: element}. A cell is described on
+// hover, and on a tap or click (touch screens have no hover).
 export function drawGrid(el, spec) {
   const { P, labels } = spec;
   el.replaceChildren();
@@ -40,6 +41,7 @@ export function drawGrid(el, spec) {
     if (t.classList.contains("cell")) spec.hover.textContent = spec.describe(+t.dataset.i, +t.dataset.j);
   };
   el.onmouseover = say;
+  el.onclick = say;
 }
 
 function label(text, cls) {
@@ -69,7 +71,7 @@ function drawCanvas(el, spec) {
       ctx.fillRect(j, i, 1, 1);
     }
   }
-  canvas.onmousemove = (e) => {
+  canvas.onmousemove = canvas.onpointerdown = (e) => {
     const r = canvas.getBoundingClientRect();
     const i = Math.floor(((e.clientY - r.top) / r.height) * P);
     const j = Math.floor(((e.clientX - r.left) / r.width) * P);

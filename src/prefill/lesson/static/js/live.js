@@ -1,23 +1,22 @@
 // Part 2: a real prefill on the server's model. The prompt goes through the OpenAI streaming route (the same
 // scheduler as any client); tokens, attention, predictions and the roofline come from the /api routes.
 
-import { $, ApiError, getJSON, latest, postJSON, report, settled } from "./api.js";
+import { $, ApiError, getJSON, latest, postJSON, settled } from "./api.js";
 import { maskCell } from "./calculator.js";
-import { cssColor, drawRoofline, drawTimeline } from "./charts.js";
+import { cssColor } from "./charts.js";
 import { drawGrid, visible } from "./grid.js";
+import { showResults } from "./results.js";
 
 let cat = null;
-let current = null; // the prompt last prefilled: {text, chat, P, labels, maxAttentionP}
+let current = null; // the prompt last prefilled: {text, chat, P, labels, maxAttentionP, n}
+export const lastPrompt = () => current; // the calculator's "use my prompt's P"
 
 const fmtB = (n) => `${Math.round(n).toLocaleString("en-US")} B`;
-const ms = (s) => (s == null ? "–" : s < 1 ? `${(s * 1e3).toFixed(1)} ms` : `${s.toFixed(2)} s`);
 const quote = (t) => `'${visible(t)}'`;
 const REPAINT_MS = 100; // the streamed answer's repaints, at most one in this many ms
-const median = (xs) => {
-  if (!xs.length) return null;
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
+const MAX_ANSWER = 256; // the answer-tokens box's max
+const LATER = ["timeline-box", "attn-box", "roof-box"]; // boxes filled only once the prefill has run
+const CHUNK_SHADE = "#1e3a8a"; // an odd chunk's allowed cells: a darker blue than the even chunks' accent
 
 function status(text, error = false) {
   $("live-status").textContent = text;
@@ -50,62 +49,100 @@ async function run() {
   delete $("live").dataset.done;
   const text = $("prompt").value;
   const chat = $("chat").checked;
+  const maxTokens = $("max-tokens").value;
   if (!text.trim()) {
     staleResults("Type a prompt first: an empty prompt has nothing to prefill.");
+    return;
+  }
+  if (!/^\d+$/.test(maxTokens) || +maxTokens < 1 || +maxTokens > MAX_ANSWER) {
+    staleResults(`Answer tokens: type how many tokens to write after the prompt, a whole number from 1 to ${MAX_ANSWER}.`);
     return;
   }
   btn.disabled = true;
   try {
     status("tokenizing…");
     const tok = await getJSON("/api/tokens", { text, chat: chat ? 1 : 0 });
+    // Never two prompts on the page at once: the boxes this prompt fills only later are hidden until it does.
     staleResults(null);
+    for (const id of LATER) $(id).hidden = true;
     current = { text, chat, P: tok.P, labels: tok.labels, maxAttentionP: tok.max_attention_P };
     await showTokens(tok);
-    status(`prefilling ${tok.P} tokens in one pass, then decoding…`);
-    const result = await stream(tok, chat, +$("max-tokens").value);
-    btn.disabled = false;
+    status(prefillStatus(tok));
+    const result = await stream(tok, chat, +maxTokens);
+    current.n = result.n;
     status(`done: ${tok.P} prompt tokens, ${result.n} answer tokens.`);
-    const cached = result.usage?.prompt_tokens_details?.cached_tokens ?? 0;
-    await Promise.all([showTimeline(tok, result, cached), showRoofline(tok.P - cached, cached), showAttention()]);
+    document.dispatchEvent(new CustomEvent("prompt-run", { detail: { P: tok.P, n: result.n } }));
+    await Promise.all([showResults(cat, tok, result, guesses()), showAttention()]);
     $("live").dataset.done = "1";
   } catch (e) {
-    if (e instanceof ApiError) staleResults(e.message);
-    else {
-      status(String(e), true);
-      report(e);
-    }
+    staleResults(e instanceof ApiError ? e.message : `unexpected: ${e}`);
+    if (!(e instanceof ApiError)) console.error(e);
   } finally {
     btn.disabled = false;
   }
+}
+
+// What the server is about to do with the prompt, said before it does it: one pass, or its chunks.
+function prefillStatus(tok) {
+  const chunks = tok.chunk_size && tok.P > tok.chunk_size
+    ? ` The server prefills a long prompt in chunks of ${tok.chunk_size} tokens, one forward each (chunked prefill): `
+      + "each chunk attends to the K/V the chunks before it wrote, and other requests' decode steps run between "
+      + "chunks, so one long prompt never stalls the others. The grid above shows the chunks."
+    : "";
+  return `prefilling ${tok.prefill}, then decoding…${chunks}`;
+}
+
+// The student's guesses before the run (empty boxes: no guess), sent beside the measurement.
+function guesses() {
+  const out = {};
+  const ttft = $("guess-ttft").value.trim();
+  const kv = $("guess-kv").value.trim();
+  if (ttft !== "" && +ttft >= 0) out.guess_ttft_s = +ttft / 1e3;
+  if (kv !== "" && +kv >= 0) out.guess_kv = +kv;
+  return out;
 }
 
 // A prompt that could not run: say why in plain words, and grey out the last prompt's results (null: they belong
 // to the prompt being run, so they are shown plainly again).
 function staleResults(reason) {
   for (const box of document.querySelectorAll("#live .sub")) box.classList.toggle("stale", reason !== null);
+  $("live").classList.toggle("has-stale", reason !== null);
   if (reason === null) return;
-  const earlier = document.querySelector("#live .sub:not([hidden])") ? " The results below are the last prompt's." : "";
+  const earlier = document.querySelector("#live .sub:not([hidden])") ? " The greyed results below are the last prompt's." : "";
   status(`${reason}${earlier}`, true);
 }
 
 async function showTokens(tok) {
   $("tokens-box").hidden = false;
-  $("tokens-caption").textContent = `${tok.P} tokens: ${tok.labels.slice(0, 12).map(quote).join(" ")}${tok.P > 12 ? " …" : ""}`;
+  $("tokens-caption").textContent = `${tok.P} tokens (numbered from 0): ${tok.labels.slice(0, 12).map(quote).join(" ")}${tok.P > 12 ? " …" : ""}`;
   const hover = $("token-hover");
   const m = await getJSON("/api/mask", { P: tok.P });  // a long prompt's in cells of m.scale tokens
-  hover.textContent = `${m.caption}. Hover a cell.`;
+  // The server's prefill chunks as bands of rows: chunk k computes the rows of its own tokens, attending to all
+  // the columns before them (the K/V the earlier chunks wrote).
+  const chunk = tok.chunk_size && tok.P > tok.chunk_size ? tok.chunk_size : null;
+  const chunkOf = (token) => (chunk ? Math.floor(token / chunk) : 0);
+  $("chunk-caption").textContent = chunk ? `Chunked prefill: ${tok.prefill}. The rows are banded by chunk (alternate `
+    + `shades): chunk 0 holds tokens 0-${chunk - 1}, chunk 1 tokens ${chunk}-${Math.min(tok.P, 2 * chunk) - 1}`
+    + `${tok.P > 2 * chunk ? ", …" : ""}; each chunk's rows read the whole K/V written before them.` : "";
+  const base = maskCell(m.rows);
+  const banded = (i, j) => {
+    const look = base(i, j);
+    return look.cls === "allowed" && chunkOf(i * m.scale) % 2 ? { ...look, color: CHUNK_SHADE } : look;
+  };
+  hover.textContent = `${m.caption}. Hover or tap a cell.`;
   if (m.scale > 1) {
     const span = (i) => `${i * m.scale}-${Math.min(tok.P, (i + 1) * m.scale) - 1}`;
+    const inChunk = (i) => (chunk ? ` (chunk ${chunkOf(i * m.scale)})` : "");
     drawGrid($("token-grid"), {
-      P: m.rows.length, labels: null, cell: maskCell(m.rows), hover,
-      describe: (i, j) => (m.rows[i][j] === "1" ? `tokens ${span(i)} may use tokens ${span(j)}`
+      P: m.rows.length, labels: null, cell: banded, hover,
+      describe: (i, j) => (m.rows[i][j] === "1" ? `tokens ${span(i)}${inChunk(i)} may use tokens ${span(j)}`
         : m.rows[i][j] === "d" ? `tokens ${span(i)}: each may use itself and the earlier ones of these`
           : `masked: tokens ${span(j)} are in the future of tokens ${span(i)}`),
     });
     return;
   }
   drawGrid($("token-grid"), {
-    P: tok.P, labels: tok.labels, cell: maskCell(m.rows), hover,
+    P: tok.P, labels: tok.labels, cell: banded, hover,
     describe: (i, j) => (m.rows[i][j] === "1" ? `token ${i} ${quote(tok.labels[i])} may use token ${j} ${quote(tok.labels[j])}`
       : `masked: ${quote(tok.labels[j])} (${j}) is in ${quote(tok.labels[i])}'s (${i}) future`),
   });
@@ -113,21 +150,19 @@ async function showTokens(tok) {
 
 // ---- streaming, and the KV cache growing as it goes ----
 
-function showKV(P, held, timings, tokFormula) {
+// The KV cache after prefill (S = P, its formula written out by the API) and as decode grows it (S = P + the
+// tokens generated so far; the newest token's K/V is written by the next step, the last one's never).
+function showKV(tok, held, timings) {
   $("kv-box").hidden = false;
   const own = cat.loaded;
+  $("kv-prefill").textContent = tok.kv.text;
+  $("kv-prefill-formula").textContent = tok.kv.formula;
   $("kv-shape").textContent = `${own.L} layers × K and V, each [B, H_kv, S, d_head] = [1, ${own.H_kv}, ${held}, `
-    + `${own.d_head}] (${own.dtype}); S = the ${P} prompt positions + ${Math.max(0, held - P)} generated so far`;
-  $("kv-fill").style.width = `${Math.min(100, (100 * held) / (P + +$("max-tokens").value))}%`;
-  if (timings?.kv_bytes != null) {
-    $("kv-measured").textContent = fmtB(timings.kv_bytes);
-    $("kv-formula").textContent = fmtB(timings.kv_bytes_formula);
-    $("kv-formula-text").textContent = timings.kv_bytes === timings.kv_bytes_formula
-      ? "measured from the request's cache blocks: equal to the formula" : "measured and formula differ";
-    return;
-  }
-  $("kv-measured").textContent = "not reported";
-  tokFormula(held);
+    + `${own.d_head}] (${own.dtype}); S = the ${tok.P} prompt positions + ${Math.max(0, held - tok.P)} generated so far`;
+  $("kv-decode-label").textContent = `after decode so far: S = ${tok.P} + ${Math.max(0, held - tok.P)} = ${held} (measured)`;
+  $("kv-fill").style.width = `${Math.min(100, (100 * held) / (tok.P + +$("max-tokens").value))}%`;
+  $("kv-measured").textContent = timings?.kv_bytes != null ? fmtB(timings.kv_bytes) : "not reported";
+  if (timings?.kv_bytes_formula != null) $("kv-formula").textContent = fmtB(timings.kv_bytes_formula);
 }
 
 async function stream(tok, chat, maxTokens) {
@@ -148,17 +183,10 @@ async function stream(tok, chat, maxTokens) {
   const show = () => {
     pending = null;
     $("answer").textContent = out.text;
-    if (latestKV) showKV(tok.P, latestKV[0], latestKV[1], formulaFor);
+    if (latestKV) showKV(tok, latestKV[0], latestKV[1]);
   };
-  const showFormula = async (held, signal) => {
-    const kv = await getJSON("/api/kv", { P: held }, signal);
-    $("kv-formula").textContent = fmtB(kv.bytes);
-    $("kv-formula-text").textContent = `${kv.formula} (this server version does not report measured bytes per chunk)`;
-  };
-  const formula = latest((signal) => showFormula(formula.held, signal), 0);
-  const formulaFor = (held) => { formula.held = held; formula(); };
-  showKV(tok.P, tok.P, null, () => {});
-  await showFormula(tok.P);
+  showKV(tok, tok.P, { kv_bytes_formula: tok.kv.bytes });
+  $("kv-formula-text").textContent = "";
   // The page holds still while the server prefills: where it shares the machine with the server (`prefill lab`
   // on a laptop), its own layout and painting take cores from the forward it is about to measure.
   await settled();
@@ -204,82 +232,13 @@ async function stream(tok, chat, maxTokens) {
   }
   clearTimeout(pending);
   show();
+  if (latestKV) { // the formula at the final S, written out
+    const kv = await getJSON("/api/kv", { P: latestKV[0], symbol: "S" });
+    $("kv-formula").textContent = fmtB(kv.bytes);
+    $("kv-formula-text").textContent = kv.formula + (latestKV[1]?.kv_bytes === kv.bytes
+      ? ": equal to the bytes measured in the request's cache blocks" : "");
+  }
   return out;
-}
-
-// ---- timeline: measured phases and ticks, beside the predictions ----
-
-async function showTimeline(tok, r, cached) {
-  $("timeline-box").hidden = false;
-  const t = r.timings ?? {};
-  const ticks = r.serverTimes.length === r.times.length ? r.serverTimes : r.times;
-  const ttft = t.ttft_s ?? r.times[0];
-  const total = t.total_s ?? r.times.at(-1);
-  const itls = Array.isArray(t.itl_s) ? t.itl_s : ticks.slice(1).map((x, k) => x - ticks[k]);
-  const itl = itls.length ? itls.reduce((a, b) => a + b, 0) / itls.length : null;
-  $("tl-ttft").textContent = ms(ttft);
-  $("tl-ttft-sub").textContent = t.prefill_s != null ? `of which prefill ${ms(t.prefill_s)}` : "";
-  $("tl-total").textContent = ms(total);
-  for (const id of ["tl-pred", "tl-model", "tl-mfu", "tl-why"]) $(id).textContent = "…";
-  $("tl-mfu-sub").textContent = "measuring this machine's GEMM rate (once per server)…";
-  const query = { P: tok.P, cached, n: r.n };
-  if (t.prefill_s) query.prefill_s = t.prefill_s;
-  if (t.tokenize_s != null) query.tokenize_s = t.tokenize_s;
-  if (t.cold) query.cold = 1;
-  const itlP50 = median(itls);
-  if (itlP50) query.itl_s = itlP50;
-  const [pred, model] = await Promise.all([
-    getJSON("/api/predict", query),
-    itl && r.n >= 1 ? getJSON("/api/request", { ttft, itl, n: r.n }) : Promise.resolve(null),
-  ]);
-  const phases = [["tokenize", t.tokenize_s], ["queue", t.queue_s], ["prefill", t.prefill_s]];
-  const before = phases.reduce((a, [, s]) => a + (s ?? 0), 0);
-  phases.push(["first", t.first_token_s ?? Math.max(0, ttft - before)], ["decode", Math.max(0, total - ttft)]);
-  const names = { tokenize: "tokenize", queue: "queue", prefill: `prefill (${pred.prefill})`,
-    first: "first token (from the prefill)",
-    decode: r.n > 1 ? `decode (${r.n - 1} steps: tokens 2 to ${r.n})` : "decode (none: one token)" };
-  $("phases").replaceChildren(...phases.filter(([, s]) => s != null).map(([k, s]) => {
-    const d = document.createElement("div");
-    d.className = `ph-${k}`;
-    d.style.flex = `${Math.round(s * 1e6)} 1 0`;  // flex-grow in microseconds: the bar's widths are the times
-    d.title = `${names[k]}: ${ms(s)}`;
-    return d;
-  }));
-  $("phase-legend").replaceChildren(...phases.filter(([, s]) => s != null).map(([k, s]) => {
-    const span = document.createElement("span");
-    span.className = "item";
-    span.innerHTML = `<span class="sw ph-${k}"></span> ${names[k]} ${ms(s)}`;
-    return span;
-  }));
-  const predTTFT = pred.predicted_ttft_s;
-  $("tl-pred").textContent = ms(predTTFT);
-  $("tl-pred-sub").textContent = pred.error != null
-    ? `prefill ${pred.human.predicted} predicted beside ${ms(t.prefill_s)} measured (${pred.human.error}); ${pred.method}`
-    : `prefill ${pred.human.predicted} (${pred.method})`;
-  $("tl-why").textContent = pred.note ? `Why: ${pred.note}` : "";
-  $("tl-model").textContent = model ? ms(model.request_s) : "–";
-  $("tl-model-sub").textContent = model ? `${ms(ttft)} + ${r.n - 1} × ${ms(itl)} (mean ITL)`
-    + (pred.itl_error != null ? `; ITL p50 ${ms(itlP50)} measured beside ${pred.human.predicted_itl} predicted `
-      + `(${pred.human.itl_error})` : "") : "one token: no ITL";
-  $("tl-mfu").textContent = pred.mfu != null ? `${(pred.mfu * 100).toFixed(1)} %` : "–";
-  $("tl-mfu-sub").textContent = `${pred.human.flops} in ${ms(t.prefill_s)} against ${pred.human.gemm_rate} measured (${pred.gemm_source})`
-    + (pred.mfu > 1 ? ". Over 100 %: the reference GEMM was timed at a busier moment; rates on a shared CPU are noisy." : "");
-  await drawTimeline($("timeline-chart"), ticks, [
-    { x: ttft, color: "#2563eb", label: "TTFT" },
-    { x: predTTFT, color: cssColor("--amber"), dash: true, label: "predicted" },
-  ]);
-}
-
-async function showRoofline(P, cached) {
-  $("roof-box").hidden = false;
-  $("roof-text").textContent = "Measuring this machine's GEMM rate and memory bandwidth (once per server)…";
-  const r = await getJSON("/api/roofline", { P });
-  const what = cached ? `This prefill (the ${P} tokens computed; ${cached} came from the prefix cache)` : "This prefill";
-  $("roof-text").textContent = `${what}: ${r.prefill_intensity.toFixed(1)} FLOP/B, ${r.prefill_bound}. `
-    + `One decode step: ${r.decode_intensity.toFixed(1)} FLOP/B, ${r.decode_bound}. Ridge point `
-    + `${r.ridge.toFixed(1)} FLOP/B = measured GEMM rate / measured bandwidth (${r.dtype}). `
-    + (r.compute_bound_from_P ? `A prefill here is compute-bound from P ≈ ${r.compute_bound_from_P.toLocaleString("en-US")} tokens.` : "");
-  await drawRoofline($("roof-chart"), r);
 }
 
 async function showAttention(signal) {

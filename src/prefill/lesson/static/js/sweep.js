@@ -4,7 +4,7 @@
 // the API; this file places them.
 
 import { $, ApiError, getJSON, loadWhenSeen, oneAtATime, postJSON, report, setStatus } from "./api.js";
-import { drawSweep } from "./charts.js";
+import { drawRoofline } from "./charts.js";
 
 let curve = null; // the /api/sweep/curve body
 let measured = []; // /api/sweep/measure bodies, in the order they landed
@@ -27,13 +27,15 @@ async function loadCurve() {
   curve = await getJSON("/api/sweep/curve");
   const c = curve;
   $("sweep-summary").textContent = `${c.summary} Roof: ${c.human.peak} peak GEMM rate, ${c.human.bandwidth} `
-    + `bandwidth, ridge ${c.ridge.toFixed(1)} FLOP/B (${c.profile.name}, ${c.profile.kind} profile, ${c.dtype}).`;
+    + `bandwidth, ridge ${c.ridge.toFixed(1)} FLOP/B (${c.profile.name}, ${c.profile.kind} profile, ${c.dtype}). `
+    + "The live prompt above is drawn on this same roof.";
   const pick = $("sweep-max");
   pick.replaceChildren(...c.measure.map((m) => new Option(`${m.P.toLocaleString("en-US")} (about ${m.sweep})`, m.P)));
   pick.value = c.measure.at(-1).P;
   $("sweep-btn").disabled = false;
-  status("Each P: one untimed forward, then the median of 3 timed ones. The server's other requests wait meanwhile.");
-  await drawSweep($("sweep-chart"), c, measured);
+  status("Each P: one untimed forward, then the median of up to 3 timed ones (fewer where 3 would take over "
+    + "3 s: each P's note says how many). The server's other requests wait meanwhile.");
+  await drawRoofline($("sweep-chart"), c, measured);
   $("sweep").dataset.curve = "1";
 }
 
@@ -69,7 +71,7 @@ async function measureSweep() {
         measured.push(m);
         body.append(row(m));
         $("sweep-note").textContent = m.note;
-        await drawSweep($("sweep-chart"), curve, measured);
+        await drawRoofline($("sweep-chart"), curve, measured);
       }
     });
     status(`done: ${Ps.length} prompt lengths measured warm on this server's model. Hover a row for the time model's reason.`);
