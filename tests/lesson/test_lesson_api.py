@@ -264,7 +264,7 @@ def test_predict_beside_a_measurement_gives_its_error_and_what_set_its_time(url,
     assert long["forwards"] == 2 and long["prefill"] == f"{chunk + 44} tokens, in 2 chunks of at most {chunk}"
     assert long["predicted_prefill_s"] == pytest.approx(smollm.predict_prefill(chunk + 44, 0, chunk).seconds)
     cold = ok(url, "/api/predict", P=3, prefill_s=0.05, cold=1)
-    assert cold["cold"] and cold["note"].endswith("run the prompt again.") and cold["human"]["error"].endswith(", cold")
+    assert cold["cold"] and cold["note"].endswith("which is cold again).") and cold["human"]["error"].endswith(", cold")
     alone = ok(url, "/api/predict", P=3)  # nothing measured: nothing to compare, and one token has no ITL
     assert "error" not in alone and "note" not in alone and alone["predicted_itl_s"] is None
     refused(get(url, "/api/predict", P=3, n=0), "n must be in [1")

@@ -127,7 +127,7 @@ def test_sliders_give_the_seed_worked_numbers(page):
 def test_a_refused_calculator_input_greys_out_the_results_it_no_longer_matches(page, problems):
     before = text(page, "#out-seconds")
     slide(page, "#n-num", 0)
-    wait_text(page, "#calc-status", "N must be")
+    wait_text(page, "#calc-status", "parameters must be more than 0 billion")
     assert "last input that could be computed" in text(page, "#calc-status")
     assert "stale" in page.get_attribute("#calc .tiles", "class")
     assert text(page, "#out-seconds") == before  # kept, greyed, and said to be the last valid input's
@@ -169,9 +169,9 @@ def test_mask_grid_at_demo_length_5(page):
     assert page.locator("#mask-grid .cell.allowed").count() == 15
     assert page.locator("#mask-grid .cell.masked").count() == 10
     page.hover("#mask-grid .cell[data-i='2'][data-j='0']")
-    assert text(page, "#mask-hover") == "token 3 may use token 1"
+    assert text(page, "#mask-hover") == "token 2 may use token 0"  # numbered from 0, as the live grid
     page.hover("#mask-grid .cell[data-i='1'][data-j='3']")
-    assert text(page, "#mask-hover") == "masked: 4 is in 2's future"
+    assert text(page, "#mask-hover") == "masked: 3 is in 1's future"
 
 
 def answer(page, question: str, typed: str) -> str:
@@ -204,8 +204,10 @@ def test_typed_answers_right_wrong_and_revealed(page):
 def test_predict_first_and_check_your_understanding(page):
     page.click("[data-quiz='predict'] [data-choice='A']")
     sync_api.expect(page.locator("#predict .feedback")).to_contain_text("Not quite")
-    page.click("[data-quiz='understand'] [data-choice='B']")
-    sync_api.expect(page.locator("#understand .feedback")).to_contain_text("Right: No.")
+    page.click("[data-quiz='predict'] [data-choice='B']")
+    sync_api.expect(page.locator("#predict .feedback")).to_contain_text("Right: Prefill computes")
+    page.click("[data-quiz='kv'] [data-choice='B']")
+    sync_api.expect(page.locator("[data-quiz='kv'] .feedback")).to_contain_text("Right: 2 · L · H_kv")
 
 
 def test_worked_example_calculator(page):
@@ -259,7 +261,7 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
     # the prediction beside the measurement: its error, the part that set the time, and why in words
     # (the server's first 3-token forward: cold, and said so)
     assert re.search(r"predicted beside .* measured \([+-]\d+%, cold\); time model", text(page, "#tl-pred-sub"))
-    assert text(page, "#tl-why").endswith("run the prompt again.")
+    assert text(page, "#tl-why").endswith("which is cold again).")
     assert re.match(r"Why: 3 tokens, one pass: (compute|memory|overhead)-bound", text(page, "#tl-why"))
     assert "prefill (3 tokens, one pass)" in text(page, "#phase-legend")
     assert re.search(r"ITL p50 .* measured beside .* predicted \([+-]\d+%\)", text(page, "#tl-model-sub"))
@@ -280,7 +282,7 @@ def test_an_empty_prompt_is_said_in_plain_words_and_greys_out_the_last_results(p
     page.locator("#prompt").fill("   ")
     page.click("#prefill-btn")
     wait_text(page, "#live-status", "Type a prompt first")
-    assert "The results below are the last prompt's." in text(page, "#live-status")
+    assert "The greyed results below are the last prompt's." in text(page, "#live-status")
     assert "String should" not in text(page, "#live-status")  # no validation jargon
     assert all("stale" in page.get_attribute(f"#{box}", "class") for box in ("tokens-box", "kv-box"))
     run_prompt(page, "AI is fast", 4)

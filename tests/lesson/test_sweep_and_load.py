@@ -129,7 +129,8 @@ def test_load_at_a_low_and_a_high_rate(url, capacity):
     assert high["ttft_p50_s"] > low["ttft_p50_s"]  # queueing: the same mix, arriving faster
     curve = high["curve"]
     assert [c["rate"] for c in curve] == sorted(c["rate"] for c in curve) and len(curve) == len(load.FRACTIONS)
-    assert curve[-1]["utilisation"] == pytest.approx(1.1, rel=0.01)
+    assert curve[-1]["utilisation"] == pytest.approx(load.FRACTIONS[-1], rel=0.01)
+    assert high["curve_range"] == [load.FRACTIONS[0], load.FRACTIONS[-1]]  # the slider reaches no rate off the curve
     assert ok(url, "/api/load")["utilisation"] == pytest.approx(load.DEFAULT_UTILISATION, rel=0.01)
 
 

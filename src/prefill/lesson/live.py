@@ -34,7 +34,9 @@ CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1}
 router = APIRouter(prefix="/api", tags=["lesson: live model"])
 COLD = (
     " This one was cold: a forward of a length the server's worker had not run before builds its kernels and"
-    " touches its memory first, so it is no warm figure; run the prompt again."
+    " touches its memory first, so it is no warm figure. Run the prompt again with the prefix cache unchecked: the"
+    " same tokens are then computed again, warm (with the cache on, only the uncached rest is computed, a new"
+    " length, which is cold again)."
 )
 
 
@@ -180,6 +182,7 @@ async def predict(
             "gemm_rate": gemm,
             "gemm_source": source,
             "mfu": None,
+            "chunks": chunk_predictions(engine, P, cached, lesson.chunk_size, profile),
             "verdict": verdict_body(engine, pred, profile, turn, measured),
             "decode": verdict_body(engine, engine.predict_decode([P], profile=profile), profile, turn),
         }
@@ -217,6 +220,17 @@ def guesses_body(pairs: dict[str, tuple[float | None, float | None, str]]) -> li
         error = guess / actual - 1
         words = f"your guess {human(guess, unit)} beside {human(actual, unit)}: {error:+.0%}"
         out.append({"what": what, "guess": guess, "actual": actual, "error": error, "words": words})
+    return out
+
+
+def chunk_predictions(engine, P: int, cached: int, chunk_size: int | None, profile) -> list[dict]:
+    """The prefill's forwards one by one, as the server runs them (timemodel.prefill_steps): each chunk's first and
+    last token and its predicted seconds (the chunk against the cache the chunks before it wrote)."""
+    out = []
+    for rows in prefill_steps(P - cached, cached, chunk_size=chunk_size):
+        n, past = rows[0].new, rows[0].past
+        seconds = engine.predict_prefill(n, past, profile=profile).seconds
+        out.append({"first": past, "last": past + n - 1, "predicted_s": seconds})
     return out
 
 

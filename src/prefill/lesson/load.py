@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # One simulation of the mix takes 0.5-1.7 s here (2 cores, busy; the time model's ~0.4 ms a step over 1,000 to
 # 4,000 steps), so 12 rates of 100 requests cost ~15 s: 60 requests keep the once-per-server curve near 8 s.
 MIX = Workload(60, PromptLengths(32, 512), PromptLengths(16, 64), seed=0)
-FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1)  # of capacity: the curve's rates
+FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.2)  # of capacity: the curve's rates
 DEFAULT_UTILISATION = 0.7  # the rate asked when none is given, as a fraction of capacity
 # The rates simulated, as fractions of capacity: far below it no request meets another (every rate looks alike),
 # and at 1e-300 req/s the arrivals lie so far out that a step's seconds vanish in the clock's rounding.
@@ -214,6 +214,7 @@ async def load(
             "preemptions": run.preemptions,
             "workload": WORKLOAD,
             "curve": curve,
+            "curve_range": [FRACTIONS[0], FRACTIONS[-1]],  # the slider's ends, as fractions of the capacity
             "explanation": explanation(rate, capacity, run, lesson, profile),
             "simulated_in_s": run.took_s,
             "curve_simulated_in_s": base.took_s,

@@ -68,7 +68,9 @@ async function run() {
     current = { text, chat, P: tok.P, labels: tok.labels, maxAttentionP: tok.max_attention_P };
     await showTokens(tok);
     status(prefillStatus(tok));
-    const result = await stream(tok, chat, +maxTokens);
+    // A long prompt's chunks, predicted one by one, for the progress line while the server prefills them.
+    const chunks = tok.P > (tok.chunk_size ?? Infinity) ? (await getJSON("/api/predict", { P: tok.P })).chunks : null;
+    const result = await stream(tok, chat, +maxTokens, chunks);
     current.n = result.n;
     status(`done: ${tok.P} prompt tokens, ${result.n} answer tokens.`);
     document.dispatchEvent(new CustomEvent("prompt-run", { detail: { P: tok.P, n: result.n } }));
@@ -84,12 +86,15 @@ async function run() {
 
 // What the server is about to do with the prompt, said before it does it: one pass, or its chunks.
 function prefillStatus(tok) {
-  const chunks = tok.chunk_size && tok.P > tok.chunk_size
+  return `prefilling ${tok.prefill}, then decoding…${chunkWords(tok)}`;
+}
+
+function chunkWords(tok) {
+  return tok.chunk_size && tok.P > tok.chunk_size
     ? ` The server prefills a long prompt in chunks of ${tok.chunk_size} tokens, one forward each (chunked prefill): `
       + "each chunk attends to the K/V the chunks before it wrote, and other requests' decode steps run between "
       + "chunks, so one long prompt never stalls the others. The grid above shows the chunks."
     : "";
-  return `prefilling ${tok.prefill}, then decoding…${chunks}`;
 }
 
 // The student's guesses before the run (empty boxes: no guess), sent beside the measurement.
@@ -165,7 +170,31 @@ function showKV(tok, held, timings) {
   if (timings?.kv_bytes_formula != null) $("kv-formula").textContent = fmtB(timings.kv_bytes_formula);
 }
 
-async function stream(tok, chat, maxTokens) {
+// While a chunked prefill runs, the chunk it should be on by the time model's prediction (the server says nothing
+// until the first token): "chunk 3 of 8 (tokens 512-767)". Stopped by the returned function.
+function chunkProgress(tok, chunks, t0) {
+  if (!chunks) return () => {};
+  const bar = $("prefill-progress");
+  bar.hidden = false;
+  bar.max = chunks.length;
+  const ends = [];
+  chunks.reduce((t, c) => { ends.push(t + c.predicted_s); return t + c.predicted_s; }, 0);
+  const tick = () => {
+    const elapsed = (performance.now() - t0) / 1e3;
+    let k = ends.findIndex((e) => e > elapsed);
+    if (k < 0) k = chunks.length - 1; // later than predicted: the last chunk until the first token comes
+    bar.value = k;
+    const c = chunks[k];
+    status(`prefilling chunk ${k + 1} of ${chunks.length} (tokens ${c.first}-${c.last}), as the time model expects it `
+      + `(${ends.at(-1).toFixed(1)} s for all ${chunks.length}; the server reports nothing until the first token).`
+      + chunkWords(tok));
+  };
+  tick();
+  const timer = setInterval(tick, 500);
+  return () => { clearInterval(timer); bar.hidden = true; };
+}
+
+async function stream(tok, chat, maxTokens, chunks = null) {
   const own = cat.loaded;
   const body = { model: own.model_id, max_tokens: maxTokens, temperature: 0, stream: true,
     stream_options: { include_usage: true, continuous_usage_stats: true } };
@@ -191,6 +220,7 @@ async function stream(tok, chat, maxTokens) {
   // on a laptop), its own layout and painting take cores from the forward it is about to measure.
   await settled();
   const t0 = performance.now();
+  let stopProgress = chunkProgress(tok, chunks, t0);
   const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
   });
@@ -220,6 +250,8 @@ async function stream(tok, chat, maxTokens) {
       if (obj.usage) out.usage = obj.usage;
       if (obj.timings && !perToken) out.timings = obj.timings;
       if (piece || perToken) {
+        stopProgress();
+        stopProgress = () => {};
         out.times.push(now);
         if (perToken) out.serverTimes.push(obj.timings.t_s);
       }

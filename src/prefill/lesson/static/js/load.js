@@ -1,17 +1,14 @@
 // Part 4: this server under load, simulated (GET /api/load). The first answer (when the section comes into
 // view) brings the capacity and the curve of TTFT against the rate; the slider then asks for one rate at a time.
-// The slider is a log scale from 5 % to 120 % of the capacity; every number shown comes from the API.
+// The slider is a log scale over the curve's own range of the capacity (the API's curve_range: its first and last
+// rate), so every rate it can ask lies on the curve drawn; every number shown comes from the API.
 
 import { $, getJSON, latest, loadWhenSeen, logScale, oneAtATime, setStatus } from "./api.js";
 import { drawLoad } from "./charts.js";
 
-const LOW = 0.05; // the slider's ends, as fractions of the capacity
-const HIGH = 1.2;
 const STEPS = 1000; // the range input's max
 let capacity = null;
-
-// slider position <-> fraction of the capacity: the input's mapping, no model in it
-const track = logScale(LOW, HIGH, STEPS);
+let track = null; // slider position <-> fraction of the capacity: the input's mapping, no model in it
 
 const status = (text, error = false) => setStatus("load", text, error);
 
@@ -24,9 +21,13 @@ export function initLoad(catalog) {
 }
 
 async function start() {
-  status("Simulating this server at 12 arrival rates (once per server: some seconds)…");
+  for (const id of ["ld-p50", "ld-p99", "ld-itl", "ld-util"]) $(id).textContent = "simulating…";
+  $("load-out").textContent = "simulating…";
+  status("Simulating this server at each arrival rate of the curve (once per server: some seconds)…");
   const first = await oneAtATime(() => getJSON("/api/load")); // not beside the sweep's timed forwards
   capacity = first.capacity_req_per_s;
+  track = logScale(...first.curve_range, STEPS);
+  $("load-range-words").textContent = first.curve_range.map((f) => `${Math.round(f * 100)} %`).join(" to ");
   const slider = $("load-range");
   slider.value = track.position(first.utilisation);
   slider.disabled = false;

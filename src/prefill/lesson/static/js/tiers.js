@@ -16,6 +16,7 @@ export function initTiers(catalog) {
 
 async function show() {
   status("Measuring how fast this machine reads stored K/V back…");
+  for (const id of ["tr-token", "tr-ram", "tr-disk", "tr-even"]) $(id).textContent = "measuring…";
   const r = await oneAtATime(() => getJSON("/api/compute-or-load")); // its probe reads files: not beside a sweep
   if (!r.available) {
     status(r.note);
