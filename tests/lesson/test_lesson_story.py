@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+from test_lesson_browser import text, wait_text
 
 from prefill.costmodel import costs
 from prefill.lesson.routes import add_lesson
@@ -57,16 +58,6 @@ def page(request, browser, url):
     pg.wait_for_function("document.getElementById('model-badge').textContent.startsWith('this server runs')")
     yield pg
     pg.close()
-
-
-def text(page, selector: str) -> str:
-    return page.locator(selector).inner_text()
-
-
-def wait_text(page, selector: str, expected: str) -> None:
-    page.wait_for_function(
-        "([s, t]) => document.querySelector(s).textContent.includes(t)", arg=[selector, expected], timeout=20_000
-    )
 
 
 def run_prompt(page, prompt: str, tokens: int = 4, cache: bool = True) -> None:
@@ -217,6 +208,10 @@ def test_the_smaller_defects(page):
         page.locator("#load-range").fill("1000")  # the slider's far end: the curve's last rate, not past it
     r = answer.value.json()
     assert r["rate"] == pytest.approx(r["curve"][-1]["rate"], rel=0.01)
+    waits = [q["ttft_s"] for q in r["requests"]]  # past capacity the queue never drains: later arrivals wait longer
+    assert len(waits) >= 40 and sum(waits[-10:]) > 2 * sum(waits[:10])
+    page.wait_for_function("rate => +document.getElementById('load').dataset.rate === rate", arg=r["rate"])
+    assert page.locator("#queue-chart canvas").count() == 1
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0, f"the page is {overflow}px wider than its viewport"
     assert page.problems == []

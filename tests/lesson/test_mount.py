@@ -34,7 +34,7 @@ def test_the_lesson_mounts_its_page_api_and_document(smollm):
     app = create_app(smollm, ServeConfig(model_id_of(smollm), kv_cache_mb=16, chunk_size=64, max_running=3))
     assert add_lesson(app) is app
     paths = _paths(app)
-    assert {"/", "/static", "/api/predict", "/api/roofline", "/v1/completions"} <= paths
+    assert {"/", "/static", "/api/predict", "/api/sweep/curve", "/v1/completions"} <= paths
     lesson = app.state.lesson
     assert (lesson.engine, lesson.chunk_size, lesson.max_running) == (smollm, 64, 3)  # the server's own sizes
     assert lesson.pool_tokens == app.state.server.worker.loop.pool.max_tokens()

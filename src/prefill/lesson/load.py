@@ -54,11 +54,13 @@ def three_digits(x: float) -> float:
 
 @dataclass(frozen=True)
 class Run:
-    """One simulation: loadtest_report.summarize's summary, the preemptions, and the seconds it took to run."""
+    """One simulation: loadtest_report.summarize's summary, the preemptions, the seconds it took to run, and each
+    completed request's (arrival, TTFT) in seconds, in arrival order: the queue over time."""
 
     summary: dict
     preemptions: int
     took_s: float
+    waits: tuple[tuple[float, float], ...] = ()
 
     def latency(self, name: str, stat: str) -> float:
         """A latency statistic, seconds: ("ttft_s", "p99"), ("itl_s", "p50"), ("e2e_s", "p50")."""
@@ -93,7 +95,8 @@ class SimulatedServer:
             return engine.predict_step(rows, profile).seconds
 
         result = simulate(engine.spec, trace, step_seconds, lesson.pool_tokens, lesson.chunk_size, lesson.max_running)
-        return Run(summarize(result.records, result.wall_s), result.preemptions, time.perf_counter() - t)
+        waits = tuple((r.start, r.first_content - r.start) for r in result.records if r.ok)
+        return Run(summarize(result.records, result.wall_s), result.preemptions, time.perf_counter() - t, waits)
 
     def _measure_baseline(self, profile: MachineProfile) -> Baseline:
         t = time.perf_counter()
@@ -215,6 +218,7 @@ async def load(
             "workload": WORKLOAD,
             "curve": curve,
             "curve_range": [FRACTIONS[0], FRACTIONS[-1]],  # the slider's ends, as fractions of the capacity
+            "requests": [{"arrival_s": a, "ttft_s": w} for a, w in run.waits],
             "explanation": explanation(rate, capacity, run, lesson, profile),
             "simulated_in_s": run.took_s,
             "curve_simulated_in_s": base.took_s,

@@ -113,6 +113,23 @@ export async function drawLoad(el, r) {
   }, [xs, column(p50), column(p99), here(r.ttft_p50_s), here(r.ttft_p99_s)], el), 240);
 }
 
+// r: an /api/load body. Each simulated request's TTFT against its arrival time, at the slider's rate: below capacity
+// the waits stay level (the queue drains between bursts); past it each arrival waits longer than the one before.
+export async function drawQueue(el, r) {
+  const U = await uPlot();
+  const xs = r.requests.map((q) => q.arrival_s);
+  el.replaceChildren();
+  return fit(el, new U({
+    width: widthOf(el), height: 200,
+    scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, hi * 1.05] } },
+    axes: [{ label: "arrival (seconds into the simulated run)", values: (u, v) => v.map((x) => +x.toPrecision(3)) },
+      { label: "TTFT", values: (u, v) => v.map(seconds), size: 60 }],
+    series: [{}, { label: "TTFT", stroke: "#dc2626", paths: () => null, dots: true,
+      points: { show: true, size: 6, fill: "#dc2626" } }],
+    legend: { show: false },
+  }, [xs, r.requests.map((q) => q.ttft_s)], el), 200);
+}
+
 // r: an /api/compute-or-load body. Seconds (log) against the stored prefix's length (log): the predicted prefill,
 // and the reads from the page cache and from the disk; a marker where the faster side changes.
 export async function drawTiers(el, r) {

@@ -4,7 +4,7 @@
 // rate), so every rate it can ask lies on the curve drawn; every number shown comes from the API.
 
 import { $, getJSON, latest, loadWhenSeen, logScale, oneAtATime, setStatus } from "./api.js";
-import { drawLoad } from "./charts.js";
+import { drawLoad, drawQueue } from "./charts.js";
 
 const STEPS = 1000; // the range input's max
 let capacity = null;
@@ -50,5 +50,5 @@ async function show(r) {
   $("load-workload").textContent = `The mix: ${r.workload}. Capacity: ${r.human.capacity}, its throughput when `
     + "every request arrives at once.";
   $("load").dataset.rate = String(r.rate);
-  await drawLoad($("load-chart"), r);
+  await Promise.all([drawLoad($("load-chart"), r), drawQueue($("queue-chart"), r)]);
 }
