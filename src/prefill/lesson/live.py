@@ -23,7 +23,7 @@ from prefill.errors import BadInput
 from prefill.lesson.api import MAX_N_OUT, MAX_S, bad_input, bounds, finite, in_range, kv_body
 from prefill.lesson.probe import MAX_P, attention_map
 from prefill.lesson.regime import regime_words
-from prefill.lesson.state import lesson_of
+from prefill.lesson.state import LessonState, lesson_of
 from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
 from prefill.lesson.words import human, plural
 
@@ -162,52 +162,64 @@ async def predict(
     profile = await lesson.profile()
     body: dict = {"P": P, "cached": cached, "computed": P - cached}
     with bad_input():
-        engine = lesson.engine
-        pred = engine.predict_prefill(P - cached, cached, lesson.chunk_size, profile=profile)
-        words = prefill_words(P, cached, pred.steps, lesson.chunk_size)
-        count = costs.prefill_flops_exact(lesson.spec, P - cached, cached)
-        predicted_itl = engine.predict_itl_seconds(P, n)
-        turn = compute_bound_from_P(engine, profile, lesson.chunk_size)
         measured = None if prefill_s is None else in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True)
-        body |= {
-            "predicted_prefill_s": pred.seconds,
-            "predicted_ttft_s": costs.ttft_seconds(pred.seconds, tokenize_s=tokenize_s),
-            "predicted_itl_s": predicted_itl,
-            "method": engine.method_of(pred),
-            "prefill": words,
-            "forwards": pred.steps,
-            "chunk_size": lesson.chunk_size,
-            "dominant": pred.dominant,
-            "flops": count.total,
-            "gemm_rate": gemm,
-            "gemm_source": source,
-            "mfu": None,
-            "chunks": chunk_predictions(engine, P, cached, lesson.chunk_size, profile),
-            "verdict": verdict_body(engine, pred, profile, turn, measured),
-            "decode": verdict_body(engine, engine.predict_decode([P], profile=profile), profile, turn),
-        }
-        human_body = {
-            "predicted": human(pred.seconds, "s"),
-            "flops": human(count.total, "FLOP"),
-            "gemm_rate": human(gemm, "FLOP/s"),
-        }
-        if predicted_itl is not None:
-            human_body["predicted_itl"] = human(predicted_itl, "s")
+        pred, words = lesson.engine.predict_prefill(P - cached, cached, lesson.chunk_size, profile=profile), {}
+        body |= prediction_body(lesson, pred, profile, P, cached, tokenize_s, n, measured, words)
+        body |= {"gemm_rate": gemm, "gemm_source": source}
+        words["gemm_rate"] = human(gemm, "FLOP/s")
         if measured is not None:
-            error = pred.seconds / measured - 1
-            weights = weights_words(engine, pred)
-            body |= {
-                "mfu": costs.mfu(count.total, measured, gemm),
-                "error": error,
-                "note": f"{words}: {regime_words(pred, measured, weights, profile)}." + (COLD if cold else ""),
-                "cold": cold,
-            }
-            human_body["error"] = f"{error:+.0%}, cold" if cold else f"{error:+.0%}"
-        body |= itl_body(itl, predicted_itl, ttft_s, n, human_body)
+            body |= measured_body(lesson, pred, profile, measured, body["flops"], gemm, cold, body["prefill"], words)
+        body |= itl_body(itl, body["predicted_itl_s"], ttft_s, n, words)
         kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
         guessed = {"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")}
         body["guesses"] = guesses_body(guessed)
-    return finite({**body, "human": human_body})
+    return finite({**body, "human": words})
+
+
+def prediction_body(
+    lesson: LessonState, pred, profile, P: int, cached: int, tokenize_s: float, n: int, measured, words: dict
+) -> dict:
+    """The prediction of the prefill the server runs (`pred`: P - cached tokens after `cached`, in its chunks):
+    seconds, TTFT, ITL, FLOPs, each chunk's seconds, and the page's one verdict on it and on a decode step; its
+    words added to `words`."""
+    engine = lesson.engine
+    count = costs.prefill_flops_exact(lesson.spec, P - cached, cached)
+    predicted_itl = engine.predict_itl_seconds(P, n)
+    turn = compute_bound_from_P(engine, profile, lesson.chunk_size)
+    words |= {"predicted": human(pred.seconds, "s"), "flops": human(count.total, "FLOP")}
+    if predicted_itl is not None:
+        words["predicted_itl"] = human(predicted_itl, "s")
+    return {
+        "predicted_prefill_s": pred.seconds,
+        "predicted_ttft_s": costs.ttft_seconds(pred.seconds, tokenize_s=tokenize_s),
+        "predicted_itl_s": predicted_itl,
+        "method": engine.method_of(pred),
+        "prefill": prefill_words(P, cached, pred.steps, lesson.chunk_size),
+        "forwards": pred.steps,
+        "chunk_size": lesson.chunk_size,
+        "dominant": pred.dominant,
+        "flops": count.total,
+        "mfu": None,
+        "chunks": chunk_predictions(engine, P, cached, lesson.chunk_size, profile),
+        "verdict": verdict_body(engine, pred, profile, turn, measured),
+        "decode": verdict_body(engine, engine.predict_decode([P], profile=profile), profile, turn),
+    }
+
+
+def measured_body(
+    lesson: LessonState, pred, profile, measured: float, flops: float, gemm: float, cold: bool, what: str, words: dict
+) -> dict:
+    """Beside a measured prefill (seconds): its MFU against the GEMM rate, the prediction's error (predicted /
+    measured - 1: negative, it ran slower than predicted) and what set its time, in words (added to `words`)."""
+    error = pred.seconds / measured - 1
+    weights = weights_words(lesson.engine, pred)
+    words["error"] = f"{error:+.0%}, cold" if cold else f"{error:+.0%}"
+    return {
+        "mfu": costs.mfu(flops, measured, gemm),
+        "error": error,
+        "note": f"{what}: {regime_words(pred, measured, weights, profile)}." + (COLD if cold else ""),
+        "cold": cold,
+    }
 
 
 def guesses_body(pairs: dict[str, tuple[float | None, float | None, str]]) -> list[dict]:

@@ -116,7 +116,7 @@ export function initCalculator(cat) {
     try {
       body = await getJSON("/api/estimate", {
         N: N.get() * 1e9, P: P.get(), mfu: U.get(), peak: peak.get() * TERA, bandwidth: +$("bw-num").value * TERA,
-        model: modelSel.value, dtype: dtypeSel.value, n: nOut.value,
+        model: modelSel.value, dtype: dtypeSel.value, n: nOut.value || 1, // an empty box: the KV after one token
       }, signal);
     } catch (e) {
       if (!(e instanceof ApiError)) throw e;
