@@ -193,7 +193,12 @@ async def load(
         )
     rate = three_digits(asked)
     run = await sim.at(rate)
-    profile = await lesson.profile()
+    return finite(load_body(rate, base, run, lesson, await lesson.profile()))
+
+
+def load_body(rate: float, base, run, lesson: LessonState, profile: MachineProfile) -> dict:
+    """/api/load's answer: the run at `rate` beside the baseline's capacity and TTFT curve, with its words."""
+    capacity = base.capacity
     p50, p99 = run.latency("ttft_s", "p50"), run.latency("ttft_s", "p99")
     curve = [
         {
@@ -204,31 +209,29 @@ async def load(
         }
         for r, c in base.curve
     ]
-    return finite(
-        {
-            "rate": rate,
-            "capacity_req_per_s": capacity,
-            "utilisation": rate / capacity,
-            "ttft_p50_s": p50,
-            "ttft_p99_s": p99,
-            "itl_p50_s": run.latency("itl_s", "p50"),
-            "e2e_p50_s": run.latency("e2e_s", "p50"),
-            "throughput_req_per_s": run.summary["throughput_req_per_s"],
-            "preemptions": run.preemptions,
-            "workload": WORKLOAD,
-            "curve": curve,
-            "curve_range": [FRACTIONS[0], FRACTIONS[-1]],  # the slider's ends, as fractions of the capacity
-            "requests": [{"arrival_s": a, "ttft_s": w} for a, w in run.waits],
-            "explanation": explanation(rate, capacity, run, lesson, profile),
-            "simulated_in_s": run.took_s,
-            "curve_simulated_in_s": base.took_s,
-            "human": {
-                "ttft_p50": human(p50, "s"),
-                "ttft_p99": human(p99, "s"),
-                "itl_p50": human(run.latency("itl_s", "p50"), "s"),
-                "utilisation": f"{rate / capacity:.0%}",
-                "rate": f"{rate:.3g} req/s",
-                "capacity": f"{capacity:.3g} req/s",
-            },
-        }
-    )
+    return {
+        "rate": rate,
+        "capacity_req_per_s": capacity,
+        "utilisation": rate / capacity,
+        "ttft_p50_s": p50,
+        "ttft_p99_s": p99,
+        "itl_p50_s": run.latency("itl_s", "p50"),
+        "e2e_p50_s": run.latency("e2e_s", "p50"),
+        "throughput_req_per_s": run.summary["throughput_req_per_s"],
+        "preemptions": run.preemptions,
+        "workload": WORKLOAD,
+        "curve": curve,
+        "curve_range": [FRACTIONS[0], FRACTIONS[-1]],  # the slider's ends, as fractions of the capacity
+        "requests": [{"arrival_s": a, "ttft_s": w} for a, w in run.waits],
+        "explanation": explanation(rate, capacity, run, lesson, profile),
+        "simulated_in_s": run.took_s,
+        "curve_simulated_in_s": base.took_s,
+        "human": {
+            "ttft_p50": human(p50, "s"),
+            "ttft_p99": human(p99, "s"),
+            "itl_p50": human(run.latency("itl_s", "p50"), "s"),
+            "utilisation": f"{rate / capacity:.0%}",
+            "rate": f"{rate:.3g} req/s",
+            "capacity": f"{capacity:.3g} req/s",
+        },
+    }
