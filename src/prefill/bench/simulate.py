@@ -89,6 +89,7 @@ def simulate(
     in_flight: int | None = None,
     latency_s: float = 0.0,
     intake_s: float = 0.0,
+    rules: tuple[bool, bool] = (False, True),
 ) -> SimResult:
     """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
     generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
@@ -99,13 +100,17 @@ def simulate(
     as much later, in all (HTTP, tokenizing, the first chunk out: ServerModel.latency_s). `intake_s`: a request
     that arrives while the loop is busy makes its time longer by this (its HTTP and tokenizing take a core from
     the forward's threads), charged to the next step: the same for its TTFT and the others' tokens, one step
-    on."""
+    on. `rules`: a GPU engine's (decode_in_budget, mixed) for the Scheduler (prefill.costmodel.engines.Engine);
+    the default is our server's. A trace whose arrivals are all 0 under `in_flight` is a closed loop (a
+    benchmark at fixed concurrency): each request's times count from when the client sends it."""
     clock = SimClock()
     runner = SimRunner(spec, step_seconds, clock, model)
     where = ("meta", torch.float32) if model is None else (model.device, model.dtype)
     pool = KVPool.for_tokens(spec, pool_tokens, where[1], where[0])
     loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
+    loop.scheduler.decode_in_budget, loop.scheduler.mixed = rules
     pending = sorted(trace)
+    closed = in_flight is not None and all(r.arrival_s == 0 for r in pending)
     records = [RequestRecord(i, r.prompt_tokens, r.arrival_s) for i, r in enumerate(pending)]
     i = 0  # requests sent to the server so far, in arrival order
     sent: list[RequestRecord] = []  # with a client cap: the sent requests not yet seen to end
@@ -121,6 +126,7 @@ def simulate(
             clock.now = pending[i].arrival_s + latency_s  # idle until the next request reaches the loop
         busy = loop.busy
         while i < len(pending) and pending[i].arrival_s + latency_s <= clock.now and room():
+            records[i].start = clock.now if closed else records[i].start
             loop.add(_request(pending[i], records[i], spec, clock.now))
             runner.owed_s += intake_s if busy else 0.0
             if in_flight is not None:

@@ -58,14 +58,17 @@ class Layout:
     a GGUF block type its bits / 8), bytes per activation and per K/V element, tensor-parallel GPUs `tp`,
     `gathers_kv`: whether attention over a cached context first copies each row's K/V out of the pool, and
     `fused_below`: a forward of fewer tokens runs each block's work before and after attention as one operator
-    each, and a forward of decode rows the whole block as one (GGUF blocks kept native; 0: never)."""
+    each, and a forward of decode rows the whole block as one (GGUF blocks kept native; 0: never);
+    `batched_attention`: attention is one kernel a layer over all the step's rows (a GPU engine's paged
+    attention: FlashInfer, FlashAttention-3), not one a row (our engine's); kv_bytes: 1 for an FP8 KV cache."""
 
     weight_bytes: float
     act_bytes: int
-    kv_bytes: int
+    kv_bytes: float
     tp: int = 1
     gathers_kv: bool = True
     fused_below: int = 0
+    batched_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,24 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
                 )
             )
         together = sum(o.bytes - o.pool_bytes for o in group)
-        ops += [replace(o, working_set=together) for o in group]
+        group = [replace(o, working_set=together) for o in group]
+        ops += [batched(group)] if lay.batched_attention else group
     return ops
+
+
+def batched(group: list[Op]) -> Op:
+    """The rows' attention as one kernel (per layer): the FLOPs of every row's (query, key) pairs and the bytes
+    of every row's K/V at its own context, one launch; its rate is read at the step's queries and longest keys."""
+    first = group[0]
+    return replace(
+        first,
+        flops=sum(o.flops for o in group),
+        bytes=sum(o.bytes for o in group),
+        pool_bytes=sum(o.pool_bytes for o in group),
+        launches=LAUNCHES["attention"],
+        queries=sum(o.queries for o in group),
+        keys=max(o.keys for o in group),
+    )
 
 
 def forward_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:

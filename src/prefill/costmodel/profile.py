@@ -89,6 +89,12 @@ class MachineProfile:
     compute_units: SMs for wave quantization (None on a CPU); link_bytes_per_s: GPU-to-GPU bandwidth per direction;
     kind: where the numbers come from: "probe" (measured here), "fitted" (then fitted to measured forwards) or
     "catalog" (a datasheet and stated efficiencies).
+    A GPU engine's serving path adds (the defaults leave a CPU's predictions as they were):
+    gemm_half_m: a catalog GPU's GEMM efficiency curve by M, M / (M + gemm_half_m) of the large-M rate (0: flat);
+    link_latency_s: seconds of one all-reduce beyond its bytes over the link; graph_tokens: a step of at most this
+    many tokens replays a CUDA graph (decode rows only, or any step when graph_mixed), costing graph_launch_s
+    once instead of a launch per kernel (0: every step launches eagerly); attention_flops_per_s: the attention
+    kernel's peak where it differs from the GEMMs' (FP8 GEMMs, BF16 attention).
     """
 
     name: str
@@ -110,13 +116,20 @@ class MachineProfile:
     link_bytes_per_s: float | None = None
     threads: int | None = None
     kind: str = "probe"
+    gemm_half_m: float = 0.0
+    link_latency_s: float = 0.0
+    graph_tokens: int = 0
+    graph_mixed: bool = False
+    graph_launch_s: float = 0.0
+    attention_flops_per_s: float | None = None
 
     def gemm_rate(self, M: float, K: int, N: int) -> float:
         """FLOP/s of [M, K] x [K, N]: the measured curve of this shape (else of the nearest shape by K x N), or a
         catalog GPU's peak with wave quantization; times gemm_efficiency."""
         if self.gemm:
             return self._curve(K, N).rate(M) * self.gemm_efficiency
-        return self.peak_flops_per_s * self.gemm_efficiency * wave_efficiency(M, N, self.compute_units)
+        by_m = M / (M + self.gemm_half_m)
+        return self.peak_flops_per_s * self.gemm_efficiency * by_m * wave_efficiency(M, N, self.compute_units)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - profiles are few, frozen and hashable; a step asks thousands
     def _curve(self, K: int, N: int) -> GemmCurve:
@@ -135,9 +148,17 @@ class MachineProfile:
             return max(r for _, r in self._curve(K, N).points) * self.gemm_efficiency
         return self.peak_flops_per_s * self.gemm_efficiency
 
+    @property
+    def _attention_roof(self) -> float:
+        return self.attention_flops_per_s or self.peak_flops_per_s
+
     def attention_peak(self) -> float:
         """The best FLOP/s of the attention kernel (its roofline's flat roof)."""
-        return max((r for _, r in self.attention), default=self.peak_flops_per_s) * self.attention_efficiency
+        return max((r for _, r in self.attention), default=self._attention_roof) * self.attention_efficiency
+
+    def graphed(self, tokens: int, decode: bool) -> bool:
+        """Whether a step of `tokens` tokens (decode rows only, or not) replays a captured CUDA graph."""
+        return 0 < tokens <= self.graph_tokens and (decode or self.graph_mixed)
 
     def attention_rate(self, queries: float, keys: float) -> float:
         """FLOP/s of the attention kernel for a row of `queries` new positions over `keys` keys: the decode curve
@@ -149,7 +170,7 @@ class MachineProfile:
         if queries == 1 and decode is not None:
             base = decode
         else:
-            base = _interpolate(self.attention, queries) if self.attention else self.peak_flops_per_s
+            base = _interpolate(self.attention, queries) if self.attention else self._attention_roof
             if decode is not None and keys > queries:
                 base = max(base, decode)
         return base * self.attention_efficiency

@@ -27,15 +27,21 @@ PARTS = ("compute", "memory", "overhead")
 
 
 def layout_for(
-    dtype: str, weights: str | float | None = None, tp: int = 1, gathers_kv: bool = True, fused_below: int = 0
+    dtype: str,
+    weights: str | float | None = None,
+    tp: int = 1,
+    gathers_kv: bool = True,
+    fused_below: int = 0,
+    kv: str | None = None,
+    batched_attention: bool = False,
 ) -> Layout:
     """The Layout of an engine computing in `dtype` with weights stored as `weights` (a dtype name, or bytes per
-    weight for a quantized format; default: `dtype`), its blocks fused below `fused_below` tokens (Layout)."""
+    weight for a quantized format; default: `dtype`), K/V stored as `kv` (default: `dtype`), its blocks fused
+    below `fused_below` tokens, attention batched over the rows or one kernel a row (Layout)."""
     act = dtype_bytes(canonical_dtype(dtype))
     wb = act if weights is None else weights if isinstance(weights, (int, float)) else dtype_bytes(weights)
-    return Layout(
-        weight_bytes=float(wb), act_bytes=act, kv_bytes=act, tp=tp, gathers_kv=gathers_kv, fused_below=fused_below
-    )
+    kvb = act if kv is None else dtype_bytes(kv)
+    return Layout(float(wb), act, kvb, tp, gathers_kv, fused_below, batched_attention)
 
 
 @dataclass(frozen=True)
@@ -78,23 +84,24 @@ def extra_launches(op: Op, profile: MachineProfile) -> int:
     return max(0, op.launches - (1 if measured else 0))
 
 
-def op_time(op: Op, profile: MachineProfile, weights_resident: bool = False) -> OpTime:
-    """One operation's time on `profile` (see OpTime), all `op.count` instances together."""
+def op_time(op: Op, profile: MachineProfile, weights_resident: bool = False, graphed: bool = False) -> OpTime:
+    """One operation's time on `profile` (see OpTime), all `op.count` instances together; `graphed`: its step
+    replays a CUDA graph, so the operation launches nothing of its own."""
     if op.kind == "gemm":
         compute, peak = op.flops / profile.gemm_rate(op.M, op.K, op.N), profile.gemm_peak(op.K, op.N)
     elif op.kind == "attention":
         compute, peak = op.flops / profile.attention_rate(op.queries, op.keys), profile.attention_peak()
     else:
         compute, peak = 0.0, 0.0
-    if op.kind == "comm":
-        memory = op.bytes / (profile.link_bytes_per_s or profile.bandwidth_bytes_per_s)
+    if op.kind == "comm":  # each all-reduce: its latency, then its bytes over the link
+        memory = profile.link_latency_s + op.bytes / (profile.link_bytes_per_s or profile.bandwidth_bytes_per_s)
     else:  # weights stream from memory unless all of them fit the cache, cached K/V always (the pool is
         # written long before it is read); activations may be cache-resident
         acts = op.bytes - op.weight_bytes - op.pool_bytes
         weights_rate = profile.stream_rate(0 if weights_resident else float("inf"))
         memory = op.weight_bytes / weights_rate + op.pool_bytes / profile.bandwidth_bytes_per_s
         memory += acts / profile.stream_rate(acts if op.working_set is None else op.working_set)
-    overhead = extra_launches(op, profile) * profile.op_overhead_s
+    overhead = 0.0 if graphed else extra_launches(op, profile) * profile.op_overhead_s
     if op.kind == "gemm" and profile.gemm_streams_weights:  # the curve's time has the weights' streaming in it
         memory = min(memory, compute)
     seconds = max(compute, memory) + (0.0 if profile.overlap_launches else overhead)
@@ -201,13 +208,15 @@ def _values(o: OpTime) -> tuple[float, ...]:
 
 
 def predict_step(spec: ModelSpec, rows: Sequence[Row], profile: MachineProfile, layout: Layout) -> Prediction:
-    """Seconds of one forward of `rows` on `profile`: the sum over forward_ops of op_time, plus the step overhead."""
+    """Seconds of one forward of `rows` on `profile`: the sum over forward_ops of op_time, plus the step overhead.
+    A step the profile replays as a CUDA graph (MachineProfile.graphed) pays one graph launch, not one a kernel."""
     ops = forward_ops(spec, rows, layout)
     weights = sum(o.weight_bytes * o.count for o in ops)
     resident = weights <= profile.cache_bytes  # a model small enough to stay in the cache between forwards
-    times = tuple(op_time(o, profile, resident) for o in ops)
-    wait = 0.0
-    if profile.overlap_launches:  # the GPU idles only while the CPU's launches run longer than the kernels
+    graphed = profile.graphed(sum(r.new for r in rows), all(r.new == 1 for r in rows))
+    times = tuple(op_time(o, profile, resident, graphed) for o in ops)
+    wait = profile.graph_launch_s if graphed else 0.0
+    if profile.overlap_launches and not graphed:  # the GPU idles only while the CPU's launches outlast the kernels
         wait = max(0.0, sum(t.overhead_s for t in times) - sum(t.seconds for t in times))
     return Prediction(times, profile.step_overhead_s, 1, profile.name, wait, profile.overlap_launches)
 

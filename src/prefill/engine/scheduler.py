@@ -1,7 +1,8 @@
 """The scheduling policy: which requests run in the next step, with how many tokens each. Pure policy, no torch.
 
 Each `schedule()` (as vLLM v1 and Sarathi-Serve schedule):
-1. every running request that is decoding gets one token (one row of the step's single forward);
+1. every running request that is decoding gets one token (one row of the step's single forward; the simulator's
+   engine rules may count these rows against the budget, or run a step with prefill work without them);
 2. requests still prefilling get chunks of their prompt, oldest first, within the step's prefill budget of
    `chunk_size` tokens (so a long prompt delays running streams by one chunk per step, not its whole prefill);
 3. waiting requests are admitted, first come first served, while the budget and `max_running` allow and the
@@ -62,6 +63,10 @@ class Scheduler:
         self.pool, self.prefix_cache = pool, prefix_cache
         self.kv_tier = kv_tier  # the KV store below the prefix cache (prefill.engine.kv_tier), or None
         self.chunk_size, self.max_running = chunk_size, max_running
+        # A GPU engine's rules, which the simulator sets (prefill.costmodel.engines); the defaults are ours:
+        # decode_in_budget: decode rows count against chunk_size (vLLM's max_num_batched_tokens); mixed: prefill
+        # chunks share a step with decode rows (False: a step with prefill work runs only that, as SGLang's).
+        self.decode_in_budget, self.mixed = False, True
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.preemptions = 0  # since the start
@@ -77,10 +82,26 @@ class Scheduler:
     def schedule(self) -> Step:
         self.release_finished()
         step = Step()
+        if not self.mixed:  # a step with prefill work runs only that (SGLang's default); else the decode rows
+            self._prefill(step, self.chunk_size or float("inf"))
+            if not step.rows:
+                self._decode(step)
+        else:
+            self._decode(step)
+            budget = (self.chunk_size or float("inf")) - (len(step.rows) if self.decode_in_budget else 0)
+            self._prefill(step, budget)
+        if not step.rows and self.kv_tier is not None and self.kv_tier.wait_for_tail(self.running):
+            return self.schedule()  # only a loading tail was left to wait for: it is in now
+        return step
+
+    def _decode(self, step: Step) -> None:
+        """One token for every running request that is decoding."""
         for req in list(self.running):
             if req in self.running and not req.prefilling and self._grow(req, req.seq.length + 1, step):
                 step.rows.append((req, 1))
-        budget = self.chunk_size or float("inf")
+
+    def _prefill(self, step: Step, budget: float) -> None:
+        """Chunks of the prefilling requests, oldest first, then admissions, within `budget` tokens."""
         for req in list(self.running):
             if budget <= 0:
                 break
@@ -95,9 +116,6 @@ class Scheduler:
             req = self.waiting.popleft()
             self.running.append(req)
             budget -= self._chunk(req, budget, step)
-        if not step.rows and self.kv_tier is not None and self.kv_tier.wait_for_tail(self.running):
-            return self.schedule()  # only a loading tail was left to wait for: it is in now
-        return step
 
     def _chunk(self, req: Request, budget: float, step: Step) -> int:
         """Schedule the next chunk of a prefilling request (at most `budget` tokens); returns its tokens."""

@@ -1,0 +1,110 @@
+"""The GPU step model as engines run it: one batched attention kernel a layer whose time is the K/V bytes read,
+CUDA-graph launches per step, GEMM efficiency by M, FP8 weights and KV, all-reduce latency; the same
+timemodel.predict_step as the CPU's, on an engine's profile and layout. Worked numbers, no timing."""
+
+import subprocess
+import sys
+
+import pytest
+
+from prefill.costmodel import storage
+from prefill.costmodel.engines import ENGINES, get_engine
+from prefill.costmodel.hardware import get_hardware
+from prefill.costmodel.ops import Row, forward_ops
+from prefill.costmodel.specs import PRESETS
+from prefill.costmodel.timemodel import predict_decode, predict_step
+from prefill.errors import BadInput
+
+LLAMA = PRESETS["llama-3.1-8b"]
+H100 = get_hardware("h100")
+VLLM = get_engine("vllm")
+
+
+def kv_bytes_read(rows: int, context: int, kv_bytes: int) -> float:
+    """K and V of every layer at `context` positions (and the new one) for `rows` rows."""
+    return rows * 2 * LLAMA.L * LLAMA.H_kv * LLAMA.d_head * (context + 1) * kv_bytes
+
+
+def test_a_decode_steps_attention_is_one_kernel_a_layer_timed_by_the_kv_bytes_it_reads():
+    prof, lay = VLLM.profile(H100, "bfloat16"), VLLM.layout("bfloat16")
+    short, long = (predict_decode(LLAMA, [c] * 500, prof, lay) for c in (200, 1000))
+    a_short, a_long = short.by_op()["attention"], long.by_op()["attention"]
+    assert len([o for o in forward_ops(LLAMA, [Row(1, 200)] * 500, lay) if o.kind == "attention"]) == 1
+    assert a_short.bytes == pytest.approx(kv_bytes_read(500, 200, 2) + 500 * 2 * LLAMA.L * LLAMA.H_q * 128 * 2)
+    extra = kv_bytes_read(500, 1000, 2) - kv_bytes_read(500, 200, 2)  # 800 more positions a row: 52 GB
+    assert a_long.seconds - a_short.seconds == pytest.approx(extra / prof.bandwidth_bytes_per_s, rel=1e-6)
+    assert long.seconds - short.seconds == pytest.approx(extra / prof.bandwidth_bytes_per_s, rel=1e-6)
+
+
+def test_our_engine_keeps_one_attention_a_row():
+    lay = get_engine("prefill").layout("bfloat16")
+    assert len([o for o in forward_ops(LLAMA, [Row(1, 200)] * 5, lay) if o.kind == "attention"]) == 5
+
+
+def test_a_graphed_decode_step_launches_once_and_an_eager_one_per_kernel():
+    prof, lay = VLLM.profile(H100, "bfloat16"), VLLM.layout("bfloat16")
+    graphed = predict_decode(LLAMA, [100] * 8, prof, lay)
+    assert sum(o.overhead_s for o in graphed.ops) == 0.0 and graphed.launch_wait_s == prof.graph_launch_s
+    eager_prof = prof.with_fit(graph_tokens=0, op_overhead_s=50e-6)  # slow launches: the GPU waits on them
+    eager = predict_decode(LLAMA, [100] * 8, eager_prof, lay)
+    launches = sum(o.count * o.launches for o in forward_ops(LLAMA, [Row(1, 100)] * 8, lay))
+    assert sum(o.overhead_s for o in eager.ops) == pytest.approx(launches * 50e-6)
+    assert eager.seconds > graphed.seconds
+    # beyond the captured sizes the step runs eagerly; SGLang graphs decode steps only, vLLM mixed ones too
+    assert not prof.graphed(513, True) and prof.graphed(300, False)
+    assert not get_engine("sglang").profile(H100, "bfloat16").graphed(100, False)
+
+
+def test_gemm_efficiency_follows_its_stated_curve_by_m():
+    prof = VLLM.profile(H100, "bfloat16")
+    peak = H100.peak("bfloat16") * prof.gemm_efficiency
+    for M in (16, 128, 1024, 8192):
+        assert prof.gemm_rate(M, 4096, 4096) == pytest.approx(peak * M / (M + 128))
+
+
+def test_fp8_weights_halve_the_weights_read_and_run_at_the_fp8_peak():
+    bf, f8 = VLLM.profile(H100, "bfloat16"), VLLM.profile(H100, "fp8")
+    one_bf = predict_decode(LLAMA, [100], bf, VLLM.layout("bfloat16")).by_op()["gate_up"]
+    one_f8 = predict_decode(LLAMA, [100], f8, VLLM.layout("fp8")).by_op()["gate_up"]
+    assert one_f8.weight_bytes == pytest.approx(one_bf.weight_bytes / 2)
+    # the datasheet's FP8 peak, 1,978.9 TFLOP/s, is twice its BF16 one to the table's rounding
+    assert f8.gemm_rate(4096, 4096, 4096) == pytest.approx(2 * bf.gemm_rate(4096, 4096, 4096), rel=1e-4)
+    assert f8.attention_peak() == pytest.approx(bf.attention_peak())  # attention stays BF16
+
+
+def test_an_fp8_kv_cache_reads_half_the_bytes_and_holds_twice_the_positions():
+    lay16, lay8 = VLLM.layout("fp8", kv="bfloat16"), VLLM.layout("fp8", kv="fp8")
+    prof = VLLM.profile(H100, "fp8")
+    a16 = predict_decode(LLAMA, [1000] * 100, prof, lay16).by_op()["attention"]
+    a8 = predict_decode(LLAMA, [1000] * 100, prof, lay8).by_op()["attention"]
+    qo = 100 * 2 * LLAMA.L * LLAMA.H_q * LLAMA.d_head * 2  # Q read and O written, BF16 either way
+    assert a16.bytes - qo == pytest.approx(2 * (a8.bytes - qo)) == pytest.approx(kv_bytes_read(100, 1000, 2))
+    t16, t8 = (VLLM.kv_tokens(LLAMA, H100, "fp8", kv, 1) for kv in ("bfloat16", "fp8"))
+    assert t8 == pytest.approx(2 * t16, abs=2)
+
+
+def test_each_all_reduce_costs_its_latency_plus_its_bytes_over_the_link():
+    prof, lay = VLLM.profile(H100, "bfloat16"), VLLM.layout("bfloat16", tp=2)
+    ar = predict_step(LLAMA, [Row(1, 10)] * 4, prof, lay).by_op()["allreduce"]
+    ring = 2 * (2 - 1) / 2 * 4 * LLAMA.d_model * 2  # bytes of one all-reduce of [4, d_model] in BF16
+    assert ar.seconds == pytest.approx(2 * LLAMA.L * (prof.link_latency_s + ring / H100.link_bytes_per_s))
+
+
+def test_kv_capacity_is_the_memory_fraction_less_the_weights():
+    tokens = VLLM.kv_tokens(LLAMA, H100, "bfloat16", None, 1)
+    per_position = 2 * LLAMA.L * LLAMA.H_kv * LLAMA.d_head * 2
+    weights = storage.weight_bytes(LLAMA, "bfloat16")  # 16.1 GB
+    free = 0.9 * 80e9 - weights - VLLM.reserve_bytes
+    assert free - per_position < tokens * per_position <= free
+
+
+def test_every_engine_is_named_and_a_wrong_one_is_refused():
+    assert set(ENGINES) == {"vllm", "sglang", "trtllm", "prefill"}
+    with pytest.raises(BadInput, match="choose one of"):
+        get_engine("tgi")
+
+
+def test_the_cost_model_imports_no_torch():
+    code = "import sys, prefill.costmodel.engines, prefill.costmodel.timemodel; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
