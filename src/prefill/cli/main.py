@@ -1,7 +1,7 @@
 """The command line, assembled: one typer app over the command modules of prefill.cli.
 
 Each command parses its options, calls one function and prints (calc: estimate, kv, mask; bench; calibrate;
-serve: serve, lab; loadtest; simulate; engine: run, demo, verify; score; exercise). Every command is wrapped by
+serve: serve, lab; loadtest; simulate; plan; engine: run, demo, verify; score; exercise). Every command is wrapped by
 `user_errors`, so an error a user can meet is one `error:` line and exit code 2, never a traceback.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from prefill.cli import bench, calc, calibrate, engine, exercise, loadtest, score, serve, simulate
+from prefill.cli import bench, calc, calibrate, engine, exercise, loadtest, plan, score, serve, simulate
 from prefill.cli.common import user_errors
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ COMMANDS = (
     serve.serve,
     loadtest.loadtest,
     simulate.simulate,
+    plan.plan,
     engine.run,
     engine.demo,
     engine.verify,

@@ -112,6 +112,28 @@ class Engine:
         free = self.memory_fraction * left if self.of_free else left - (1 - self.memory_fraction) * hw.memory_bytes
         return max(0, int(free // tp_kv_cache_bytes_per_gpu(spec, 1, lay.kv_bytes, tp)))
 
+    def command(self, model: str, weights: str, kv: str, tp: int) -> str:
+        """The engine's own launch command for this deployment, its scheduling defaults spelled out."""
+        fp8, kv8 = costs.canonical_dtype(weights) == "fp8", costs.canonical_dtype(kv) == "fp8"
+        if self.name == "vllm":  # vllm serve --help (0.10)
+            extra = " --quantization fp8" * fp8 + " --kv-cache-dtype fp8" * kv8
+            return (
+                f"vllm serve {model} --tensor-parallel-size {tp}{extra} --gpu-memory-utilization "
+                f"{self.memory_fraction} --max-num-seqs {self.max_seqs} --max-num-batched-tokens {self.token_budget}"
+            )
+        if self.name == "sglang":  # python -m sglang.launch_server --help (0.4)
+            extra = " --quantization fp8" * fp8 + " --kv-cache-dtype fp8_e4m3" * kv8
+            return (
+                f"python -m sglang.launch_server --model-path {model} --tp {tp}{extra} --mem-fraction-static "
+                f"{self.memory_fraction} --chunked-prefill-size {self.token_budget}"
+            )
+        if self.name == "trtllm":  # trtllm-serve --help (1.0); FP8 needs a pre-quantized checkpoint
+            return (
+                f"trtllm-serve {model} --tp_size {tp} --max_batch_size {self.max_seqs} --max_num_tokens "
+                f"{self.token_budget} --kv_cache_free_gpu_memory_fraction {self.memory_fraction}"
+            )
+        return f"prefill serve --model {model} --max-running {self.max_seqs} --chunk-size {self.token_budget}"
+
     def row_overhead(self) -> tuple[float, float]:
         """(seconds per step, seconds per row) the engine's CPU adds to each step beyond the GPU's work."""
         return (0.0, self.row_s)  # the per-step part is the profile's step_overhead_s

@@ -1,0 +1,109 @@
+"""`prefill plan`: the cheapest GPU deployment for a model, a workload and a latency SLO
+(prefill.bench.planner), and the command that launches it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from prefill.cli.common import console, note
+
+Model = Annotated[str, typer.Option("--model", "-m", help="the model: a preset (llama-3.1-8b, ...) or a config.json")]
+PromptLen = Annotated[str, typer.Option(help="prompt tokens a request: 1000, 200:2000 (uniform) or @file (one a line)")]
+OutputLen = Annotated[str, typer.Option(help="output tokens per request: 200, 50:400 (uniform) or @file")]
+Rate = Annotated[float | None, typer.Option(help="requests arriving per second (Poisson); or give --concurrency")]
+Concurrency = Annotated[int | None, typer.Option(help="users sending one request after another; or give --rate")]
+SloTtft = Annotated[float | None, typer.Option("--slo-ttft-ms", help="p99 time to first token to stay under, ms")]
+SloTpot = Annotated[float | None, typer.Option("--slo-tpot-ms", help="p99 time per output token to stay under, ms")]
+Prices = Annotated[
+    str, typer.Option(help="$ per GPU-hour of each GPU to consider, e.g. h100=2.99,h200=3.29 (the GPUs tried)")
+]
+Engines = Annotated[str, typer.Option(help="engines to consider: vllm, sglang, trtllm, prefill (comma-separated)")]
+Weights = Annotated[str, typer.Option(help="weight precisions to consider: bfloat16, fp8 (comma-separated)")]
+KvDtype = Annotated[str | None, typer.Option("--kv-dtype", help="KV cache precision: bfloat16, float16 or fp8")]
+Tps = Annotated[str, typer.Option(help="tensor-parallel widths to consider (GPUs per replica), e.g. 1,2,4,8")]
+Requests = Annotated[int, typer.Option(help="requests simulated per candidate (more: steadier p99s, slower)")]
+Seed = Annotated[int, typer.Option(help="seed of the simulated arrivals and lengths")]
+JsonOut = Annotated[bool, typer.Option("--json", help="print the ranked options as JSON")]
+
+
+def plan(
+    model: Model,
+    prompt_len: PromptLen = "1000",
+    output_len: OutputLen = "200",
+    rate: Rate = None,
+    concurrency: Concurrency = None,
+    slo_ttft_ms: SloTtft = None,
+    slo_tpot_ms: SloTpot = None,
+    usd_per_gpu_hour: Prices = "h100=2.99,h200=3.29",
+    engines: Engines = "vllm,sglang",
+    weights: Weights = "bfloat16",
+    kv_dtype: KvDtype = None,
+    tps: Tps = "1,2,4,8",
+    requests: Requests = 200,
+    seed: Seed = 0,
+    json_out: JsonOut = False,
+) -> None:
+    """Which GPU, how many per replica (TP), how many replicas and which engine serve your workload within its
+    latency SLO at the lowest cost per million output tokens: each candidate is simulated under the load."""
+    import dataclasses
+    import json
+
+    from prefill.bench.capacity import Workload
+    from prefill.bench.loadtest import PromptLengths
+    from prefill.bench.planner import Load, Slo, plan_deployments
+    from prefill.cli.plan_report import print_deployments
+    from prefill.costmodel.specs import load_spec
+
+    load = Load(rate, concurrency)
+    slo = Slo(*(None if x is None else x / 1e3 for x in (slo_ttft_ms, slo_tpot_ms)))
+    workload = Workload(requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
+    spec = load_spec(model)
+    options = plan_deployments(
+        spec, workload, load, slo, parse_prices(usd_per_gpu_hour), _names(engines), _names(weights), kv_dtype,
+        parse_ints(tps, "--tps"), echo=None if json_out else note,
+    )  # fmt: skip
+    if json_out:
+        typer.echo(json.dumps([{**dataclasses.asdict(o), "gpus": o.gpus} for o in options], indent=2))
+        return
+    console.print(f"{spec.name}: {_load_text(load)}, prompts {prompt_len}, outputs {output_len}", highlight=False)
+    print_deployments(options, slo_ttft_ms, slo_tpot_ms)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """'h100=2.99,h200=3.29' -> {"h100": 2.99, "h200": 3.29}; BadInput on anything else."""
+    from prefill.errors import BadInput
+
+    out = {}
+    for item in _names(text):
+        gpu, _, price = item.partition("=")
+        try:
+            out[gpu.strip().lower()] = float(price)
+        except ValueError:
+            raise BadInput(f"--usd-per-gpu-hour wants gpu=dollars pairs like h100=2.99, got {item!r}") from None
+        if out[gpu.strip().lower()] <= 0:
+            raise BadInput(f"a GPU-hour costs more than $0, got {item!r}")
+    if not out:
+        raise BadInput("--usd-per-gpu-hour names no GPU; e.g. h100=2.99")
+    return out
+
+
+def parse_ints(text: str, option: str) -> tuple[int, ...]:
+    from prefill.errors import BadInput
+
+    try:
+        values = tuple(int(x) for x in _names(text))
+    except ValueError:
+        raise BadInput(f"{option} wants whole numbers like 1,2,4,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise BadInput(f"{option} wants whole numbers >= 1, got {text!r}")
+    return values
+
+
+def _load_text(load) -> str:
+    return f"Poisson {load.rate:g} req/s" if load.rate is not None else f"{load.concurrency} users at once"
