@@ -42,9 +42,9 @@ class GpuServer:
     @classmethod
     def of(cls, spec: ModelSpec, hardware: str, engine: str, weights: str = "bfloat16", kv=None, tp: int = 1):
         """The replica, or BadInput when `tp` cannot split the heads or the weights leave no KV cache."""
+        if hardware.lower() == "cpu":  # never probe this machine for a GPU deployment
+            raise BadInput("--engine simulates a GPU; cpu is not a catalog GPU (try --hardware h100 or h200)")
         hw, eng = get_hardware(hardware), get_engine(engine)
-        if hw.name.lower().startswith(("cpu", "this")) or hw.compute_units is None:
-            raise BadInput(f"--engine simulates a GPU; {hardware!r} is not a catalog GPU (try h100 or h200)")
         problem = tp_head_split_problem(spec.H_q, spec.H_kv, tp)
         if problem is not None:
             raise BadInput(problem)

@@ -24,6 +24,15 @@ MaxRunning = Annotated[int, typer.Option(help="requests running at once (as pref
 KvCacheMb = Annotated[float, typer.Option(help="the KV pool in MiB (as prefill serve --kv-cache-mb)")]
 Seed = Annotated[int, typer.Option(help="seed of arrivals and lengths")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")]
+Engine = Annotated[
+    str | None,
+    typer.Option(
+        help="a catalog GPU served by vllm, sglang, trtllm or prefill: that engine's scheduling defaults, memory "
+        "fraction and kernels (overrides --chunk-size, --max-running and --kv-cache-mb)"
+    ),
+]
+Tp = Annotated[int, typer.Option(help="with --engine: GPUs the model is split over (tensor parallelism)")]
+KvDtype = Annotated[str | None, typer.Option("--kv-dtype", help="with --engine: KV cache as bfloat16, float16 or fp8")]
 Plan = Annotated[
     bool, typer.Option("--plan", help="a catalog GPU: replicas per TP width for p99 TTFT <= --slo-ttft-ms at --rate")
 ]
@@ -46,10 +55,14 @@ def simulate(
     seed: Seed = 0,
     json_out: JsonOut = False,
     plan: Plan = False,
+    engine: Engine = None,
+    tp: Tp = 1,
+    kv_dtype: KvDtype = None,
 ) -> None:
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
     from prefill.bench.loadtest import PromptLengths
     from prefill.bench.simulate import poisson_trace, simulate_server
+    from prefill.errors import BadInput
 
     prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
     if plan:
@@ -58,6 +71,15 @@ def simulate(
         workload, sizes = Workload(requests, prompts, outputs, seed), (chunk_size, max_running)
         return plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, workload, sizes, json_out)
     trace = poisson_trace(rate, requests, prompts, outputs, seed)
+    if engine is not None:
+        from prefill.bench.gpu_serving import GpuServer
+        from prefill.costmodel.specs import load_spec
+
+        if model is None:
+            raise BadInput("--engine simulates a GPU deployment: give --model (a preset such as llama-3.1-8b)")
+        server = GpuServer.of(load_spec(model), hardware, engine, weights or dtype or "bfloat16", kv_dtype, tp)
+        label = f"simulated: {server.name}, Poisson {rate} req/s, prompts {prompt_len}, outputs {output_len}"
+        return report_load(server.run(trace), server.name, label, (slo_ttft_ms, slo_tpot_ms), json_out)
     result, name = simulate_server(
         model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb, echo=None if json_out else note
     )
