@@ -44,7 +44,11 @@ class GpuServer:
         """The replica, or BadInput when `tp` cannot split the heads or the weights leave no KV cache."""
         if hardware.lower() == "cpu":  # never probe this machine for a GPU deployment
             raise BadInput("--engine simulates a GPU; cpu is not a catalog GPU (try --hardware h100 or h200)")
-        hw, eng = get_hardware(hardware), get_engine(engine)
+        return cls.on(spec, get_hardware(hardware), get_engine(engine), weights, kv, tp)
+
+    @classmethod
+    def on(cls, spec: ModelSpec, hw: Hardware, eng: Engine, weights: str, kv: str | None, tp: int) -> GpuServer:
+        """GpuServer.of with the hardware and the engine given as data (a refitted engine, say)."""
         problem = tp_head_split_problem(spec.H_q, spec.H_kv, tp)
         if problem is not None:
             raise BadInput(problem)
@@ -54,6 +58,10 @@ class GpuServer:
         if tokens <= 0:
             raise BadInput(f"{spec.name} in {w} does not fit {tp} x {hw.name} with room for a KV cache; raise --tp")
         return cls(spec, hw, eng, w, kv_dt, tp, eng.profile(hw, w), tokens)
+
+    def with_engine(self, engine: Engine) -> GpuServer:
+        """The same deployment run by `engine` (e.g. the same engine with refitted efficiencies)."""
+        return GpuServer.on(self.spec, self.hw, engine, self.weights, self.kv, self.tp)
 
     @property
     def layout(self):

@@ -28,6 +28,19 @@ IgnoreEos = Annotated[bool, typer.Option(help="ask for exactly --max-tokens (ign
 Seed = Annotated[int, typer.Option(help="seed of prompt lengths and words")]
 Predict = Annotated[bool, typer.Option(help="also simulate the same trace on the time model (prefill simulate)")]
 PredictModel = Annotated[str | None, typer.Option(help="the served model for --predict (default: SmolLM2)")]
+PredictHardware = Annotated[
+    str,
+    typer.Option(
+        help="for --predict: cpu (this machine, probed), or the GPUs the server runs on: h100, or 2xh100 for one "
+        "model split over two (tensor parallelism)"
+    ),
+]
+PredictEngine = Annotated[
+    str | None,
+    typer.Option(
+        help="for --predict on a GPU: the server's engine, vllm, sglang, trtllm or prefill (vllm:fp8 for FP8)"
+    ),
+]
 Out = Annotated[str, typer.Option(help="JSON report (config, summary, every request)")]
 Plot = Annotated[str | None, typer.Option(help="PNG plot (default: --out with .png)")]
 
@@ -54,24 +67,73 @@ def loadtest(
     plot: Plot = None,
     predict: Predict = False,
     predict_model: PredictModel = None,
+    hardware: PredictHardware = "cpu",
+    engine: PredictEngine = None,
 ) -> None:
     """Load-test any OpenAI-compatible server: TTFT, ITL, TPOT, E2E percentiles, throughput, goodput."""
-    import asyncio
-
-    from prefill.bench.loadtest import LoadTestConfig, run_load_test
+    from prefill.bench.loadtest import LoadTestConfig
 
     load = {"concurrency": concurrency, "rate": rate, "duration_s": duration, "max_requests": requests}
     ask = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "ignore_eos": ignore_eos}
     prompts = prompt_fields(prompt_len, prompts_file, system_prompt_file)
     cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, **load, **ask, **prompts)
     console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
-    prediction = start_prediction(predict_model, cfg) if predict else None
-    records, wall, model_id = asyncio.run(run_load_test(cfg))
+    finish = prepare_prediction(predict, predict_model, cfg, hardware, engine)
+    records, wall, model_id = run(cfg)
     summary = summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
     save(cfg, model_id, summary, records, out, plot or str(Path(out).with_suffix(".png")))
-    if prediction is not None:
-        finish_prediction(prediction, records, summary, cfg.concurrency, Path(out))
+    finish(records, summary, Path(out))
+
+
+def run(cfg) -> tuple:
+    """The load test itself: (records, wall seconds, the server's model id)."""
+    import asyncio
+
+    from prefill.bench.loadtest import run_load_test
+
+    return asyncio.run(run_load_test(cfg))
+
+
+def prepare_prediction(predict: bool, model: str | None, cfg, hardware: str, engine: str | None):
+    """--predict: on this CPU, its measurements before the load; on a GPU, the deployment. Returns what to call
+    after the load with (records, summary, report path): nothing without --predict."""
+    if not predict:
+        return lambda records, summary, out: None
+    if hardware.lower() == "cpu":
+        prediction = start_prediction(model, cfg)
+        return lambda records, summary, out: finish_prediction(prediction, records, summary, cfg.concurrency, out)
+    server = gpu_server(model, hardware, engine)
+    return lambda records, summary, out: predict_gpu(server, records, summary, cfg.concurrency, out)
+
+
+def gpu_server(model: str | None, hardware: str, engine: str | None):
+    """--predict --hardware [Nx]GPU --engine E[:WEIGHTS]: the deployment the measured server is."""
+    from prefill.bench.gpu_serving import GpuServer
+    from prefill.costmodel.specs import load_spec
+    from prefill.errors import BadInput
+
+    if engine is None or model is None:
+        raise BadInput("--predict on a GPU needs --engine (vllm, sglang, ...) and --predict-model (e.g. llama-3.1-8b)")
+    count, _, gpu = hardware.lower().rpartition("x") if "x" in hardware.lower()[:3] else ("1", "", hardware)
+    if not count.isdigit():
+        raise BadInput(f"--hardware wants a GPU or NxGPU (2xh100), got {hardware!r}")
+    name, _, weights = engine.partition(":")
+    return GpuServer.of(load_spec(model), gpu, name, weights or "bfloat16", None, int(count))
+
+
+def predict_gpu(server, records: list, summary: dict, in_flight: int, out: Path) -> None:
+    """The measured trace on the simulated GPU deployment, beside the measurement, and into the JSON report."""
+    import json
+
+    from prefill.bench.engine_fit import predict_load
+
+    predicted = predict_load(server, records, in_flight)
+    console.print(f"predicted: {server.name}; {server.profile.source}", highlight=False)
+    print_prediction(summary, predicted)
+    report = json.loads(out.read_text())
+    report["predicted"] = {"summary": predicted, "server": server.name, "profile": server.profile.to_json()}
+    out.write_text(json.dumps(report, indent=2, default=str))
 
 
 def start_prediction(model: str | None, cfg):

@@ -26,6 +26,15 @@ Tps = Annotated[str, typer.Option(help="tensor-parallel widths to consider (GPUs
 Requests = Annotated[int, typer.Option(help="requests simulated per candidate (more: steadier p99s, slower)")]
 Seed = Annotated[int, typer.Option(help="seed of the simulated arrivals and lengths")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the ranked options as JSON")]
+Fit = Annotated[
+    str | None,
+    typer.Option(
+        help="a `prefill loadtest --out` report measured on your deployment: refit the engine's bandwidth and GEMM "
+        "efficiencies to it (with --hardware, --engine, --tps, --weights as deployed) and say how far they moved"
+    ),
+]
+Hardware = Annotated[str, typer.Option(help="with --fit: the GPU the load test ran on (h100, h200, ...)")]
+FitEngine = Annotated[str, typer.Option("--engine", help="with --fit: the engine the load test measured")]
 
 
 def plan(
@@ -44,31 +53,56 @@ def plan(
     requests: Requests = 200,
     seed: Seed = 0,
     json_out: JsonOut = False,
+    fit: Fit = None,
+    hardware: Hardware = "h100",
+    engine: FitEngine = "vllm",
 ) -> None:
     """Which GPU, how many per replica (TP), how many replicas and which engine serve your workload within its
     latency SLO at the lowest cost per million output tokens: each candidate is simulated under the load."""
-    import dataclasses
-    import json
-
     from prefill.bench.capacity import Workload
     from prefill.bench.loadtest import PromptLengths
-    from prefill.bench.planner import Load, Slo, plan_deployments
-    from prefill.cli.plan_report import print_deployments
-    from prefill.costmodel.specs import load_spec
+    from prefill.bench.planner import Load, Slo
 
+    if fit is not None:
+        return fit_report(model, fit, hardware, engine, _names(weights)[0], kv_dtype, parse_ints(tps, "--tps")[0])
     load = Load(rate, concurrency)
     slo = Slo(*(None if x is None else x / 1e3 for x in (slo_ttft_ms, slo_tpot_ms)))
     workload = Workload(requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
+    choices = (parse_prices(usd_per_gpu_hour), _names(engines), _names(weights), kv_dtype, parse_ints(tps, "--tps"))
+    run_plan(model, workload, load, slo, choices, json_out, f"prompts {prompt_len}, outputs {output_len}")
+
+
+def run_plan(model: str, workload, load, slo, choices: tuple, json_out: bool, lengths: str) -> None:
+    """The ranked options (prefill.bench.planner.plan_deployments), printed or as JSON."""
+    import dataclasses
+    import json
+
+    from prefill.bench.planner import plan_deployments
+    from prefill.cli.plan_report import print_deployments
+    from prefill.costmodel.specs import load_spec
+
     spec = load_spec(model)
-    options = plan_deployments(
-        spec, workload, load, slo, parse_prices(usd_per_gpu_hour), _names(engines), _names(weights), kv_dtype,
-        parse_ints(tps, "--tps"), echo=None if json_out else note,
-    )  # fmt: skip
+    options = plan_deployments(spec, workload, load, slo, *choices, echo=None if json_out else note)
     if json_out:
         typer.echo(json.dumps([{**dataclasses.asdict(o), "gpus": o.gpus} for o in options], indent=2))
         return
-    console.print(f"{spec.name}: {_load_text(load)}, prompts {prompt_len}, outputs {output_len}", highlight=False)
-    print_deployments(options, slo_ttft_ms, slo_tpot_ms)
+    console.print(f"{spec.name}: {_load_text(load)}, {lengths}", highlight=False)
+    print_deployments(options, *(None if x is None else x * 1e3 for x in (slo.ttft_p99_s, slo.tpot_p99_s)))
+
+
+def fit_report(model: str, path: str, hardware: str, engine: str, weights: str, kv: str | None, tp: int) -> None:
+    """--fit: the load test's trace simulated before and after refitting the engine's efficiencies."""
+    from pathlib import Path
+
+    from prefill.bench.engine_fit import fit_engine, read_records
+    from prefill.bench.gpu_serving import GpuServer
+    from prefill.costmodel.specs import load_spec
+
+    records, config = read_records(Path(path))
+    server = GpuServer.of(load_spec(model), hardware, engine, weights, kv, tp)
+    note(f"refitting {server.name} to {len(records)} measured requests ({path})")
+    result = fit_engine(server, records, config.get("concurrency") if config.get("rate") is None else None)
+    console.print(result.describe(), highlight=False)
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -62,29 +62,33 @@ def simulate(
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
     from prefill.bench.loadtest import PromptLengths
     from prefill.bench.simulate import poisson_trace, simulate_server
-    from prefill.errors import BadInput
 
     prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
     if plan:
-        from prefill.bench.capacity import Workload
-
-        workload, sizes = Workload(requests, prompts, outputs, seed), (chunk_size, max_running)
-        return plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, workload, sizes, json_out)
+        sizes = (chunk_size, max_running)
+        return plan_deployment(
+            model, hardware, dtype, weights, rate, slo_ttft_ms, (requests, prompts, outputs, seed), sizes, json_out
+        )
     trace = poisson_trace(rate, requests, prompts, outputs, seed)
     if engine is not None:
-        from prefill.bench.gpu_serving import GpuServer
-        from prefill.costmodel.specs import load_spec
-
-        if model is None:
-            raise BadInput("--engine simulates a GPU deployment: give --model (a preset such as llama-3.1-8b)")
-        server = GpuServer.of(load_spec(model), hardware, engine, weights or dtype or "bfloat16", kv_dtype, tp)
-        label = f"simulated: {server.name}, Poisson {rate} req/s, prompts {prompt_len}, outputs {output_len}"
-        return report_load(server.run(trace), server.name, label, (slo_ttft_ms, slo_tpot_ms), json_out)
-    result, name = simulate_server(
-        model, hardware, dtype, weights, trace, chunk_size, max_running, kv_cache_mb, echo=None if json_out else note
-    )
+        result, name = simulate_engine(model, hardware, engine, weights or dtype, kv_dtype, tp, trace)
+    else:
+        echo, sizes = None if json_out else note, (chunk_size, max_running, kv_cache_mb)
+        result, name = simulate_server(model, hardware, dtype, weights, trace, *sizes, echo=echo)
     label = f"simulated: {name}, Poisson {rate} req/s, prompts {prompt_len}, outputs {output_len}"
     report_load(result, name, label, (slo_ttft_ms, slo_tpot_ms), json_out)
+
+
+def simulate_engine(model, hardware: str, engine: str, weights, kv, tp: int, trace):
+    """--engine: the trace on a catalog GPU deployment run by that engine (prefill.bench.gpu_serving)."""
+    from prefill.bench.gpu_serving import GpuServer
+    from prefill.costmodel.specs import load_spec
+    from prefill.errors import BadInput
+
+    if model is None:
+        raise BadInput("--engine simulates a GPU deployment: give --model (a preset such as llama-3.1-8b)")
+    server = GpuServer.of(load_spec(model), hardware, engine, weights or "bfloat16", kv, tp)
+    return server.run(trace), server.name
 
 
 def report_load(result, name: str, label: str, slos: tuple, as_json: bool) -> None:
@@ -104,13 +108,13 @@ def report_load(result, name: str, label: str, slos: tuple, as_json: bool) -> No
     console.print(f"{len(result.steps):,} steps, {result.preemptions} preemptions (simulated time)", highlight=False)
 
 
-def plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, workload, sizes, as_json) -> None:
-    """--plan: prefill.bench.capacity.plan on a catalog GPU, printed (or as JSON); sizes: (chunk size, max
-    running), the scheduler's."""
+def plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, work: tuple, sizes, as_json) -> None:
+    """--plan: prefill.bench.capacity.plan on a catalog GPU, printed (or as JSON); work: the Workload's fields
+    (requests, prompt lengths, output lengths, seed); sizes: (chunk size, max running), the scheduler's."""
     import dataclasses
     import json
 
-    from prefill.bench.capacity import plan
+    from prefill.bench.capacity import Workload, plan
     from prefill.cli.plan_report import print_plan
     from prefill.costmodel.hardware import get_hardware
     from prefill.costmodel.specs import load_spec
@@ -123,7 +127,7 @@ def plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, workload
         raise BadInput("--plan needs --slo-ttft-ms, the p99 TTFT to keep under")
     hw, spec = get_hardware(hardware), load_spec(model if model is not None else default_model_path())
     echo = None if as_json else note
-    rows = plan(spec, hw, dtype or "bfloat16", weights, rate, slo_ttft_ms / 1e3, workload, *sizes, echo=echo)
+    rows = plan(spec, hw, dtype or "bfloat16", weights, rate, slo_ttft_ms / 1e3, Workload(*work), *sizes, echo=echo)
     if as_json:
         typer.echo(json.dumps([{**dataclasses.asdict(r), "gpus": r.gpus} for r in rows], indent=2))
         return

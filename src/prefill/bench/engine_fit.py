@@ -1,0 +1,139 @@
+"""A GPU deployment's measured load test beside the planner's prediction, and the engine's efficiencies refit.
+
+    records = read_records(Path("loadtest.json"))            # what `prefill loadtest` measured, request by request
+    summary = predict_load(server, records, in_flight=64)     # the same trace on the simulated deployment
+    fit = fit_engine(server, records, in_flight=64)           # bandwidth and GEMM efficiencies that explain it
+    print(fit.describe())                                     # how much each moved
+
+The trace is the load test's own (trace_of: each request's start, prompt and output tokens), replayed with the
+client's cap on requests in flight. The fit moves the two efficiencies that set a step's time, the fraction of
+HBM bandwidth reached (decode: TPOT) and of the GEMM peak (prefill: TTFT), until the simulated mean TTFT and
+mean TPOT are the measured ones: Newton's method on the two log-errors in log-efficiency, within [0.05, 1].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefill.bench.gpu_serving import GpuServer
+from prefill.bench.loadtest import RequestRecord
+from prefill.bench.loadtest_report import summarize, tpot, ttft
+from prefill.bench.simulate import simulate, trace_of
+from prefill.errors import BadInput
+
+FITTED = ("bandwidth", "gemm")  # the efficiencies a load test can tell apart (decode, prefill)
+BOUNDS = (0.05, 1.0)
+ITERATIONS, TOLERANCE = 12, 1e-3  # Newton steps at most; stop when both means are within 0.1%
+STEP, MAX_STEP = 0.03, 0.7  # the Jacobian's finite difference (wide: step alignment is not smooth), the largest step
+
+
+def read_records(path: Path) -> tuple[list[RequestRecord], dict]:
+    """The requests and the config of a `prefill loadtest` JSON report; BadInput on anything else."""
+    try:
+        data = json.loads(Path(path).read_text())
+        fields = {f.name for f in dataclasses.fields(RequestRecord)}
+        records = [RequestRecord(**{k: v for k, v in r.items() if k in fields}) for r in data["requests"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = f"cannot read a load test from {path} ({e}); give the JSON `prefill loadtest --out` wrote"
+        raise BadInput(why) from None
+    if not trace_of(records):
+        raise BadInput(f"{path} has no successful request with token counts; run the load test with usage")
+    return records, data.get("config", {})
+
+
+def run_trace(server: GpuServer, records: list[RequestRecord], in_flight: int | None):
+    """The load test's trace through the simulated deployment."""
+    e = server.engine
+    return simulate(
+        server.spec,
+        trace_of(records),
+        server.step_seconds,
+        server.tokens,
+        e.token_budget,
+        e.max_seqs,
+        in_flight=in_flight,
+        rules=(e.decode_in_budget, e.mixed),
+    )
+
+
+def predict_load(server: GpuServer, records: list[RequestRecord], in_flight: int | None) -> dict:
+    """The simulated summary of the load test's trace (as `prefill loadtest` summarises a measured one)."""
+    result = run_trace(server, records, in_flight)
+    return summarize(result.records, result.wall_s)
+
+
+def means(records: list[RequestRecord]) -> tuple[float, float]:
+    """Mean TTFT and mean TPOT, seconds, of the successful requests: means, not medians, since a request's TTFT
+    jumps by a step when a small change moves its arrival to the other side of a step's start."""
+    ok = [r for r in records if r.ok]
+    tpots = [t for t in (tpot(r) for r in ok) if t is not None]
+    if not ok or not tpots:
+        raise BadInput("the load test has no request with two output tokens or more: nothing to fit")
+    return statistics.fmean(ttft(r) for r in ok), statistics.fmean(tpots)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Efficiencies before and after the fit, and the mean TTFT/TPOT errors (predicted / measured - 1)."""
+
+    before: dict[str, float]
+    after: dict[str, float]
+    errors_before: tuple[float, float]
+    errors_after: tuple[float, float]
+
+    def describe(self) -> str:
+        moves = [
+            f"{k} efficiency {self.before[k]:.2f} -> {self.after[k]:.2f} ({self.after[k] / self.before[k] - 1:+.0%})"
+            for k in FITTED
+        ]
+        (t0, p0), (t1, p1) = self.errors_before, self.errors_after
+        return f"{'; '.join(moves)}. Mean TTFT error {t0:+.0%} -> {t1:+.0%}, mean TPOT error {p0:+.0%} -> {p1:+.0%}"
+
+
+def fit_engine(server: GpuServer, records: list[RequestRecord], in_flight: int | None) -> Fit:
+    """The engine's bandwidth and GEMM efficiencies that make the simulated trace's mean TTFT and TPOT the
+    measured ones (see the module docstring)."""
+    measured = means(records)
+    eff = dict(server.engine.efficiencies)
+
+    def errors(values: dict[str, float]) -> tuple[float, float]:
+        engine = dataclasses.replace(server.engine, efficiencies=tuple({**eff, **values}.items()))
+        got = means(run_trace(server.with_engine(engine), records, in_flight).records)
+        return got[0] / measured[0] - 1, got[1] / measured[1] - 1
+
+    x = [math.log(eff[k]) for k in FITTED]
+    for _ in range(ITERATIONS):
+        r = _residuals(errors, x)
+        if max(abs(v) for v in r) < TOLERANCE:
+            break
+        x = _newton_step(errors, x, r)
+    after = {k: math.exp(v) for k, v in zip(FITTED, x, strict=True)}
+    return Fit({k: eff[k] for k in FITTED}, after, errors({}), errors(after))
+
+
+def _residuals(errors, x: list[float]) -> list[float]:
+    """log(predicted / measured) of mean TTFT and TPOT at log-efficiencies x."""
+    return [math.log1p(e) for e in errors({k: math.exp(v) for k, v in zip(FITTED, x, strict=True)})]
+
+
+def _newton_step(errors, x: list[float], r: list[float]) -> list[float]:
+    """One Newton step on the two residuals in log space (a finite-difference Jacobian), its size capped at
+    MAX_STEP and the result kept within BOUNDS."""
+    cols = []
+    for i in range(len(x)):
+        xi = list(x)
+        xi[i] += STEP
+        cols.append([(a - b) / STEP for a, b in zip(_residuals(errors, xi), r, strict=True)])
+    (a, c), (b, d) = cols  # J = [[a, b], [c, d]]: rows the residuals, columns the parameters
+    det = a * d - b * c
+    if abs(det) < 1e-9:
+        raise BadInput("the load test cannot tell the bandwidth from the GEMM efficiency (send prompts and outputs)")
+    dx = [(d * r[0] - b * r[1]) / det, (-c * r[0] + a * r[1]) / det]
+    scale = min(1.0, MAX_STEP / max(abs(v) for v in dx))
+    lo, hi = (math.log(v) for v in BOUNDS)
+    return [min(hi, max(lo, v - scale * s)) for v, s in zip(x, dx, strict=True)]
