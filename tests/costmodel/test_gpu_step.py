@@ -108,3 +108,13 @@ def test_the_cost_model_imports_no_torch():
     code = "import sys, prefill.costmodel.engines, prefill.costmodel.timemodel; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_gpu_kernel_takes_at_least_its_floor_and_an_engine_runs_one_kernel_an_operation():
+    prof, lay = VLLM.profile(H100, "bfloat16"), VLLM.layout("bfloat16")
+    ops = forward_ops(LLAMA, [Row(1, 10)], lay)
+    assert all(o.launches == 1 for o in ops)  # fused RMSNorm, rotary, cache write, SiLU x up
+    step = predict_decode(LLAMA, [10], prof, lay).by_op()
+    assert step["residual"].seconds == pytest.approx(2 * LLAMA.L * prof.kernel_floor_s)  # 2 a layer, tiny work
+    assert step["down"].seconds > LLAMA.L * prof.kernel_floor_s  # a real GEMM is its bytes, above the floor
+    assert get_engine("prefill").profile(H100, "bfloat16").kernel_floor_s == 0.0  # our eager engine: launches

@@ -40,9 +40,13 @@ GiB = 2**30
 # - All-reduce: about 8 us of latency on NVLink for a decode step's small message (vLLM's custom one-shot
 #   all-reduce, vllm/distributed/device_communicators/custom_all_reduce.py, used below 8 MB), then the ring's
 #   bytes at the link's bandwidth.
+# - A kernel's floor: about 2 us from start to finish back to back in a stream or graph however little it does
+#   (NVIDIA, "Getting Started with CUDA Graphs", 2019: 3.4 us a short kernel on a V100 with a graph; an estimate
+#   for Hopper). A decode step of a 70B model runs about 1,000 kernels: 2 ms of floor.
 HOPPER = {"gemm": 0.70, "attention": 0.50, "bandwidth": 0.80, "gemm_half_m": 128.0}
 GRAPH_LAUNCH_S = 20e-6
 ALLREDUCE_LATENCY_S = 8e-6
+KERNEL_FLOOR_S = 2e-6
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class Engine:
             graph_tokens=self.graph_tokens,
             graph_mixed=self.graph_mixed,
             graph_launch_s=GRAPH_LAUNCH_S,
+            kernel_floor_s=KERNEL_FLOOR_S if self.batched else 0.0,
             step_overhead_s=self.step_s,
             name=f"{hw.name} ({self.name})",
             source=f"{base.source}; engine {self.name}: {self.source}",

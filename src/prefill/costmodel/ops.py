@@ -218,4 +218,7 @@ def forward_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
     if M_out:
         ops.append(_stream("norm", M_out * d, lay, 1))
         ops.append(_gemm("unembed", M_out, d, math.ceil(spec.vocab_size / lay.tp), lay, 1))
+    if lay.batched_attention:  # a GPU engine runs one kernel an operation: fused RMSNorm, rotary, cache write and
+        # SiLU x up (vLLM's csrc/layernorm_kernels.cu, pos_encoding_kernels.cu, cache_kernels.cu, activation_kernels.cu)
+        ops = [replace(o, launches=1) for o in ops]
     return ops

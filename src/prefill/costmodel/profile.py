@@ -94,7 +94,8 @@ class MachineProfile:
     link_latency_s: seconds of one all-reduce beyond its bytes over the link; graph_tokens: a step of at most this
     many tokens replays a CUDA graph (decode rows only, or any step when graph_mixed), costing graph_launch_s
     once instead of a launch per kernel (0: every step launches eagerly); attention_flops_per_s: the attention
-    kernel's peak where it differs from the GEMMs' (FP8 GEMMs, BF16 attention).
+    kernel's peak where it differs from the GEMMs' (FP8 GEMMs, BF16 attention); kernel_floor_s: the shortest a
+    kernel takes on the GPU however little its work (0: none).
     """
 
     name: str
@@ -122,6 +123,7 @@ class MachineProfile:
     graph_mixed: bool = False
     graph_launch_s: float = 0.0
     attention_flops_per_s: float | None = None
+    kernel_floor_s: float = 0.0
 
     def gemm_rate(self, M: float, K: int, N: int) -> float:
         """FLOP/s of [M, K] x [K, N]: the measured curve of this shape (else of the nearest shape by K x N), or a

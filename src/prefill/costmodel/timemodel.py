@@ -104,7 +104,8 @@ def op_time(op: Op, profile: MachineProfile, weights_resident: bool = False, gra
     overhead = 0.0 if graphed else extra_launches(op, profile) * profile.op_overhead_s
     if op.kind == "gemm" and profile.gemm_streams_weights:  # the curve's time has the weights' streaming in it
         memory = min(memory, compute)
-    seconds = max(compute, memory) + (0.0 if profile.overlap_launches else overhead)
+    floor = op.launches * profile.kernel_floor_s  # a GPU kernel takes some microseconds however small its work
+    seconds = max(compute, memory, floor) + (0.0 if profile.overlap_launches else overhead)
     ridge = peak / profile.bandwidth_bytes_per_s
     side = "compute" if op.bytes == 0 or op.flops / op.bytes >= ridge > 0 else "memory"
     n = op.count
