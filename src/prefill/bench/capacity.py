@@ -133,17 +133,15 @@ def _replicas(T, tokens, rate, slo_ttft_s, workload: Workload, run, echo) -> Pla
         # beyond its saturated throughput a replica's queue only grows: a finite trace would hide that
         return rate / R <= capacity and tried[R]["latency"]["ttft_s"]["p99"] <= slo_ttft_s
 
-    lo, R = 0, max(1, math.ceil(rate / capacity))  # lo: the largest R known to miss
-    while not meets(R):
-        if rate / R / capacity < IDLE_UTILISATION or R >= MAX_REPLICAS:
-            p99 = tried[R]["latency"]["ttft_s"]["p99"]
-            why = "at no load" if R < MAX_REPLICAS else f"at {MAX_REPLICAS} replicas"
-            return PlanRow(T, None, tokens, capacity, simulations=len(tried) + 1, note=_miss(p99, slo_ttft_s, why))
-        lo, R = R, min(MAX_REPLICAS, 2 * R)
-    hi = R
-    while hi - lo > 1:  # meets(hi), not meets(lo)
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    def idle(R: int) -> bool:  # a replica this lightly loaded that misses the SLO misses it at no load
+        return rate / R / capacity < IDLE_UTILISATION
+
+    hi = fewest_replicas(meets, max(1, math.ceil(rate / capacity)), MAX_REPLICAS, give_up=idle)
+    if hi is None:
+        last = max(tried)
+        why = "at no load" if last < MAX_REPLICAS else f"at {MAX_REPLICAS} replicas"
+        p99 = tried[last]["latency"]["ttft_s"]["p99"]
+        return PlanRow(T, None, tokens, capacity, simulations=len(tried) + 1, note=_miss(p99, slo_ttft_s, why))
     lat = tried[hi]["latency"]
     return PlanRow(
         T,
@@ -155,6 +153,21 @@ def _replicas(T, tokens, rate, slo_ttft_s, workload: Workload, run, echo) -> Pla
         (lat["itl_s"] or {}).get("p50"),
         len(tried) + 1,
     )
+
+
+def fewest_replicas(meets: Callable[[int], bool], start: int, most: int, give_up=lambda R: False) -> int | None:
+    """The fewest R in [start, most] with meets(R) (assumed monotone in R), by doubling from `start` then
+    bisecting; None when `most` misses, or when give_up(R) says a missing R is hopeless."""
+    lo, R = start - 1, start
+    while not meets(R):
+        if most <= R or give_up(R):
+            return None
+        lo, R = R, min(most, 2 * R)
+    hi = R
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    return hi
 
 
 def _miss(p99: float, slo: float, where: str) -> str:

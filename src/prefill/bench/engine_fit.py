@@ -23,7 +23,7 @@ from pathlib import Path
 from prefill.bench.gpu_serving import GpuServer
 from prefill.bench.loadtest import RequestRecord
 from prefill.bench.loadtest_report import summarize, tpot, ttft
-from prefill.bench.simulate import simulate, trace_of
+from prefill.bench.simulate import trace_of
 from prefill.errors import BadInput
 
 FITTED = ("bandwidth", "gemm")  # the efficiencies a load test can tell apart (decode, prefill)
@@ -48,17 +48,7 @@ def read_records(path: Path) -> tuple[list[RequestRecord], dict]:
 
 def run_trace(server: GpuServer, records: list[RequestRecord], in_flight: int | None):
     """The load test's trace through the simulated deployment."""
-    e = server.engine
-    return simulate(
-        server.spec,
-        trace_of(records),
-        server.step_seconds,
-        server.tokens,
-        e.token_budget,
-        e.max_seqs,
-        in_flight=in_flight,
-        rules=(e.decode_in_budget, e.mixed),
-    )
+    return server.run(trace_of(records), in_flight)
 
 
 def predict_load(server: GpuServer, records: list[RequestRecord], in_flight: int | None) -> dict:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefill.bench.capacity import MAX_REPLICAS, Workload
+from prefill.bench.capacity import MAX_REPLICAS, Workload, fewest_replicas
 from prefill.bench.gpu_serving import GpuServer, closed_trace
 from prefill.bench.loadtest_report import tpot, ttft
 from prefill.bench.simulate import SimRequest, SimResult
@@ -139,20 +139,6 @@ def bound_of(server: GpuServer, result: SimResult) -> str:
     part = max(parts, key=parts.get)
     words = {"compute": "compute", "memory": "memory bandwidth", "overhead": "launches and CPU overhead"}
     return f"{words[part]} ({parts[part] / sum(parts.values()):.0%} of step time)"
-
-
-def fewest_replicas(meets: Callable[[int], bool], start: int, most: int) -> int | None:
-    """The fewest R in [start, most] with meets(R) (assumed monotone), by doubling then bisection."""
-    lo, R = start - 1, start
-    while not meets(R):
-        if most <= R:
-            return None
-        lo, R = R, min(most, 2 * R)
-    hi = R
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
-    return hi
 
 
 def plan_option(server: GpuServer, workload: Workload, load: Load, slo: Slo, usd_per_gpu_hour: float) -> Option:
