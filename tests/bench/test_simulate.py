@@ -285,3 +285,18 @@ def test_simulate_engine_runs_a_gpu_deployment_by_its_engines_rules_and_refuses_
     for bad, words in ((["--engine", "tgi"], "choose one of"), (["--engine", "vllm", "--hardware", "cpu"], "cpu")):
         out = runner.invoke(app, [*args, *bad])
         assert out.exit_code == 2 and words in out.output and "Traceback" not in out.output
+
+
+def test_an_engines_rules_shape_each_step_decode_in_the_budget_or_prefill_alone():
+    spec = load_spec("llama-3-8b")
+    trace = [SimRequest(0.0, 4, 30), SimRequest(0.0, 4, 30), SimRequest(0.0, 4, 30), SimRequest(0.01, 64, 4)]
+    ours = simulate(spec, trace, fixed_steps, 4096, chunk_size=16, max_running=8)
+    vllm = simulate(spec, trace, fixed_steps, 4096, chunk_size=16, max_running=8, rules=(True, True))
+    sglang = simulate(spec, trace, fixed_steps, 4096, chunk_size=16, max_running=8, rules=(False, False))
+    tokens = [[sum(n for n, _ in s) for s in r.steps] for r in (ours, vllm, sglang)]
+    assert max(tokens[0]) == 16 + 3  # ours: three decode rows beside a full 16-token chunk
+    assert max(tokens[1]) == 16  # vLLM's: the decode rows count against the same budget
+    mixed = [s for s in sglang.steps if any(n > 1 for n, _ in s) and any(n == 1 for n, _ in s)]
+    assert not mixed and max(tokens[2]) == 16  # SGLang's: a prefill step runs alone
+    for r in (ours, vllm, sglang):
+        assert all(rec.n_out == t.output_tokens for rec, t in zip(r.records, trace, strict=True))

@@ -117,13 +117,15 @@ def render_table(checked: list[Checked]) -> str:
     for c in checked:
         r = c.row
         where = f"{r['model']}, {r['tp']} x {r['hardware']}, {r['engine']}, {r['weights']}/{r['kv']} KV"
+        said = False  # a row's reason is written once, at its first miss
         for m, published in r["published"].items():
             label = f"{LABELS[m]} ({r['statistic']})" if m not in THROUGHPUT else LABELS[m]
             if r.get("unreached"):
                 cells = [f"{published:,.2f}", "—", "—", f"not predicted: {r['unreached']}"]
             else:
                 e, ok = c.errors[m], abs(c.errors[m]) <= c.targets[m]
-                verdict = "yes" if ok else "**no**" + (f" ({r['miss']})" if r.get("miss") else "")
+                verdict = "yes" if ok else "**no**" + (f" ({r['miss']})" if r.get("miss") and not said else "")
+                said = said or not ok
                 cells = [f"{published:,.2f}", f"{c.predicted[m]:,.2f}", f"{e:+.0%}", verdict]
             lines.append("| " + " | ".join([r["id"], where, describe(r["workload"]), label, *cells]) + " |")
     return "\n".join(lines)
