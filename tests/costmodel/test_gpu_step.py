@@ -118,3 +118,12 @@ def test_a_gpu_kernel_takes_at_least_its_floor_and_an_engine_runs_one_kernel_an_
     assert step["residual"].seconds == pytest.approx(2 * LLAMA.L * prof.kernel_floor_s)  # 2 a layer, tiny work
     assert step["down"].seconds > LLAMA.L * prof.kernel_floor_s  # a real GEMM is its bytes, above the floor
     assert get_engine("prefill").profile(H100, "bfloat16").kernel_floor_s == 0.0  # our eager engine: launches
+
+
+def test_sglangs_memory_fraction_falls_with_the_tp_width_and_its_command_says_so():
+    sglang, llama70 = get_engine("sglang"), PRESETS["llama-3-70b"]
+    assert [sglang.fraction(t) for t in (1, 2, 4, 8)] == [0.88, 0.87, 0.85, 0.81]
+    per = 2 * llama70.L * (llama70.H_kv // 4) * llama70.d_head * 2  # one position's K/V on one of 4 GPUs
+    free = 0.85 * 80e9 - storage.weight_bytes(llama70, "bfloat16") / 4 - sglang.reserve_bytes
+    assert sglang.kv_tokens(llama70, H100, "bfloat16", None, 4) == int(free // per)
+    assert "--tp 4 --mem-fraction-static 0.85" in sglang.command("m", "bfloat16", "bfloat16", 4)

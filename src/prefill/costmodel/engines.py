@@ -31,10 +31,10 @@ GiB = 2**30
 #   figures; the square 8192 BF16 GEMM of docs/gpu-h200.json measured 80%); by M they follow M / (M + 128): at
 #   128 tokens half the large-M rate (a 128-row tile fills only part of each SM's tensor-core pipeline; the
 #   curve is stated, not measured here, and below M ~ 300 the weights' bytes bound the GEMM anyway).
-# - Attention: FlashAttention-3 reaches 50-75% of the BF16 peak in its forward pass at d_head 128 (Shah et al.
-#   2024, fig. 5: 500-740 TFLOP/s); 0.5 for the short, ragged sequences of a serving step.
-# - Bandwidth: paged decode attention and weight streaming reach about 80% of HBM's datasheet bandwidth
-#   (FlashInfer's decode kernels, Ye et al. 2025, sec. 4: 70-90% at long contexts).
+# - Attention: FlashAttention-3 reaches up to 75% of the BF16 peak in its forward pass (Shah et al. 2024: up to
+#   740 TFLOP/s on an H100); 0.5 for the short, ragged sequences of a serving step (an estimate).
+# - Bandwidth: paged decode attention and weight streaming reach about 80% of HBM's datasheet bandwidth (an
+#   estimate, the same as costmodel.profile.GPU_EFFICIENCY's; streaming copies reach 85-90% on an H100).
 # - A CUDA graph replay: one cudaGraphLaunch a step, about 20 us of CPU before the GPU runs (NVIDIA, "Getting
 #   Started with CUDA Graphs": a graph's launch costs about one kernel launch plus a few us).
 # - All-reduce: about 8 us of latency on NVLink for a decode step's small message (vLLM's custom one-shot
@@ -74,6 +74,7 @@ class Engine:
     efficiencies: tuple[tuple[str, float], ...] = tuple(HOPPER.items())
     batched: bool = True  # attention one kernel a layer over all rows (paged attention), else one a row
     of_free: bool = False  # memory_fraction is of the memory left after the weights (TensorRT-LLM's rule)
+    fraction_by_tp: tuple[tuple[int, float], ...] = ()  # (TP width, memory fraction) where it differs
     source: str = ""
 
     def profile(self, hw: Hardware, dtype: str) -> MachineProfile:
@@ -113,9 +114,14 @@ class Engine:
         """Positions the KV cache holds on each GPU of a TP group: memory_fraction of its memory, less its 1/tp
         of the weights and the reserve, over one position's K/V on one GPU."""
         lay = self.layout(weights, kv, tp)
+        fraction = self.fraction(tp)
         left = hw.memory_bytes - storage.weight_bytes(spec, weights) / tp - self.reserve_bytes
-        free = self.memory_fraction * left if self.of_free else left - (1 - self.memory_fraction) * hw.memory_bytes
+        free = fraction * left if self.of_free else left - (1 - fraction) * hw.memory_bytes
         return max(0, int(free // tp_kv_cache_bytes_per_gpu(spec, 1, lay.kv_bytes, tp)))
+
+    def fraction(self, tp: int) -> float:
+        """The memory fraction the engine takes at TP width `tp`."""
+        return dict(self.fraction_by_tp).get(tp, self.memory_fraction)
 
     def command(self, model: str, weights: str, kv: str, tp: int) -> str:
         """The engine's own launch command for this deployment, its scheduling defaults spelled out."""
@@ -124,18 +130,18 @@ class Engine:
             extra = " --quantization fp8" * fp8 + " --kv-cache-dtype fp8" * kv8
             return (
                 f"vllm serve {model} --tensor-parallel-size {tp}{extra} --gpu-memory-utilization "
-                f"{self.memory_fraction} --max-num-seqs {self.max_seqs} --max-num-batched-tokens {self.token_budget}"
+                f"{self.fraction(tp)} --max-num-seqs {self.max_seqs} --max-num-batched-tokens {self.token_budget}"
             )
         if self.name == "sglang":  # python -m sglang.launch_server --help (0.4)
             extra = " --quantization fp8" * fp8 + " --kv-cache-dtype fp8_e4m3" * kv8
             return (
                 f"python -m sglang.launch_server --model-path {model} --tp {tp}{extra} --mem-fraction-static "
-                f"{self.memory_fraction} --chunked-prefill-size {self.token_budget}"
+                f"{self.fraction(tp)} --chunked-prefill-size {self.token_budget}"
             )
         if self.name == "trtllm":  # trtllm-serve --help (1.0); FP8 needs a pre-quantized checkpoint
             return (
                 f"trtllm-serve {model} --tp_size {tp} --max_batch_size {self.max_seqs} --max_num_tokens "
-                f"{self.token_budget} --kv_cache_free_gpu_memory_fraction {self.memory_fraction}"
+                f"{self.token_budget} --kv_cache_free_gpu_memory_fraction {self.fraction(tp)}"
             )
         return f"prefill serve --model {model} --max-running {self.max_seqs} --chunk-size {self.token_budget}"
 
@@ -146,9 +152,10 @@ class Engine:
 
 # The engines' documented defaults on an 80+ GB Hopper GPU, each cited. CPU time per step (step_s, row_s) is an
 # estimate: vLLM V1 overlaps its scheduler with the GPU only with --async-scheduling (off by default in 0.10), so
-# a step's input preparation and sampling, ~1 ms plus ~2 us a row, sit between its forwards (vLLM V1 blog,
-# 2025-01-27: "CPU overhead ... up to a few ms per step"); SGLang's overlap scheduler hides most of it (SGLang
-# v0.4 blog, 2024-12-04: "zero-overhead batch scheduler"), so 0.2 ms a step; TensorRT-LLM's C++ runtime likewise.
+# a step's input preparation and sampling, ~1 ms plus ~2 us a row (estimates), sit between its forwards (the vLLM
+# V1 blog, 2025-01-27, names CPU overhead between steps as what V1 set out to cut); SGLang's overlap scheduler
+# hides most of it (SGLang v0.4 blog, 2024-12-04: the zero-overhead batch scheduler), so 0.2 ms a step; the same
+# for TensorRT-LLM's C++ runtime.
 ENGINES: dict[str, Engine] = {
     "vllm": Engine(
         "vllm",
@@ -172,7 +179,7 @@ ENGINES: dict[str, Engine] = {
     "sglang": Engine(
         "sglang",
         # python/sglang/srt/server_args.py (0.4.x): chunked_prefill_size 8192 on H100/H200, mem_fraction_static
-        # 0.88 at TP1, 0.87 at TP2, 0.85 at TP4 (0.88 here: the plan corrects per TP in memory_fraction_for);
+        # 0.88 at TP1, 0.87 at TP2, 0.85 at TP4, 0.81 at TP8 (fraction_by_tp);
         # cuda_graph_max_bs 256 below TP4; max_running_requests from the pool (a cap of 4096 stands for it);
         # a prefill batch runs alone, decode between (scheduler.py get_next_batch_to_run; --enable-mixed-chunk
         # off by default).
@@ -181,6 +188,7 @@ ENGINES: dict[str, Engine] = {
         decode_in_budget=False,
         mixed=False,
         memory_fraction=0.88,
+        fraction_by_tp=((2, 0.87), (4, 0.85), (8, 0.81)),
         reserve_bytes=1.0 * GiB,  # mem_fraction_static already leaves activations outside the static pool
         graph_tokens=256,
         graph_mixed=False,
@@ -190,16 +198,17 @@ ENGINES: dict[str, Engine] = {
     ),
     "trtllm": Engine(
         "trtllm",
-        # trtllm-serve (PyTorch backend, 1.0): max_batch_size 2048, max_num_tokens 8192,
-        # kv_cache_config.free_gpu_memory_fraction 0.9 of the memory left after weights; in-flight batching mixes
-        # context chunks with generation (docs: performance-tuning-guide/tuning-max-batch-size-and-max-num-tokens).
+        # the LLM API's build defaults (tensorrt_llm BuildConfig: max_batch_size 2048, max_num_tokens 8192; the
+        # trtllm-serve flags of some releases default lower); kv_cache_config.free_gpu_memory_fraction 0.9 of the
+        # memory left after weights; in-flight batching mixes context chunks with generation (TensorRT-LLM docs:
+        # performance-tuning-guide/tuning-max-batch-size-and-max-num-tokens).
         max_seqs=2048,
         token_budget=8192,
         decode_in_budget=True,
         mixed=True,
         memory_fraction=0.90,
         reserve_bytes=2.0 * GiB,
-        graph_tokens=128,  # cuda_graph_config batch sizes up to 128 by default (llmapi/llm_args.py)
+        graph_tokens=128,  # CUDA graphs for decode batches up to 128 (an estimate of cuda_graph_config's sizes)
         graph_mixed=False,
         step_s=0.2e-3,
         row_s=1e-6,
