@@ -5,7 +5,9 @@ the last-level cache; each time is the best of interleaved rounds (other load on
 
 Routes (x float32 [M, K], the GGUF weight [N, K] of the embedded SmolLM2-135M file):
 - x8:        the same operator on the blocks in the x8 layout (every 8 rows interleaved, csrc/packed.h), as the
-             engine holds them (Q4_0, Q4_1, Q8_0)
+             engine holds them (Q4_0, Q4_1, Q8_0): float32 activations, the reference path
+- q8:        the x8 blocks with 8-bit activations (prefill.model.quant.activations, csrc/q8.h), on the best
+             kernel of this CPU (AVX-512 VNNI or AVX2); q8-avx2: forced to the AVX2 kernel where AVX-512 runs
 - op:        torch.ops.prefill_quant.gemm on the plain blocks, as the file stores them
 - f32:       F.linear over float32 weights kept in memory (MKL), the float32 engine's GEMM
 - deq+f32:   decode the blocks to float32 (the op's dequant), then F.linear, every call
@@ -13,7 +15,10 @@ Routes (x float32 [M, K], the GGUF weight [N, K] of the embedded SmolLM2-135M fi
 - int4-bf16: torch's _weight_int4pack_mm_for_cpu (Q4_1 maps exactly: group 32, scale d, zero m + 8 d) with
              bfloat16 activations; its error against the float32 reference is printed beside ours
 
-    .venv/bin/python benchmarks/quant_gemm.py [--threads 2] [--m 1,8,32,128] [--out bench-results/quant_gemm.json]
+The memory floor of each shape is its bytes as stored over the streaming bandwidth measured in the same run
+(prefill.machine.probe.measure_bandwidth); "floor/x8" and "floor/q8" are the share of it each route reaches.
+
+    .venv/bin/python benchmarks/quant_gemm.py [--threads 2] [--m 1,8,32,256] [--out bench-results/quant_gemm.json]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 
 from prefill.costmodel.gguf_file import open_gguf
 from prefill.loading import default_model_path
+from prefill.machine.probe import measure_bandwidth
 from prefill.model.quant import ops
 from prefill.model.quant.weight import QuantWeight
 
@@ -120,8 +126,10 @@ def bench_point(ws: list[QuantWeight], dense: list[torch.Tensor], M: int, rounds
     ref = F.linear(x.double(), dense[0].double()).float()  # the float64 truth on the dequantized weight
     scale = float(F.linear(x.abs(), dense[0].abs()).max())  # sum |x||w|, the error's natural unit
     packed = [w.pack() for w in ws]
+    best_isa = ops.set_isa("auto")
     routes = {
         "x8": lambda a, i: ops.gemm(a, packed[i].blocks, w0.qtype, w0.N, w0.K, packed[i].packed),
+        "q8": lambda a, i: ops.gemm(a, packed[i].blocks, w0.qtype, w0.N, w0.K, packed[i].packed, "q8"),
         "op": lambda a, i: ops.gemm(a, ws[i].blocks, w0.qtype, w0.N, w0.K),
         "f32": lambda a, i: F.linear(a, dense[i]),
         "deq+f32": lambda a, i: F.linear(a, ops.dequant(ws[i].blocks, w0.qtype, w0.N, w0.K)),
@@ -134,19 +142,27 @@ def bench_point(ws: list[QuantWeight], dense: list[torch.Tensor], M: int, rounds
         routes["int4-bf16"] = lambda a, i: torch._weight_int4pack_mm_for_cpu(
             a.bfloat16(), packs[i][0], 32, packs[i][1]
         ).float()
-    errors = {name: float((fn(x, 0) - ref).abs().max()) / scale for name, fn in routes.items()}
+    isa_of = {name: best_isa for name in routes}
+    if best_isa == "avx512" and w0.qtype in ops.PACKABLE:
+        routes["q8-avx2"], isa_of["q8-avx2"] = routes["q8"], "avx2"
+    errors = {}
+    for name, fn in routes.items():
+        ops.set_isa(isa_of[name])
+        errors[name] = float((fn(x, 0) - ref).abs().max()) / scale
     cycles = {name: Cycle(len(ws), fn) for name, fn in routes.items()}
     best = {name: float("inf") for name in routes}
     for _ in range(rounds):  # interleaved: a burst of other load lands on every route alike
         for name, fn in cycles.items():
+            ops.set_isa(isa_of[name])
             best[name] = min(best[name], one_call(fn, x, len(ws)))
+    ops.set_isa("auto")
     return {"M": M, "seconds": best, "error_per_sum_abs": errors, "best": min(best, key=best.get)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--m", default="1,8,32,128")
+    ap.add_argument("--m", default="1,8,32,256")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile route (slow to build)")
     ap.add_argument("--out", default="")
@@ -156,7 +172,11 @@ def main() -> None:
         raise SystemExit("the quantized kernels are not built: run `python -m prefill.model.quant.build`")
     reader = open_gguf(default_model_path())
     rows = []
-    print(f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}; times in microseconds")
+    bandwidth = measure_bandwidth("cpu")
+    print(
+        f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, kernels {ops.set_isa('auto')}, "
+        f"streaming {bandwidth / 1e9:.1f} GB/s; times in microseconds"
+    )
     for shape, names in SHAPES:
         ws = load_weights(reader, names)
         dense = [w.dequantize() for w in ws]
@@ -164,15 +184,20 @@ def main() -> None:
         w = ws[0]
         for M in (int(m) for m in args.m.split(",")):
             r = bench_point(ws, dense, M, args.rounds, compiled)
-            r.update(shape=shape, qtype=w.qtype, bytes=w.nbytes)
+            floor = w.nbytes / bandwidth
+            r.update(shape=shape, qtype=w.qtype, bytes=w.nbytes, floor_seconds=floor)
             rows.append(r)
-            cells = "  ".join(f"{k} {v * 1e6:8.1f}" for k, v in r["seconds"].items())
+            t = r["seconds"]
+            cells = "  ".join(f"{k} {v * 1e6:8.1f}" for k, v in t.items())
             err = "  ".join(f"{k} {v:.1e}" for k, v in r["error_per_sum_abs"].items())
-            gbs = w.nbytes / r["seconds"]["x8"] / 1e9
-            print(f"{shape:18s} M={M:<4d} {cells}  | x8 {gbs:5.1f} GB/s | best {r['best']} | err/sum|xw|: {err}")
+            ratios = (
+                f"x8/q8 {t['x8'] / t['q8']:4.2f}x  floor/x8 {floor / t['x8']:4.0%}  floor/q8 {floor / t['q8']:4.0%}"
+            )
+            print(f"{shape:18s} M={M:<4d} {cells}  | {ratios} | best {r['best']} | err/sum|xw|: {err}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
+        out = {"threads": args.threads, "bandwidth": bandwidth, "rows": rows}
+        Path(args.out).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

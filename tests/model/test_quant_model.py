@@ -10,7 +10,7 @@ import torch
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine import proofs
 from prefill.engine.llm import Engine
-from prefill.model.quant import QuantWeight, ops
+from prefill.model.quant import QuantWeight, ops, set_activations
 from quant_blocks import random_blocks
 
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.")
@@ -149,12 +149,16 @@ def test_native_needs_a_quantized_file(tmp_path):
 
 @pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
 @pytest.mark.parametrize("arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0")])
-def test_decode_block_is_bitwise_the_block_op_by_op(arch, qtype):
+@pytest.mark.parametrize("path", ["f32", "q8"])
+def test_decode_block_is_bitwise_the_block_op_by_op(arch, qtype, path):
     """A forward of decode rows runs each block as one operator (decode_block); its logits are bitwise those of
-    the same operators called one by one from Python, for rows of different context lengths in one batch."""
+    the same operators called one by one from Python, for rows of different context lengths in one batch, on
+    either activation path (the fused operators read it from the weights' type ids)."""
     spec = tiny_spec(arch)
     sd = tiny_state_dict(spec, qtype)
     whole, by_op = Engine.from_state_dict(spec, dict(sd)), Engine.from_state_dict(spec, dict(sd))
+    n_linear = 1 + 4 * spec.L  # the (tied) embedding, and each block's Q/K/V, O, gate/up, down
+    assert set_activations(whole.model, path) == set_activations(by_op.model, path) == n_linear
     by_op.model.kernels.decode_block = None
     ran = []
     one = whole.model.kernels.decode_block
@@ -173,3 +177,7 @@ def test_decode_block_is_bitwise_the_block_op_by_op(arch, qtype):
             logits[name] = torch.stack(steps)  # [steps, 2, vocab]
     assert sum(y is not None for y in ran) == 20 * spec.L  # every block of every decode step, none of the prefills
     assert torch.equal(logits["whole"], logits["by_op"])
+    if path == "q8":  # the path was taken: the same engine on float32 activations gives other logits
+        q8 = whole.prefill([5, 17, 42])[0]
+        set_activations(whole.model, "f32")
+        assert not torch.equal(q8, whole.prefill([5, 17, 42])[0])

@@ -4,9 +4,22 @@ QuantWeight     a [N, K] weight as raw GGUF blocks (weight.py)
 linear          F.linear for a dense or quantized weight: what every projection and the unembedding call
 QuantLinear, QuantEmbedding, place_weight       the modules a loaded model holds (modules.py)
 ops             the operator: C++ kernels (csrc/, built by build.py) or the portable torch path
+activations     the activation paths (f32 reference, q8: 8-bit activations, integer dot products), PREFILL_ACTIVATIONS
+set_activations put a loaded model's quantized projections on one path
 """
 
-from prefill.model.quant.modules import QuantEmbedding, QuantLinear, place_weight
+from prefill.model.quant.activations import PATHS as ACTIVATION_PATHS
+from prefill.model.quant.modules import QuantEmbedding, QuantLinear, place_weight, set_activations
 from prefill.model.quant.weight import KERNEL_TYPES, QuantWeight, cat_rows, linear
 
-__all__ = ["KERNEL_TYPES", "QuantEmbedding", "QuantLinear", "QuantWeight", "cat_rows", "linear", "place_weight"]
+__all__ = [
+    "ACTIVATION_PATHS",
+    "KERNEL_TYPES",
+    "QuantEmbedding",
+    "QuantLinear",
+    "QuantWeight",
+    "cat_rows",
+    "linear",
+    "place_weight",
+    "set_activations",
+]

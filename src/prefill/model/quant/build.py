@@ -1,7 +1,8 @@
 """Build the engine's C++ kernels into one library that torch loads: `python -m prefill.model.quant.build`.
 
-Its sources: the quantized GEMM and fused block operators (csrc/, torch.ops.prefill_quant) and the model's own
-kernels (prefill/model/csrc/: the paged attention and the batch-invariant linear, torch.ops.prefill_kernels).
+Its sources: the quantized GEMM (float32 and 8-bit activations, csrc/q8.cpp) and fused block operators (csrc/,
+torch.ops.prefill_quant) and the model's own kernels (prefill/model/csrc/: the paged attention and the
+batch-invariant linear, torch.ops.prefill_kernels).
 
 `make install` runs it; the engine also builds on first need when the library is missing or stale. The
 library's name carries a digest of the sources, the torch version and the flags, so an edited kernel or another
@@ -26,7 +27,13 @@ from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
 MODEL_CSRC = Path(__file__).parent.parent / "csrc"
-SOURCES = (CSRC / "gemm.cpp", CSRC / "fused.cpp", MODEL_CSRC / "paged_attention.cpp", MODEL_CSRC / "linear.cpp")
+SOURCES = (
+    CSRC / "gemm.cpp",
+    CSRC / "q8.cpp",
+    CSRC / "fused.cpp",
+    MODEL_CSRC / "paged_attention.cpp",
+    MODEL_CSRC / "linear.cpp",
+)
 FLAGS = (
     "-O3",
     "-std=c++20",  # torch 2.13's headers use C++20 (bit-field initializers)

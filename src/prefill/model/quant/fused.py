@@ -84,7 +84,7 @@ def install(model) -> bool:
             w_down.type_id,
         ).view(B, P, D)
 
-    fixed: dict[int, BlockArgs | None] = {}  # id(block) -> its arguments that no step changes
+    fixed: dict[tuple, BlockArgs | None] = {}  # (id(block), path) -> its arguments that no step changes
 
     def decode_block(blk, x, cos, sin, batch, layer):
         """The block as one operator when every token of the forward is a query of the paged kernel (decode
@@ -94,7 +94,7 @@ def install(model) -> bool:
         paged, N = batch.paged, x.shape[1]  # x [1, N, d_model]
         if paged is None or paged.index.shape[0] != N or x.dtype != torch.float32:
             return None
-        key = id(blk)
+        key = (id(blk), blk.wqkv.weight.activations)  # the type ids carry the path (set_activations)
         if key not in fixed:
             fixed[key] = _block_arguments(blk)
         a = fixed[key]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from prefill.errors import ModelFileError
+from prefill.model.quant.activations import check
 from prefill.model.quant.weight import QuantWeight
 
 
@@ -57,3 +58,15 @@ def place_weight(owner: nn.Module, name: str, value, put: Callable[[torch.Tensor
         setattr(owner, name, QuantEmbedding(value))
     else:
         setattr(owner, name, QuantLinear(value, getattr(module, "bias", None)))
+
+
+def set_activations(model: nn.Module, path: str) -> int:
+    """Put every quantized matrix of `model` (QuantLinear and QuantEmbedding weights: a tied embedding is also
+    the unembedding's weight) on activation path `path` (f32 | q8, prefill.model.quant.activations), in place;
+    returns how many weights it set. An embedding's lookups decode rows and have no activations either way. The
+    fused operators read the path from the weights' type ids at their next call."""
+    check(path)
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, QuantLinear | QuantEmbedding)}
+    for w in weights.values():
+        w.activations = path
+    return len(weights)

@@ -1,12 +1,13 @@
 """The quantized GEMM as an operator: torch.ops.prefill_quant (csrc/gemm.cpp) when its library is built, else a
 portable torch path that decodes the blocks per call (correct, and slower than float32 weights).
 
-    gemm(x [M, K] float32, blocks uint8 [N, row_bytes], qtype, N, K) -> [M, N] float32
+    gemm(x [M, K] float32, blocks uint8 [N, row_bytes], qtype, N, K, activations) -> [M, N] float32
     dequant(blocks, qtype, N, K) -> [N, K] float32
 
 The library loads once per process, built first if missing or stale (prefill.model.quant.build); either way a
 one-line note says which path runs. Both paths decode exactly as the gguf package does (the products q * d are
-exact in float32), so they differ from F.linear on the dequantized weight by summation order only.
+exact in float32), so on the f32 activation path they differ from F.linear on the dequantized weight by
+summation order only; the q8 path (activations.py) rounds the activations first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from prefill.costmodel.storage import GGUF_BLOCKS, GGUF_TYPE_IDS
+from prefill.model.quant.activations import dequantize_q8, quantize_q8, runs_q8
 
 
 @functools.cache
@@ -91,24 +93,37 @@ def forget() -> None:
 
 
 def set_isa(name: str) -> str:
-    """Force the kernels' instruction set ("scalar", "avx2") or restore the best one ("auto"); returns the one
-    in use. Tests run the portable scalar kernels this way on any CPU."""
+    """Force the kernels' instruction set ("scalar", "avx2", "avx512": AVX-512 F/BW/VL/VNNI) or restore the best
+    one ("auto"); returns the one in use. RuntimeError when the CPU lacks it. Tests run each kernel this way."""
     return torch.ops.prefill_quant.set_isa(name)
 
 
+def isa() -> str:
+    """The instruction set the kernels run now ("avx512", "avx2" or "scalar"; set_isa changes it)."""
+    return torch.ops.prefill_quant.isa()
+
+
 PACKED = 0x100  # type bit of blocks in the x8 layout (csrc/packed.h)
+ACT_Q8 = 0x200  # type bit: the products quantise their activations to 8 bits (activations.py, csrc/q8.h)
 PACKABLE = ("Q4_0", "Q4_1", "Q8_0")
 
 
-def type_id(qtype: str, packed: bool = False) -> int:
-    """The operators' type argument: the GGUF type number, | PACKED for blocks in the x8 layout."""
-    return GGUF_TYPE_IDS[qtype] | (PACKED if packed else 0)
+def type_id(qtype: str, packed: bool = False, activations: str = "f32") -> int:
+    """The operators' type argument: the GGUF type number, | PACKED for blocks in the x8 layout, | ACT_Q8 for
+    the 8-bit activation path (where the type has it)."""
+    q8 = ACT_Q8 if runs_q8(activations, qtype) else 0
+    return GGUF_TYPE_IDS[qtype] | (PACKED if packed else 0) | q8
 
 
-def gemm(x: torch.Tensor, blocks: torch.Tensor, qtype: str, N: int, K: int, packed: bool = False) -> torch.Tensor:
-    """x [M, K] float32 times the quantized weight [N, K] transposed -> [M, N] float32 (F.linear without bias)."""
+def gemm(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: str, N: int, K: int, packed: bool = False, activations: str = "f32"
+) -> torch.Tensor:
+    """x [M, K] float32 times the quantized weight [N, K] transposed -> [M, N] float32 (F.linear without bias),
+    with the activations on `activations`' path (activations.py)."""
     if available():
-        return torch.ops.prefill_quant.gemm(x, blocks, type_id(qtype, packed), N, K)
+        return torch.ops.prefill_quant.gemm(x, blocks, type_id(qtype, packed, activations), N, K)
+    if runs_q8(activations, qtype) and (quantized := quantize_q8(x)) is not None:
+        x = dequantize_q8(*quantized)  # the same 8-bit activations, multiplied in float32
     return torch.nn.functional.linear(x, dequant_portable(blocks, qtype, N, K))
 
 

@@ -9,14 +9,14 @@ through its attributes, and the custom operator (prefill.model.quant.ops) does t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
 from prefill.costmodel.storage import GGUF_BLOCKS
 from prefill.errors import ModelFileError
-from prefill.model.quant import ops
+from prefill.model.quant import activations, ops
 
 KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the block types csrc/ decodes
 # From this many rows of x a float32 copy of the weight, made on first need and kept beside the blocks, beats
@@ -41,8 +41,10 @@ class QuantWeight:
     dense_min_m: int = DENSE_MIN_M
     dense: torch.Tensor | None = None  # float32 [N, K] once a long prompt made it, else None
     packed: bool = False  # the blocks in the x8 layout (every 8 rows interleaved, csrc/packed.h)
+    activations: str = field(default_factory=activations.default_activations)  # f32 | q8 (activations.py)
 
     def __post_init__(self) -> None:
+        activations.check(self.activations)
         if self.qtype not in KERNEL_TYPES:
             raise ModelFileError(
                 f"GGUF type {self.qtype} has no quantized kernel here (have {', '.join(KERNEL_TYPES)})"
@@ -76,7 +78,7 @@ class QuantWeight:
     @property
     def type_id(self) -> int:
         """The operators' type argument (the GGUF type number, with the packed bit)."""
-        return ops.type_id(self.qtype, self.packed)
+        return ops.type_id(self.qtype, self.packed, self.activations)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [N, K], decoded as the gguf package does."""
@@ -123,12 +125,18 @@ class QuantWeight:
         return True
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] float32 -> x @ W^T [..., N] float32."""
+        """x [..., K] float32 -> x @ W^T [..., N] float32 (activations on self.activations' path; over the
+        float32 copy, float32)."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.K)  # [M, K]
         if self.uses_dense(x2.shape[0]):
             return F.linear(x, self.dense)
-        return ops.gemm(x2, self.blocks, self.qtype, self.N, self.K, self.packed).view(*lead, self.N)
+        y = ops.gemm(x2, self.blocks, self.qtype, self.N, self.K, self.packed, self.activations)  # [M, N]
+        return y.view(*lead, self.N)
+
+    def with_activations(self, path: str) -> QuantWeight:
+        """The same blocks (shared, not copied) with their products on activation path `path` (f32 | q8)."""
+        return replace(self, activations=activations.check(path))
 
     def permute_rows(self, order: torch.Tensor) -> QuantWeight:
         """The same weight with its rows in `order` (a permutation of range(N)); plain blocks only."""

@@ -112,7 +112,7 @@ void silu_mul(const float* gu, int64_t M, int64_t F, float* g) {
     for (int64_t m = m0; m < m1; m++) {
       const float* row = gu + m * 2 * F;  // [gate | up]
 #if defined(__x86_64__) || defined(_M_X64)
-      if (isa == AVX2) {
+      if (isa >= AVX2) {
         silu_mul_row_avx2(row, row + F, F, g + m * F);
         continue;
       }

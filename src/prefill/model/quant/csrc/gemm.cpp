@@ -7,7 +7,9 @@
 //   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
 //   pack(w, qtype, N, K) -> uint8 [N, row_bytes]      the blocks in the x8 layout (packed.h); its type is
 //                                                      qtype | PACKED, which every operator here accepts.
-//   set_isa(name) -> name                             "auto", "avx2" or "scalar" (tests force the portable path).
+//   set_isa(name) -> name                             "auto", "avx512", "avx2" or "scalar" (tests force each
+//                                                      kernel; avx512 = F, BW, VL, VNNI: the 8-bit activation
+//                                                      kernel, q8.cpp; the float32 kernels run their AVX2 code).
 //   pre_attention, post_attention, decode_block       a decoder block's work around attention, or all of it (fused.cpp).
 //
 // Work is split over N with at::parallel_for (torch's own thread pool and thread count).
@@ -32,14 +34,18 @@ namespace {
 int best_isa() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return AVX2;
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))) return SCALAR;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return AVX512;
+  return AVX2;
 #endif
   return SCALAR;
 }
 
 std::atomic<int> g_isa{best_isa()};
 
-const char* isa_name(int isa) { return isa == AVX2 ? "avx2" : "scalar"; }
+const char* isa_name(int isa) { return isa == AVX512 ? "avx512" : isa >= AVX2 ? "avx2" : "scalar"; }
 
 constexpr int64_t PANEL = 16;  // weight rows decoded at a time: 16 x K floats (96 KiB at K = 1,536) stay in L2
 constexpr int MR = 4, NR = 3;  // register tile: 4 x 3 accumulators of 8 lanes (+ 3 weight vectors + 1 of x)
@@ -61,7 +67,7 @@ void tile_scalar(const float* x, int64_t ldx, const float* w, int64_t ldw, int64
 
 void dequant_rows(int isa, int64_t t, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t K, float* y) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (isa == AVX2) {
+  if (isa >= AVX2) {
     switch (t) {
       case Q4_0: return avx2::dequant_rows_t<Q4_0>(w, row_bytes, rows, K, y);
       case Q4_1: return avx2::dequant_rows_t<Q4_1>(w, row_bytes, rows, K, y);
@@ -85,7 +91,7 @@ void tile_avx2_nr(int nr, const float* x, int64_t ldx, const float* w, int64_t K
 }
 
 void tile(int isa, int mr, int nr, const float* x, const float* w, int64_t K, float* out, int64_t ldo) {
-  if (isa == AVX2) {
+  if (isa >= AVX2) {
     switch (mr) {
       case 4: return tile_avx2_nr<4>(nr, x, K, w, K, out, ldo);
       case 3: return tile_avx2_nr<3>(nr, x, K, w, K, out, ldo);
@@ -157,7 +163,7 @@ void decode_group(int64_t t, const uint8_t* grp, int64_t nb, float* wt) {
 // Groups [g0, g1) of a packed matrix against all M rows of x: two groups decoded at a time into wt [K][16].
 void packed_groups_avx2(const float* x, int64_t M, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
   constexpr int MR_X8 = 6;  // 6 x 2 accumulators + 2 weight vectors + 1 broadcast x: 15 of 16 registers
-  const int64_t t = w.type & ~PACKED, K = w.K, nb = K / 32;
+  const int64_t t = w.type & TYPE_MASK, K = w.K, nb = K / 32;
   std::unique_ptr<float[]> wt(new float[16 * K]);  // [K, 16]
   for (int64_t g = g0; g < g1; g += 2) {
     const int ng = (int)std::min<int64_t>(2, g1 - g);
@@ -173,7 +179,7 @@ void packed_groups_avx2(const float* x, int64_t M, const QMatrix& w, int64_t g0,
 
 template <int R>
 void packed_rows_avx2(const avx2::SplitX* sx, const QMatrix& w, int64_t g0, int64_t g1, float* out) {
-  const int64_t t = w.type & ~PACKED, nb = w.K / 32;
+  const int64_t t = w.type & TYPE_MASK, nb = w.K / 32;
   for (int64_t g = g0; g < g1; g++) {
     const uint8_t* grp = w.data + g * GROUP * w.row_bytes;
     float* o = out + g * GROUP;
@@ -197,9 +203,9 @@ void packed_few_avx2(int64_t M, const avx2::SplitX* sx, const QMatrix& w, int64_
 // x [M, K] times a packed matrix: whole groups by the x8 kernels, the N % 8 plain rows at the end as before;
 // without AVX2 every group is unpacked into plain blocks first and runs the portable path.
 void matmul_packed(int isa, const float* xp, int64_t M, const QMatrix& w, float* op) {
-  const int64_t t = w.type & ~PACKED, N = w.N, K = w.K, full = N / GROUP;
+  const int64_t t = w.type & TYPE_MASK, N = w.N, K = w.K, full = N / GROUP;
 #if defined(__x86_64__) || defined(_M_X64)
-  if (isa == AVX2) {
+  if (isa >= AVX2) {
     // Up to FEW_ROWS rows: each split into integer limbs (the M = 1 arithmetic); false when a row cannot be
     // (an inf or a NaN), and then the float path runs them all.
     constexpr int64_t FEW_ROWS = 4;
@@ -240,8 +246,8 @@ void matmul_packed(int isa, const float* xp, int64_t M, const QMatrix& w, float*
 }
 
 int64_t check_weight(const at::Tensor& w, int64_t t, int64_t N, int64_t K) {
-  const Layout L = layout_of(t & ~PACKED);
-  TORCH_CHECK(L.block > 0 && (!(t & PACKED) || packable(t & ~PACKED)), "prefill_quant: unsupported GGUF type ", t);
+  const Layout L = layout_of(t & TYPE_MASK);
+  TORCH_CHECK(L.block > 0 && (!(t & PACKED) || packable(t & TYPE_MASK)), "prefill_quant: unsupported GGUF type ", t);
   TORCH_CHECK(K > 0 && K % L.block == 0, "prefill_quant: K = ", K, " is not a multiple of the block size ", L.block);
   TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.device().is_cpu(),
               "prefill_quant: the weight must be contiguous uint8 blocks on the CPU");
@@ -255,7 +261,7 @@ at::Tensor dequant_matrix(const QMatrix& w) {
   at::Tensor y = at::empty({w.N, w.K}, at::TensorOptions().dtype(at::kFloat));
   float* yp = y.data_ptr<float>();
   const int isa = g_isa.load();
-  const int64_t t = w.type & ~PACKED;
+  const int64_t t = w.type & TYPE_MASK;
   at::parallel_for(0, (w.N + GROUP - 1) / GROUP, PANEL / GROUP, [&](int64_t g0, int64_t g1) {
     const int64_t n0 = g0 * GROUP, n1 = std::min(w.N, g1 * GROUP);
     std::unique_ptr<uint8_t[]> plain;
@@ -304,7 +310,7 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& w, int64_t t, int64_t 
 int current_isa() { return g_isa.load(); }
 
 QMatrix qmatrix(const at::Tensor& w, int64_t t) {
-  const Layout L = layout_of(t & ~PACKED);
+  const Layout L = layout_of(t & TYPE_MASK);
   TORCH_CHECK(L.block > 0, "prefill_quant: unsupported GGUF type ", t);
   TORCH_CHECK(w.dim() == 2 && w.size(1) % L.bytes == 0, "prefill_quant: blocks must be [N, row_bytes]");
   const int64_t N = w.size(0), K = w.size(1) / L.bytes * L.block;
@@ -312,13 +318,15 @@ QMatrix qmatrix(const at::Tensor& w, int64_t t) {
   return {w.data_ptr<uint8_t>(), t, N, K, w.size(1)};
 }
 
-void matmul(const float* xp, int64_t M, const QMatrix& w, float* op) {
-  const int64_t N = w.N, K = w.K;
+void matmul(const float* xp, int64_t M, const QMatrix& w_in, float* op) {
+  const int64_t N = w_in.N, K = w_in.K;
   if (M == 0) return;
+  if ((w_in.type & ACT_Q8) && packable(w_in.type & TYPE_MASK) && matmul_q8(xp, M, w_in, op)) return;
+  const QMatrix w{w_in.data, w_in.type & ~ACT_Q8, N, K, w_in.row_bytes};  // the float32-activation path
   const int isa = g_isa.load();
   if (w.type & PACKED) return matmul_packed(isa, xp, M, w, op);
 #if defined(__x86_64__) || defined(_M_X64)
-  if (M == 1 && isa == AVX2 && packable(w.type)) {
+  if (M == 1 && isa >= AVX2 && packable(w.type)) {
     const int64_t nb = K / 32;
     std::unique_ptr<int16_t[]> hl(new int16_t[2 * K]);  // [2, K]
     std::unique_ptr<float[]> sums(new float[2 * nb]);   // [2, K / 32]
@@ -347,8 +355,11 @@ std::string set_isa(const std::string& name) {
   } else if (name == "avx2") {
     TORCH_CHECK(best >= AVX2, "prefill_quant: this CPU has no AVX2 + FMA + F16C");
     g_isa = AVX2;
+  } else if (name == "avx512") {
+    TORCH_CHECK(best >= AVX512, "prefill_quant: this CPU has no AVX-512 F + BW + VL + VNNI");
+    g_isa = AVX512;
   } else {
-    TORCH_CHECK(false, "prefill_quant: unknown isa '", name, "' (auto, avx2, scalar)");
+    TORCH_CHECK(false, "prefill_quant: unknown isa '", name, "' (auto, avx512, avx2, scalar)");
   }
   return isa_name(g_isa.load());
 }
@@ -369,6 +380,7 @@ TORCH_LIBRARY(prefill_quant, m) {
   m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("pack(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("set_isa(str isa) -> str", &prefill_quant::set_isa);  // no tensors: one kernel for every backend
+  m.def("isa() -> str", [] { return std::string(prefill_quant::isa_name(prefill_quant::current_isa())); });
 }
 
 TORCH_LIBRARY_IMPL(prefill_quant, CPU, m) {

@@ -7,7 +7,7 @@
 
 namespace prefill_quant {
 
-enum Isa : int { SCALAR = 0, AVX2 = 1 };
+enum Isa : int { SCALAR = 0, AVX2 = 1, AVX512 = 2 };  // AVX512: F, BW, VL and VNNI (and AVX2)
 int current_isa();
 
 // A weight [N, K] as GGUF blocks of `type`: N rows of row_bytes bytes.
@@ -21,5 +21,9 @@ QMatrix qmatrix(const at::Tensor& w, int64_t type);
 
 // out[m * N + n] = sum_k x[m * K + k] w[n][k] for m < M, n < N (parallel over N).
 void matmul(const float* x, int64_t M, const QMatrix& w, float* out);
+
+// The same product with x quantised per 32-block to int8 (q8.cpp; Q4_0, Q4_1, Q8_0); false, with nothing
+// written, when it does not run (another type, an inf or a NaN in x), and the float path runs instead.
+bool matmul_q8(const float* x, int64_t M, const QMatrix& w, float* out);
 
 }  // namespace prefill_quant

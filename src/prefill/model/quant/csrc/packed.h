@@ -8,7 +8,8 @@
 // halves), then their offsets m (Q4_1), then unit after unit of the eight rows' weights. The N % 8 last rows
 // keep the plain layout. Packing only moves bytes: a packed matrix has exactly the blocks' bytes.
 //
-// A packed matrix's type is the GGUF type | PACKED (gemm.h), so every operator taking (w, type) reads both.
+// A packed matrix's type is the GGUF type | PACKED (gemm.h), so every operator taking (w, type) reads both; the
+// ACT_Q8 bit chooses 8-bit activations for the products (q8.cpp), and the other operators ignore it.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,8 @@ namespace prefill_quant {
 
 constexpr int64_t PACKED = 0x100;  // type bit: the matrix is in the x8 layout
 constexpr int64_t GROUP = 8;       // rows per group
+constexpr int64_t ACT_Q8 = 0x200;  // type bit: multiply with 8-bit activations (q8.h) where the type has them
+constexpr int64_t TYPE_MASK = 0xff;  // the GGUF type without the bits
 
 // The types the integer kernels read (the x8 layout, and the plain layout's direct M = 1 dot).
 inline bool packable(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0; }
