@@ -47,22 +47,26 @@ void matmul_t(const q8::QRows& x, int64_t M, const QMatrix& w, float* out) {
 }  // namespace
 
 bool matmul_q8(const float* xp, int64_t M, const QMatrix& w, float* out) {
-  const int64_t t = w.type & TYPE_MASK, K = w.K, nb = K / q8::QK;
-  std::unique_ptr<int8_t[]> q(new int8_t[2 * M * K]);  // [2, M, K]: natural order, unit order
-  std::unique_ptr<float[]> ds(new float[2 * M * nb]);  // [2, M, nb]: d, s
-  std::unique_ptr<int32_t[]> sums(new int32_t[M * nb]);
+  const int64_t t = w.type & TYPE_MASK, K = w.K, nb = K / q8::QK, tiles = (M + q8::TILE - 1) / q8::TILE;
+  const int64_t padded = tiles * q8::TILE;
+  std::unique_ptr<int8_t[]> q(new int8_t[(M + padded) * K]());   // [M, K] rows, then [tiles, nb, TILE, 32]
+  std::unique_ptr<float[]> f(new float[2 * (M + padded) * nb]());  // d, s of the rows, then of the tiles
+  std::unique_ptr<int32_t[]> sums(new int32_t[(M + padded) * nb]());
+  int8_t* tq = q.get() + M * K;
+  float *td = f.get() + 2 * M * nb, *ts = td + padded * nb;
+  int32_t* tsum = sums.get() + M * nb;
+  const q8::QRows x{q.get(), f.get(), sums.get(), f.get() + M * nb, tq, td, tsum, ts, K, nb};
   std::atomic<bool> ok{true};
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1 && ok; m++) {
-      int8_t* qm = q.get() + m * K;
-      if (!q8::quantize_row(xp + m * K, K, qm, ds.get() + m * nb, sums.get() + m * nb, ds.get() + (M + m) * nb))
+      if (!q8::quantize_row(xp + m * K, K, q.get() + m * K, f.get() + m * nb, sums.get() + m * nb,
+                            f.get() + (M + m) * nb))
         ok = false;
-      else if (t == Q8_0) std::memcpy(qm + M * K, qm, K);
-      else q8::unit_order_q4(qm, K, qm + M * K);
+      else
+        q8::to_tiles(x, m, t != Q8_0, tq, td, tsum, ts);
     }
   });
   if (!ok) return false;
-  const q8::QRows x{q.get(), q.get() + M * K, ds.get(), sums.get(), ds.get() + M * nb, K, nb};
   switch (t) {
     case Q4_0: matmul_t<Q4_0>(x, M, w, out); return true;
     case Q4_1: matmul_t<Q4_1>(x, M, w, out); return true;

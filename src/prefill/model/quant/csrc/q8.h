@@ -16,6 +16,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "blocks.h"
 #include "packed.h"
@@ -24,15 +25,23 @@ namespace prefill_quant::q8 {
 
 constexpr int64_t QK = 32;  // activations per block (every type with an 8-bit path has 32-weight blocks)
 
-// M rows of activations, quantised. q in natural order (the scalar kernel), u in the order of the weight units
-// the SIMD kernels read (Q4: per block, unit j = x[2j], x[2j+1], x[2j+16], x[2j+17]; Q8_0: natural).
+constexpr int64_t TILE = 8;  // activation rows the SIMD kernels take at once
+
+// M rows of activations, quantised: row-major for the scalar kernel, and the same values again in tiles of
+// TILE rows for the SIMD kernels, [M / TILE][nb][TILE] (the last tile padded with zeros): a block's rows sit
+// at constant offsets from one pointer. In the tiles the int8s of a block are in the order of the weight units
+// the kernels read (Q4: unit j = x[2j], x[2j+1], x[2j+16], x[2j+17]; Q8_0: natural).
 struct QRows {
-  const int8_t* q;    // [M, K]
-  const int8_t* u;    // [M, K]
-  const float* d;     // [M, nb]: the blocks' scales d_b
-  const int32_t* sum; // [M, nb]: sum of q over the block
-  const float* s;     // [M, nb]: d_b * sum, rounded once
+  const int8_t* q;     // [M, K]
+  const float* d;      // [M, nb]: the blocks' scales d_b
+  const int32_t* sum;  // [M, nb]: sum of q over the block
+  const float* s;      // [M, nb]: d_b * sum, rounded once
+  const int8_t* tq;    // [tiles, nb, TILE, 32]
+  const float* td;     // [tiles, nb, TILE], and so on
+  const int32_t* tsum;
+  const float* ts;
   int64_t K, nb;
+  int64_t at(int64_t tile, int64_t b) const { return (tile * nb + b) * TILE; }  // index of a tile's block
 };
 
 // One row x[K] into q[K], d, sum, s [K / 32]. False when a block holds an inf or a NaN, or a largest |x| in
@@ -51,7 +60,10 @@ inline bool quantize_row(const float* x, int64_t K, int8_t* q, float* d, int32_t
     const float id = db > 0.0f ? 1.0f / db : 0.0f;
     int32_t total = 0;
     for (int i = 0; i < QK; i++) {
-      const float v = std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(xb[i] * id)));
+      // x id to the nearest integer, ties to even (|x id| <= 127.01 < 2^22: adding 1.5 * 2^23 rounds it as
+      // IEEE does, exactly nearbyint; a libm call per element cost more than the product at M = 8)
+      float v = (xb[i] * id + 0x1.8p23f) - 0x1.8p23f;
+      v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
       q[b * QK + i] = (int8_t)v;
       total += (int32_t)v;
     }
@@ -62,15 +74,24 @@ inline bool quantize_row(const float* x, int64_t K, int8_t* q, float* d, int32_t
   return true;
 }
 
-// q[K] (natural order) into the Q4 unit order u[K] (see QRows).
-inline void unit_order_q4(const int8_t* q, int64_t K, int8_t* u) {
-  for (int64_t b = 0; b < K; b += QK)
-    for (int j = 0; j < 8; j++) {
-      u[b + 4 * j] = q[b + 2 * j];
-      u[b + 4 * j + 1] = q[b + 2 * j + 1];
-      u[b + 4 * j + 2] = q[b + 2 * j + 16];
-      u[b + 4 * j + 3] = q[b + 2 * j + 17];
+// Row m (quantised, natural order: q[K], d, sum, s [nb]) into its place in the tiles, Q4 blocks in unit order.
+inline void to_tiles(const QRows& x, int64_t m, bool q4, int8_t* tq, float* td, int32_t* tsum, float* ts) {
+  const int8_t* q = x.q + m * x.K;
+  for (int64_t b = 0; b < x.nb; b++) {
+    const int64_t i = x.at(m / TILE, b) + m % TILE;
+    int8_t* u = tq + i * QK;
+    const int8_t* qb = q + b * QK;
+    for (int j = 0; j < 8 && q4; j++) {
+      u[4 * j] = qb[2 * j];
+      u[4 * j + 1] = qb[2 * j + 1];
+      u[4 * j + 2] = qb[2 * j + 16];
+      u[4 * j + 3] = qb[2 * j + 17];
     }
+    if (!q4) std::memcpy(u, qb, QK);
+    td[i] = x.d[m * x.nb + b];
+    tsum[i] = x.sum[m * x.nb + b];
+    ts[i] = x.s[m * x.nb + b];
+  }
 }
 
 // One plain row of nb blocks of type T against quantised row m of x (the portable kernel; the order above).

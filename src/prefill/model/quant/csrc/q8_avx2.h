@@ -43,9 +43,9 @@ PQ_Q8_AVX2 inline __m256 halves8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Group `grp` (nb segments) against activation rows m0 .. m0 + R: out[r * ldo + 0..8).
+// Group `grp` (nb segments) against rows r0 .. r0 + R of activation tile `tile`: out[r * ldo + 0..8).
 template <int64_t T, int R>
-PQ_Q8_AVX2 void group_avx2(const uint8_t* grp, const QRows& x, int64_t m0, float* out, int64_t ldo) {
+PQ_Q8_AVX2 void group_avx2(const uint8_t* grp, const QRows& x, int64_t tile, int r0, float* out, int64_t ldo) {
   static_assert(R >= 1 && R <= 4);
   constexpr int SEG = 8 * layout_of(T).bytes, HDR = T == Q4_1 ? 32 : 16;
   constexpr int64_t PREFETCH = 4096;
@@ -56,13 +56,15 @@ PQ_Q8_AVX2 void group_avx2(const uint8_t* grp, const QRows& x, int64_t m0, float
     const uint8_t* seg = grp + b * SEG;
     for (int c = 0; c < SEG; c += 64) _mm_prefetch(reinterpret_cast<const char*>(seg + PREFETCH + c), _MM_HINT_T0);
     const uint8_t* qs = seg + HDR;
+    const int64_t at = x.at(tile, b) + r0;
+    const int8_t* xq = x.tq + at * QK;  // row r's block at xq + 32 r
     __m256i I[R];
     if constexpr (T == Q8_0) {
       for (int r = 0; r < R; r++) I[r] = _mm256_setzero_si256();
       for (int j = 0; j < 16; j += 2) {
         const __m256i w = q8_units(qs + 16 * j), wabs = _mm256_sign_epi8(w, w);
         for (int r = 0; r < R; r++) {
-          const __m256i xs = _mm256_sign_epi8(bcast4(x.u + (m0 + r) * x.K + 32 * b + 2 * j), w);
+          const __m256i xs = _mm256_sign_epi8(bcast4(xq + 32 * r + 2 * j), w);
           I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xs), ones));
         }
       }
@@ -71,19 +73,18 @@ PQ_Q8_AVX2 void group_avx2(const uint8_t* grp, const QRows& x, int64_t m0, float
       for (int r = 0; r < R; r++) S[r] = _mm256_setzero_si256();
       for (int j = 0; j < 8; j++) {
         const __m256i w = q4_unit(qs + 16 * j);
-        for (int r = 0; r < R; r++)
-          S[r] = _mm256_add_epi16(S[r], _mm256_maddubs_epi16(w, bcast4(x.u + (m0 + r) * x.K + 32 * b + 4 * j)));
+        for (int r = 0; r < R; r++) S[r] = _mm256_add_epi16(S[r], _mm256_maddubs_epi16(w, bcast4(xq + 32 * r + 4 * j)));
       }
       for (int r = 0; r < R; r++) {
         I[r] = _mm256_madd_epi16(S[r], ones);
-        if constexpr (T == Q4_0) I[r] = _mm256_sub_epi32(I[r], _mm256_set1_epi32(8 * x.sum[(m0 + r) * x.nb + b]));
+        if constexpr (T == Q4_0) I[r] = _mm256_sub_epi32(I[r], _mm256_set1_epi32(8 * x.tsum[at + r]));
       }
     }
     const __m256 dw = halves8(seg);
+    const __m256 mw = T == Q4_1 ? halves8(seg + 16) : _mm256_setzero_ps();
     for (int r = 0; r < R; r++) {
-      const int64_t i = (m0 + r) * x.nb + b;
-      __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x.d[i])), _mm256_cvtepi32_ps(I[r]));
-      if constexpr (T == Q4_1) p = _mm256_add_ps(p, _mm256_mul_ps(halves8(seg + 16), _mm256_set1_ps(x.s[i])));
+      __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x.td[at + r])), _mm256_cvtepi32_ps(I[r]));
+      if constexpr (T == Q4_1) p = _mm256_add_ps(p, _mm256_mul_ps(mw, _mm256_set1_ps(x.ts[at + r])));
       acc[r] = _mm256_add_ps(acc[r], p);
     }
   }
@@ -98,11 +99,13 @@ PQ_Q8_AVX2 void groups_avx2(const uint8_t* w, int64_t row_bytes, int64_t g0, int
     const uint8_t* grp = w + g * GROUP * row_bytes;
     for (int64_t m = 0; m < M; m += 4) {
       float* o = out + m * ldo + g * GROUP;
+      const int64_t tile = m / TILE;
+      const int r0 = (int)(m % TILE);
       switch (std::min<int64_t>(4, M - m)) {
-        case 4: group_avx2<T, 4>(grp, x, m, o, ldo); break;
-        case 3: group_avx2<T, 3>(grp, x, m, o, ldo); break;
-        case 2: group_avx2<T, 2>(grp, x, m, o, ldo); break;
-        default: group_avx2<T, 1>(grp, x, m, o, ldo); break;
+        case 4: group_avx2<T, 4>(grp, x, tile, r0, o, ldo); break;
+        case 3: group_avx2<T, 3>(grp, x, tile, r0, o, ldo); break;
+        case 2: group_avx2<T, 2>(grp, x, tile, r0, o, ldo); break;
+        default: group_avx2<T, 1>(grp, x, tile, r0, o, ldo); break;
       }
     }
   }

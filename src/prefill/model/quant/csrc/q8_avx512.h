@@ -42,13 +42,14 @@ PQ_Q8_512 inline __m512 halves16(const uint8_t* a, const uint8_t* b) {  // 8 hal
   return lanes(_mm512_cvtph_ps(two16(a, b)));
 }
 
-// Groups at ga, gb (the same pointer for a lone last group) against activation rows m0 .. m0 + R:
-// out[r * ldo + 0..8) for ga, + 8..16) for gb when `both`.
+// Groups at ga, gb (the same pointer for a lone last group) against the R first rows of activation tile
+// `tile`: out[r * ldo + 0..8) for ga, + 8..16) for gb when `both`. Each row's block sum runs in C chains (the
+// units' dpbusd latency would bind one chain when R is small); integer adds, so the chains change no bit.
 template <int64_t T, int R>
-PQ_Q8_512 void pair_avx512(const uint8_t* ga, const uint8_t* gb, bool both, const QRows& x, int64_t m0, float* out,
-                           int64_t ldo) {
-  static_assert(R >= 1 && R <= 8);
-  constexpr int SEG = 8 * layout_of(T).bytes, HDR = T == Q4_1 ? 32 : 16;
+PQ_Q8_512 void pair_avx512(const uint8_t* ga, const uint8_t* gb, bool both, const QRows& x, int64_t tile,
+                           float* out, int64_t ldo) {
+  static_assert(R >= 1 && R <= TILE);
+  constexpr int SEG = 8 * layout_of(T).bytes, HDR = T == Q4_1 ? 32 : 16, C = R <= 2 ? 4 : R <= 4 ? 2 : 1;
   constexpr int64_t PREFETCH = 4096;
   __m512 acc[R];
   for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -58,8 +59,11 @@ PQ_Q8_512 void pair_avx512(const uint8_t* ga, const uint8_t* gb, bool both, cons
       _mm_prefetch(reinterpret_cast<const char*>(sa + PREFETCH + c), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(sb + PREFETCH + c), _MM_HINT_T0);
     }
-    __m512i I[R];
-    for (int r = 0; r < R; r++) I[r] = _mm512_setzero_si512();
+    const int64_t at = x.at(tile, b);
+    const int8_t* xq = x.tq + at * QK;  // row r's block at xq + 32 r
+    __m512i I[C][R];
+    for (int c = 0; c < C; c++)
+      for (int r = 0; r < R; r++) I[c][r] = _mm512_setzero_si512();
     if constexpr (T == Q8_0) {
       const __m512i flip = _mm512_set1_epi8((char)0x80);
       for (int j = 0; j < 16; j += 2) {
@@ -67,7 +71,7 @@ PQ_Q8_512 void pair_avx512(const uint8_t* ga, const uint8_t* gb, bool both, cons
         const __m256i c = two16(sa + HDR + 16 * j + 16, sb + HDR + 16 * j + 16);
         const __m512i w = _mm512_xor_si512(join(_mm256_unpacklo_epi16(a, c), _mm256_unpackhi_epi16(a, c)), flip);
         for (int r = 0; r < R; r++)
-          I[r] = _mm512_dpbusd_epi32(I[r], w, bcast4_512(x.u + (m0 + r) * x.K + 32 * b + 2 * j));
+          I[j / 2 % C][r] = _mm512_dpbusd_epi32(I[j / 2 % C][r], w, bcast4_512(xq + 32 * r + 2 * j));
       }
     } else {
       const __m256i low4 = _mm256_set1_epi8(0xf);
@@ -75,17 +79,18 @@ PQ_Q8_512 void pair_avx512(const uint8_t* ga, const uint8_t* gb, bool both, cons
         const __m256i v = two16(sa + HDR + 16 * j, sb + HDR + 16 * j);
         const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         const __m512i w = join(_mm256_unpacklo_epi16(lo, hi), _mm256_unpackhi_epi16(lo, hi));
-        for (int r = 0; r < R; r++)
-          I[r] = _mm512_dpbusd_epi32(I[r], w, bcast4_512(x.u + (m0 + r) * x.K + 32 * b + 4 * j));
+        for (int r = 0; r < R; r++) I[j % C][r] = _mm512_dpbusd_epi32(I[j % C][r], w, bcast4_512(xq + 32 * r + 4 * j));
       }
     }
     const __m512 dw = halves16(sa, sb);
+    const __m512 mw = T == Q4_1 ? halves16(sa + 16, sb + 16) : _mm512_setzero_ps();
     for (int r = 0; r < R; r++) {
-      const int64_t i = (m0 + r) * x.nb + b;
-      if constexpr (T == Q8_0) I[r] = _mm512_sub_epi32(I[r], _mm512_set1_epi32(128 * x.sum[i]));
-      if constexpr (T == Q4_0) I[r] = _mm512_sub_epi32(I[r], _mm512_set1_epi32(8 * x.sum[i]));
-      __m512 p = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(x.d[i])), _mm512_cvtepi32_ps(I[r]));
-      if constexpr (T == Q4_1) p = _mm512_add_ps(p, _mm512_mul_ps(halves16(sa + 16, sb + 16), _mm512_set1_ps(x.s[i])));
+      __m512i sum = I[0][r];
+      for (int c = 1; c < C; c++) sum = _mm512_add_epi32(sum, I[c][r]);
+      if constexpr (T == Q8_0) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * x.tsum[at + r]));
+      if constexpr (T == Q4_0) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(8 * x.tsum[at + r]));
+      __m512 p = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(x.td[at + r])), _mm512_cvtepi32_ps(sum));
+      if constexpr (T == Q4_1) p = _mm512_add_ps(p, _mm512_mul_ps(mw, _mm512_set1_ps(x.ts[at + r])));
       acc[r] = _mm512_add_ps(acc[r], p);
     }
   }
@@ -97,17 +102,17 @@ PQ_Q8_512 void pair_avx512(const uint8_t* ga, const uint8_t* gb, bool both, cons
 }
 
 template <int64_t T>
-PQ_Q8_512 void pair_rows(const uint8_t* ga, const uint8_t* gb, bool both, const QRows& x, int64_t m, int64_t R,
+PQ_Q8_512 void pair_rows(const uint8_t* ga, const uint8_t* gb, bool both, const QRows& x, int64_t tile, int64_t R,
                          float* o, int64_t ldo) {
   switch (R) {
-    case 8: return pair_avx512<T, 8>(ga, gb, both, x, m, o, ldo);
-    case 7: return pair_avx512<T, 7>(ga, gb, both, x, m, o, ldo);
-    case 6: return pair_avx512<T, 6>(ga, gb, both, x, m, o, ldo);
-    case 5: return pair_avx512<T, 5>(ga, gb, both, x, m, o, ldo);
-    case 4: return pair_avx512<T, 4>(ga, gb, both, x, m, o, ldo);
-    case 3: return pair_avx512<T, 3>(ga, gb, both, x, m, o, ldo);
-    case 2: return pair_avx512<T, 2>(ga, gb, both, x, m, o, ldo);
-    default: return pair_avx512<T, 1>(ga, gb, both, x, m, o, ldo);
+    case 8: return pair_avx512<T, 8>(ga, gb, both, x, tile, o, ldo);
+    case 7: return pair_avx512<T, 7>(ga, gb, both, x, tile, o, ldo);
+    case 6: return pair_avx512<T, 6>(ga, gb, both, x, tile, o, ldo);
+    case 5: return pair_avx512<T, 5>(ga, gb, both, x, tile, o, ldo);
+    case 4: return pair_avx512<T, 4>(ga, gb, both, x, tile, o, ldo);
+    case 3: return pair_avx512<T, 3>(ga, gb, both, x, tile, o, ldo);
+    case 2: return pair_avx512<T, 2>(ga, gb, both, x, tile, o, ldo);
+    default: return pair_avx512<T, 1>(ga, gb, both, x, tile, o, ldo);
   }
 }
 
@@ -119,8 +124,8 @@ PQ_Q8_512 void groups_avx512(const uint8_t* w, int64_t row_bytes, int64_t g0, in
     const bool both = g + 1 < g1;
     const uint8_t* ga = w + g * GROUP * row_bytes;
     const uint8_t* gb = both ? ga + GROUP * row_bytes : ga;
-    for (int64_t m = 0; m < M; m += 8)
-      pair_rows<T>(ga, gb, both, x, m, std::min<int64_t>(8, M - m), out + m * ldo + g * GROUP, ldo);
+    for (int64_t m = 0; m < M; m += TILE)
+      pair_rows<T>(ga, gb, both, x, m / TILE, std::min<int64_t>(TILE, M - m), out + m * ldo + g * GROUP, ldo);
   }
 }
 

@@ -1,0 +1,63 @@
+"""Decode ITL of the engine on the embedded SmolLM2's own blocks (--weights native) with each activation path
+forced (prefill.model.quant.set_activations: f32, the float32 reference; q8, 8-bit activations), at 1 stream and
+8 streams of 64-token prompts decoding 64 tokens each, in one process and interleaved rounds (a busy machine
+slows every path alike); medians of `--rounds`. The ratios, not the milliseconds, are the result on a shared
+machine.
+
+    .venv/bin/python benchmarks/activations_itl.py [--rounds 3] [--threads 2] [--out bench-results/activations_itl.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from serving_core import median_of, prompt, run_streams  # benchmarks/: the same streams as the serving core's
+
+from prefill.engine.llm import Engine
+from prefill.model.quant import ACTIVATION_PATHS, ops, set_activations
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="bench-results/activations_itl.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    engine = Engine.load(None, dtype="float32", weights="native", progress=False)
+    engine.warmup()
+    short = [prompt(engine, 64, i) for i in range(8)]
+    runs: dict[str, list[dict]] = {f"{p} B={b}": [] for p in ACTIVATION_PATHS for b in (1, 8)}
+    for r in range(args.rounds):
+        for path in ACTIVATION_PATHS:
+            set_activations(engine.model, path)
+            for b in (1, 8):
+                runs[f"{path} B={b}"].append(run_streams(engine, short[:b]))
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    m = {k: median_of(v) for k, v in runs.items()}
+    cpu = f"{torch.backends.cpu.get_cpu_capability()}, kernels {ops.isa()}, {torch.get_num_threads()} threads"
+    print(f"\nSmolLM2-135M on its GGUF blocks ({engine.weights}), {cpu}; a shared machine: read the ratios")
+    print(f"{'case':<10} {'tok/s':>8} {'decode tok/s':>13} {'ITL p50 ms':>11}")
+    for k, v in m.items():
+        print(f"{k:<10} {v['tok_per_s']:>8.1f} {v['decode_tok_per_s']:>13.1f} {v['itl_p50_s'] * 1e3:>11.2f}")
+    ratios = {}
+    for p in ACTIVATION_PATHS:
+        ratios[f"{p}: ITL p50 8 / 1 (target <= 1.5)"] = m[f"{p} B=8"]["itl_p50_s"] / m[f"{p} B=1"]["itl_p50_s"]
+        ratios[f"{p}: decode tok/s 8 / 1 (target >= 4)"] = (
+            m[f"{p} B=8"]["decode_tok_per_s"] / m[f"{p} B=1"]["decode_tok_per_s"]
+        )
+    for b in (1, 8):
+        ratios[f"ITL p50 f32 / q8 at B={b}"] = m[f"f32 B={b}"]["itl_p50_s"] / m[f"q8 B={b}"]["itl_p50_s"]
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"cpu": cpu, "medians": m, "ratios": ratios, "runs": runs}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
