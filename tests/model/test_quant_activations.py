@@ -89,7 +89,7 @@ def test_every_kernel_gives_the_same_bits(qtype):
         pytest.skip("only the scalar kernel runs on this CPU")
     K = 160
     try:
-        for N, M in SHAPES:
+        for N, M in [*SHAPES, (24, 300)]:  # M = 300: two chunks of rows (256 + 44, csrc/q8.cpp ROW_CHUNK)
             w, x = gemm_case(qtype, M, N, K, packed=True)
             outs = {}
             for name in isas:
@@ -142,3 +142,11 @@ def test_the_environment_variable_sets_the_default_path(monkeypatch):
     monkeypatch.setenv(activations.ENV, "int3")
     with pytest.raises(BadInput, match="activation path 'int3' is not one of f32, q8"):
         QuantWeight(blocks, "Q4_1", 8, 64)
+
+
+def test_q8_weights_keep_no_float32_copy():
+    # From dense_min_m rows a float32-path weight multiplies over a float32 copy (MKL); the q8 kernel is faster
+    # there, so a q8 weight never makes one, and its long products stay on 8-bit activations.
+    w = QuantWeight(random_blocks("Q4_1", 16, 64), "Q4_1", 16, 64, dense_min_m=4, activations="q8")
+    assert not w.uses_dense(8) and w.dense is None
+    assert w.with_activations("f32").uses_dense(8)

@@ -121,10 +121,10 @@ inline float dot_row(const uint8_t* row, const QRows& x, int64_t m) {
 }
 
 template <int64_t T>
-inline void rows_scalar(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const QRows& x, int64_t M,
-                        float* out, int64_t ldo) {
+inline void rows_scalar(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const QRows& x, int64_t m0,
+                        int64_t m1, float* out, int64_t ldo) {
   for (int64_t n = n0; n < n1; n++)
-    for (int64_t m = 0; m < M; m++) out[m * ldo + n] = dot_row<T>(w + n * row_bytes, x, m);
+    for (int64_t m = m0; m < m1; m++) out[m * ldo + n] = dot_row<T>(w + n * row_bytes, x, m);
 }
 
 }  // namespace prefill_quant::q8

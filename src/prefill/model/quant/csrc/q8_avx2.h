@@ -91,17 +91,17 @@ PQ_Q8_AVX2 void group_avx2(const uint8_t* grp, const QRows& x, int64_t tile, int
   for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * ldo, acc[r]);
 }
 
-// Groups [g0, g1) of a packed matrix against all M rows: out [M, ldo], columns 8 g ..
+// Groups [g0, g1) of a packed matrix against rows [m0, m1) (m0 a multiple of TILE): out [M, ldo], columns 8 g ..
 template <int64_t T>
-PQ_Q8_AVX2 void groups_avx2(const uint8_t* w, int64_t row_bytes, int64_t g0, int64_t g1, const QRows& x, int64_t M,
-                            float* out, int64_t ldo) {
+PQ_Q8_AVX2 void groups_avx2(const uint8_t* w, int64_t row_bytes, int64_t g0, int64_t g1, const QRows& x, int64_t m0,
+                            int64_t m1, float* out, int64_t ldo) {
   for (int64_t g = g0; g < g1; g++) {
     const uint8_t* grp = w + g * GROUP * row_bytes;
-    for (int64_t m = 0; m < M; m += 4) {
+    for (int64_t m = m0; m < m1; m += 4) {
       float* o = out + m * ldo + g * GROUP;
       const int64_t tile = m / TILE;
       const int r0 = (int)(m % TILE);
-      switch (std::min<int64_t>(4, M - m)) {
+      switch (std::min<int64_t>(4, m1 - m)) {
         case 4: group_avx2<T, 4>(grp, x, tile, r0, o, ldo); break;
         case 3: group_avx2<T, 3>(grp, x, tile, r0, o, ldo); break;
         case 2: group_avx2<T, 2>(grp, x, tile, r0, o, ldo); break;

@@ -115,10 +115,11 @@ PQ_Q8_512 void pair_rows(const uint8_t* ga, const uint8_t* gb, bool both, const 
   }
 }
 
-// Groups [g0, g1) of a packed matrix against all M rows, two groups at a time: out [M, ldo], columns 8 g ..
+// Groups [g0, g1) of a packed matrix against rows [m0, m1) (m0 a multiple of TILE), two groups at a time:
+// out [M, ldo], columns 8 g ..
 template <int64_t T>
 PQ_Q8_512 void groups_avx512(const uint8_t* w, int64_t row_bytes, int64_t g0, int64_t g1, const QRows& x,
-                             int64_t M, float* out, int64_t ldo) {
+                             int64_t m0, int64_t m1, float* out, int64_t ldo) {
   for (int64_t g = g0; g < g1; g += 2) {
     const bool both = g + 1 < g1;
     const uint8_t* ga = w + g * GROUP * row_bytes;
@@ -126,8 +127,8 @@ PQ_Q8_512 void groups_avx512(const uint8_t* w, int64_t row_bytes, int64_t g0, in
     // Each segment's counterpart in the next pair is asked for while this pair is read (a fixed 4 KiB ahead left
     // the second group of each pair cold: at M = 1 the Q8_0 unembedding ran 1.4x slower than the AVX2 kernel).
     const int64_t ahead = 2 * GROUP * row_bytes;
-    for (int64_t m = 0; m < M; m += TILE)
-      pair_rows<T>(ga, gb, both, x, m / TILE, std::min<int64_t>(TILE, M - m), ahead, out + m * ldo + g * GROUP, ldo);
+    for (int64_t m = m0; m < m1; m += TILE)
+      pair_rows<T>(ga, gb, both, x, m / TILE, std::min<int64_t>(TILE, m1 - m), ahead, out + m * ldo + g * GROUP, ldo);
   }
 }
 
