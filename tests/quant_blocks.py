@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
@@ -30,3 +32,19 @@ def gguf_dequant(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tens
     """float32 [N, K] as the gguf package decodes the blocks (the reference every path is held to)."""
     y = dequantize(blocks.numpy(), GGMLQuantizationType[qtype])
     return torch.from_numpy(np.array(y, dtype=np.float32)).reshape(N, K)
+
+
+@contextlib.contextmanager
+def without_kernels(monkeypatch):
+    """No compiler and no built library inside the block (the portable torch path runs); the kernels are looked
+    for again at the next call after it (monkeypatch restores the rest when the test ends)."""
+    from prefill.model.quant import build, ops
+
+    monkeypatch.setenv(build.NO_COMPILER_ENV, "1")
+    monkeypatch.setattr(build, "find_library", lambda: None)
+    ops.forget()
+    try:
+        assert not ops.available()
+        yield
+    finally:
+        ops.forget()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from prefill.costmodel.storage import GGUF_BLOCKS
 from prefill.model.quant import KERNEL_TYPES, QuantWeight, cat_rows, linear, ops
-from quant_blocks import gguf_dequant, random_blocks
+from quant_blocks import gguf_dequant, random_blocks, without_kernels
 
 
 def isas() -> list[str]:
@@ -128,13 +128,7 @@ def test_x8_layout_can_be_turned_off(monkeypatch):
 
 def test_portable_path_when_no_library(monkeypatch):
     # No compiler and no built library: the same product through torch ops, with the one-line note.
-    from prefill.model.quant import build
-
-    monkeypatch.setenv(build.NO_COMPILER_ENV, "1")
-    monkeypatch.setattr(build, "find_library", lambda: None)
-    ops.forget()
-    try:
-        assert not ops.available()
+    with without_kernels(monkeypatch):
         N, K = 21, 64
         blocks = random_blocks("Q4_1", N, K)
         x = torch.randn(3, K)
@@ -145,8 +139,6 @@ def test_portable_path_when_no_library(monkeypatch):
         ).all()
         w = QuantWeight(blocks, "Q4_1", N, K)
         assert w.pack() is w  # no kernels, no x8 layout: the portable path reads plain blocks
-    finally:
-        ops.forget()
 
 
 def test_install_step_without_compiler_says_so_and_succeeds(monkeypatch, capsys):

@@ -11,7 +11,7 @@ import torch
 from prefill.errors import BadInput
 from prefill.model.quant import QuantWeight, activations, ops
 from prefill.model.quant.activations import dequantize_q8, q8_error_bound, quantize_q8
-from quant_blocks import gguf_dequant, random_blocks
+from quant_blocks import gguf_dequant, random_blocks, without_kernels
 
 ISAS = ("avx512", "avx2", "scalar")
 MISSING = {"avx512": "AVX-512 F/BW/VL/VNNI not on this CPU", "avx2": "AVX2 + FMA + F16C not on this CPU"}
@@ -111,13 +111,7 @@ def test_activations_that_cannot_be_quantised_take_the_float32_path():
 
 
 def test_portable_path_quantises_the_same(monkeypatch):
-    from prefill.model.quant import build
-
-    monkeypatch.setenv(build.NO_COMPILER_ENV, "1")
-    monkeypatch.setattr(build, "find_library", lambda: None)
-    ops.forget()
-    try:
-        assert not ops.available()
+    with without_kernels(monkeypatch):
         N, K = 21, 64
         blocks = random_blocks("Q4_1", N, K)
         x = torch.randn(3, K)
@@ -128,8 +122,6 @@ def test_portable_path_quantises_the_same(monkeypatch):
         q, d = quantize_q8(x)
         exact_q = dequantize_q8(q, d, torch.float64) @ ref.T
         assert ((got - exact_q).abs() <= q8_error_bound(x, ref, t, portable=True, quantization=False)).all()
-    finally:
-        ops.forget()
 
 
 def test_the_environment_variable_sets_the_default_path(monkeypatch):
