@@ -4,6 +4,8 @@
 //   gemm(x, w, qtype, N, K) -> [M, N]   M = 1: direct dot per row, or per group of 8 rows in the x8 layout
 //                                        (no weight materialised; in the x8 layout also M = 2-4, row by row);
 //                                        else weight panels decoded into L1/L2, reused by all rows.
+//                                        qtype | ACT_Q8 (packed.h): the activations quantised to int8 per
+//                                        32-block instead (q8.cpp; Q4_0, Q4_1, Q8_0), dispatched in matmul().
 //   dequant(w, qtype, N, K) -> [N, K] float32         the same decoding, whole.
 //   pack(w, qtype, N, K) -> uint8 [N, row_bytes]      the blocks in the x8 layout (packed.h); its type is
 //                                                      qtype | PACKED, which every operator here accepts.
