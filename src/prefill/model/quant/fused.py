@@ -54,7 +54,14 @@ def install(model) -> bool:
         return False
     from prefill.model import transformer
 
-    eager_qkv, eager_out = transformer.qkv_rotary, transformer.out_and_mlp
+    model.kernels.qkv_rotary = _fused_qkv_rotary(transformer.qkv_rotary)
+    model.kernels.out_and_mlp = _fused_out_and_mlp(transformer.out_and_mlp)
+    model.kernels.decode_block = _fused_decode_block()
+    return True
+
+
+def _fused_qkv_rotary(eager_qkv):
+    """The block's norm, QKV projection and rotary as one operator where it covers them, else `eager_qkv`."""
 
     def qkv_rotary(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv, lin=None):
         B, P, _ = x.shape
@@ -64,6 +71,12 @@ def install(model) -> bool:
         return torch.ops.prefill_quant.pre_attention(
             x, norm_w, eps, w_qkv.blocks, w_qkv.type_id, b_qkv, cos, sin, H_q, H_kv
         )
+
+    return qkv_rotary
+
+
+def _fused_out_and_mlp(eager_out):
+    """The output projection, residual, norm and MLP as one operator where it covers them, else `eager_out`."""
 
     def out_and_mlp(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=None):
         B, H_q, P, d = o.shape
@@ -84,6 +97,12 @@ def install(model) -> bool:
             w_down.type_id,
         ).view(B, P, D)
 
+    return out_and_mlp
+
+
+def _fused_decode_block():
+    """The whole block as one operator over a step's decode rows (see decode_block), with each block's fixed
+    arguments gathered once."""
     fixed: dict[tuple, BlockArgs | None] = {}  # (id(block), path) -> its arguments that no step changes
 
     def decode_block(blk, x, cos, sin, batch, layer):
@@ -123,6 +142,4 @@ def install(model) -> bool:
         )
         return out.view(1, N, -1)  # [1, N, d_model]
 
-    model.kernels.qkv_rotary, model.kernels.out_and_mlp = qkv_rotary, out_and_mlp
-    model.kernels.decode_block = decode_block
-    return True
+    return decode_block
