@@ -31,6 +31,10 @@ ModelPath = Annotated[
 ]
 AutoDtype = Annotated[str, typer.Option(help="auto (the fastest dtype native here), float32 or bfloat16")]
 Weights = Annotated[str, typer.Option(help="auto, native (the GGUF's own blocks), float32 or bfloat16")]
+WorkloadOpt = Annotated[
+    str | None,
+    typer.Option("--workload", help="P,n: the request auto optimises for (default 256,128: prompt tokens, out)"),
+]
 KVStoreDir = Annotated[
     str | None, typer.Option("--kv-store", help="a directory keeping K/V of prompts across runs (loaded when faster)")
 ]
@@ -93,31 +97,49 @@ def load_engine(
     return engine
 
 
-def open_engine(model: str | None, dtype: str, weights: str, device: str, threads: int | None, deterministic: bool):
-    """(engine, dtype, weights): Engine.load with the dtype and weights resolve_storage chose (said in a line
-    each), the model file parsed once for both."""
+def open_engine(
+    model: str | None,
+    dtype: str,
+    weights: str,
+    device: str,
+    threads: int | None,
+    deterministic: bool,
+    workload: str | None = None,
+):
+    """(engine, dtype, weights): Engine.load with the dtype and weights resolve_storage chose for `workload`
+    ("P,n"; default: the typical request), said in a line each, the model file parsed once for both."""
     from prefill.costmodel.gguf_file import reading_once
     from prefill.engine.llm import Engine
 
     with reading_once():
-        dtype, weights = resolve_storage(model, dtype, weights, device, deterministic)
+        dtype, weights = resolve_storage(model, dtype, weights, device, deterministic, threads, workload)
         load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
         return Engine.load(model, dtype=dtype, **load), dtype, weights
 
 
-def resolve_storage(model: str | None, dtype: str, weights: str, device: str, deterministic: bool) -> tuple[str, str]:
-    """(dtype, weights) to load `model` with: "auto" dtype becomes the fastest dtype native here and "auto"
-    weights the GGUF's blocks or dense (prefill.engine.weights), each said in one line; the batch-invariant mode
-    (`deterministic`) runs dense float32."""
+def resolve_storage(
+    model: str | None,
+    dtype: str,
+    weights: str,
+    device: str,
+    deterministic: bool,
+    threads: int | None = None,
+    workload: str | None = None,
+) -> tuple[str, str]:
+    """(dtype, weights) to load `model` with: "auto" takes the path of least predicted time of `workload` ("P,n",
+    default the typical request) among those open here (prefill.engine.weights), said in one line; the
+    batch-invariant mode (`deterministic`) runs dense float32."""
     from prefill.engine.weights import resolve_storage as resolve
     from prefill.loading.resolve import model_path
+    from prefill.machine.paths import Workload
 
-    model_path(model)  # a wrong path fails now, before the dtype probe measures this machine
+    model_path(model)  # a wrong path fails now, before the probe measures this machine
+    load = Workload.parse(workload)
     if deterministic:
         if weights not in ("auto", "float32"):
             fail(f"--deterministic runs dense float32 weights; drop --weights {weights}")
         return deterministic_dtype(dtype), "float32"
-    return resolve(model, dtype, weights, device, echo=note)
+    return resolve(model, dtype, weights, device, echo=note, threads=threads, workload=load)
 
 
 def check_store_size(directory: str | None, max_mb: float) -> None:

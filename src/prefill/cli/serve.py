@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import KV_STORE_MB, AutoDtype, KVStoreDir, KVStoreMb, Weights, console, fail, load_engine
+from prefill.cli.common import (
+    KV_STORE_MB,
+    AutoDtype,
+    KVStoreDir,
+    KVStoreMb,
+    Weights,
+    WorkloadOpt,
+    console,
+    fail,
+    load_engine,
+)
 
 ServeModel = Annotated[str | None, typer.Option(help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)")]
 Host = Annotated[str, typer.Option(help="address to bind (loopback by default)")]
@@ -35,6 +45,7 @@ def serve(
     ] = False,
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
+    workload: WorkloadOpt = None,
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from prefill.cli.common import attach_store, check_store_size, open_engine
@@ -44,7 +55,7 @@ def serve(
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     check_store_size(kv_store, kv_store_mb)
-    engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic)
+    engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic, workload)
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}

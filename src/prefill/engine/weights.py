@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from prefill.machine.weights import Choice, cached_probe, choose_weights
+from prefill.machine.capability import capability
+from prefill.machine.paths import Workload, candidates, choose_path, predict_path
+from prefill.machine.weights import Choice, choose_weights
 
 
 def quantized_types(model: str | Path | None) -> tuple[str, ...]:
@@ -24,23 +26,77 @@ def quantized_types(model: str | Path | None) -> tuple[str, ...]:
     return tuple(found)
 
 
-def weights_choice(requested: str, model: str | Path | None, dtype: str, device: str = "cpu") -> Choice:
-    """The storage for `requested` (auto, native, float32, bfloat16, float16) with its one-line reason; auto
-    runs the decode-GEMM probe once per machine (prefill.model.quant.probe, cached)."""
+def native_weight_types(model: str | Path | None, spec) -> dict[str, str]:
+    """ "KxN" -> GGUF type of each GEMM's weight the engine would keep as blocks, read off the file before loading
+    it (Engine.weight_types says the same of a loaded engine): layer 0's Q (for the fused Q/K/V), output, gate
+    (for the fused gate/up) and down projections, and the unembedding (the tied embedding where there is none)."""
+    from prefill.costmodel.gguf_file import open_gguf
+    from prefill.costmodel.profile import shape_key
+    from prefill.loading import default_model_path
+    from prefill.model.quant import KERNEL_TYPES
+
+    types = {t.name: t.tensor_type.name for t in open_gguf(default_model_path() if model is None else model).tensors}
+    names = ("blk.0.attn_q", "blk.0.attn_output", "blk.0.ffn_gate", "blk.0.ffn_down", "output")
+    d, dh = spec.d_model, spec.d_head
+    shapes = ((d, (spec.H_q + 2 * spec.H_kv) * dh), (spec.H_q * dh, d), (d, 2 * spec.d_ff), (spec.d_ff, d))
+    shapes += ((d, spec.vocab_size),)
+    found: dict[str, str] = {}
+    for name, (K, N) in zip(names, shapes, strict=True):
+        qtype = types.get(f"{name}.weight") or (types.get("token_embd.weight") if name == "output" else None)
+        if qtype in KERNEL_TYPES:
+            found.setdefault(shape_key(K, N), qtype)
+    return found
+
+
+def auto_path(
+    model,
+    dtype: str,
+    weights: str,
+    device: str = "cpu",
+    threads: int | None = None,
+    workload: Workload | None = None,
+    echo: Callable[[str], None] | None = print,
+) -> tuple[str, str, str] | None:
+    """(dtype, weights, why) of the path of least predicted time of `workload` (default: the typical request)
+    among those `dtype` and `weights` (each "auto" or given) leave open on this CPU (prefill.machine.paths), or
+    None where fewer than two are open (the per-part choices then decide). A path not yet probed here is probed
+    now (a few seconds each, once per machine; `echo` gets a note)."""
+    from prefill.costmodel.specs import load_spec
+    from prefill.loading import default_model_path
     from prefill.model.quant import ops
-    from prefill.model.quant.probe import measure_decode_gemm
+
+    if not device.startswith("cpu") or "auto" not in (dtype.lower(), weights.lower()):
+        return None
+    quantized = quantized_types(model)
+    open_paths = candidates(dtype, weights, quantized, capability("cpu"), ops.available() if quantized else False)
+    if len(open_paths) < 2:
+        return None
+    spec = load_spec(default_model_path() if model is None else model)
+    qtypes = native_weight_types(model, spec) if quantized else {}
+    times = [predict_path(spec, p, workload or Workload(), qtypes, device, threads, echo) for p in open_paths]
+    best, why = choose_path(times)
+    return best.path.dtype, best.path.weights, why
+
+
+def weights_choice(requested: str, model: str | Path | None, dtype: str, device: str = "cpu") -> Choice:
+    """The storage for `requested` (auto, native, float32, bfloat16, float16) in activation `dtype`, with its
+    one-line reason, where the storage alone decides (auto_path decides where two paths are open)."""
+    from prefill.model.quant import ops
 
     quantized = quantized_types(model)
-    probe_useful = requested.lower() == "auto" and quantized and device.startswith("cpu") and dtype == "float32"
     kernels = ops.available() if quantized else False
-    probe = cached_probe(measure_decode_gemm) if probe_useful and kernels else None
-    return choose_weights(requested, quantized=quantized, dtype=dtype, device=device, kernels=kernels, probe=probe)
+    return choose_weights(requested, quantized=quantized, dtype=dtype, device=device, kernels=kernels)
 
 
 def resolve_weights(
     requested: str, model, dtype: str, device: str = "cpu", echo: Callable[[str], None] | None = print
 ) -> str:
-    """weights_choice's storage ("native" or a dense dtype), its reason echoed for auto, its warning always."""
+    """The storage ("native" or a dense dtype) for `requested` in activation `dtype`: auto_path's where it
+    decides, else weights_choice's; the reason echoed for auto, a warning always."""
+    if (path := auto_path(model, dtype, requested, device, echo=echo)) is not None:
+        if echo is not None:
+            echo(path[2])
+        return path[1]
     choice = weights_choice(requested, model, dtype, device)
     if echo is not None:
         if requested.lower() == "auto":
@@ -51,13 +107,24 @@ def resolve_weights(
 
 
 def resolve_storage(
-    model, dtype: str, weights: str, device: str = "cpu", echo: Callable[[str], None] | None = print
+    model,
+    dtype: str,
+    weights: str,
+    device: str = "cpu",
+    echo: Callable[[str], None] | None = print,
+    threads: int | None = None,
+    workload: Workload | None = None,
 ) -> tuple[str, str]:
-    """(dtype, weights) to load `model` with, as `prefill serve` and `prefill run` do: "auto" dtype becomes the
-    fastest dtype native here (float32 under native blocks: their kernels take float32 activations) and "auto"
-    weights the GGUF's blocks ("native") or a dense dtype, each choice said in one line to `echo`."""
+    """(dtype, weights) to load `model` with, as `prefill serve` and `prefill run` do: where "auto" leaves two
+    paths or more open, the one of least predicted time of `workload` (auto_path; its line to `echo`); else
+    "auto" dtype the fastest dtype native here (float32 under native blocks: their kernels take float32
+    activations) and "auto" weights the GGUF's blocks or a dense dtype, each choice said in one line."""
     from prefill.machine.native import resolve_dtype
 
+    if (path := auto_path(model, dtype, weights, device, threads, workload, echo)) is not None:
+        if echo is not None:
+            echo(path[2])
+        return path[0], path[1]
     if weights == "native" and dtype == "auto":
         if echo is not None:
             echo("dtype auto: float32 (--weights native runs float32 activations)")

@@ -1,0 +1,174 @@
+"""The serving paths this engine can run a model on, and `auto`'s choice among them by the predicted time of a
+typical request on this machine.
+
+A path is data: how the linear weights are stored (the GGUF's own blocks, "native", or a dense dtype) and the
+activation dtype the engine computes in. Its prediction is the one time model's (costmodel.timemodel) over a
+MachineProfile probed on that path (prefill.machine.profiles: the GEMM curves timed on the path's own kernels,
+"KxN:Q4_1" for blocks, attention and the elementwise work in its dtype) and the path's Layout (bytes per
+weight as stored). So `auto` compares what each path would take here, end to end, not one GEMM's rate: a
+GEMM probe alone picked dense bfloat16 on a Zen 4, 32 ms a decode step where native blocks took 6 ms.
+
+    PATHS                                    the registry, in the order a tie goes (a new kernel path is an entry)
+    path_blocker(path, ...)                  why this device cannot run a path natively ("" when it can)
+    candidates(dtype, weights, ...)          the paths a request (auto or explicit parts) leaves open here
+    Workload.parse("P,n")                    the typical request: P prompt tokens, n tokens out
+    predict_path(spec, path, workload, ...)  its TTFT, ITL and whole-request seconds (PathTime)
+    choose_path(times)                       the fastest, and the start-up line that says why
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from prefill.costmodel import storage, timemodel
+from prefill.costmodel.costs import canonical_dtype, request_seconds
+from prefill.costmodel.specs import ModelSpec
+from prefill.errors import BadInput
+from prefill.machine.capability import Capability
+
+NATIVE = "native"
+TYPICAL_P, TYPICAL_N = 256, 128  # a typical request: a 256-token prompt, 128 tokens out
+
+
+@dataclass(frozen=True)
+class ServingPath:
+    """One way to run a model: `weights` "native" (the GGUF's blocks) or a dense dtype, and the activation
+    `dtype` the engine computes in (float32 on native blocks: their reference kernels decode to float32)."""
+
+    weights: str
+    dtype: str
+
+    def label(self, qtypes: Sequence[str] = ()) -> str:
+        """In words: "native Q4_1/Q8_0 blocks, float32 activations" or "dense bfloat16"."""
+        if self.weights == NATIVE:
+            return f"native {'/'.join(qtypes) or 'GGUF'} blocks, {self.dtype} activations"
+        return f"dense {self.weights}" if self.weights == self.dtype else f"dense {self.weights}, {self.dtype}"
+
+
+# The registry: every path the engine can serve on, in the order a tie goes (fewest bytes first).
+PATHS = (ServingPath(NATIVE, "float32"), ServingPath("bfloat16", "bfloat16"), ServingPath("float32", "float32"))
+
+
+def path_blocker(path: ServingPath, quantized: Sequence[str], cap: Capability, kernels: bool) -> str:
+    """Why `cap`'s device cannot run `path` natively ("" when it can): native blocks need a quantized file, the
+    CPU, and the compiled kernels (native_blocker); a dense dtype needs hardware that multiplies it."""
+    if path.weights == NATIVE and (blocker := native_blocker(quantized, cap.device, kernels)):
+        return blocker
+    if not cap.native(path.dtype):
+        return f"{path.dtype} is emulated here ({cap.why(path.dtype)})"
+    return ""
+
+
+def native_blocker(quantized: Sequence[str], device: str, kernels: bool) -> str:
+    """Why the GGUF's blocks cannot serve here ("" when they can): `quantized` the file's types with a kernel,
+    `device` "cpu" or "cuda...", `kernels` whether the compiled kernels loaded."""
+    if not quantized:
+        return "the model file holds no quantized matrix with a kernel here (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)"
+    if not device.startswith("cpu"):
+        return f"the quantized kernels run on the CPU, not {device}"
+    if not kernels:
+        return "the quantized kernels are not built (no C++ compiler)"
+    return ""
+
+
+def candidates(dtype: str, weights: str, quantized: Sequence[str], cap: Capability, kernels: bool) -> list[ServingPath]:
+    """The registry's paths that `dtype` ("auto" or a dtype) and `weights` ("auto", "native" or a dense dtype)
+    leave open and that run natively here, in the registry's order."""
+    want_dtype = None if dtype.lower() == "auto" else canonical_dtype(dtype)
+    want_weights = None if weights.lower() == "auto" else weights.lower()
+    return [
+        p
+        for p in PATHS
+        if want_dtype in (None, p.dtype)
+        and want_weights in (None, p.weights)
+        and not path_blocker(p, quantized, cap, kernels)
+    ]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The request `auto` optimises for: P prompt tokens, then n tokens out."""
+
+    P: int = TYPICAL_P
+    n: int = TYPICAL_N
+
+    @classmethod
+    def parse(cls, text: str | None) -> Workload:
+        """ "P,n" (e.g. "256,128"), or the typical request for None; BadInput on anything else."""
+        if text is None:
+            return cls()
+        try:
+            P, n = (int(part) for part in text.split(","))
+        except ValueError:
+            raise BadInput(f"--workload must be P,n (prompt tokens, tokens out), e.g. 256,128; got {text!r}") from None
+        if P < 1 or n < 1:
+            raise BadInput(f"--workload needs P >= 1 and n >= 1, got {text!r}")
+        return cls(P, n)
+
+    def __str__(self) -> str:
+        return f"P = {self.P} + {self.n} out"
+
+
+@dataclass(frozen=True)
+class PathTime:
+    """A path's predicted TTFT and ITL (seconds) for `workload` on this machine, and its label."""
+
+    path: ServingPath
+    label: str
+    ttft_s: float
+    itl_s: float
+    workload: Workload
+
+    @property
+    def total_s(self) -> float:
+        """The whole request: TTFT + (n - 1) ITL."""
+        return request_seconds(self.ttft_s, self.workload.n, self.itl_s)
+
+    def text(self) -> str:
+        return f"{self.label} {self.total_s:.2f} s (TTFT {self.ttft_s * 1e3:.0f} ms, ITL {self.itl_s * 1e3:.1f} ms)"
+
+
+def path_layout(path: ServingPath, qtypes: dict[str, str]) -> timemodel.Layout:
+    """The Layout of an engine on `path`: the weights' bytes as stored (blocks: the widest projection's type's
+    bits / 8), K/V read in place in the pool; `qtypes`: "KxN" -> GGUF type of the weights kept as blocks."""
+    if path.weights != NATIVE:
+        return timemodel.layout_for(path.dtype, path.weights, gathers_kv=False)
+    from prefill.model.quant.weight import DENSE_MIN_M  # where the blocks' fused operators give way to float32
+
+    qtype = next(iter(qtypes.values()))  # the fused Q/K/V projection's, as Engine.layout reads it
+    wb = storage.bytes_per_weight(qtype)
+    return timemodel.layout_for(path.dtype, wb, gathers_kv=False, fused_below=DENSE_MIN_M)
+
+
+def predict_path(
+    spec: ModelSpec,
+    path: ServingPath,
+    workload: Workload,
+    qtypes: dict[str, str],
+    device: str = "cpu",
+    threads: int | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> PathTime:
+    """`path`'s predicted TTFT (one prefill of P tokens) and ITL (a decode step at the middle context P + n / 2)
+    on this machine's profile for that path (probed on first need: a few seconds, said to `echo`)."""
+    from prefill.machine.profiles import profile_for
+
+    blocks = qtypes if path.weights == NATIVE else {}
+    profile = profile_for(spec, path.dtype, device, threads, echo=echo, qtypes=blocks)
+    layout = path_layout(path, blocks)
+    ttft = timemodel.predict_prefill(spec, workload.P, profile, layout).seconds
+    itl = timemodel.predict_decode(spec, [workload.P + workload.n // 2], profile, layout).seconds
+    label = path.label(tuple(dict.fromkeys(blocks.values())))
+    return PathTime(path, label, ttft, itl, workload)
+
+
+def choose_path(times: Sequence[PathTime]) -> tuple[PathTime, str]:
+    """The path of least predicted whole-request time (the registry's order breaks a tie), and the line that
+    says which and the predictions that decided it."""
+    if not times:
+        raise ValueError("choose_path needs at least one path's prediction")
+    best = min(times, key=lambda t: t.total_s)
+    others = "; ".join(t.text() for t in times if t is not best)
+    line = f"path auto: {best.label}, predicted {best.text().removeprefix(best.label + ' ')} for {best.workload}"
+    return best, line + (f"; vs {others}" if others else "")

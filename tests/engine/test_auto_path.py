@@ -1,0 +1,44 @@
+"""`auto` on a real model file: the blocks' types read off the file match what the loaded engine holds, and the
+choice over the open paths is the time model's, said in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefill.costmodel.hardware import Hardware
+from prefill.costmodel.profile import catalog_profile
+from prefill.machine.paths import Workload
+from prefill.model.quant import ops
+
+pytestmark = pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
+
+
+def test_the_files_block_types_are_the_engines(smollm_native):
+    from prefill.engine.weights import native_weight_types
+
+    assert native_weight_types(None, smollm_native.spec) == smollm_native.weight_types()
+
+
+@pytest.fixture
+def blocks_slow_to_compute(monkeypatch):
+    """Profiles with one bandwidth (20 GB/s); native blocks' GEMMs at a quarter of the dense rate."""
+    import prefill.machine.profiles as profiles
+
+    def profile_for(spec, dtype, device, threads, echo=None, qtypes=None):
+        flops = 50e9 if qtypes else 200e9
+        return catalog_profile(Hardware("made up", {dtype: flops}, 20e9, 64e9, "a test"), dtype)
+
+    monkeypatch.setattr(profiles, "profile_for", profile_for)
+
+
+def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute):
+    from prefill.engine.weights import resolve_storage
+
+    lines: list[str] = []
+    chat = resolve_storage(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))
+    assert chat == ("float32", "native")
+    assert len(lines) == 1 and lines[0].startswith("path auto: native Q4_1/Q8_0 blocks, float32 activations, ")
+    assert "for P = 16 + 512 out; vs dense " in lines[0]
+    long = resolve_storage(None, "auto", "auto", echo=None, workload=Workload(8192, 1))
+    assert long[1] != "native"  # one long prefill: the dense GEMMs' fourfold rate wins
+    assert resolve_storage(None, "bfloat16", "auto", echo=None) == ("bfloat16", "bfloat16")  # one path open

@@ -1,0 +1,102 @@
+"""The serving paths and `auto`'s choice by the predicted time of a request: which paths a CPU runs, the workload
+option, and the choice over profiles made up so that the answer is known from the arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefill.costmodel.hardware import Hardware
+from prefill.costmodel.profile import catalog_profile
+from prefill.costmodel.specs import ModelSpec
+from prefill.errors import BadInput
+from prefill.machine import paths
+from prefill.machine.capability import Capability
+from prefill.machine.paths import NATIVE, PathTime, ServingPath, Workload, candidates, choose_path
+
+ZEN5 = Capability("cpu", "AMD EPYC (Zen 5)", "AVX512", frozenset({"avx2", "avx512f", "avx512_bf16", "fma"}))
+ZEN3 = Capability("cpu", "AMD EPYC (Zen 3)", "AVX2", frozenset({"avx2", "fma"}))
+Q = ("Q4_1", "Q8_0")
+
+
+def names(found):
+    return [(p.weights, p.dtype) for p in found]
+
+
+def test_the_paths_each_cpu_runs_natively():
+    assert names(candidates("auto", "auto", Q, ZEN5, True)) == [
+        (NATIVE, "float32"),
+        ("bfloat16", "bfloat16"),
+        ("float32", "float32"),
+    ]
+    assert names(candidates("auto", "auto", Q, ZEN3, True)) == [(NATIVE, "float32"), ("float32", "float32")]
+    assert names(candidates("auto", "auto", Q, ZEN5, False)) == [("bfloat16", "bfloat16"), ("float32", "float32")]
+    assert names(candidates("auto", "auto", (), ZEN3, True)) == [("float32", "float32")]  # a dense file
+
+
+def test_an_explicit_part_narrows_the_paths():
+    assert names(candidates("bf16", "auto", Q, ZEN5, True)) == [("bfloat16", "bfloat16")]
+    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), ("float32", "float32")]
+    assert names(candidates("auto", "native", Q, ZEN5, True)) == [(NATIVE, "float32")]
+    assert candidates("bfloat16", "auto", Q, ZEN3, True) == []  # emulated: no path runs it natively
+    cuda = Capability("cuda", "H100", "CUDA sm_90", cuda_bf16=True)
+    assert NATIVE not in {p.weights for p in candidates("auto", "auto", Q, cuda, True)}
+
+
+def test_workload_parses_p_and_n():
+    assert Workload.parse(None) == Workload(256, 128)
+    assert Workload.parse("1024,16") == Workload(1024, 16)
+    for bad in ("256", "a,b", "0,5", "5,0", "1,2,3"):
+        with pytest.raises(BadInput, match="--workload"):
+            Workload.parse(bad)
+
+
+def _time(label, ttft, itl, w=Workload(100, 11)):
+    return PathTime(ServingPath(label, label), label, ttft, itl, w)
+
+
+def test_choose_path_takes_the_least_whole_request_time_and_says_why():
+    # TTFT + (n - 1) ITL with n = 11: a 1.0 + 10 x 0.1 = 2.0 s, b 0.5 + 10 x 0.2 = 2.5 s, c 0.2 + 10 x 0.3 = 3.2 s
+    times = [_time("b", 0.5, 0.2), _time("a", 1.0, 0.1), _time("c", 0.2, 0.3)]
+    best, line = choose_path(times)
+    assert best.label == "a" and best.total_s == pytest.approx(2.0)
+    assert line.startswith("path auto: a, predicted 2.00 s (TTFT 1000 ms, ITL 100.0 ms) for P = 100 + 11 out; vs ")
+    assert "b 2.50 s (TTFT 500 ms, ITL 200.0 ms)" in line and "c 3.20 s" in line
+    tie = [_time("x", 1.0, 0.1), _time("y", 1.0, 0.1)]
+    assert choose_path(tie)[0].label == "x"  # the registry's order breaks a tie
+
+
+def _hardware(flops: float) -> Hardware:
+    return Hardware("made up", {"float32": flops, "bfloat16": flops}, 20e9, 64e9, "a test")
+
+
+@pytest.fixture
+def made_up_profiles(monkeypatch):
+    """The native path's GEMMs at 50 GFLOP/s, dense ones at 200 GFLOP/s, one bandwidth (20 GB/s): native reads a
+    sixth of float32's bytes a decode step, and computes at a quarter of its rate."""
+    import prefill.machine.profiles as profiles
+
+    def profile_for(spec, dtype, device, threads, echo=None, qtypes=None):
+        return catalog_profile(_hardware(50e9 if qtypes else 200e9), dtype)
+
+    monkeypatch.setattr(profiles, "profile_for", profile_for)
+
+
+def test_auto_picks_by_the_workload(made_up_profiles):
+    spec = ModelSpec.from_preset("smollm2-135m")
+    qtypes = {"576x960": "Q4_1"}
+    open_paths = candidates("float32", "auto", Q, ZEN5, True)
+
+    def best(workload):
+        return choose_path([paths.predict_path(spec, p, workload, qtypes) for p in open_paths])[0]
+
+    chat = best(Workload(16, 512))  # decode-heavy: bytes decide, the blocks win
+    assert chat.path.weights == NATIVE and chat.label == "native Q4_1 blocks, float32 activations"
+    long = best(Workload(4096, 1))  # one long prefill: FLOPs decide, the dense GEMMs win
+    assert long.path.weights == "float32"
+    assert long.ttft_s < best(Workload(16, 512)).ttft_s * 4096 / 16  # sanity: the prefill scales with P
+
+
+def test_the_native_layout_reads_the_blocks_bytes():
+    native = paths.path_layout(ServingPath(NATIVE, "float32"), {"576x960": "Q4_1"})
+    assert native.weight_bytes == pytest.approx(20 / 32)  # Q4_1: 20 bytes per 32 weights
+    assert paths.path_layout(ServingPath("bfloat16", "bfloat16"), {}).weight_bytes == 2
