@@ -4,7 +4,9 @@
   SDPA attention, the same dtype, `logits_to_keep=1` so it too unembeds only the last position.
 - llama.cpp through `llama-cpp-python` (optional extra `prefill[llamacpp]`): the same GGUF in its own quantized
   types; `llm.eval(tokens)` after `llm.reset()` is its prefill.
-Each peer exposes `prefill(ids)` for one whole prefill of a [1, P] prompt, and nothing else.
+Each peer exposes `prefill(ids)` for one whole prefill of a [1, P] prompt (a list of ids or a LongTensor) and
+`peak(ids)` for its memory. `prefill bench` runs each in a child process (prefill.bench.peer_process), built by
+the module-level loaders below, so a peer that crashes becomes a row that says so, not the benchmark's end.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from prefill.bench.results import LLAMA_DENSE, BenchConfig
+from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
+from prefill.bench.results import LLAMA_DENSE, BenchConfig, BenchResult, Crash
+from prefill.bench.timing import measure_peak_memory, time_interleaved
 from prefill.errors import BadInput, ModelFileError
 
 PEER_NAMES = ("transformers", "llamacpp")
@@ -67,12 +71,24 @@ class TransformersPeer:
         return cls(model=model, dtype=dtype, device=device)
 
     def prefill(self, ids: Any) -> Any:
-        """One prefill of `ids` (LongTensor [1, P] on the peer's device); returns last-position logits [1, V]."""
+        """One prefill of `ids` (a list of P ids, or LongTensor [1, P] on the peer's device); returns the
+        last-position logits [1, V]."""
         import torch
 
+        if not torch.is_tensor(ids):
+            ids = torch.tensor([list(ids)], device=self.device)  # [1, P]
         with torch.inference_mode():
             out = self.model(ids, logits_to_keep=1, use_cache=True)
         return out.logits[:, -1]  # [1, vocab]
+
+    def peak(self, ids: Any):
+        """The PeakMemory of one prefill of `ids` (prefill.bench.timing)."""
+        import torch
+
+        from prefill.bench.timing import measure_peak_memory
+
+        with torch.inference_mode():
+            return measure_peak_memory(lambda: self.prefill(ids), self.device)
 
 
 @dataclass
@@ -111,6 +127,37 @@ class LlamaCppPeer:
         """One prefill of `ids` from an empty KV cache."""
         self.llm.reset()
         self.llm.eval(ids)
+
+    def peak(self, ids: list[int]):
+        """The PeakMemory of one prefill of `ids` (prefill.bench.timing)."""
+        from prefill.bench.timing import measure_peak_memory
+
+        return measure_peak_memory(lambda: self.prefill(ids))
+
+    def fill(self, ids: list[int]) -> None:
+        """Prefill `ids` as the context that step() then decodes after."""
+        self.prefill(ids)
+        self._context = list(ids)
+
+    def step(self) -> None:
+        """One decode step after fill()'s context: back to that context first, so the step writes position S
+        again (as ours does) and the context stays S tokens."""
+        self.llm.n_tokens = len(self._context)
+        self.llm.eval([self._context[-1]])
+
+
+def load_llamacpp_child(path: str, n_ctx: int, threads: int, name: str = "llamacpp", dtype: str = "gguf"):
+    """A child's LlamaCppPeer (prefill.bench.peer_process builds peers with a module-level function)."""
+    return replace(LlamaCppPeer.load(path, n_ctx=n_ctx, threads=threads), name=name, dtype=dtype)
+
+
+def load_transformers_child(path: str, dtype: str, device: str = "cpu", threads: int | None = None):
+    """A child's TransformersPeer, with `threads` torch threads (the benchmark's own count)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    return TransformersPeer.load(path, dtype, device)
 
 
 def llamacpp_available() -> bool:
@@ -167,15 +214,28 @@ def llamacpp_version() -> str | None:
 # ---- the peers of one sweep ---------------------------------------------------------------------------
 
 
-def load_transformers_peer(config: BenchConfig, model_path: str, dtype: str, notes: list[str]):
-    """transformers on the same weights in `dtype`, or None (not asked for, or not installed: said in `notes`)."""
+def load_transformers_peer(config: BenchConfig, model_path: str, dtype: str, threads: int, notes: list[str]):
+    """transformers on the same weights in `dtype`, in a child process (PeerProcess); a Crash if the child died
+    while loading; None when not asked for, not installed, or failing to load (said in `notes`)."""
     if "transformers" not in config.peers:
         return None
-    try:
-        return TransformersPeer.load(model_path, dtype, config.device)
-    except ImportError as e:
-        notes.append(f"transformers peer skipped: {e}")
+    if transformers_version() is None:
+        notes.append("transformers peer skipped: transformers is not installed")
         return None
+    kwargs = {"path": model_path, "dtype": dtype, "device": config.device, "threads": threads}
+    return start_peer(load_transformers_child, kwargs, "transformers", dtype, notes)
+
+
+def start_peer(factory, kwargs: dict, name: str, dtype: str, notes: list[str]):
+    """PeerProcess(factory, kwargs, name, dtype); a Crash when its child died while loading; None with a note
+    when the peer raised there."""
+    try:
+        return PeerProcess(factory, kwargs, name, dtype)
+    except PeerCrashed as e:
+        return Crash(name, dtype, None, e.reason, e.log_path, e.log)
+    except PeerFailed as e:
+        notes.append(f"{name} ({dtype}) could not load: {e}")
+    return None
 
 
 def dense_dtypes(config: BenchConfig, model_path: str) -> tuple[str, ...]:
@@ -189,8 +249,9 @@ def dense_dtypes(config: BenchConfig, model_path: str) -> tuple[str, ...]:
 
 def load_llamacpp_peers(
     config: BenchConfig, model_path: str, dtype: str, first: bool, n_ctx: int, threads: int, notes: list[str]
-) -> list[LlamaCppPeer]:
-    """llama.cpp on the GGUF's own types (once per run, with the first dtype) and on the `dtype` copy."""
+) -> list:
+    """llama.cpp on the GGUF's own types (once per run, with the first dtype) and on the `dtype` copy, each a
+    PeerProcess, or a Crash where its child died while loading."""
     if "llamacpp" not in config.peers:
         return []
     if not llamacpp_available():
@@ -203,8 +264,39 @@ def load_llamacpp_peers(
         return []
     from prefill.bench.dense_gguf import dense_gguf
 
-    peers = [LlamaCppPeer.load(model_path, n_ctx=n_ctx, threads=threads)] if first else []
+    args = {"n_ctx": n_ctx, "threads": threads}
+    peers = [start_peer(load_llamacpp_child, {"path": model_path, **args}, "llamacpp", "gguf", notes)] if first else []
     if dtype in dense_dtypes(config, model_path):
-        dense = LlamaCppPeer.load(dense_gguf(model_path, dtype), n_ctx=n_ctx, threads=threads)
-        peers.append(replace(dense, name=LLAMA_DENSE, dtype=dtype))
-    return peers
+        dense = {"path": str(dense_gguf(model_path, dtype)), "name": LLAMA_DENSE, "dtype": dtype, **args}
+        peers.append(start_peer(load_llamacpp_child, dense, LLAMA_DENSE, dtype, notes))
+    return [p for p in peers if p is not None]
+
+
+def alive_peers(peers: list, result: BenchResult) -> list:
+    """The peers whose child loaded; a Crash among them goes to result.crashes (with its note), a None away."""
+    for crash in (p for p in peers if isinstance(p, Crash)):
+        result.crashes.append(crash)
+        result.notes.append(crash.note())
+    return [p for p in peers if p is not None and not isinstance(p, Crash)]
+
+
+def time_point(runs: dict, peers: list, dtype: str, P: int, config: BenchConfig, result: BenchResult):
+    """time_interleaved over `runs`, and each run's peak memory; a peer whose child dies meanwhile is recorded
+    as a Crash, closed, dropped from `runs` and `peers`, and the point measured again without it."""
+    import torch
+
+    while True:
+        try:
+            with torch.inference_mode():  # no autograd bookkeeping for any engine's calls
+                timings = time_interleaved(runs, repeats=config.repeats, warmup=config.warmup, device=config.device)
+                memory = {key: measure_peak_memory(fn, device=config.device) for key, fn in runs.items()}
+            return timings, memory
+        except PeerCrashed as e:
+            crash = Crash(e.name, dtype, P, e.reason, e.log_path, e.log)
+            result.crashes.append(crash)
+            result.notes.append(crash.note())
+            dead = [p for p in peers if p.name == e.name]
+            for p in dead:
+                p.close()
+                peers.remove(p)
+                runs.pop((p.name, p.dtype), None)

@@ -100,6 +100,8 @@ def peer_cells(result: BenchResult, engine: str, which: str, dtype: str, P: int)
     """(tok/s, ratio) cells: ours eager over the peer's tokens/s, or compiled over eager for ours compiled."""
     ours = result.find(OURS, dtype, P)
     theirs = result.find(engine, dtype if which == "same" else "gguf", P)
+    if ours is not None and theirs is None and (crash := result.crash_of(engine, dtype, P)):
+        return crash.reason, "-"
     if ours is None or theirs is None:
         return "-", "-"
     ratio = (
@@ -110,7 +112,7 @@ def peer_cells(result: BenchResult, engine: str, which: str, dtype: str, P: int)
 
 def peers_table(result: BenchResult) -> Table:
     """Tokens/s of every engine at every (dtype, P) and our (eager) speed-up over each peer."""
-    cols = peer_columns({m.engine for m in result.measurements})
+    cols = peer_columns({m.engine for m in result.measurements} | {c.engine for c in result.crashes})
     t = Table(
         title="side by side: the same tokens and threads, tokens/s of the median run",
         caption="x: our eager tokens/s over the peer's (ours compiled: compiled over eager); llama.cpp same dtype: "
@@ -205,6 +207,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             for dt, rep in result.calibrations.items()
         },
         "notes": result.notes,
+        "crashes": [dataclasses.asdict(c) for c in result.crashes],
     }
 
 
@@ -220,7 +223,8 @@ def bench_table(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The columns and rows of a bench.json's table (as loaded): ours at each (dtype, P) beside each peer, the
     time model and the calibration (the Performance page's table)."""
     ms = data["measurements"]
-    cols = peer_columns({m["engine"] for m in ms})
+    crashes = data.get("crashes", [])
+    cols = peer_columns({m["engine"] for m in ms} | {c["engine"] for c in crashes})
 
     def find(engine: str, dtype: str, P: int) -> dict | None:
         return next(
@@ -230,7 +234,8 @@ def bench_table(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     def cells(engine: str, which: str, m: dict) -> list[str]:
         theirs = find(engine, m["dtype"] if which == "same" else "gguf", m["P"])
         if theirs is None:
-            return ["-", "-"]
+            crash = next((c for c in crashes if c["engine"] == engine and (c["P"] or 0) <= m["P"]), None)
+            return [crash["reason"], "-"] if crash else ["-", "-"]
         a, b = m["tokens_per_s"], theirs["tokens_per_s"]
         return [f"{b:,.0f}", f"{(b / a if engine == OURS_COMPILED else a / b):.2f}x"]
 

@@ -69,6 +69,26 @@ class Measurement:
     predicted_bound: str = ""  # what the time model says dominates: compute, memory or overhead
 
 
+@dataclass(frozen=True)
+class Crash:
+    """A peer whose child process died: at which point (P None: while loading), why ("crashed (signal 11)"), and
+    where its log is, with its tail."""
+
+    engine: str
+    dtype: str
+    P: int | None
+    reason: str
+    log_path: str
+    log: str
+
+    def note(self) -> str:
+        where = "while loading" if self.P is None else f"at P = {self.P}"
+        tail = " | ".join(line for line in self.log.strip().splitlines()[-3:])
+        return f"{self.engine} ({self.dtype}) {self.reason} {where}; the benchmark went on without it. Its log: " + (
+            f"{self.log_path}, ending: {tail}" if tail else f"{self.log_path} (empty)"
+        )
+
+
 @dataclass
 class BenchResult:
     """Everything one run measured, with the machine it ran on."""
@@ -81,6 +101,12 @@ class BenchResult:
     measurements: list[Measurement] = field(default_factory=list)
     calibrations: dict[str, calibrate.CalibrationReport] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    crashes: list[Crash] = field(default_factory=list)
+
+    def crash_of(self, engine: str, dtype: str, P: int) -> Crash | None:
+        """The crash that left `engine` without a measurement at (dtype, P): its own at or before P."""
+        dtypes = (dtype, "gguf")
+        return next((c for c in self.crashes if c.engine == engine and c.dtype in dtypes and (c.P or 0) <= P), None)
 
     def find(self, engine: str, dtype: str, P: int, chunk_size: int | None = None) -> Measurement | None:
         """The measurement of `engine` at (dtype, P, chunk_size), or None."""

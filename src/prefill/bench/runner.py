@@ -16,11 +16,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from prefill.bench import calibrate, plan
+from prefill.bench.peer_process import PeerRun
 from prefill.bench.peers import (
+    alive_peers,
     dense_dtypes,
     llamacpp_version,
     load_llamacpp_peers,
     load_transformers_peer,
+    time_point,
     transformers_version,
 )
 from prefill.bench.results import (
@@ -32,7 +35,7 @@ from prefill.bench.results import (
     BenchResult,
     Measurement,
 )
-from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call, time_interleaved
+from prefill.bench.timing import PeakMemory, Timing, measure_peak_memory, time_call
 from prefill.costmodel.costs import FlopCount, mfu, prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
@@ -105,12 +108,17 @@ def run_bench(
         result.notes.append(f"ours in {dtype}: {engine.weights} weights")
         if kernels is not None:
             result.notes.append(f"ours compiled with torch.compile (Engine.compile) in {kernels[2]:.1f} s ({dtype})")
-        llamas = load_llamacpp_peers(config, model_path, dtype, i == 0, longest, threads, result.notes)
-        peer = load_transformers_peer(config, model_path, dtype, result.notes)
+        peers = load_llamacpp_peers(config, model_path, dtype, i == 0, longest, threads, result.notes)
+        peers.append(load_transformers_peer(config, model_path, dtype, threads, result.notes))
+        peers = alive_peers(peers, result)
         lengths = the_plan.lengths[dtype]
         weigh = lambda P, dt=dtype: the_plan.point_seconds.get((dt, P), 1.0)  # noqa: E731
-        _sweep_dtype(engine, kernels, peer, llamas, dtype, lengths, prompt, gemm, config, result, step, weigh)
-        del engine, peer, llamas
+        try:
+            _sweep_dtype(engine, kernels, peers, dtype, lengths, prompt, gemm, config, result, step, weigh)
+        finally:
+            for p in peers:
+                p.close()
+        del engine, peers
         gc.collect()
     assert result is not None  # config.dtypes is never empty
     _save_compile_verdicts(result, config)
@@ -171,7 +179,7 @@ def _prefill_with(engine, fns: tuple, ids):
 
 
 def _sweep_dtype(
-    engine, kernels, peer, llamas, dtype, lengths, prompt, gemm, config: BenchConfig, result, step, weigh
+    engine, kernels, peers, dtype, lengths, prompt, gemm, config: BenchConfig, result, step, weigh
 ) -> None:
     import torch
 
@@ -187,17 +195,12 @@ def _sweep_dtype(
                 (OURS, dtype): lambda ids=ids: _prefill_with(engine, kernels[0], ids),
                 (OURS_COMPILED, dtype): lambda ids=ids: _prefill_with(engine, kernels[1], ids),
             }
-        if peer is not None:
-            runs[(peer.name, dtype)] = lambda ids=ids: peer.prefill(ids)
-        for llama in llamas:
-            runs[(llama.name, llama.dtype)] = lambda t=prompt[:P], llama=llama: llama.prefill(t)
-        with _inference():
-            timings = time_interleaved(runs, repeats=config.repeats, warmup=config.warmup, device=config.device)
+        for peer in peers:  # each in its child process, its own seconds (prefill.bench.peer_process)
+            runs[(peer.name, peer.dtype)] = PeerRun(peer, prompt[:P])
+        timings, memory = time_point(runs, peers, dtype, P, config, result)
         pred = engine.predict_prefill(P)
-        for (name, run_dtype), fn in runs.items():
-            result.measurements.append(
-                _measurement(name, run_dtype, P, None, timings[(name, run_dtype)], fn, count, gemm, config, pred)
-            )
+        for key in runs:
+            result.measurements.append(_measurement(*key, P, None, timings[key], memory[key], count, gemm, pred))
         step(f"{dtype} P={P}: {', '.join(name for name, _ in runs)}", weigh(P))
     if kernels is not None:
         engine.model.kernels.qkv_rotary, engine.model.kernels.out_and_mlp = kernels[0]  # calibrate eager
@@ -222,7 +225,8 @@ def _measure(
 ) -> Measurement:
     with _inference():
         timing = time_call(fn, repeats=config.repeats, warmup=config.warmup, device=config.device)
-    return _measurement(name, dtype, P, chunk, timing, fn, count, gemm, config, pred)
+        memory = measure_peak_memory(fn, device=config.device)  # one more, untimed call
+    return _measurement(name, dtype, P, chunk, timing, memory, count, gemm, pred)
 
 
 def _measurement(
@@ -231,15 +235,12 @@ def _measurement(
     P: int,
     chunk: int | None,
     timing: Timing,
-    fn: Callable[[], object],
+    memory: PeakMemory,
     count: FlopCount,
     gemm: dict[str, float],
-    config: BenchConfig,
     pred,
 ) -> Measurement:
     """One timed point; `pred`: the time model's Prediction of our engine at this point."""
-    with _inference():
-        memory: PeakMemory = measure_peak_memory(fn, device=config.device)  # one more, untimed call
     rate = gemm.get(dtype)
     median = timing.median_s
     return Measurement(

@@ -48,6 +48,11 @@ class PeakMemory:
     kind: str  # "rss" (CPU process resident set) or "cuda_allocated"
 
 
+class SelfTimed(float):
+    """Seconds a call measured itself (a peer in a child process, prefill.bench.peer_process): the timers here
+    take them instead of their own clock, which would add the pipe's round trip."""
+
+
 def percentile(samples: tuple[float, ...] | list[float], q: float) -> float:
     """The q-th percentile (0..100) of `samples`, linearly interpolated between order statistics."""
     if not samples:
@@ -107,13 +112,16 @@ def time_interleaved(
 def _timed(fn: Callable[[], object], device: str) -> float:
     synchronize(device)
     t0 = time.perf_counter()
-    fn()
+    out = fn()
     synchronize(device)
-    return time.perf_counter() - t0
+    return float(out) if isinstance(out, SelfTimed) else time.perf_counter() - t0
 
 
 def measure_peak_memory(fn: Callable[[], object], device: str = "cpu") -> PeakMemory:
-    """Run `fn()` once, untimed, and return its peak memory (bytes) and its rise above the level before it."""
+    """Run `fn()` once, untimed, and return its peak memory (bytes) and its rise above the level before it; a
+    call that runs in another process (a peer's, prefill.bench.peer_process.PeerRun) measures it there."""
+    if (in_child := getattr(fn, "peak_memory", None)) is not None:
+        return in_child()
     if device.startswith("cuda"):
         import torch
 

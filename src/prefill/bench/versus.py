@@ -13,10 +13,12 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefill.bench import published
+from prefill.bench.peer_process import PeerCrashed, PeerProcess
+from prefill.bench.timing import SelfTimed
 from prefill.costmodel.storage import decode_step_bytes, gguf_file_storage
 from prefill.errors import BadInput
 
@@ -51,6 +53,7 @@ class Row:
     tokens_per_s: float
     step_bytes: int | None = None  # decode rows: bytes read per step
     floor_s: float | None = None  # step_bytes / read bandwidth
+    status: str = ""  # "crashed (signal 11)" where the engine's child process died at this test (no figures)
 
 
 @dataclass
@@ -80,8 +83,8 @@ def measure_read_bandwidth(threads: int, n_bytes: int = 256 * 2**20, repeats: in
 def _seconds(fn: Callable[[], object], clock: str = "wall") -> float:
     now = time.thread_time if clock == "cpu" else time.perf_counter
     t = now()
-    fn()
-    return now() - t
+    out = fn()
+    return float(out) if isinstance(out, SelfTimed) else now() - t  # a peer's child timed itself
 
 
 @dataclass(eq=False)
@@ -96,11 +99,9 @@ class Contender:
 
 
 def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = None) -> VersusResult:
-    """Every pp and tg test at every thread count, ours (one engine per `weights`) and llama.cpp interleaved."""
-    import torch
-
-    from prefill.bench.peers import LlamaCppPeer, llamacpp_available
-    from prefill.engine.llm import Engine
+    """Every pp and tg test at every thread count, ours (one engine per `weights`) and llama.cpp interleaved;
+    llama.cpp in a child process, so that its crash is a row that says so and the tests go on without it."""
+    from prefill.bench.peers import llamacpp_available
     from prefill.loading import default_model_path
 
     if not llamacpp_available():
@@ -111,34 +112,57 @@ def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = Non
     if config.clock == "cpu" and set(config.threads) != {1}:
         raise BadInput("CPU time measures one thread: run the comparison with --threads 1")
     result = VersusResult(config)
+    for threads in config.threads:
+        _versus_at(config, path, threads, result, on_step or (lambda _s: None))
+    return result
+
+
+def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResult, say) -> None:
+    """Every test at `threads` threads into `result`."""
+    import torch
+
+    from prefill.bench.peers import load_llamacpp_child
+    from prefill.engine.llm import Engine
+
     n_ctx = max(max(config.prompt_lengths), max(config.depths) + config.tg_steps + 8)
     file_types = gguf_file_storage(path)
-    say = on_step or (lambda _s: None)
-    for threads in config.threads:
-        torch.set_num_threads(threads)
-        ours = [Engine.load(path, threads=threads, progress=False, weights=w) for w in config.weights]
-        llama = LlamaCppPeer.load(path, n_ctx=n_ctx, threads=threads)
-        contenders = [_ours(e, file_types) for e in ours] + [_llama(llama, file_types)]
-        for engine in ours:
-            engine.warmup()
-        spec = ours[0].spec
-        result.bandwidth[threads] = measure_read_bandwidth(threads, clock=config.clock)
-        prompt = _prompt_ids(ours[0].tokenizer, n_ctx, spec.vocab_size)
-        with torch.inference_mode():
-            for P in config.prompt_lengths:
-                for c, seconds in _pp(contenders, prompt[:P], config).items():
-                    result.rows.append(Row(f"pp {P}", threads, c.name, seconds, P / seconds))
-                say(f"pp {P}, {threads} threads")
-            for S in config.depths:
-                for c, step in _tg(contenders, prompt[:S], config).items():
-                    nbytes = decode_step_bytes(spec, *c.storage, S, c.kv_bytes)
-                    row = Row(f"tg @ d{S}", threads, c.name, step, 1 / step, nbytes, nbytes / result.bandwidth[threads])
-                    result.rows.append(row)
-                say(f"tg @ d{S}, {threads} threads")
-        llama.llm.close()
-        del ours, contenders, llama
-        gc.collect()
-    return result
+    torch.set_num_threads(threads)
+    ours = [Engine.load(path, threads=threads, progress=False, weights=w) for w in config.weights]
+    contenders = [_ours(e, file_types) for e in ours]
+    llama_name = f"llama.cpp ({_label(file_types)})"
+    try:
+        llama = PeerProcess(load_llamacpp_child, {"path": path, "n_ctx": n_ctx, "threads": threads}, "llamacpp", "gguf")
+        contenders.append(_llama(llama, file_types, config.clock, llama_name))
+    except PeerCrashed as e:
+        llama = None
+        result.rows.append(Row("load", threads, llama_name, float("nan"), float("nan"), status=e.reason))
+        result.notes.append(f"{llama_name} {e.reason} while loading ({threads} threads); its log: {e.log_path}")
+    for engine in ours:
+        engine.warmup()
+    spec = ours[0].spec
+    result.bandwidth[threads] = measure_read_bandwidth(threads, clock=config.clock)
+    prompt = _prompt_ids(ours[0].tokenizer, n_ctx, spec.vocab_size)
+    tests = [(f"pp {P}", P, _pp) for P in config.prompt_lengths] + [(f"tg @ d{S}", S, _tg) for S in config.depths]
+    with torch.inference_mode():
+        for test, n, measure in tests:
+            try:
+                medians = measure(contenders, prompt[:n], config)
+            except PeerCrashed as e:  # only the child can die this way: the test again without it
+                contenders = [c for c in contenders if c.name != llama_name]
+                result.rows.append(Row(test, threads, llama_name, float("nan"), float("nan"), status=e.reason))
+                result.notes.append(f"{llama_name} {e.reason} at {test} ({threads} threads); its log: {e.log_path}")
+                medians = measure(contenders, prompt[:n], config)
+            for c, seconds in medians.items():
+                row = Row(test, threads, c.name, seconds, (n if measure is _pp else 1) / seconds)
+                if measure is _tg:
+                    nbytes = decode_step_bytes(spec, *c.storage, n, c.kv_bytes)
+                    row = replace(row, step_bytes=nbytes, floor_s=nbytes / result.bandwidth[threads])
+                result.rows.append(row)
+            say(f"{test}, {threads} threads")
+    if llama is not None:
+        llama.close()
+    del ours, contenders
+    gc.collect()
 
 
 def _label(storage: tuple[str, str]) -> str:
@@ -159,18 +183,17 @@ def _ours(engine, file_types: tuple[str, str]) -> Contender:
     return Contender(f"prefill ({_label(storage)})", engine.prefill, fill_then_step, storage, engine.dtype.itemsize)
 
 
-def _llama(peer, file_types: tuple[str, str]) -> Contender:
+def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str) -> Contender:
+    """llama.cpp in its child: each prefill and step timed there, on `clock` (LlamaCppPeer.fill / step)."""
+
     def fill_then_step(ids: list[int]) -> Callable[[], object]:
-        peer.prefill(ids)
-        n = len(ids)
+        peer.call("fill", list(ids))
+        return lambda: SelfTimed(peer.call("timed", "step", (), clock))
 
-        def step() -> None:
-            peer.llm.n_tokens = n  # back to the context: the step writes position n again, like ours
-            peer.llm.eval([ids[-1]])
+    def prefill(ids: list[int]) -> SelfTimed:
+        return peer.prefill(ids, clock)
 
-        return step
-
-    return Contender(f"llama.cpp ({_label(file_types)})", peer.prefill, fill_then_step, file_types, LLAMA_KV_BYTES)
+    return Contender(name, prefill, fill_then_step, file_types, LLAMA_KV_BYTES)
 
 
 def _prompt_ids(tokenizer, n: int, vocab_size: int) -> list[int]:
@@ -211,10 +234,13 @@ def versus_cells(data: dict) -> list[list[str]]:
     the same test and threads, and a decode step's memory floor."""
     rows, cells = data["rows"], []
     for row in rows:
-        llama = next(
-            r for r in rows if (r["test"], r["threads"]) == (row["test"], row["threads"]) and "llama" in r["engine"]
-        )
-        ratio = "" if row is llama else f"{row['tokens_per_s'] / llama['tokens_per_s']:.2f}x"
+        if row.get("status"):  # the engine's child died at this test: no figures
+            cells.append([row["test"], str(row["threads"]), row["engine"], row["status"], "", "", "", "", ""])
+            continue
+        same = (row["test"], row["threads"])
+        llama = next((r for r in rows if (r["test"], r["threads"]) == same and "llama" in r["engine"]), None)
+        alive = llama is not None and not llama.get("status") and row is not llama
+        ratio = f"{row['tokens_per_s'] / llama['tokens_per_s']:.2f}x" if alive else ""
         floor = (
             ["", "", ""]
             if row["step_bytes"] is None
