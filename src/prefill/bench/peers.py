@@ -85,8 +85,6 @@ class TransformersPeer:
         """The PeakMemory of one prefill of `ids` (prefill.bench.timing)."""
         import torch
 
-        from prefill.bench.timing import measure_peak_memory
-
         with torch.inference_mode():
             return measure_peak_memory(lambda: self.prefill(ids), self.device)
 
@@ -102,8 +100,11 @@ class LlamaCppPeer:
     version: str = ""
 
     @classmethod
-    def load(cls, gguf_path: str | Path, n_ctx: int, threads: int, n_batch: int = 512) -> LlamaCppPeer:
-        """Open `gguf_path` with room for `n_ctx` tokens, `threads` threads, micro-batches of `n_batch`."""
+    def load(
+        cls, gguf_path: str | Path, n_ctx: int, threads: int, n_batch: int = 512, logits_all: bool = False
+    ) -> LlamaCppPeer:
+        """Open `gguf_path` with room for `n_ctx` tokens, `threads` threads, micro-batches of `n_batch`; with
+        `logits_all`, every position's logits are kept (logits(), for the quality table)."""
         if not llamacpp_available():
             raise BadInput("llama-cpp-python is not installed: pip install 'prefill[llamacpp]'")
         if Path(gguf_path).suffix != ".gguf":
@@ -118,7 +119,7 @@ class LlamaCppPeer:
             n_threads_batch=threads,
             n_batch=batch,
             n_ubatch=batch,
-            logits_all=False,
+            logits_all=logits_all,
             verbose=False,
         )
         return cls(llm=llm, n_batch=batch, version=llama_cpp.__version__)
@@ -130,9 +131,15 @@ class LlamaCppPeer:
 
     def peak(self, ids: list[int]):
         """The PeakMemory of one prefill of `ids` (prefill.bench.timing)."""
-        from prefill.bench.timing import measure_peak_memory
-
         return measure_peak_memory(lambda: self.prefill(ids))
+
+    def logits(self, ids: list[int], lo: int, hi: int):
+        """float32 logits [hi - lo, vocab] of positions lo .. hi-1 of one prefill of `ids` from an empty cache
+        (a peer loaded with logits_all)."""
+        import numpy as np
+
+        self.prefill(ids)
+        return np.array(self.llm.scores[lo:hi], dtype=np.float32)
 
     def fill(self, ids: list[int]) -> None:
         """Prefill `ids` as the context that step() then decodes after."""
@@ -149,6 +156,11 @@ class LlamaCppPeer:
 def load_llamacpp_child(path: str, n_ctx: int, threads: int, name: str = "llamacpp", dtype: str = "gguf"):
     """A child's LlamaCppPeer (prefill.bench.peer_process builds peers with a module-level function)."""
     return replace(LlamaCppPeer.load(path, n_ctx=n_ctx, threads=threads), name=name, dtype=dtype)
+
+
+def load_llamacpp_scorer(path: str, n_ctx: int, threads: int):
+    """A child's LlamaCppPeer that keeps every position's logits (the quality table's llama.cpp row)."""
+    return LlamaCppPeer.load(path, n_ctx=n_ctx, threads=threads, n_batch=n_ctx, logits_all=True)
 
 
 def load_transformers_child(path: str, dtype: str, device: str = "cpu", threads: int | None = None):

@@ -135,9 +135,20 @@ def verify(
     chunk_size: Annotated[int, typer.Option(help="Chunk size for the chunked-prefill check")] = 7,
     reference: Annotated[bool, typer.Option(help="Also compare with Hugging Face transformers (if installed)")] = True,
     deterministic: Deterministic = False,
+    quality: Annotated[
+        bool, typer.Option("--quality", help="The quality rule instead: every path vs float32, beside llama.cpp")
+    ] = False,
+    tokens: Annotated[int | None, typer.Option(help="--quality: tokens of the held-out text (default 10,240)")] = None,
+    window: Annotated[int, typer.Option(help="--quality: tokens per window (its second half is scored)")] = 512,
+    threads: Threads = None,
 ) -> None:
     """The proofs, in float32: parallel == sequential, chunks == one pass, KV bytes == formula, batched decode ==
-    alone, logits == HF; with --deterministic also batched and chunked == alone, bitwise."""
+    alone, logits == HF; with --deterministic also batched and chunked == alone, bitwise. With --quality: each
+    reduced-precision path's KL divergence, top-1 agreement and perplexity against the float32-activation
+    reference on a held-out text, llama.cpp's own beside them (the rule: ours no worse on every measure)."""
+    if quality:
+        verify_quality(model, tokens, window, threads)
+        return
     engine = load_engine(model, "float32", None, deterministic=deterministic)
     ids = engine.encode_prompt(prompt)
     checks = run_proofs(engine, ids, chunk_size, reference)
@@ -148,6 +159,23 @@ def verify(
         checks += proofs.batch_invariance(engine, [ids, ids[: max(1, P // 2)], ids[: max(1, P // 3)]], 3, (chunk_size,))
     console.print(proofs_table(engine.source, len(ids), checks))
     if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+def verify_quality(model: str | None, tokens: int | None, window: int, threads: int | None) -> None:
+    """`prefill verify --quality`: the table, and exit status 1 when a path is worse than llama.cpp."""
+    from prefill.bench.quality import QUALITY_TOKENS, TEXT_SOURCE, quality_table, run_quality
+    from prefill.machine.capability import capability
+
+    tokens = QUALITY_TOKENS if tokens is None else tokens
+    with console.status(f"scoring {tokens:,} tokens of the held-out text on every path"):
+        rep = run_quality(model, tokens, window, threads)
+    cpu = capability("cpu")
+    title = f"quality on {cpu.name} ({cpu.kind}): {rep.tokens:,} tokens of {TEXT_SOURCE}, windows of {rep.window}"
+    console.print(quality_table([*rep.rows, *([rep.llama] if rep.llama else [])], rep.reference, rep.limits, title))
+    for note in rep.notes:
+        console.print(note, highlight=False)
+    if rep.failures():
         raise typer.Exit(1)
 
 

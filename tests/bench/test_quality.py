@@ -1,0 +1,89 @@
+"""The quality rule on a short text: a path that only sums in another order passes bounds set from float32's
+roundoff, and the same path with an error planted in one layer's weights fails them; the rule's arithmetic on
+rows made up so the answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from prefill.bench.quality import (
+    QUALITY_TOKENS,
+    Limits,
+    QualityRow,
+    engine_logits,
+    held_out_ids,
+    measure_quality,
+)
+
+# Bounds for a path that differs from the reference by float32 roundoff alone (dense float32 weights decoded from
+# the same blocks, summed in another order): its logits differ by ~1e-5..1e-4 (u = 6e-8 times sqrt(K) and L
+# layers of growth), so KL ~ 1/2 E[(delta logit)^2] ~ 1e-8. These bounds leave 1000x room and still fail any
+# path whose logits move by ~0.01 or more.
+ROUNDOFF = Limits(mean_kl=1e-5, p99_kl=1e-4, top1=0.99, ppl_drift=1e-3)
+SHORT, WINDOW = 512, 256  # two windows, 256 scored positions
+
+
+def test_the_held_out_text_is_long_enough(smollm):
+    ids = held_out_ids(smollm.tokenizer, QUALITY_TOKENS)
+    assert len(ids) == QUALITY_TOKENS >= 10_000
+
+
+@pytest.mark.slow
+def test_a_planted_error_fails_the_rule(smollm_native, smollm):
+    ids = held_out_ids(smollm.tokenizer, SHORT)
+    ref = engine_logits(smollm_native)
+    (clean,) = measure_quality(ref, {"dense float32": engine_logits(smollm)}, ids, WINDOW)
+    assert clean.positions == 256 and ROUNDOFF.check(clean) == []
+    w = smollm.model.layers[3].w_down.weight  # [d_model, d_ff]
+    saved = w.detach().clone()
+    g = torch.Generator().manual_seed(0)
+    try:
+        with torch.no_grad():  # a kernel that gets 3% of one layer's products wrong
+            w.add_(torch.randn(w.shape, generator=g) * 0.03 * saved.abs().mean())
+        (planted,) = measure_quality(ref, {"planted": engine_logits(smollm)}, ids, WINDOW)
+    finally:
+        with torch.no_grad():
+            w.copy_(saved)
+    broken = ROUNDOFF.check(planted)
+    assert broken and broken[0].startswith("mean KL")
+    assert planted.mean_kl > 100 * clean.mean_kl
+
+
+def _row(mean_kl=1e-3, p99_kl=1e-2, top1=0.97, ppl=10.1, ref_ppl=10.0):
+    return QualityRow("x", mean_kl, p99_kl, top1, ppl, ref_ppl, 1000)
+
+
+def test_the_rule_is_no_worse_than_the_bound_on_every_measure():
+    bound = Limits.of(_row())
+    assert bound.ppl_drift == pytest.approx(0.01)
+    assert bound.check(_row()) == []
+    assert bound.check(_row(mean_kl=0.5e-3, top1=0.99, ppl=9.95)) == []  # better on each: passes
+    assert bound.check(_row(mean_kl=2e-3))[0].startswith("mean KL 2.00e-03 > 1.00e-03")
+    assert bound.check(_row(p99_kl=2e-2))[0].startswith("p99 KL")
+    assert bound.check(_row(top1=0.96))[0].startswith("top-1 96.00% < 97.00%")
+    assert bound.check(_row(ppl=9.8))[0].startswith("perplexity ratio 0.9800 drifts")  # lower is a drift too
+
+
+def test_kl_and_agreement_of_known_distributions():
+    p_logits = torch.zeros(4, 8)
+    p_logits[:, 1] = 1.0  # p: token 1 the likeliest
+    q_logits = p_logits.clone()
+    q_logits[:, 0] = 3.0  # q: token 0 the likeliest
+
+    def ref(w, lo, hi):
+        return p_logits[lo:hi]
+
+    def other(w, lo, hi):
+        return q_logits[lo:hi]
+
+    same, moved = measure_quality(ref, {"same": ref, "moved": other}, [5, 1, 1, 1], 4)
+    assert same.mean_kl == 0 and same.top1 == 1 and same.ppl_ratio == 1
+    # KL = sum p (l_p - l_q) - log Z_p + log Z_q = -3 p_0 + log(Z_q / Z_p), Z_p = e + 7, Z_q = e^3 + e + 6
+    z_p, z_q = math.e + 7, math.e**3 + math.e + 6
+    assert moved.mean_kl == pytest.approx(-3 / z_p + math.log(z_q / z_p), rel=1e-5)
+    assert moved.positions == 2 and moved.top1 == 0
+    # the scored tokens are 1 and 1 (the window's second half): NLL under p is log(Z_p / e), under q log(Z_q / e)
+    assert moved.ppl_ratio == pytest.approx(z_q / z_p, rel=1e-5)
