@@ -19,10 +19,10 @@ import statistics
 import torch
 
 from prefill.bench.warm import prefill_once, spread_ids
+from prefill.device.capability import capability
 from prefill.engine.llm import Engine
 from prefill.engine.sampling import SamplingParams
 from prefill.engine.weights import auto_path, native_weight_types, quantized_types
-from prefill.machine.capability import capability
 from prefill.machine.paths import Workload, candidates, predict_path
 from prefill.model.quant import ops
 

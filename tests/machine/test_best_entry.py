@@ -3,8 +3,7 @@ measurement down): the merge, and the retry around it."""
 
 from __future__ import annotations
 
-from prefill.machine import profiles
-from prefill.machine.entries import best_entry, implausible
+from prefill.machine.entries import best_entry, implausible, undisturbed
 
 
 def entry(m2_rate: float, attention: list, overhead: float = 5e-6, bandwidth: float = 10e9) -> dict:
@@ -27,18 +26,16 @@ def test_the_fastest_of_each_point_over_every_size_any_probe_reached():
     assert implausible(stalled) and not implausible(best)
 
 
-def test_a_disturbed_probe_is_probed_again(monkeypatch):
+def test_a_disturbed_probe_is_probed_again():
     fresh = [entry(16e9, [[4, 1e9]])]
 
-    def measure(e, spec, shapes, dtype, device, qtypes):
+    def measure(e):
         e.update(fresh.pop())
-        return True
 
-    monkeypatch.setattr(profiles, "_measure_missing", measure)
     lines: list[str] = []
-    out = profiles._undisturbed(entry(0.1e9, [[4, 1e9]]), None, (), "float32", "cpu", {}, lines.append)
+    out = undisturbed(entry(0.1e9, [[4, 1e9]]), measure, lines.append)
     assert out["gemm"]["576x576"][1] == [2, 16e9] and not implausible(out)
     assert len(lines) == 1 and lines[0].startswith("the probe was disturbed (the probe's GEMM of 2 rows")
     calm = entry(16e9, [[4, 1e9]])
-    assert profiles._undisturbed(calm, None, (), "float32", "cpu", {}, lines.append) == best_entry([calm])
+    assert undisturbed(calm, measure, lines.append) == best_entry([calm])
     assert len(lines) == 1  # an undisturbed probe is not measured again

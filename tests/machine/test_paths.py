@@ -8,9 +8,9 @@ import pytest
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import catalog_profile
 from prefill.costmodel.specs import ModelSpec
+from prefill.device.capability import Capability
 from prefill.errors import BadInput
 from prefill.machine import paths
-from prefill.machine.capability import Capability
 from prefill.machine.paths import NATIVE, PathTime, ServingPath, Workload, candidates, choose_path
 
 ZEN5 = Capability("cpu", "AMD EPYC (Zen 5)", "AVX512", frozenset({"avx2", "avx512f", "avx512_bf16", "fma"}))

@@ -209,10 +209,10 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     logits of the same file from a child process."""
     from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
     from prefill.bench.peers import llamacpp_available, load_llamacpp_scorer
+    from prefill.device.capability import capability
     from prefill.engine.llm import Engine
     from prefill.engine.weights import quantized_types
     from prefill.loading import default_model_path
-    from prefill.machine.capability import capability
     from prefill.machine.paths import candidates
     from prefill.model.quant import ops
 

@@ -165,7 +165,7 @@ def verify(
 def verify_quality(model: str | None, tokens: int | None, window: int, threads: int | None) -> None:
     """`prefill verify --quality`: the table, and exit status 1 when a path is worse than llama.cpp."""
     from prefill.bench.quality import QUALITY_TOKENS, TEXT_SOURCE, quality_table, run_quality
-    from prefill.machine.capability import capability
+    from prefill.device.capability import capability
 
     tokens = QUALITY_TOKENS if tokens is None else tokens
     with console.status(f"scoring {tokens:,} tokens of the held-out text on every path"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from prefill.machine.capability import capability
+from prefill.device.capability import capability
 from prefill.machine.paths import Workload, candidates, choose_path, predict_path
 from prefill.machine.weights import Choice, choose_weights
 
@@ -33,15 +33,13 @@ def native_weight_types(model: str | Path | None, spec) -> dict[str, str]:
     from prefill.costmodel.gguf_file import open_gguf
     from prefill.costmodel.profile import shape_key
     from prefill.loading import default_model_path
+    from prefill.machine.profiles import gemm_shapes
     from prefill.model.quant import KERNEL_TYPES
 
     types = {t.name: t.tensor_type.name for t in open_gguf(default_model_path() if model is None else model).tensors}
     names = ("blk.0.attn_q", "blk.0.attn_output", "blk.0.ffn_gate", "blk.0.ffn_down", "output")
-    d, dh = spec.d_model, spec.d_head
-    shapes = ((d, (spec.H_q + 2 * spec.H_kv) * dh), (spec.H_q * dh, d), (d, 2 * spec.d_ff), (spec.d_ff, d))
-    shapes += ((d, spec.vocab_size),)
     found: dict[str, str] = {}
-    for name, (K, N) in zip(names, shapes, strict=True):
+    for name, (K, N) in zip(names, gemm_shapes(spec), strict=True):
         qtype = types.get(f"{name}.weight") or (types.get("token_embd.weight") if name == "output" else None)
         if qtype in KERNEL_TYPES:
             found.setdefault(shape_key(K, N), qtype)

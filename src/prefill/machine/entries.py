@@ -4,12 +4,16 @@ for what no idle machine produces, and merged point by point over several probes
     implausible(entry)        what in it no idle machine produces (other processes took the cores), or None
     median_entry(entries)     the point-wise medians of several probes' entries
     best_entry(entries)       the point-wise fastest of several probes' entries (other load only slows a probe)
+    undisturbed(entry, measure)  an entry, probed again where other processes disturbed it
     curve_points(rows)        a curve's [[size, rate], ...] as a tuple of (int, float)
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+
+PROBE_RETRIES = 2  # probes more when one is disturbed (implausible), their point-wise fastest kept
 
 
 def curve_points(rows: list) -> tuple[tuple[int, float], ...]:
@@ -89,3 +93,18 @@ def implausible(entry: dict) -> str | None:
     if cache and memory and 4 * cache < memory:  # bfloat16's conversions: 0.7x memory on the AMX Xeon, not 0.25x
         return "the probe measured elementwise work 4x slower than memory reads: other processes were using the cores"
     return None
+
+
+def undisturbed(entry: dict, measure: Callable[[dict], object], echo: Callable[[str], None] | None) -> dict:
+    """`entry`, or where other processes disturbed it (implausible), the point-wise fastest (best_entry) of it and
+    up to PROBE_RETRIES fresh probes (`measure(e)` fills an empty entry e), with a warning to `echo` if even that
+    still looks disturbed."""
+    entries = [entry]
+    while (busy := implausible(best_entry(entries))) and len(entries) <= PROBE_RETRIES:
+        if echo is not None:
+            echo(f"the probe was disturbed ({busy}): probing again, keeping each point's fastest")
+        entries.append({})
+        measure(entries[-1])
+    if busy and echo is not None:
+        echo(f"warning: {busy}; predictions will be off: run `prefill calibrate` again on an idle machine")
+    return best_entry(entries)

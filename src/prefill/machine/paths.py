@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from prefill.costmodel import storage, timemodel
 from prefill.costmodel.costs import canonical_dtype, request_seconds
 from prefill.costmodel.specs import ModelSpec
+from prefill.device.capability import Capability
 from prefill.errors import BadInput
-from prefill.machine.capability import Capability
 
 NATIVE = "native"
 TYPICAL_P, TYPICAL_N = 256, 128  # a typical request: a 256-token prompt, 128 tokens out

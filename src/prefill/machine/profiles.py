@@ -1,7 +1,7 @@
 """This device's MachineProfile for a model: probed on first need (a few seconds, said in one line), cached on disk
 per machine, torch version, thread count and dtype, and replaced by a fitted one once a benchmark has fitted it.
 
-    model_shapes(spec)                    the (K, N) of every GEMM the model runs
+    model_shapes(spec)                    the (K, N) of every GEMM the model runs (gemm_shapes: all five, in order)
     profile_for(spec, dtype, device)      the fitted profile if one is saved, else the quick probe's
     probe_profile(spec, dtype, device)    the quick probe's: from this process, the disk cache, or measured now
     probe_age_s(entry)                    how long ago a cached probe was measured (a server probes again past an age)
@@ -27,11 +27,10 @@ from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
 from prefill.device.cache import machine_key, read_json, write_json
 from prefill.machine import attention_probe, elementwise, probe
-from prefill.machine.entries import best_entry, curve_points, implausible
+from prefill.machine.entries import curve_points, undisturbed
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
 PROBE_VERSION = 16  # entries of another version are measured again (its history: `git log -p` of this line)
-PROBE_RETRIES = 2  # probes more when one is disturbed (entries.implausible), their point-wise fastest kept
 FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
@@ -40,17 +39,21 @@ FITTED_FIELDS = ("gemm_efficiency", "attention_efficiency", "bandwidth_bytes_per
 FITTED_FIELDS += ("op_overhead_s", "step_overhead_s", "source", "kind")
 
 
-def model_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
-    """(K, N) of the model's GEMMs: fused Q/K/V, output, fused gate/up, down, unembedding."""
+def gemm_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """(K, N) of the model's five GEMMs in order: fused Q/K/V, output, fused gate/up, down, unembedding."""
     d, dh = spec.d_model, spec.d_head
-    shapes = [
+    return (
         (d, (spec.H_q + 2 * spec.H_kv) * dh),
         (spec.H_q * dh, d),
         (d, 2 * spec.d_ff),
         (spec.d_ff, d),
         (d, spec.vocab_size),
-    ]
-    return tuple(dict.fromkeys(shapes))
+    )
+
+
+def model_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """gemm_shapes, each once."""
+    return tuple(dict.fromkeys(gemm_shapes(spec)))
 
 
 def _key(device: str, threads: int | None, dtype: str) -> str:
@@ -166,26 +169,12 @@ def probe_profile(
                 "overhead (a few seconds, once; `prefill calibrate` measures again)"
             )
         if _measure_missing(entry, spec, shapes, dtype, device, qtypes):
-            entry = _undisturbed(entry, spec, shapes, dtype, device, qtypes, echo)
+            entry = undisturbed(entry, lambda e: _measure_missing(e, spec, shapes, dtype, device, qtypes), echo)
             _store(key, entry, merge=not stale)
         n_threads = None if device.startswith("cuda") else _torch_threads()
     profile = _build(entry, spec, shapes, dtype, device, n_threads, qtypes)
     _MEMO[memo] = profile
     return profile
-
-
-def _undisturbed(entry: dict, spec, shapes, dtype: str, device: str, qtypes, echo) -> dict:
-    """`entry`, or where other processes disturbed it (entries.implausible), the point-wise fastest of it and up
-    to PROBE_RETRIES fresh probes (entries.best_entry), with a warning if even that still looks disturbed."""
-    entries = [entry]
-    while (busy := implausible(best_entry(entries))) and len(entries) <= PROBE_RETRIES:
-        if echo is not None:
-            echo(f"the probe was disturbed ({busy}): probing again, keeping each point's fastest")
-        entries.append({})
-        _measure_missing(entries[-1], spec, shapes, dtype, device, qtypes)
-    if busy and echo is not None:
-        echo(f"warning: {busy}; predictions will be off: run `prefill calibrate` again on an idle machine")
-    return best_entry(entries)
 
 
 def probe_age_s(entry: dict) -> float | None:
