@@ -4,10 +4,12 @@ choice over the open paths is the time model's, said in one line."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import catalog_profile
-from prefill.machine.paths import Workload
+from prefill.device.capability import capability
+from prefill.machine.paths import PATHS, Workload, path_blocker
 from prefill.model.quant import ops
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
@@ -42,3 +44,26 @@ def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute):
     long = resolve_storage(None, "auto", "auto", echo=None, workload=Workload(8192, 1))
     assert long[1] != "native"  # one long prefill: the dense GEMMs' fourfold rate wins
     assert resolve_storage(None, "bfloat16", "auto", echo=None) == ("bfloat16", "bfloat16")  # one path open
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: f"{p.weights}-{p.dtype}")
+def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm):
+    """--dtype and --weights force each path of the registry (skipped, with why, where this CPU cannot run it);
+    its next-token distribution on a short prompt stays near the float32-activation reference's (the bound is
+    quality.py's rule at its loosest measured figure: llama.cpp's own p99 KL on this file is ~1e-2)."""
+    from prefill.engine.llm import Engine
+    from prefill.engine.weights import quantized_types, resolve_storage
+
+    if blocker := path_blocker(path, quantized_types(None), capability("cpu"), ops.available()):
+        pytest.skip(blocker)
+    assert resolve_storage(None, path.dtype, path.weights, echo=None) == (path.dtype, path.weights)
+    engine = {("native", "float32"): smollm_native, ("float32", "float32"): smollm}.get((path.weights, path.dtype))
+    engine = engine or Engine.load(None, dtype=path.dtype, weights=path.weights, progress=False)
+    expected = "Q8_0 + Q4_1" if path.weights == "native" else path.weights
+    assert engine.weights == expected and engine.dtype_name == path.dtype
+    ids = smollm_native.encode_prompt("What is the capital of France?")
+    ref = torch.log_softmax(smollm_native.prefill(ids)[0].float(), -1)  # [1, vocab]
+    got = torch.log_softmax(engine.prefill(ids)[0].float(), -1)
+    kl = float((ref.exp() * (ref - got)).sum())
+    assert kl < 1e-2  # not the argmax: bfloat16 keeps ~98% of top-1 tokens, and this prompt's is a near-tie
