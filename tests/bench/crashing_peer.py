@@ -38,3 +38,8 @@ def crash_at_load() -> CrashingPeer:
     print("loading, then crashing", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGSEGV)
     return CrashingPeer(0)
+
+
+def crashing_llamacpp(path: str, n_ctx: int, threads: int) -> CrashingPeer:
+    """In place of prefill.bench.peers.load_llamacpp_child: segfaults at its first prompt of 8 tokens or more."""
+    return CrashingPeer(8)
