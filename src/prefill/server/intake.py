@@ -17,7 +17,7 @@ from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
 from prefill.server.config import ServeConfig
-from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest
+from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest, clip
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
 from prefill.server.tool_parser import template_messages, tool_format
 
@@ -72,6 +72,7 @@ class Intake:
         if any(t >= self.vocab for t, _ in bias):
             raise ApiError(400, f"logit_bias: token ids must lie in [0, {self.vocab})", param="logit_bias")
         self.logprobs_k(body, chat)
+        self.check_max_tokens(body)
         if chat:
             check_messages(body.messages, self.tool_format)
         if body.requested_max_tokens() == 0 and not echo_of(body, chat):
@@ -152,13 +153,6 @@ class Intake:
         max_tokens = (
             requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit, room))
         )
-        if max_tokens > lim.max_tokens_limit:
-            raise ApiError(
-                400,
-                f"max_tokens={max_tokens} is over this server's limit {lim.max_tokens_limit}",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
         if requested is None and room < 1 and not echo:  # nothing left to generate, and nothing to echo
             raise ApiError(
                 400,
@@ -177,6 +171,19 @@ class Intake:
                 code="context_length_exceeded" if over else None,
             ) from None
         return max_tokens
+
+    def check_max_tokens(self, body: Body) -> None:
+        """Each of max_tokens and max_completion_tokens that is sent lies within the server's limit, whichever wins."""
+        limit = self.cfg.max_tokens_limit
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = getattr(body, name)
+            if value is not None and value > limit:
+                raise ApiError(
+                    400,
+                    f"{name} {clip(value)} is over this server's limit {limit}",
+                    param=name,
+                    code="context_length_exceeded",
+                )
 
     @staticmethod
     def logprobs_k(body: Body, chat: bool) -> int | None:

@@ -308,9 +308,22 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+NOT_JSON = "the body is not valid JSON in UTF-8 (or is nested too deeply to parse)"  # every parse failure's message
+MAX_MESSAGE_CHARS = 1000  # an error message is cut here: whatever part of a request it quotes, the reply stays small
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}, its message at most MAX_MESSAGE_CHARS."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def clip(value: object, max_chars: int = 24) -> str:
+    """`value` as text for an error message, at most about `max_chars` of it: a 4,001-digit number reads
+    "123456789012… (4001 characters)"."""
+    text = str(value)
+    return text if len(text) <= max_chars else f"{text[: max_chars // 2]}… ({len(text)} characters)"
 
 
 def new_id(prefix: str) -> str:

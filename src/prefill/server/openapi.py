@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from prefill.server.config import ServeConfig
 from prefill.server.openai_schema import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest, ErrorResponse
+from prefill.server.security import is_open
 
 
 class HealthBody(BaseModel):
@@ -75,6 +76,19 @@ def refusals_are_400(doc: dict) -> None:
     schemas = doc.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+
+
+def bearer_auth(doc: dict) -> None:
+    """With an API key: every operation outside the open paths (prefill.server.security) needs `Authorization:
+    Bearer KEY` and lists its 401."""
+    doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
+    body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for path, ops in doc.get("paths", {}).items():
+        if is_open(path):
+            continue
+        for op in ops.values():
+            op["security"] = [{"bearer": []}]
+            op.setdefault("responses", {})["401"] = {"description": "No API key, or a wrong one", "content": body}
 
 
 def exact_bounds(doc: dict, models: tuple[type[BaseModel], ...]) -> None:
