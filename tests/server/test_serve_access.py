@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from prefill.lesson.routes import add_lesson
 from prefill.server.app import ServeConfig, create_app, model_id_of
 from prefill.server.server import BackgroundServer, free_port
 
@@ -37,7 +38,8 @@ def server(smollm_native):
         allowed_hosts=("localhost", "127.0.0.1"),
         header_timeout_s=HEADER_TIMEOUT_S,
     )
-    with BackgroundServer(create_app(smollm_native, cfg)) as url:
+    # with the lesson mounted, as `prefill serve` serves it: its /api routes are behind the key too
+    with BackgroundServer(add_lesson(create_app(smollm_native, cfg))) as url:
         yield url, cfg.model_id
 
 
@@ -212,3 +214,55 @@ def test_serving_beyond_loopback_without_a_key_warns():
     err = "".join(lines)
     assert "warning: --host 0.0.0.0 without --api-key" in err and "/v1" in err and "/metrics" in err, err[-3000:]
     assert "other" in err and "HTTP 400" in err, err[-3000:]
+
+
+# ---- what schemathesis --checks all found: the document states each rule between fields, the server keeps it --
+
+
+def document_validator(url: str, name: str):
+    import jsonschema
+
+    doc = httpx.get(f"{url}/openapi.json").json()
+    return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": doc["components"]})
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "fields", "valid"),
+    [
+        ("CompletionRequest", "/v1/completions", {"prompt": ["One", "Two"], "stream": True}, False),
+        ("CompletionRequest", "/v1/completions", {"prompt": ["One"], "stream": True}, True),
+        ("CompletionRequest", "/v1/completions", {"prompt": "One", "max_tokens": 0}, False),
+        (
+            "CompletionRequest",
+            "/v1/completions",
+            {"prompt": [5, 7], "max_tokens": 0, "echo": True, "logprobs": 0},
+            True,
+        ),
+        ("CompletionRequest", "/v1/completions", {"prompt": [[5, 7]], "echo": True, "logprobs": 0}, True),
+        ("ChatCompletionRequest", "/v1/chat/completions", {"messages": [{"role": "tool"}]}, False),
+        (
+            "ChatCompletionRequest",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 0},
+            True,
+        ),
+        (
+            "ChatCompletionRequest",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2},
+            False,
+        ),
+        (
+            "ChatCompletionRequest",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0},
+            False,
+        ),
+    ],
+)
+def test_the_document_and_the_server_agree_on_the_rules_between_fields(server, name, path, fields, valid):
+    url, model = server
+    body = {"model": model, "max_tokens": 1, **fields}
+    assert document_validator(url, name).is_valid(body) == valid
+    r = httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == (200 if valid else 400), r.text

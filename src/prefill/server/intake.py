@@ -194,7 +194,7 @@ class Intake:
         """k alternatives per token, or None when the request asks for no log-probabilities."""
         if not chat:
             return body.logprobs
-        if body.top_logprobs is not None and not body.logprobs:
+        if body.top_logprobs and not body.logprobs:  # 0 alternatives ask for nothing: no refusal
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return (body.top_logprobs or 0) if body.logprobs else None
 

@@ -263,8 +263,11 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int_in(ge=1) | None = None  # a chat has no echo: nothing to score with 0
     logprobs: StrictBool | None = False
-    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(default=None, description="needs logprobs: true")
+    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(
+        default=None, description="1 or more needs logprobs: true (0 asks for nothing)"
+    )
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(default=None, max_length=64)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

@@ -103,8 +103,64 @@ def exact_bounds(doc: dict, models: tuple[type[BaseModel], ...]) -> None:
 
 
 def generation_bounds(doc: dict) -> None:
-    """exact_bounds of the two generation requests."""
+    """exact_bounds of the two generation requests, and the rules between their fields that Intake checks, as JSON
+    Schema's if / then (RULES)."""
     exact_bounds(doc, (CompletionRequest, ChatCompletionRequest))
+    schemas = doc.get("components", {}).get("schemas", {})
+    for name, rules in RULES.items():
+        if name in schemas:
+            schemas[name]["allOf"] = [*schemas[name].get("allOf", []), *rules]
+
+
+def _when(condition: dict, then: dict | None = None, otherwise: dict | None = None) -> dict:
+    """JSON Schema's if / then / else: `condition` maps each field it names (all required) to its schema."""
+    rule: dict = {"if": {"required": list(condition), "properties": condition}}
+    if then is not None:
+        rule["then"] = then
+    if otherwise is not None:
+        rule["else"] = otherwise
+    return rule
+
+
+_SCORING = {"max_tokens": {"const": 0}}  # and max_completion_tokens, which would win, not sent (or null)
+RULES = {
+    "CompletionRequest": [
+        # max_tokens 0 (unless max_completion_tokens wins) is a scoring request, which needs echo: true
+        {
+            "if": {"required": ["max_tokens"], "properties": {**_SCORING, "max_completion_tokens": {"type": "null"}}},
+            "then": {"required": ["echo"], "properties": {"echo": {"const": True}}},
+        },
+        # a stream carries one prompt
+        _when(
+            {"stream": {"const": True}},
+            then={
+                "properties": {
+                    "prompt": {
+                        "anyOf": [
+                            {"type": "string"},
+                            {"type": "array", "items": {"type": "integer"}},
+                            {"type": "array", "maxItems": 1},
+                        ]
+                    }
+                }
+            },
+        ),
+    ],
+    # top_logprobs of 1 or more needs logprobs: true
+    "ChatCompletionRequest": [
+        _when(
+            {"top_logprobs": {"type": "integer", "minimum": 1}},
+            then={"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        )
+    ],
+    # content, unless the turn is an assistant's calls
+    "ChatMessage": [
+        _when(
+            {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}},
+            otherwise={"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        )
+    ],
+}
 
 
 def _copy_bounds(source: dict, documented: dict) -> None:
