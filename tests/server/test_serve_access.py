@@ -258,6 +258,24 @@ def document_validator(url: str, name: str):
             {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0},
             False,
         ),
+        (
+            "ChatCompletionRequest",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "tool_choice": "required"},
+            False,
+        ),
+        (
+            "ChatCompletionRequest",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "tool_choice": "none"},
+            True,
+        ),
+        (
+            "ChatCompletionRequest",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_schema"}},
+            False,
+        ),
     ],
 )
 def test_the_document_and_the_server_agree_on_the_rules_between_fields(server, name, path, fields, valid):
@@ -266,3 +284,9 @@ def test_the_document_and_the_server_agree_on_the_rules_between_fields(server, n
     assert document_validator(url, name).is_valid(body) == valid
     r = httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=60)
     assert r.status_code == (200 if valid else 400), r.text
+
+
+def test_the_lessons_integer_fields_take_integer_valued_numbers(server):
+    url, _ = server
+    r = httpx.post(f"{url}/api/sweep/measure", json={"P": 4.0}, headers=AUTH, timeout=120)
+    assert r.status_code == 200, r.text

@@ -146,13 +146,20 @@ RULES = {
             },
         ),
     ],
-    # top_logprobs of 1 or more needs logprobs: true
     "ChatCompletionRequest": [
+        # top_logprobs of 1 or more needs logprobs: true
         _when(
             {"top_logprobs": {"type": "integer", "minimum": 1}},
             then={"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
-        )
+        ),
+        # a tool_choice other than "none" needs tools
+        _when(
+            {"tool_choice": {"not": {"enum": [None, "none"]}}},
+            then={"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+        ),
     ],
+    # a json_schema format carries its schema
+    "ResponseFormat": [_when({"type": {"const": "json_schema"}}, then={"required": ["json_schema"]})],
     # content, unless the turn is an assistant's calls
     "ChatMessage": [
         _when(
