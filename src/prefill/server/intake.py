@@ -17,7 +17,7 @@ from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
 from prefill.server.config import ServeConfig
-from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest, clip
+from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
 from prefill.server.tool_parser import GENERIC, template_messages, tool_format
 
@@ -285,3 +285,10 @@ def with_tools_described(messages: list[dict], tools, how: str) -> list[dict]:
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
     return [{"role": "system", "content": note}, *messages]
+
+
+def clip(value: object, max_chars: int = 24) -> str:
+    """`value` as text for an error message, at most about `max_chars` of it: a 4,001-digit number reads
+    "123456789012… (4001 characters)"."""
+    text = str(value)
+    return text if len(text) <= max_chars else f"{text[: max_chars // 2]}… ({len(text)} characters)"

@@ -265,9 +265,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int_in(ge=1) | None = None  # a chat has no echo: nothing to score with 0
     logprobs: StrictBool | None = False
-    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(
-        default=None, description="1 or more needs logprobs: true (0 asks for nothing)"
-    )
+    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(default=None, description="1+ needs logprobs")
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(default=None, max_length=64)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -320,13 +318,6 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def clip(value: object, max_chars: int = 24) -> str:
-    """`value` as text for an error message, at most about `max_chars` of it: a 4,001-digit number reads
-    "123456789012… (4001 characters)"."""
-    text = str(value)
-    return text if len(text) <= max_chars else f"{text[: max_chars // 2]}… ({len(text)} characters)"
 
 
 def new_id(prefix: str) -> str:
