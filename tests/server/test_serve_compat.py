@@ -132,16 +132,9 @@ def test_a_value_just_outside_each_documented_bound_is_a_400(served, path, name)
 
 
 # ---- 7: errors that say what is wrong ----
-def test_an_assistant_turn_with_tool_calls_is_refused_by_name(served):
+def test_a_turn_without_content_is_refused_unless_it_is_an_assistants_calls(served):
+    """(Tool turns on this template are rendered in the generic format: tests/server/test_serve_tools.py.)"""
     http, model = served
-    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    messages = [
-        *SAY_OK,
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
-    ]
-    err = refused(post(http, "/v1/chat/completions", {"model": model, "messages": messages}), "messages.1")
-    assert "tool_calls in messages are not supported" in err["message"]
     err = refused(post(http, "/v1/chat/completions", {"model": model, "messages": [{"role": "user"}]}))
     assert err["message"] == "messages.0.content: a user turn needs content"
 
@@ -284,14 +277,6 @@ def hermes(smollm):
     cfg = ServeConfig(model_id_of(engine), max_tokens_limit=MAX_TOKENS_LIMIT, chunk_size=64, kv_cache_mb=64)
     with TestClient(create_app(engine, cfg)) as http:
         yield http, cfg.model_id, tok
-
-
-def test_tool_choice_auto_needs_a_template_with_a_tool_format(served):
-    http, model = served
-    for extra in ({}, {"tool_choice": "auto"}):
-        body = {"model": model, "messages": SAY_OK, "tools": [WEATHER], **extra}
-        err = refused(post(http, "/v1/chat/completions", body), "tool_choice")
-        assert "needs a chat template with a tool format" in err["message"] and "has none" in err["message"]
 
 
 def test_tool_turns_are_rendered_through_a_template_with_a_tool_format(hermes):

@@ -9,8 +9,9 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from prefill.engine.llm import Engine
+from prefill.engine.llm import DEFAULT_KV_STORE_MB, Engine
 from prefill.server.app import ServeConfig, create_app, model_id_of
+from tmpfs import mount_tmpfs, unmount
 
 pytestmark = pytest.mark.slow
 PROMPT = "A short history of Paris for a school essay, in plain sentences. " * 8
@@ -66,3 +67,39 @@ def test_a_salted_request_neither_saves_to_the_store_nor_loads_from_it(smollm, t
         assert reply["choices"][0]["text"] == plain["choices"][0]["text"]
     assert plain["timings"]["kv_store"]["choice"] is not None  # the plain one looked in the store (and missed)
     assert again["timings"].get("kv_store") is None
+
+
+def test_a_restart_on_a_100_mb_tmpfs_hits(smollm, tmp_path):
+    """Issue 44's repro: the default --kv-store-mb (4096) on a 100 MB disk, 4 prompts of about 1,000 tokens
+    (62 blocks of 737 KB each: 180 MB, more than the disk), a restart, the same prompts again, newest first (in
+    the order sent, LRU over a working set twice its size evicts each prompt just before it comes back). The store
+    holds what fits under its cap and the probe finds its room: the second life hits."""
+    mount_tmpfs(tmp_path / "fs", 100)
+    try:
+        prompts = [f"Chapter {i}. " + f"The river {i} runs past the mill and the bridge. " * 90 for i in range(4)]
+        cold = served_all(smollm, tmp_path / "fs" / "store", prompts)
+        warm = served_all(smollm, tmp_path / "fs" / "store", prompts[::-1])[::-1]
+    finally:
+        unmount(tmp_path / "fs")
+    assert all(r["usage"]["prompt_tokens"] > 900 for r in cold)
+    assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in cold] == [0, 0, 0, 0]
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in warm]
+    assert cached[-1] > 0, cached  # the newest prompt's blocks are the last evicted
+    for a, b in zip(cold, warm, strict=True):
+        if b["usage"]["prompt_tokens_details"]["cached_tokens"]:
+            assert a["choices"][0]["text"] == b["choices"][0]["text"]
+
+
+def served_all(smollm, directory, prompts: list[str]) -> list[dict]:
+    """One server's life on `directory` (the default store size), one greedy completion of each prompt."""
+    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    assert engine.attach_kv_store(directory, DEFAULT_KV_STORE_MB, force="load") is not None
+    cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=256, prefix_cache_mb=0)
+    with TestClient(create_app(engine, cfg)) as client:
+        out = []
+        for prompt in prompts:
+            body = {"model": cfg.model_id, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+            reply = client.post("/v1/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            out.append(reply.json())
+        return out

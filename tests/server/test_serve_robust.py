@@ -202,7 +202,6 @@ def test_n_as_an_integer_valued_number_and_empty_prompt(server):
         ("/v1/chat/completions", {"presence_penalty": -1}, "presence_penalty"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         ("/v1/chat/completions", {"audio": {"voice": "x"}}, "audio"),
-        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
         ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
         ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
         (

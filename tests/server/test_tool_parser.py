@@ -36,15 +36,15 @@ def test_a_block_that_does_not_parse_or_names_an_unknown_tool_stays_text():
 
 
 def test_calls_in_reads_calls_only_from_a_finished_answer():
-    auto = SimpleNamespace(tool_call=False, auto_tools=("get_weather",))
+    auto = SimpleNamespace(tool_call=False, auto_tools=("get_weather",), generic=False)
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     assert calls_in(auto, text, "stop")[1][0]["function"]["name"] == "get_weather"
     assert calls_in(auto, text, "length") == (text, None)  # cut by max_tokens: the text as it is
-    free = SimpleNamespace(tool_call=False, auto_tools=())
+    free = SimpleNamespace(tool_call=False, auto_tools=(), generic=False)
     assert calls_in(free, text, "stop") == (text, None)
 
 
 def test_the_tool_format_is_read_from_the_template():
     hermes = SimpleNamespace(chat_template="{% if tools %}<tools>{% endif %}<tool_call>")
     plain = SimpleNamespace(chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
-    assert tool_format(hermes) == "hermes" and tool_format(plain) is None and tool_format(None) is None
+    assert tool_format(hermes) == "hermes" and tool_format(plain) == "generic" and tool_format(None) == "generic"

@@ -157,7 +157,11 @@ def attach_store(engine, directory: str, max_mb: float) -> None:
         return
     bw = tier.bandwidth
     disk = f"{bw.disk_bytes_per_s / 1e9:.2f} GB/s disk, " if bw.disk_bytes_per_s else ""
-    line = f"KV store: {directory}, at most {max_mb:,.0f} MiB; loads at {disk}{bw.ram_bytes_per_s / 1e9:.2f} GB/s RAM"
+    cap = tier.store.max_bytes / 2**20  # max_mb, or less where the disk holds less (the warning above says so)
+    mode = "" if tier.store.writable else " (load-only)"
+    line = (
+        f"KV store: {directory}{mode}, at most {cap:,.0f} MiB; loads at {disk}{bw.ram_bytes_per_s / 1e9:.2f} GB/s RAM"
+    )
     err_console.print(line, highlight=False, markup=False)
 
 

@@ -42,6 +42,9 @@ PredictEngine = Annotated[
     ),
 ]
 Out = Annotated[str, typer.Option(help="JSON report (config, summary, every request)")]
+ApiKey = Annotated[
+    str | None, typer.Option(envvar="PREFILL_API_KEY", help="sent as Authorization: Bearer KEY (not in the report)")
+]
 Plot = Annotated[str | None, typer.Option(help="PNG plot (default: --out with .png)")]
 
 
@@ -69,6 +72,7 @@ def loadtest(
     predict_model: PredictModel = None,
     hardware: PredictHardware = "cpu",
     engine: PredictEngine = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Load-test any OpenAI-compatible server: TTFT, ITL, TPOT, E2E percentiles, throughput, goodput."""
     from prefill.bench.loadtest import LoadTestConfig
@@ -76,7 +80,9 @@ def loadtest(
     load = {"concurrency": concurrency, "rate": rate, "duration_s": duration, "max_requests": requests}
     ask = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "ignore_eos": ignore_eos}
     prompts = prompt_fields(prompt_len, prompts_file, system_prompt_file)
-    cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, **load, **ask, **prompts)
+    cfg = LoadTestConfig(
+        url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, api_key=api_key, **load, **ask, **prompts
+    )
     console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
     finish = prepare_prediction(predict, predict_model, cfg, hardware, engine)
     records, wall, model_id = run(cfg)
@@ -239,7 +245,7 @@ def save(cfg, model_id: str, summary: dict, records: list, out: str, plot: str) 
 
     from prefill.bench import loadtest_report as report
 
-    config = {**dataclasses.asdict(cfg), "model": model_id, "prompts": len(cfg.prompts)}
+    config = {**dataclasses.asdict(cfg), "model": model_id, "prompts": len(cfg.prompts), "api_key": bool(cfg.api_key)}
     report.write_json(Path(out), config, summary, records)
     report.plot(Path(plot), records, f"{model_id} at {cfg.url}: {mode_text(cfg)}")
     console.print(f"wrote {out} and {plot}", highlight=False)

@@ -17,6 +17,7 @@ from prefill.cli.common import (
     fail,
     load_engine,
 )
+from prefill.cli.serve_access import AllowedHosts, ApiKey, ApiKeyFile, api_key_of, hosts_of, warn_if_exposed
 
 ServeModel = Annotated[str | None, typer.Option(help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)")]
 Host = Annotated[str, typer.Option(help="address to bind (loopback by default)")]
@@ -46,6 +47,9 @@ def serve(
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
     workload: WorkloadOpt = None,
+    api_key: ApiKey = None,
+    api_key_file: ApiKeyFile = None,
+    allowed_hosts: AllowedHosts = None,
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from prefill.cli.common import attach_store, check_store_size, open_engine
@@ -55,15 +59,23 @@ def serve(
     if kv_cache_mb is not None and kv_cache_mb <= 0:
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     check_store_size(kv_store, kv_store_mb)
+    access = access_of(host, api_key, api_key_file, allowed_hosts)
     engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic, workload)
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
     limits = {"max_queue": max_queue, "max_running": max_running, "probe_max_age_s": SERVE_PROBE_MAX_AGE_S}
-    config = ServeConfig(model_id_of(engine), populate_kv=True, **limits, **sizes)
+    config = ServeConfig(model_id_of(engine), populate_kv=True, **limits, **sizes, **access)
     code = serve_engine(engine, config, host, port, dtype)
     if code:
         fail("the server stopped because its scheduler could not serve (see the log above)", code)
+
+
+def access_of(host: str, api_key: str | None, api_key_file: str | None, allowed_hosts: str | None) -> dict:
+    """ServeConfig's api_key and allowed_hosts from the options, after the warning when the server is exposed."""
+    key, hosts = api_key_of(api_key, api_key_file), hosts_of(allowed_hosts, host)
+    warn_if_exposed(host, key, hosts)
+    return {"api_key": key, "allowed_hosts": hosts}
 
 
 def serve_engine(engine, config, host: str, port: int, dtype: str) -> int:
@@ -91,6 +103,9 @@ def lab(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     open_browser: Annotated[bool, typer.Option("--open/--no-open", help="open the page in a browser")] = True,
+    api_key: ApiKey = None,
+    api_key_file: ApiKeyFile = None,
+    allowed_hosts: AllowedHosts = None,
 ) -> None:
     """`prefill serve` plus the lesson page opened in a browser (the URL is printed when none can be opened)."""
     from prefill.lesson.lab import open_when_up
@@ -99,10 +114,12 @@ def lab(
     from prefill.server.config import SERVE_PROBE_MAX_AGE_S
     from prefill.server.server import run_server
 
+    access = access_of(host, api_key, api_key_file, allowed_hosts)
     engine = load_engine(model, "float32", None)  # warmed up: the page's timeline shows the steady state
-    url = f"http://{host}:{port}/"
+    # the key travels in the URL's fragment, which the browser never sends; the page keeps it in sessionStorage
+    url = f"http://{host}:{port}/" + (f"#key={access['api_key']}" if access["api_key"] else "")
     console.print(f"the prefill lesson, live on [bold]{model_id_of(engine)}[/]: {url}", highlight=False)
     if open_browser:
         open_when_up(url, lambda ok: None if ok else console.print(f"no browser could be opened: visit {url}"))
-    config = ServeConfig(model_id_of(engine), probe_max_age_s=SERVE_PROBE_MAX_AGE_S)
+    config = ServeConfig(model_id_of(engine), probe_max_age_s=SERVE_PROBE_MAX_AGE_S, **access)
     run_server(add_lesson(create_app(engine, config)), host, port)

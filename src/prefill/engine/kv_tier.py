@@ -93,10 +93,11 @@ class StoreTier:
         spec = model.spec
         fp = Fingerprint(weights_digest(model.state_dict()), spec, str(dtype).removeprefix("torch."))
         store = KVStore(directory, fp, max_bytes)
-        bandwidth = probe_bandwidth(store, PROBE_BYTES) if store.writable else None
+        bandwidth = probe_bandwidth(store, PROBE_BYTES)  # load-only: over the blocks it holds
         if bandwidth is None:
             store.close()
-            log.warning("kv store %s: no load rate could be measured there; running without a KV store", directory)
+            if store.files is not None:  # else the store said why already
+                log.warning("kv store %s: no load rate could be measured there; running without a KV store", directory)
             return None
         return cls(store, bandwidth, prefill_seconds, force)
 

@@ -13,7 +13,7 @@ import math
 from functools import partial
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field
 
 from prefill.bench.warm import timed_repeats, warm_prefill
 from prefill.costmodel import roofline
@@ -25,6 +25,7 @@ from prefill.lesson.regime import regime_words
 from prefill.lesson.state import lesson_of
 from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
 from prefill.lesson.words import human
+from prefill.server.openai_schema import int_in
 
 MEASURE_P = (1, 4, 16, 64, 256, 1024)  # what the page measures: a forward of 1024 tokens is ~2 s on 2 cores
 MAX_CURVE_P = 8192
@@ -38,7 +39,7 @@ class MeasureBody(BaseModel):
     """Which prompt length to prefill and time (at most 1024 tokens, and fewer than the model's context)."""
 
     model_config = ConfigDict(extra="forbid")
-    P: StrictInt = Field(ge=1, le=MEASURE_P[-1], description="prompt tokens")
+    P: int_in(ge=1, le=MEASURE_P[-1]) = Field(description="prompt tokens (an integer-valued number, 491.0, is one)")
 
 
 def measured_lengths(context: int) -> list[int]:

@@ -22,7 +22,8 @@ from prefill.server import completions, info, tokenizer_routes
 from prefill.server.config import ServeConfig, model_id_of
 from prefill.server.error_handlers import add_error_handlers
 from prefill.server.middleware import BodyLimit
-from prefill.server.openapi import document, generation_bounds, refusals_are_400, server_limits
+from prefill.server.openapi import bearer_auth, document, generation_bounds, refusals_are_400, server_limits
+from prefill.server.security import Guard
 from prefill.server.state import ServerState
 
 __all__ = ["ServeConfig", "create_app", "model_id_of"]
@@ -50,9 +51,11 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     app = FastAPI(title="prefill", lifespan=lifespan)
     app.state.server = state
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, metrics=state.metrics)
+    # added last, so it runs first: an unknown Host or a missing key is refused before the body is read
+    app.add_middleware(Guard, api_key=cfg.api_key, allowed_hosts=cfg.allowed_hosts, metrics=state.metrics)
     add_error_handlers(app)
     for module in (info, tokenizer_routes, completions):
         app.include_router(module.router)
     limits = partial(server_limits, cfg=cfg, vocab_size=engine.spec.vocab_size)
-    document(app, refusals_are_400, generation_bounds, limits)
+    document(app, refusals_are_400, generation_bounds, limits, *([bearer_auth] if cfg.api_key else []))
     return app

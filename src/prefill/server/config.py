@@ -3,7 +3,7 @@ the engine to fill it: the model id clients name, the default size of the KV poo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,9 @@ class ServeConfig:
     max_unread_events: int = 512  # stream events buffered for a client that does not read; then it is cancelled
     stuck_after_s: float = 120.0  # a busy worker without a loop for this long is stuck: /health 503, exit 1
     supervise_every_s: float = 0.5
+    api_key: str | None = field(default=None, repr=False)  # Authorization: Bearer KEY on all but the open paths
+    allowed_hosts: tuple[str, ...] | None = None  # Host header names answered (None: any; `prefill serve`: loopback)
+    header_timeout_s: float = 10.0  # a connection whose request headers are not complete by then is closed
 
     def kv_pool_bytes(self, engine: Engine) -> int:
         """Bytes of the KV pool shared by every request: kv_cache_mb, or the default for this engine's device."""

@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prefill.errors import BadInput
-from prefill.server.openai_schema import ApiError, error_body
+from prefill.server.openai_schema import NOT_JSON, ApiError, error_body
 
+FASTAPI_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's detail when reading the JSON raised
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # pydantic's names of a union's members in `loc`
 log = logging.getLogger("prefill.serve")
 
@@ -42,9 +43,7 @@ async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
     err = next((x for x in errors if x.get("type") == "value_error"), None)
     err = err or next((x for x in errors if not str(x.get("type", "")).endswith("_type")), errors[0])
     if err.get("type") == "json_invalid":
-        return refuse(
-            request, 400, error_body("the body is not valid JSON", "invalid_request_error", None, "invalid_json")
-        )
+        return refuse(request, 400, error_body(NOT_JSON, "invalid_request_error", None, "invalid_json"))
     param = param_of(err.get("loc", ()))
     if param is None:  # the body as a whole: not a JSON object (or sent without a JSON content type)
         msg = "the body must be a JSON object (Content-Type: application/json)"
@@ -73,6 +72,8 @@ def _class_name(x: str) -> bool:
 
 
 async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+    if e.status_code == 400 and e.detail == FASTAPI_PARSE_ERROR:  # json.loads failed otherwise (RecursionError)
+        return refuse(request, 400, error_body(NOT_JSON, "invalid_request_error", None, "invalid_json"))
     code = "not_found" if e.status_code == 404 else None
     response = refuse(request, e.status_code, error_body(str(e.detail), "invalid_request_error", None, code))
     response.headers.update(e.headers or {})  # e.g. Allow on a 405

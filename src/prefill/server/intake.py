@@ -19,7 +19,7 @@ from prefill.errors import BadInput
 from prefill.server.config import ServeConfig
 from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
-from prefill.server.tool_parser import template_messages, tool_format
+from prefill.server.tool_parser import GENERIC, template_messages, tool_format
 
 Body = CompletionRequest | ChatCompletionRequest
 
@@ -37,6 +37,7 @@ class Prepared:
     grammar: Grammar | None
     tokenize_s: float
     auto_tools: tuple[str, ...] = ()  # tool_choice "auto": the tools the model may call in its template's format
+    generic: bool = False  # ... in the generic format ({"tool_call": ...} or {"response": ...}), not its template's
 
     @property
     def tool_call(self) -> bool:
@@ -52,7 +53,7 @@ class Intake:
         self.context, self.vocab = engine.spec.context_length, engine.spec.vocab_size
         tok = engine.tokenizer
         self.grammars = Grammars(tok, self.vocab) if tok is not None else None
-        self.tool_format = tool_format(tok)  # "hermes", or None: the template cannot render tools and calls
+        self.tool_format = tool_format(tok)  # "hermes", or "generic": the template cannot render tools and calls
         # No token is longer than this many characters, so a text longer than context * this cannot fit: it is
         # refused before it is tokenized.
         self.max_token_chars = max((len(t) for t in tok.tok.get_vocab()), default=1) if tok is not None else 1
@@ -72,8 +73,9 @@ class Intake:
         if any(t >= self.vocab for t, _ in bias):
             raise ApiError(400, f"logit_bias: token ids must lie in [0, {self.vocab})", param="logit_bias")
         self.logprobs_k(body, chat)
+        self.check_max_tokens(body)
         if chat:
-            check_messages(body.messages, self.tool_format)
+            check_messages(body.messages)
         if body.requested_max_tokens() == 0 and not echo_of(body, chat):
             raise ApiError(
                 400, "max_tokens 0 returns nothing without echo: true (a scoring request)", param="max_tokens"
@@ -128,16 +130,19 @@ class Intake:
         grammar = self.grammar_of(body) if chat else None
         constraint = self.grammars.constraint(grammar) if grammar is not None else None
         auto = tuple(t.function.name for t in body.tools) if chat and _tools_auto(body) else ()
-        return Prepared(prompts, max_tokens, echoes, k, scored, constraint, grammar, tokenize_s, auto)
+        generic = bool(auto) and self.tool_format == GENERIC
+        return Prepared(prompts, max_tokens, echoes, k, scored, constraint, grammar, tokenize_s, auto, generic)
 
     def prompt_ids(self, body: Body, chat: bool) -> list[list[int]]:
         """Token ids of each prompt (one for chat)."""
         tok = self.engine.need_tokenizer()
         if chat:
-            messages = template_messages(body.messages)
-            if _tools_forced(body):
-                messages = with_tools_described(messages, body.tools)
-            tools = [t.model_dump(exclude_none=True) for t in body.tools] if _tools_auto(body) else None
+            messages = template_messages(body.messages, self.tool_format)
+            generic = self.tool_format == GENERIC and _tools_auto(body)
+            if _tools_forced(body) or generic:
+                messages = with_tools_described(messages, body.tools, GENERIC_NOTE if generic else FORCED_NOTE)
+            auto = _tools_auto(body) and not generic
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if auto else None
             return [tok.encode(tok.render_chat(messages, add_generation_prompt=True, tools=tools))]
         out = []
         for item in _prompt_items(body.prompt):
@@ -152,13 +157,6 @@ class Intake:
         max_tokens = (
             requested if requested is not None else max(0, min(lim.default_max_tokens, lim.max_tokens_limit, room))
         )
-        if max_tokens > lim.max_tokens_limit:
-            raise ApiError(
-                400,
-                f"max_tokens={max_tokens} is over this server's limit {lim.max_tokens_limit}",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
         if requested is None and room < 1 and not echo:  # nothing left to generate, and nothing to echo
             raise ApiError(
                 400,
@@ -178,12 +176,25 @@ class Intake:
             ) from None
         return max_tokens
 
+    def check_max_tokens(self, body: Body) -> None:
+        """Each of max_tokens and max_completion_tokens that is sent lies within the server's limit, whichever wins."""
+        limit = self.cfg.max_tokens_limit
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = getattr(body, name)
+            if value is not None and value > limit:
+                raise ApiError(
+                    400,
+                    f"{name} {clip(value)} is over this server's limit {limit}",
+                    param=name,
+                    code="context_length_exceeded",
+                )
+
     @staticmethod
     def logprobs_k(body: Body, chat: bool) -> int | None:
         """k alternatives per token, or None when the request asks for no log-probabilities."""
         if not chat:
             return body.logprobs
-        if body.top_logprobs is not None and not body.logprobs:
+        if body.top_logprobs and not body.logprobs:  # 0 alternatives ask for nothing: no refusal
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return (body.top_logprobs or 0) if body.logprobs else None
 
@@ -191,26 +202,19 @@ class Intake:
         """The grammar the answer must follow: response_format or a forced tool call; None for free text.
 
         tool_choice "none" ignores the tools; "auto" (the default when tools are given) is free text in which the
-        model may write calls in its template's tool format (prefill.server.tool_parser), refused where the
-        template has none."""
+        model may write calls in its template's tool format, or where the template has none, the generic format's
+        grammar: a call or a response (prefill.server.tool_parser)."""
         tools, choice, fmt = body.tools, body.tool_choice, body.response_format
         if choice == "none" or (choice is None and not tools):
             tools = None
         elif not tools:
             raise ApiError(400, "tool_choice needs tools", param="tool_choice")
-        elif choice in (None, "auto") and self.tool_format is None:
-            raise ApiError(
-                400,
-                "tool_choice 'auto' (the default when tools are given) needs a chat template with a tool format "
-                "(Hermes-style <tool_call>), and this model's template has none; pass tool_choice 'required', "
-                "{'type': 'function', 'function': {'name': ...}} or 'none'",
-                param="tool_choice",
-                code="unsupported_value",
-            )
         elif choice in (None, "auto"):
             if fmt is not None and fmt.type != "text":
                 raise ApiError(400, "response_format cannot be combined with tool_choice 'auto'", param="tool_choice")
-            return None
+            if self.tool_format != GENERIC or self.grammars is None:
+                return None  # free text, in which the template's format marks a call
+            return self.grammars.generic_tools(_specs(tools))
         elif choice != "required":
             tools = [t for t in tools if t.function.name == choice.function.name]
             if not tools:
@@ -222,8 +226,7 @@ class Intake:
         if self.grammars is None or (not tools and (fmt is None or fmt.type == "text")):
             return None
         if tools:
-            specs = [{"name": t.function.name, "parameters": t.function.parameters} for t in tools]
-            return self.grammars.tool_call(specs)
+            return self.grammars.tool_call(_specs(tools))
         if fmt.type == "json_object":
             return self.grammars.json_object()
         if fmt.json_schema is None:
@@ -231,18 +234,9 @@ class Intake:
         return self.grammars.json_schema(fmt.json_schema.schema_)
 
 
-def check_messages(messages: list[ChatMessage], tool_format: str | None) -> None:
-    """Each turn carries what its role needs; tool calls and tool results need a template with a tool format
-    (`tool_format`), and are refused by name otherwise."""
+def check_messages(messages: list[ChatMessage]) -> None:
+    """Each turn carries what its role needs: content, unless it is an assistant's turn of tool calls."""
     for i, m in enumerate(messages):
-        if (m.tool_calls or m.role == "tool") and tool_format is None:
-            raise ApiError(
-                400,
-                f"messages.{i}: tool_calls in messages are not supported (neither are tool-role turns): this model's "
-                "chat template has no tool format; send the call and its result as text in assistant and user turns",
-                param=f"messages.{i}",
-                code="unsupported_value",
-            )
         if m.content is None and not m.tool_calls:
             raise ApiError(400, f"messages.{i}.content: a {m.role} turn needs content", param=f"messages.{i}.content")
 
@@ -261,6 +255,10 @@ def _prompt_chars(prompt) -> int:
     return max((len(p) for p in _prompt_items(prompt) if isinstance(p, str)), default=0)
 
 
+def _specs(tools) -> list[dict]:
+    return [{"name": t.function.name, "parameters": t.function.parameters} for t in tools]
+
+
 def _tools_forced(body: ChatCompletionRequest) -> bool:
     return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
 
@@ -269,17 +267,28 @@ def _tools_auto(body: ChatCompletionRequest) -> bool:
     return bool(body.tools) and body.tool_choice in (None, "auto")
 
 
-def with_tools_described(messages: list[dict], tools) -> list[dict]:
-    """The chat with the tools described in its system message: the chat templates we read take no `tools`, and a
-    model asked for a call it was never told about calls it blindly."""
+FORCED_NOTE = 'Call one by answering with JSON: {"name": <function name>, "arguments": <its arguments>}.'
+GENERIC_NOTE = (  # llama.cpp's generic format
+    'Answer with JSON: {"tool_call": {"name": <function name>, "arguments": <its arguments>}} to call one of them '
+    'when the request needs it, or {"response": <your answer>} to answer the user directly.'
+)
+
+
+def with_tools_described(messages: list[dict], tools, how: str) -> list[dict]:
+    """The chat with the tools described in its system message, and `how` to answer: the chat templates we read
+    take no `tools`, and a model asked for a call it was never told about calls it blindly."""
     specs = [
         {"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
         for t in tools
     ]
-    note = (
-        "You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\nCall one by answering "
-        'with JSON: {"name": <function name>, "arguments": <its arguments>}.'
-    )
+    note = "You can call these functions:\n" + json.dumps(specs, ensure_ascii=False) + "\n" + how
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
     return [{"role": "system", "content": note}, *messages]
+
+
+def clip(value: object, max_chars: int = 24) -> str:
+    """`value` as text for an error message, at most about `max_chars` of it: a 4,001-digit number reads
+    "123456789012… (4001 characters)"."""
+    text = str(value)
+    return text if len(text) <= max_chars else f"{text[: max_chars // 2]}… ({len(text)} characters)"

@@ -33,12 +33,16 @@ class TokenLogprob:
 
 def prompt_entries(scores: Scores) -> list[TokenLogprob]:
     """Entries of a scored prompt (prefill.engine.scoring.Scores with start = 1): the first token's logprob is None."""
-    lps, tis, tls = scores.logprobs.tolist(), scores.top_ids.tolist(), scores.top_logprobs.tolist()  # [P-1], [P-1, k]
+    lps = scores.logprobs.tolist()  # [P-1]
+    if scores.top_ids.numel():  # [P-1, k]
+        tops = [
+            tuple(zip(ti, tl, strict=True))
+            for ti, tl in zip(scores.top_ids.tolist(), scores.top_logprobs.tolist(), strict=True)
+        ]
+    else:  # k = 0 (logprobs: 0): no alternatives, whatever shape the empty tensors have
+        tops = [()] * len(lps)
     first = [TokenLogprob(int(scores.ids[0]), None)]
-    return first + [
-        TokenLogprob(int(t), lp, tuple(zip(ti, tl, strict=True)))
-        for t, lp, ti, tl in zip(scores.ids[1:], lps, tis, tls, strict=True)
-    ]
+    return first + [TokenLogprob(int(t), lp, top) for t, lp, top in zip(scores.ids[1:], lps, tops, strict=True)]
 
 
 def generated_entries(events: Sequence[TokenEvent]) -> list[TokenLogprob]:

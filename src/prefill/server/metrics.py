@@ -81,9 +81,21 @@ class ServerMetrics:
         """Count one refusal or failure of the request in ASGI `scope` under its route."""
         self.errors.labels(route=route_of(scope), status=str(status)).inc()
 
+    def refused_unread(self, scope: dict, status: int) -> None:
+        """Count a request refused before its body was read (an unknown Host, a missing API key): a generation POST
+        is received and refused, so that the generation routes' counts still balance."""
+        if is_generation(scope):
+            self.received.inc()
+        self.error(scope, status)
+
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
+
+
+def is_generation(scope: dict) -> bool:
+    """A generation POST (counted in prefill_received_requests)."""
+    return scope["method"] == "POST" and scope["path"] in GENERATION_PATHS
 
 
 def route_of(scope: dict) -> str:

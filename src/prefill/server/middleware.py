@@ -1,14 +1,16 @@
-"""ASGI middleware in front of every route: the arrival time, the count of generation POSTs received, and the
-request-body limit (413)."""
+"""ASGI middleware in front of every route: the arrival time, the count of generation POSTs received, the
+request-body limit (413), and UTF-8 (JSON in UTF-16 or UTF-32, which Python's json reads, or bytes that are not
+UTF-8, get the 400 `invalid_json` that every body the server cannot parse gets)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi.responses import JSONResponse
 
-from prefill.server.metrics import GENERATION_PATHS, ServerMetrics
-from prefill.server.openai_schema import error_body
+from prefill.server.metrics import ServerMetrics, is_generation
+from prefill.server.openai_schema import NOT_JSON, error_body
 
 
 class BodyLimit:
@@ -24,7 +26,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         scope.setdefault("state", {})["arrival"] = time.perf_counter()
-        generation = scope["method"] == "POST" and scope["path"] in GENERATION_PATHS
+        generation = is_generation(scope)
         if generation:
             self.metrics.received.inc()
         declared = dict(scope["headers"]).get(b"content-length")
@@ -44,7 +46,23 @@ class BodyLimit:
             msg = f"request body is over the limit of {self.max_bytes} bytes; send a shorter prompt"
             response = JSONResponse(error_body(msg, "invalid_request_error", None, "request_too_large"), 413)
             return await response(scope, receive, send)
-        return await self.app(scope, _Replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        if body and not is_utf8(body):
+            self.metrics.error(scope, 400)
+            response = JSONResponse(error_body(NOT_JSON, "invalid_request_error", None, "invalid_json"), 400)
+            return await response(scope, receive, send)
+        return await self.app(scope, _Replay(body, receive), send)
+
+
+def is_utf8(body: bytes) -> bool:
+    """The body is UTF-8 text (with or without a byte-order mark), as JSON on the wire must be (RFC 8259)."""
+    if json.detect_encoding(body) not in ("utf-8", "utf-8-sig"):
+        return False
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class _Replay:

@@ -263,8 +263,9 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int_in(ge=1) | None = None  # a chat has no echo: nothing to score with 0
     logprobs: StrictBool | None = False
-    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(default=None, description="needs logprobs: true")
+    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(default=None, description="1+ needs logprobs")
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(default=None, max_length=64)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -308,8 +309,14 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+NOT_JSON = "the body is not valid JSON in UTF-8 (or is nested too deeply to parse)"  # every parse failure's message
+MAX_MESSAGE_CHARS = 1000  # an error message is cut here: whatever part of a request it quotes, the reply stays small
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}, its message at most MAX_MESSAGE_CHARS."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

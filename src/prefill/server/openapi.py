@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from prefill.server.config import ServeConfig
 from prefill.server.openai_schema import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest, ErrorResponse
+from prefill.server.security import is_open
 
 
 class HealthBody(BaseModel):
@@ -77,6 +78,19 @@ def refusals_are_400(doc: dict) -> None:
         schemas.pop(name, None)
 
 
+def bearer_auth(doc: dict) -> None:
+    """With an API key: every operation outside the open paths (prefill.server.security) needs `Authorization:
+    Bearer KEY` and lists its 401."""
+    doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
+    body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for path, ops in doc.get("paths", {}).items():
+        if is_open(path):
+            continue
+        for op in ops.values():
+            op["security"] = [{"bearer": []}]
+            op.setdefault("responses", {})["401"] = {"description": "No API key, or a wrong one", "content": body}
+
+
 def exact_bounds(doc: dict, models: tuple[type[BaseModel], ...]) -> None:
     """The request models' own numeric bounds, as validation checks them: FastAPI writes bounds as floats, and
     seed's 2^64 - 1 becomes 1.8446744073709552e19, a number above what the server takes."""
@@ -89,8 +103,71 @@ def exact_bounds(doc: dict, models: tuple[type[BaseModel], ...]) -> None:
 
 
 def generation_bounds(doc: dict) -> None:
-    """exact_bounds of the two generation requests."""
+    """exact_bounds of the two generation requests, and the rules between their fields that Intake checks, as JSON
+    Schema's if / then (RULES)."""
     exact_bounds(doc, (CompletionRequest, ChatCompletionRequest))
+    schemas = doc.get("components", {}).get("schemas", {})
+    for name, rules in RULES.items():
+        if name in schemas:
+            schemas[name]["allOf"] = [*schemas[name].get("allOf", []), *rules]
+
+
+def _when(condition: dict, then: dict | None = None, otherwise: dict | None = None) -> dict:
+    """JSON Schema's if / then / else: `condition` maps each field it names (all required) to its schema."""
+    rule: dict = {"if": {"required": list(condition), "properties": condition}}
+    if then is not None:
+        rule["then"] = then
+    if otherwise is not None:
+        rule["else"] = otherwise
+    return rule
+
+
+_SCORING = {"max_tokens": {"const": 0}}  # and max_completion_tokens, which would win, not sent (or null)
+RULES = {
+    "CompletionRequest": [
+        # max_tokens 0 (unless max_completion_tokens wins) is a scoring request, which needs echo: true
+        {
+            "if": {"required": ["max_tokens"], "properties": {**_SCORING, "max_completion_tokens": {"type": "null"}}},
+            "then": {"required": ["echo"], "properties": {"echo": {"const": True}}},
+        },
+        # a stream carries one prompt
+        _when(
+            {"stream": {"const": True}},
+            then={
+                "properties": {
+                    "prompt": {
+                        "anyOf": [
+                            {"type": "string"},
+                            {"type": "array", "items": {"type": "integer"}},
+                            {"type": "array", "maxItems": 1},
+                        ]
+                    }
+                }
+            },
+        ),
+    ],
+    "ChatCompletionRequest": [
+        # top_logprobs of 1 or more needs logprobs: true
+        _when(
+            {"top_logprobs": {"type": "integer", "minimum": 1}},
+            then={"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        ),
+        # a tool_choice other than "none" needs tools
+        _when(
+            {"tool_choice": {"not": {"enum": [None, "none"]}}},
+            then={"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+        ),
+    ],
+    # a json_schema format carries its schema
+    "ResponseFormat": [_when({"type": {"const": "json_schema"}}, then={"required": ["json_schema"]})],
+    # content, unless the turn is an assistant's calls
+    "ChatMessage": [
+        _when(
+            {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}},
+            otherwise={"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        )
+    ],
+}
 
 
 def _copy_bounds(source: dict, documented: dict) -> None:

@@ -31,7 +31,7 @@ from prefill.server.openai_schema import (
 )
 from prefill.server.state import Aborted, Pending, ServerState
 from prefill.server.structured import tool_calls_of
-from prefill.server.tool_parser import hermes_calls
+from prefill.server.tool_parser import generic_calls, hermes_calls
 
 Outcome = TokenEvent | Generation | ApiError
 
@@ -106,12 +106,16 @@ class Reply:
 
 def calls_in(prepared: Prepared, text: str, finish: str) -> tuple[str | None, list[dict] | None]:
     """The message content and tool_calls of a finished answer: a forced call's JSON (the grammar's), the
-    `<tool_call>` blocks a model chose to write (tool_choice "auto"), or the text alone (no call, or one cut short
+    `<tool_call>` blocks a model chose to write or the generic format's call or response (tool_choice "auto"), or
+    the text alone (no call, or one cut short
     by max_tokens or a stop string)."""
     if finish == "stop" and prepared.tool_call and (calls := tool_calls_of(text)):
         return None, calls
     if finish == "stop" and prepared.auto_tools:
-        content, calls = hermes_calls(text, set(prepared.auto_tools))
+        read = generic_calls if prepared.generic else hermes_calls
+        content, calls = read(text, set(prepared.auto_tools))
+        if prepared.generic and not calls:  # {"response": text}: the text it holds
+            return content, None
         if calls:
             return content, calls
     return text, None

@@ -8,15 +8,61 @@ ASGI app runs too (without those hooks).
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from prefill.machine import openmp
 
 GRACEFUL_SHUTDOWN_S = 5.0
+HEADER_TIMEOUT_S = 10.0  # ServeConfig.header_timeout_s's default
+
+
+class HeaderTimeout(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline on each request's headers: a client that opens a connection (or
+    finishes a response) and then sends partial headers, a byte now and then (slow loris), is cut off
+    `header_timeout_s` later. uvicorn's own keep-alive timer stops at the first byte received."""
+
+    header_timeout_s = HEADER_TIMEOUT_S
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE and self._deadline is not None:  # the headers are in
+            self._deadline.cancel()
+            self._deadline = None
+
+    def connection_lost(self, exc) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _protocol(header_timeout_s: float) -> type[HeaderTimeout]:
+    return type("HeaderTimeoutH11", (HeaderTimeout,), {"header_timeout_s": header_timeout_s})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -42,11 +88,18 @@ class _Server(uvicorn.Server):
 
 
 def _server(app, host: str, port: int, log_level: str) -> _Server:
+    state = _server_state(app)
+    header_timeout_s = state.cfg.header_timeout_s if state is not None else HEADER_TIMEOUT_S
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=_protocol(header_timeout_s),
     )
     server = _Server(config)
-    state = _server_state(app)
     if state is not None:  # the supervisor's way to stop the process when the worker cannot serve
         state.on_fatal = lambda: setattr(server, "should_exit", True)
     return server

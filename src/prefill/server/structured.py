@@ -117,17 +117,24 @@ class Grammars:
 
     def tool_call(self, tools: list[dict]) -> Grammar:
         """One call of one of `tools` ([{"name", "parameters"}]): {"name": <one of them>, "arguments": {...}}."""
-        options = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": t["name"]}, "arguments": t.get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for t in tools
-        ]
+        options = call_schemas(tools)
         schema = options[0] if len(options) == 1 else {"anyOf": options}
         return Grammar(self.json_schema(schema, param="tools").text, tuple(t["name"] for t in tools))
+
+    def generic_tools(self, tools: list[dict]) -> Grammar:
+        """The generic tool format's answer (llama.cpp's): {"tool_call": <one call of `tools`>} or {"response":
+        <text>}. Its tool_names stay empty: the reply reads it as generic (prefill.server.tool_parser)."""
+        wrap = [
+            {"type": "object", "properties": {"tool_call": c}, "required": ["tool_call"], "additionalProperties": False}
+            for c in call_schemas(tools)
+        ]
+        response = {
+            "type": "object",
+            "properties": {"response": {"type": "string"}},
+            "required": ["response"],
+            "additionalProperties": False,
+        }
+        return self.json_schema({"anyOf": [*wrap, response]}, param="tools")
 
     def constraint(self, grammar: Grammar) -> GrammarConstraint:
         """A fresh per-request state of `grammar`."""
@@ -137,6 +144,31 @@ class Grammars:
         if matcher.is_error():
             raise BadInput(f"the grammar cannot be used: {matcher.get_error()}")
         return GrammarConstraint(matcher, self.vocab_size)
+
+
+def call_schemas(tools: list[dict]) -> list[dict]:
+    """The JSON schema of one call of each of `tools`: {"name": <its name>, "arguments": <its parameters>}. The
+    arguments hold the parameters named and no others unless the schema says so (OpenAI's strict mode does the
+    same): a small model otherwise writes made-up fields until max_tokens runs out."""
+    return [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": t["name"]},
+                "arguments": _closed(t.get("parameters") or {"type": "object"}),
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+
+
+def _closed(parameters: dict) -> dict:
+    """An object schema with named properties and no word on others: the named ones only."""
+    if parameters.get("type") == "object" and parameters.get("properties") and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
 
 
 # How most JSON parsers read an integer: int64, at most 19 digits. The lowest 1,024 values are left out because

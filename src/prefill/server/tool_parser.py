@@ -1,8 +1,12 @@
-"""tool_choice "auto": the model chooses between text and calls in its chat template's own tool format.
+"""tool_choice "auto": the model chooses between text and calls, in its chat template's own tool format or in
+the generic one.
 
-The one format read here is Hermes-style (Qwen2/2.5, Hermes, many fine-tunes): the template lists the tools and
-the model answers a call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as vLLM's `hermes`
-parser reads it. A template with no tool format (SmolLM2's) cannot offer the choice: Intake answers 400.
+Hermes-style (Qwen2/2.5, Hermes, many fine-tunes): the template lists the tools and the model answers a call as
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as vLLM's `hermes` parser reads it.
+Generic (any other template, SmolLM2's among them), as llama.cpp's server does it: a system message describes the
+tools, and a grammar holds the answer to `{"tool_call": {"name": ..., "arguments": {...}}}` or `{"response":
+"..."}` (prefill.server.structured.Grammars.generic_tools). Earlier calls and tool results are rendered as text
+turns in that format: an assistant turn's calls as its JSON, a tool turn as a user turn `{"tool_response": ...}`.
 """
 
 from __future__ import annotations
@@ -13,15 +17,15 @@ import uuid
 
 from prefill.loading.tokenizer import Tokenizer
 
-HERMES = "hermes"
+HERMES, GENERIC = "hermes", "generic"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
-def tool_format(tok: Tokenizer | None) -> str | None:
+def tool_format(tok: Tokenizer | None) -> str:
     """The tool format of a tokenizer's chat template: "hermes" when it renders `tools` and `<tool_call>`, else
-    None."""
+    "generic"."""
     template = (tok.chat_template or "") if tok is not None else ""
-    return HERMES if "tools" in template and "<tool_call>" in template else None
+    return HERMES if "tools" in template and "<tool_call>" in template else GENERIC
 
 
 def openai_call(name: str, arguments) -> dict:
@@ -49,9 +53,26 @@ def hermes_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]]:
     return content or None, calls
 
 
-def template_messages(messages) -> list[dict]:
+def generic_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]]:
+    """The answer of the generic format: `{"response": text}` -> (text, []); `{"tool_call": {"name", "arguments"}}`
+    naming one of `names` -> (None, [the call]); anything else (cut short by max_tokens) -> (text as it is, [])."""
+    try:
+        answer = json.loads(text)
+    except json.JSONDecodeError:
+        return text, []
+    call = answer.get("tool_call") if isinstance(answer, dict) else None
+    if isinstance(call, dict) and call.get("name") in names:
+        return None, [openai_call(call["name"], call.get("arguments", {}))]
+    if isinstance(answer, dict) and isinstance(answer.get("response"), str):
+        return answer["response"], []
+    return text, []
+
+
+def template_messages(messages, fmt: str = HERMES) -> list[dict]:
     """Chat turns as HF chat templates take them: an assistant's tool_calls with arguments as objects, a tool
-    turn's content and tool_call_id."""
+    turn's content and tool_call_id; in the generic format (`fmt`), both as text turns."""
+    if fmt == GENERIC:
+        return [_generic_turn(m) for m in messages]
     out = []
     for m in messages:
         turn: dict = {"role": m.role, "content": m.text()}
@@ -71,3 +92,16 @@ def _args(call):
         return json.loads(call.function.arguments)
     except json.JSONDecodeError:
         return call.function.arguments  # rendered as the text it is
+
+
+def _generic_turn(m) -> dict:
+    """One turn for a template without a tool format: calls as the JSON the generic grammar writes, a tool's result
+    as a user turn."""
+    if m.role == "tool":
+        result = {"tool_call_id": m.tool_call_id, "content": m.text()}
+        return {"role": "user", "content": json.dumps({"tool_response": result}, ensure_ascii=False)}
+    text = m.text()
+    for c in m.tool_calls or ():
+        call = json.dumps({"tool_call": {"name": c.function.name, "arguments": _args(c)}}, ensure_ascii=False)
+        text = f"{text}\n{call}" if text else call
+    return {"role": m.role, "content": text}

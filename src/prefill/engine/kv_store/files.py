@@ -7,8 +7,9 @@ file's mtime (set explicitly on every write and hit: atime is unreliable under n
 needs to survive a crash, and every process sharing the directory sees the others' blocks through it.
 A block is written to a temporary file in the same folder and renamed over its final name (os.replace is
 atomic on POSIX), so a reader opens either the whole old file, the whole new one, or none. Temporary files a
-crashed writer left behind are removed by the next scan. No fsync on the way (a block is a cache entry): a
-file torn by a power cut fails its checksum and is recomputed.
+crashed writer left behind are removed by the next scan (an hour old), or at start-up (`clean`: its writer's
+process is gone), with every file that is not a block of this format (foreign files: another program's).
+No fsync on the way (a block is a cache entry): a file torn by a power cut fails its checksum and is recomputed.
 """
 
 from __future__ import annotations
@@ -18,14 +19,20 @@ import ctypes
 import functools
 import mmap
 import os
+import re
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from prefill.engine.kv_store.format import MAGIC
+
 _SUFFIX, _TMP = ".kv", ".tmp"
 _STALE_TMP_NS = 3600 * 10**9  # a live writer finishes a block in milliseconds; an hour-old temp file is litter
+_BLOCK_NAME = re.compile(r"[0-9a-f]{64}\.kv")
+_SHARD_NAME = re.compile(r"[0-9a-f]{2}")
+_TMP_PID = re.compile(r"\.(\d+)\.\d+(?:\.\d+)?\.tmp$")  # .<name>.<pid>.<thread>.<ns>.tmp, .probe.<pid>.<thread>.tmp
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,25 @@ class BlockFiles:
                     Path(e.path).unlink(missing_ok=True)
         return out
 
+    def disk_space(self) -> tuple[int, int]:
+        """(bytes free to this process, bytes of the whole file system) where the blocks live."""
+        st = os.statvfs(self.blocks)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+    def clean(self) -> tuple[int, int]:
+        """Remove the temporary files of writers that are gone (their process has ended, or an hour passed) and
+        every foreign file: not a block file by name (<2 hex>/<64 hex>.kv) or by its first bytes (the magic).
+        Folders are left alone. Returns (temporary files, foreign files) removed; OSError as raised."""
+        tmp = foreign = 0
+        for e in _entries(self.blocks):
+            is_shard = e.is_dir() and _SHARD_NAME.fullmatch(e.name)
+            for f, shard in [(f, e.name) for f in _entries(e)] if is_shard else [(e, None)]:
+                kind = _litter(f, shard)
+                if kind is not None:
+                    Path(f.path).unlink(missing_ok=True)
+                    tmp, foreign = tmp + (kind == "tmp"), foreign + (kind == "foreign")
+        return tmp, foreign
+
     def evict(self, target_bytes: int) -> tuple[int, int]:
         """Remove the least recently used block files until at most `target_bytes` remain.
         Returns (files removed, bytes remaining)."""
@@ -149,6 +175,38 @@ class BlockFiles:
             total -= e.size
             removed += 1
         return removed, total
+
+
+def _litter(e: os.DirEntry, shard: str | None) -> str | None:
+    """ "tmp" for a dead writer's temporary file, "foreign" for a file that is no block, None to keep it."""
+    if e.is_dir():
+        return None
+    if e.name.endswith(_TMP):
+        m = _TMP_PID.search(e.name)
+        try:
+            stale = time.time_ns() - e.stat().st_mtime_ns > _STALE_TMP_NS
+        except FileNotFoundError:
+            return None  # renamed by its writer meanwhile
+        return "tmp" if stale or (m is not None and not _alive(int(m.group(1)))) else None
+    if shard is None or not (_BLOCK_NAME.fullmatch(e.name) and e.name.startswith(shard)):
+        return "foreign"
+    try:
+        with open(e.path, "rb") as f:
+            return None if f.read(len(MAGIC)) == MAGIC else "foreign"
+    except FileNotFoundError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (in this PID namespace; a writer in another one looks alive or not, and its
+    file then waits for the hour)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _subdirs(folder: Path) -> list[os.DirEntry]:

@@ -6,28 +6,31 @@
     blocks = store.get(match.keys)            # verified blocks, stopping at the first bad one
 
 Nothing here raises on a disk problem. A directory that cannot be created or listed is no store (lookups miss);
-one that cannot be written (read-only, full) keeps serving what it holds and drops new blocks; each case logs
-one warning. A block that fails verification is a miss: one warning line, a count, and its file removed so the
-next put writes it afresh. The page cache is the store's RAM tier: a block read or written recently is served
-from memory; probe.py measures both rates.
+a read-only one is load-only: it serves what it holds and stores nothing (one warning; with nothing to serve,
+no store). The size cap is the smaller of `max_bytes` and what the file system can hold (the store's files and
+the free space, less a margin); every write first evicts (LRU) to make room under both, so a full disk keeps
+serving its blocks and stores new ones in place of the oldest. Opening removes the temporary files of writers
+that are gone and any file that is no block, and says how many. A block that fails verification is a miss:
+one warning line, a count, and its file removed so the next put writes it afresh. The page cache is the store's
+RAM tier: a block read or written recently is served from memory; probe.py measures both rates.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from prefill.engine.kv_store.blockio import KVBlock, bytes_of, holds, merged, read_block
 from prefill.engine.kv_store.files import BlockFiles
 from prefill.engine.kv_store.fingerprint import Fingerprint
 from prefill.engine.kv_store.format import (
@@ -35,60 +38,25 @@ from prefill.engine.kv_store.format import (
     PEEK_BYTES,
     BlockError,
     Header,
-    decode_payload,
     encode_header,
     file_size,
     parse_header,
 )
 from prefill.engine.kv_store.keys import BlockKey, block_keys, chain_root, layers_needed
+from prefill.engine.kv_store.stats import StoreMatch, StoreStats
 from prefill.engine.kv_store.writer import BackgroundWriter
 from prefill.errors import BadInput
 
 log = logging.getLogger("prefill.kv_store")
 _LOW_WATER = 0.9  # eviction frees down to 90% of max_bytes, so it runs once per tenth of the cap written
 _STAMP_STEP_NS = 1000  # a chain's later blocks look older, so LRU eviction trims chains from their tails
+_MARGIN_SHARE, _MARGIN_MAX = 0.05, 256 << 20  # free space left to others: 5% of the file system, at most 256 MiB
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk: make room and go on (other errors stop the writes)
 
 
-@dataclass(frozen=True)
-class KVBlock:
-    """K and V of one block for the layers it holds."""
-
-    kv: torch.Tensor  # [n_layers, 2, H_kv, block_size, d_head]: K then V of each stored layer
-    layers: tuple[int, ...]  # the model layers of kv's rows, ascending
-
-
-@dataclass(frozen=True)
-class StoreMatch:
-    """The longest stored prefix of a prompt: `n_blocks` blocks (`n_tokens` tokens) under `keys`, whose files
-    hold `sizes` bytes each (what a get() reads: fewer for a block that holds fewer layers)."""
-
-    keys: tuple[BlockKey, ...]
-    n_tokens: int
-    sizes: tuple[int, ...]
-
-    @property
-    def n_blocks(self) -> int:
-        return len(self.keys)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.sizes)
-
-
-@dataclass
-class StoreStats:
-    """Counters since the store was opened (blocks, bytes)."""
-
-    lookups: int = 0  # longest_prefix calls
-    hit_blocks: int = 0  # blocks get() returned, verified
-    miss_blocks: int = 0  # blocks a lookup did not find, and blocks get() was asked for but did not return
-    bytes_loaded: int = 0  # file bytes of the blocks get() returned
-    corrupt_blocks: int = 0  # files rejected: checksum, fingerprint, version, key, shape, truncation, I/O error
-    written_blocks: int = 0
-    written_bytes: int = 0
-    dropped_blocks: int = 0  # put() refused: the writer's queue was full, or the store cannot write
-    evicted_blocks: int = 0  # files removed to stay under max_bytes (by this process)
-    writer_cpu_s: float = 0.0  # CPU seconds the background writer spent (serialising, checksums, writes, evictions)
+def margin_bytes(fs_bytes: int) -> int:
+    """The free space a store leaves on a file system of `fs_bytes` (bytes)."""
+    return min(int(fs_bytes * _MARGIN_SHARE), _MARGIN_MAX)
 
 
 class KVStore:
@@ -103,26 +71,89 @@ class KVStore:
         if max_bytes < 0 or max_pending_bytes < 0:
             raise BadInput("a KV store's max_bytes and max_pending_bytes must be >= 0")
         self.fp, self.max_bytes, self.directory = fingerprint, max_bytes, Path(directory)
+        self.asked_bytes = max_bytes  # max_bytes is this, or less where the file system holds less
         self._root = chain_root(fingerprint.digest, FORMAT_VERSION)
         self._stats, self._lock = StoreStats(), threading.Lock()
         self._disk_bytes = 0  # this process's estimate of the directory's block bytes; rescanned when over
         self._since_scan = 0  # bytes written since the last scan
         self._rejected: set[bytes] = set()  # keys warned about: a read-only store cannot remove them
+        self._warned_full = False
         self.files: BlockFiles | None = None
         self.writable = False
         try:
-            self.files = BlockFiles(self.directory)
+            files = BlockFiles(self.directory)
+            self._disk_bytes, n_blocks = self._open(files)
         except OSError as e:
             log.warning("kv store %s unusable (%s); running without a KV store", self.directory, _why(e))
             return
         try:
-            self.files.check_writable()
+            files.check_writable()
             self.writable = True
         except OSError as e:
-            self._stop_writing(e, warn=True)
+            self.writable = e.errno in _FULL  # full: writes make room by eviction
+            if not self.writable and not n_blocks:  # load-only with nothing to load
+                log.warning(
+                    "kv store %s: cannot write (%s) and holds no blocks; running without a KV store", directory, _why(e)
+                )
+                return
+            if not self.writable:
+                log.warning(
+                    "kv store %s: cannot write (%s): loading its %d blocks, storing none", directory, _why(e), n_blocks
+                )
+        self.files = files
         self._writer = BackgroundWriter(max_pending_bytes)
         if self.writable:
-            self._writer.submit(self._rescan)
+            self._fit_disk()
+
+    def _open(self, files: BlockFiles) -> tuple[int, int]:
+        """Remove litter (saying how much), then (bytes, count) of the block files there."""
+        try:
+            tmp, foreign = files.clean()
+        except OSError:  # read-only: nothing can be removed, and nothing needs to be
+            tmp = foreign = 0
+        if tmp or foreign:
+            log.warning(
+                "kv store %s: removed %d temporary files of writers that are gone and %d foreign files",
+                self.directory,
+                tmp,
+                foreign,
+            )
+        entries = files.scan()
+        return sum(e.size for e in entries), len(entries)
+
+    def _fit_disk(self) -> None:
+        """Cap max_bytes at what the file system holds for the store (its files, the free space, less the margin),
+        saying so once, and evict down to the cap."""
+        free, total = self.files.disk_space()
+        room = max(0, self._disk_bytes + free - margin_bytes(total))
+        if room < self.max_bytes:
+            log.warning(
+                "kv store %s: at most %.1f MiB, not the %.0f MiB asked: the file system holds %.1f MiB free, less a "
+                "margin of %.1f MiB",
+                self.directory,
+                room / 2**20,
+                self.asked_bytes / 2**20,
+                free / 2**20,
+                margin_bytes(total) / 2**20,
+            )
+            self.max_bytes = room
+        if self._disk_bytes > self.max_bytes:
+            self._evict(int(self.max_bytes * _LOW_WATER))
+
+    def make_room(self, nbytes: int, under_cap: bool = True) -> bool:
+        """Evict the least recently used blocks until `nbytes` more fit under the cap (`under_cap`; the start-up
+        probe's files are removed at once: only the disk's room counts) and leave the file system's margin free;
+        False when they cannot (the disk is full of others' files). On the writer thread, or before it writes."""
+        free, total = self.files.disk_space()
+        over_cap = self._disk_bytes + nbytes - self.max_bytes if under_cap else 0
+        need = max(nbytes + margin_bytes(total) - free, over_cap)
+        if need <= 0:
+            return True
+        if over_cap > 0:  # over the cap: down to the low-water mark, as a rescan
+            need = max(need, self._disk_bytes + nbytes - int(self.max_bytes * _LOW_WATER))
+        if need > self._disk_bytes:
+            return False
+        return self._evict(self._disk_bytes - need)
 
     # ---- keys and lookups ------------------------------------------------------------------------------
 
@@ -164,7 +195,7 @@ class KVStore:
         while self.files and n < len(keys) and os.path.exists(self.files.path(keys[n].digest)):
             if layers is not None:
                 peeked = self.files.peek(keys[n].digest, PEEK_BYTES)
-                if peeked is None or not _holds(peeked, self.fp, keys[n], layers[n]):
+                if peeked is None or not holds(peeked, self.fp, keys[n], layers[n]):
                     break
             n += 1
         return n
@@ -286,15 +317,19 @@ class KVStore:
             return  # a write queued before the first failure
         try:
             old = self.files.peek(key.digest, PEEK_BYTES)
-            if old is not None and _holds(old, self.fp, key, block.layers):
+            if old is not None and holds(old, self.fp, key, block.layers):
                 self.files.touch(key.digest, stamp)
                 return
             if old is not None:
-                block = self._merged(key, block)
-            payload = _bytes_of(block.kv)
+                block = merged(self.files, self.fp, key, block)
+            # room on the disk now; the cap is held after the write (the new block, stamped older than its chain's
+            # head, may be what goes: a chain is trimmed from its tail)
+            if not self.make_room(file_size(self.fp, len(block.layers)), under_cap=False):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            payload = bytes_of(block.kv)
             size = self.files.write(key.digest, [encode_header(self.fp, key, block.layers, payload), payload], stamp)
         except OSError as e:
-            self._stop_writing(e)
+            self._full(e) if e.errno in _FULL else self._stop_writing(e)
             return
         with self._lock:
             self._stats.written_blocks += 1
@@ -305,34 +340,34 @@ class KVStore:
         if self._disk_bytes > self.max_bytes or self._since_scan > self.max_bytes * (1 - _LOW_WATER):
             self._rescan()
 
-    def _merged(self, key: BlockKey, block: KVBlock) -> KVBlock:
-        """`block` with the layers of the stored file of `key` that it lacks (the file's K/V: the same tokens
-        give the same K/V); `block` alone when the file is unsound. Stacked by numpy, as _bytes_of copies: this
-        runs on the writer thread."""
-        try:
-            got = read_block(self.files, self.fp, key)
-        except BlockError:
-            return block
-        if got is None:
-            return block
-        stored = got[0]
-        rows = {layer: stored.kv[i] for i, layer in enumerate(stored.layers)}
-        rows.update((layer, block.kv[i]) for i, layer in enumerate(block.layers))
-        layers, ints = tuple(sorted(rows)), _SAME_SIZE_INT[block.kv.element_size()]
-        kv = np.stack([rows[layer].cpu().view(ints).numpy() for layer in layers])  # [n_layers, 2, H_kv, bs, d]
-        return KVBlock(torch.from_numpy(kv).view(block.kv.dtype), layers)
+    def _full(self, e: OSError) -> None:
+        """A block that found no room: dropped (counted), one warning; the store keeps serving and writing."""
+        with self._lock:
+            self._stats.dropped_blocks += 1
+        if not self._warned_full:
+            self._warned_full = True
+            log.warning(
+                "kv store %s: the disk is full (%s) beyond what eviction frees; serving its blocks, storing new "
+                "ones as room frees",
+                self.directory,
+                _why(e),
+            )
 
     def _rescan(self) -> None:
         """Learn the directory's real size (other processes write too) and evict down to the low-water mark."""
-        target = int(self.max_bytes * _LOW_WATER) if self._disk_bytes > self.max_bytes else self.max_bytes
+        self._evict(int(self.max_bytes * _LOW_WATER) if self._disk_bytes > self.max_bytes else self.max_bytes)
+
+    def _evict(self, target: int) -> bool:
+        """Remove the least recently used block files down to `target` bytes; False (writes stop) on an error."""
         try:
             removed, self._disk_bytes = self.files.evict(target)
         except OSError as e:
             self._stop_writing(e)
-            return
+            return False
         self._since_scan = 0
         with self._lock:
             self._stats.evicted_blocks += removed
+        return True
 
     def _touch(self, keys: list[BlockKey], stamp: int) -> None:
         try:
@@ -341,47 +376,12 @@ class KVStore:
         except OSError as e:
             self._stop_writing(e)
 
-    def _stop_writing(self, e: OSError, warn: bool = False) -> None:
-        """Store nothing more; one warning (the first failure, or `warn` at opening)."""
-        if self.writable or warn:
+    def _stop_writing(self, e: OSError) -> None:
+        """Store nothing more: load-only from now on; one warning (the first failure)."""
+        if self.writable:
             self.writable = False
-            log.warning("kv store %s: cannot write (%s); serving its blocks, storing none", self.directory, _why(e))
-
-
-def read_block(
-    files: BlockFiles, fp: Fingerprint, key: BlockKey, into: memoryview | None = None
-) -> tuple[KVBlock, int] | None:
-    """Block `key` read whole (into `into` when it fits) and verified, with its file's size in bytes; None when
-    there is no file; BlockError (the reason) when it must not be used."""
-    try:
-        buf = files.read(key.digest, into)
-    except OSError as e:
-        raise BlockError(f"unreadable: {_why(e)}") from None
-    if buf is None:
-        return None
-    header = parse_header(buf, len(buf), fp, key)
-    return KVBlock(decode_payload(buf, header, fp), header.layers), len(buf)
-
-
-def _holds(peeked: tuple[bytes, int], fp: Fingerprint, key: BlockKey, layers: tuple[int, ...]) -> bool:
-    """Whether a stored file (its first bytes, its size) is a sound header of `key` with at least `layers`."""
-    try:
-        return set(layers) <= set(parse_header(peeked[0], peeked[1], fp, key).layers)
-    except BlockError:
-        return False
+            log.warning("kv store %s: cannot write (%s): loading its blocks, storing none", self.directory, _why(e))
 
 
 def _why(e: Exception) -> str:
     return e.strerror or str(e) if isinstance(e, OSError) else str(e)
-
-
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bytes_of(kv: torch.Tensor) -> memoryview:
-    """The bytes of `kv` (any strides, any device) in C order, made contiguous by numpy on the writer thread: a
-    torch copy here would open a second OpenMP team beside the engine's, whose threads spin between the writer's
-    copies on the cores the engine computes on (measured on a 2-core Zen 3: 0.7 of a core for a 1.5 MB copy every
-    10 ms). Integers of the element's width stand in for it: numpy has no bfloat16."""
-    flat = kv.detach().cpu().view(_SAME_SIZE_INT[kv.element_size()]).numpy()
-    return memoryview(np.ascontiguousarray(flat).reshape(-1).view(np.uint8))

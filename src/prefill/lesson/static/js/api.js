@@ -3,6 +3,18 @@
 
 export class ApiError extends Error {}
 
+// The API key, where the server wants one (`prefill lab --api-key`): given once in the URL's fragment (#key=...),
+// which the browser never sends to any server, then kept in this tab's sessionStorage and sent as a Bearer token.
+const given = new URLSearchParams(location.hash.slice(1)).get("key");
+if (given) {
+  sessionStorage.setItem("prefill-api-key", given);
+  history.replaceState(null, "", location.pathname + location.search); // out of the address bar and the history
+}
+export function authHeaders() {
+  const key = sessionStorage.getItem("prefill-api-key");
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
 async function parse(res) {
   const body = await res.json().catch((e) => {
     if (e.name === "AbortError") throw e; // cancelled while the body was arriving: a newer request replaced it
@@ -16,12 +28,12 @@ async function parse(res) {
 
 export async function getJSON(path, params = {}, signal = undefined) {
   const query = new URLSearchParams(params).toString();
-  return parse(await fetch(query ? `${path}?${query}` : path, { signal }));
+  return parse(await fetch(query ? `${path}?${query}` : path, { signal, headers: authHeaders() }));
 }
 
 export async function postJSON(path, body, signal = undefined) {
   const res = await fetch(path, {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal,
+    method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() }, body: JSON.stringify(body), signal,
   });
   return parse(res);
 }

@@ -1,7 +1,7 @@
 // Part 2: a real prefill on the server's model. The prompt goes through the OpenAI streaming route (the same
 // scheduler as any client); tokens, attention, predictions and the roofline come from the /api routes.
 
-import { $, ApiError, getJSON, latest, postJSON, settled } from "./api.js";
+import { $, ApiError, authHeaders, getJSON, latest, postJSON, settled } from "./api.js";
 import { maskCell } from "./calculator.js";
 import { cssColor } from "./charts.js";
 import { drawGrid, visible } from "./grid.js";
@@ -222,7 +222,7 @@ async function stream(tok, chat, maxTokens, chunks = null) {
   const t0 = performance.now();
   let stopProgress = chunkProgress(tok, chunks, t0);
   const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() }, body: JSON.stringify(body),
   });
   if (!res.ok) throw new ApiError((await res.json().catch(() => null))?.error?.message ?? `HTTP ${res.status}`);
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();

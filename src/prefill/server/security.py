@@ -1,0 +1,81 @@
+"""Who may talk to the server: the Host header (a defence against DNS rebinding, where a web page the user opened
+reaches a loopback server under a name it controls) and the API key (`Authorization: Bearer KEY`).
+
+`Guard` stands in front of every route. A request whose Host is not allowed gets a 400; with a key set, a
+request to anything but the open paths (/health, the page's own HTML and static files, the OpenAPI document and
+its viewers) without the key gets a 401 in OpenAI's error shape. Keys are compared in constant time
+(hmac.compare_digest), so the time of a refusal says nothing about how much of a guess was right.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from fastapi.responses import JSONResponse
+
+from prefill.server.metrics import ServerMetrics
+from prefill.server.openai_schema import error_body
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+OPEN_PATHS = frozenset({"/health", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/favicon.ico"})
+OPEN_PREFIXES = ("/static/",)  # the lesson page's files: the page asks for the key, then sends it to /api and /v1
+
+
+def is_loopback(host: str) -> bool:
+    """True for a name or address that only this machine can reach (localhost, 127.0.0.0/8, ::1)."""
+    if host.strip("[]") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def default_allowed_hosts(bound: str) -> tuple[str, ...]:
+    """The loopback names, and the address the server binds when it is one a client can name (not 0.0.0.0 / ::)."""
+    wildcard = bound.strip("[]") in ("0.0.0.0", "::", "")
+    return LOOPBACK_HOSTS if wildcard or bound in LOOPBACK_HOSTS else (*LOOPBACK_HOSTS, bound.strip("[]"))
+
+
+def host_name(header: bytes) -> str:
+    """The name in a Host header, without its port: "localhost:8000" -> "localhost", "[::1]:8000" -> "::1"."""
+    host = header.decode("latin-1").strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+class Guard:
+    """ASGI middleware: the Host check (`allowed_hosts`, None or containing "*": any host), then the API key
+    (`api_key`, None: none needed)."""
+
+    def __init__(self, app, api_key: str | None, allowed_hosts: tuple[str, ...] | None, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+        self.key = f"Bearer {api_key}".encode() if api_key else None
+        any_host = allowed_hosts is None or "*" in allowed_hosts
+        self.hosts = None if any_host else frozenset(h.lower().strip("[]") for h in allowed_hosts)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.hosts is not None and host_name(headers.get(b"host", b"")) not in self.hosts:
+            msg = "the Host header names a host this server does not answer for; start it with --allowed-hosts NAME"
+            return await self.refuse(scope, receive, send, 400, msg, "invalid_host", {})
+        if self.key is not None and not is_open(scope["path"]):
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.key):
+                msg = "a valid API key is needed: send the header Authorization: Bearer KEY"
+                challenge = {"WWW-Authenticate": "Bearer"}
+                return await self.refuse(scope, receive, send, 401, msg, "invalid_api_key", challenge)
+        return await self.app(scope, receive, send)
+
+    async def refuse(self, scope, receive, send, status: int, msg: str, code: str, headers: dict) -> None:
+        self.metrics.refused_unread(scope, status)
+        response = JSONResponse(error_body(msg, "invalid_request_error", None, code), status, headers=headers)
+        await response(scope, receive, send)
