@@ -70,13 +70,13 @@ def test_run_checks_the_model_path_before_choosing_a_dtype(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_prints_its_dtype_line_to_stderr():
+def test_run_prints_its_path_line_to_stderr():
     env = {**os.environ, "COLUMNS": "160"}
     r = subprocess.run(
         [str(PREFILL), "run", "Hi", "-n", "1", "--dtype", "auto"], capture_output=True, text=True, timeout=600, env=env
     )
     assert r.returncode == 0, r.stderr
-    assert "dtype auto: " in r.stderr and "dtype auto" not in r.stdout
+    assert "path auto: " in r.stderr and "path auto" not in r.stdout  # the choice and its predictions, on stderr
 
 
 def test_an_unsupported_gguf_architecture_is_named(tmp_path):

@@ -98,7 +98,7 @@ def invalid(model: str, rng: random.Random) -> tuple[str, dict | str]:
                 {
                     "model": model,
                     "messages": [{"role": "user", "content": "x"}],
-                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": "required",  # a call demanded, and no tool to call
                 },
             ),
         ]

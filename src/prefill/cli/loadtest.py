@@ -85,11 +85,17 @@ def loadtest(
     )
     console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
     finish = prepare_prediction(predict, predict_model, cfg, hardware, engine)
+    records, summary, model_id = measure(cfg, slo_ttft_ms, slo_tpot_ms)
+    save(cfg, model_id, summary, records, out, plot or str(Path(out).with_suffix(".png")))
+    finish(records, summary, Path(out))
+
+
+def measure(cfg, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> tuple:
+    """Run the load test and print its summary: (records, summary, the server's model id)."""
     records, wall, model_id = run(cfg)
     summary = summarize(records, wall, seconds(slo_ttft_ms), seconds(slo_tpot_ms))
     print_summary(model_id, summary, wall, slo_ttft_ms, slo_tpot_ms)
-    save(cfg, model_id, summary, records, out, plot or str(Path(out).with_suffix(".png")))
-    finish(records, summary, Path(out))
+    return records, summary, model_id
 
 
 def run(cfg) -> tuple:

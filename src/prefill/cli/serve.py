@@ -19,6 +19,10 @@ from prefill.cli.common import (
 )
 from prefill.cli.serve_access import AllowedHosts, ApiKey, ApiKeyFile, api_key_of, hosts_of, warn_if_exposed
 
+MaxRunning = Annotated[int, typer.Option(help="requests running at once (their decode steps share one batch)")]
+Deterministic = Annotated[
+    bool, typer.Option("--deterministic", help="batch-invariant: a request's logits do not depend on the load")
+]
 ServeModel = Annotated[str | None, typer.Option(help="a .gguf file or Hugging Face folder (default: embedded SmolLM2)")]
 Host = Annotated[str, typer.Option(help="address to bind (loopback by default)")]
 Port = Annotated[int, typer.Option(help="TCP port")]
@@ -36,14 +40,10 @@ def serve(
     kv_cache_mb: Annotated[float | None, typer.Option(help=KV_CACHE_HELP)] = None,
     prefix_cache_mb: Annotated[float, typer.Option(help=PREFIX_CACHE_HELP)] = 256.0,
     max_queue: Annotated[int, typer.Option(help="requests that may wait; more get HTTP 429")] = 64,
-    max_running: Annotated[
-        int, typer.Option(help="requests running at once (their decode steps share one batch)")
-    ] = 32,
+    max_running: MaxRunning = 32,
     chunk_size: Annotated[int, typer.Option(help="prefill chunk in tokens, interleaved with decode steps")] = 256,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
-    deterministic: Annotated[
-        bool, typer.Option("--deterministic", help="batch-invariant: a request's logits do not depend on the load")
-    ] = False,
+    deterministic: Deterministic = False,
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
     workload: WorkloadOpt = None,

@@ -38,6 +38,7 @@ def add_lesson(app: FastAPI) -> FastAPI:
     pool_tokens = server.worker.loop.pool.max_tokens()
     lesson = LessonState(engine, cfg.model_id, server.worker.call, cfg.chunk_size, cfg.max_running, pool_tokens)
     add_lesson_routes(app, lesson)
+    app.state.open_paths.add("/", prefix="/static/")  # the page and its files: it asks for the key, then sends it
     document(app, partial(document_context, context=engine.spec.context_length))
     return app
 

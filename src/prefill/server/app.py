@@ -6,7 +6,7 @@ GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (prefill.server.i
 POST /detokenize, GET /tokenizer_info (prefill.server.tokenizer_routes). Every refusal is a 4xx (or a JSON 5xx)
 with {"error": {"message", "type", "param", "code"}} and leaves the server serving (prefill.server.error_handlers).
 The routers live at module level and read one `ServerState` (prefill.server.state) from `request.app.state.server`.
-The lesson page mounts itself on this app (prefill.lesson.routes.add_lesson): the server knows nothing of it.
+The lesson page mounts itself on this app (its add_lesson); the server knows nothing of it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from prefill.server.config import ServeConfig, model_id_of
 from prefill.server.error_handlers import add_error_handlers
 from prefill.server.middleware import BodyLimit
 from prefill.server.openapi import bearer_auth, document, generation_bounds, refusals_are_400, server_limits
-from prefill.server.security import Guard
+from prefill.server.security import Guard, OpenPaths
 from prefill.server.state import ServerState
 
 __all__ = ["ServeConfig", "create_app", "model_id_of"]
@@ -50,12 +50,15 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     state = ServerState.build(engine, cfg)
     app = FastAPI(title="prefill", lifespan=lifespan)
     app.state.server = state
+    app.state.open_paths = OpenPaths()  # what a mounted application (the lesson page) may open beside /health
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, metrics=state.metrics)
     # added last, so it runs first: an unknown Host or a missing key is refused before the body is read
-    app.add_middleware(Guard, api_key=cfg.api_key, allowed_hosts=cfg.allowed_hosts, metrics=state.metrics)
+    guard = {"api_key": cfg.api_key, "allowed_hosts": cfg.allowed_hosts, "open": app.state.open_paths}
+    app.add_middleware(Guard, metrics=state.metrics, **guard)
     add_error_handlers(app)
     for module in (info, tokenizer_routes, completions):
         app.include_router(module.router)
     limits = partial(server_limits, cfg=cfg, vocab_size=engine.spec.vocab_size)
-    document(app, refusals_are_400, generation_bounds, limits, *([bearer_auth] if cfg.api_key else []))
+    auth = [partial(bearer_auth, open=app.state.open_paths)] if cfg.api_key else []
+    document(app, refusals_are_400, generation_bounds, limits, *auth)
     return app

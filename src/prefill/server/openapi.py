@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from prefill.server.config import ServeConfig
 from prefill.server.openai_schema import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest, ErrorResponse
-from prefill.server.security import is_open
+from prefill.server.security import OpenPaths
 
 
 class HealthBody(BaseModel):
@@ -78,13 +78,13 @@ def refusals_are_400(doc: dict) -> None:
         schemas.pop(name, None)
 
 
-def bearer_auth(doc: dict) -> None:
+def bearer_auth(doc: dict, open: OpenPaths) -> None:
     """With an API key: every operation outside the open paths (prefill.server.security) needs `Authorization:
     Bearer KEY` and lists its 401."""
     doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
     body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
     for path, ops in doc.get("paths", {}).items():
-        if is_open(path):
+        if path in open:
             continue
         for op in ops.values():
             op["security"] = [{"bearer": []}]

@@ -2,8 +2,9 @@
 reaches a loopback server under a name it controls) and the API key (`Authorization: Bearer KEY`).
 
 `Guard` stands in front of every route. A request whose Host is not allowed gets a 400; with a key set, a
-request to anything but the open paths (/health, the page's own HTML and static files, the OpenAPI document and
-its viewers) without the key gets a 401 in OpenAI's error shape. Keys are compared in constant time
+request to anything but the open paths (/health, the OpenAPI document and its viewers, and what an application
+mounted on the server opens with `OpenPaths.add`: a page's own HTML and static files) without the key gets a
+401 in OpenAI's error shape. Keys are compared in constant time
 (hmac.compare_digest), so the time of a refusal says nothing about how much of a guess was right.
 """
 
@@ -18,8 +19,22 @@ from prefill.server.metrics import ServerMetrics
 from prefill.server.openai_schema import error_body
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-OPEN_PATHS = frozenset({"/health", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/favicon.ico"})
-OPEN_PREFIXES = ("/static/",)  # the lesson page's files: the page asks for the key, then sends it to /api and /v1
+OPEN_PATHS = ("/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/favicon.ico")
+
+
+class OpenPaths:
+    """The paths anyone may fetch without the key: the server's own, and those an application mounted on it adds
+    (a page and its files, which then ask for the key and send it)."""
+
+    def __init__(self) -> None:
+        self.paths, self.prefixes = set(OPEN_PATHS), ()
+
+    def add(self, *paths: str, prefix: str | None = None) -> None:
+        self.paths.update(paths)
+        self.prefixes = (*self.prefixes, prefix) if prefix else self.prefixes
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.paths or path.startswith(self.prefixes)
 
 
 def is_loopback(host: str) -> bool:
@@ -46,16 +61,14 @@ def host_name(header: bytes) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def is_open(path: str) -> bool:
-    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
-
-
 class Guard:
     """ASGI middleware: the Host check (`allowed_hosts`, None or containing "*": any host), then the API key
     (`api_key`, None: none needed)."""
 
-    def __init__(self, app, api_key: str | None, allowed_hosts: tuple[str, ...] | None, metrics: ServerMetrics):
-        self.app, self.metrics = app, metrics
+    def __init__(
+        self, app, api_key: str | None, allowed_hosts: tuple[str, ...] | None, metrics: ServerMetrics, open: OpenPaths
+    ):
+        self.app, self.metrics, self.open = app, metrics, open
         self.key = f"Bearer {api_key}".encode() if api_key else None
         any_host = allowed_hosts is None or "*" in allowed_hosts
         self.hosts = None if any_host else frozenset(h.lower().strip("[]") for h in allowed_hosts)
@@ -67,7 +80,7 @@ class Guard:
         if self.hosts is not None and host_name(headers.get(b"host", b"")) not in self.hosts:
             msg = "the Host header names a host this server does not answer for; start it with --allowed-hosts NAME"
             return await self.refuse(scope, receive, send, 400, msg, "invalid_host", {})
-        if self.key is not None and not is_open(scope["path"]):
+        if self.key is not None and scope["path"] not in self.open:
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.key):
                 msg = "a valid API key is needed: send the header Authorization: Bearer KEY"
