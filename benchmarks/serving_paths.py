@@ -53,7 +53,10 @@ def main() -> None:
     open_paths = candidates("auto", "auto", quantized, capability("cpu"), ops.available())
     chosen = auto_path(None, "auto", "auto", threads=args.threads, workload=w, echo=print)
     print(chosen[2] if chosen else "auto: one path open")
-    engines = {p: Engine.load(None, dtype=p.dtype, weights=p.weights, progress=False) for p in open_paths}
+    engines = {
+        p: Engine.load(None, dtype=p.dtype, weights=p.weights, progress=False, activations=p.activations)
+        for p in open_paths
+    }
     for e in engines.values():
         e.warmup()
     times: dict = {p: {"prefill": [], "itl": []} for p in open_paths}
@@ -73,7 +76,8 @@ def main() -> None:
                 "path": pred.label,
                 "weights": p.weights,
                 "dtype": p.dtype,
-                "auto": chosen[:2] == (p.dtype, p.weights) if chosen else None,
+                "activations": p.activations,
+                "auto": (chosen[0], chosen[1], chosen[3]) == (p.dtype, p.weights, p.activations) if chosen else None,
                 "prefill_s": measured["prefill"],
                 "itl_s": measured["itl"],
                 "pred_prefill_s": pred.ttft_s,

@@ -10,7 +10,8 @@ from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import catalog_profile
 from prefill.device.capability import capability
 from prefill.machine.paths import PATHS, Workload, path_blocker
-from prefill.model.quant import ops
+from prefill.model.quant import QuantWeight, ops
+from prefill.model.quant.activations import ENV
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
 
@@ -40,16 +41,18 @@ def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute):
     chat = resolve_storage(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))
     assert chat == ("float32", "native")
     assert len(lines) == 1 and lines[0].startswith("path auto: native Q4_1/Q8_0 blocks, float32 activations, ")
-    assert "for P = 16 + 512 out; vs dense " in lines[0]
+    assert "for P = 16 + 512 out; vs native Q4_1/Q8_0 blocks, 8-bit activations " in lines[0]  # a tie: f32 first
+    assert "; dense bfloat16 " in lines[0]
     long = resolve_storage(None, "auto", "auto", echo=None, workload=Workload(8192, 1))
     assert long[1] != "native"  # one long prefill: the dense GEMMs' fourfold rate wins
     assert resolve_storage(None, "bfloat16", "auto", echo=None) == ("bfloat16", "bfloat16")  # one path open
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", PATHS, ids=lambda p: f"{p.weights}-{p.dtype}")
-def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm):
-    """--dtype and --weights force each path of the registry (skipped, with why, where this CPU cannot run it);
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: f"{p.weights}-{p.dtype}-{p.activations}")
+def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm, monkeypatch):
+    """--dtype and --weights (and PREFILL_ACTIVATIONS for the blocks' activations) force each path of the
+    registry (skipped, with why, where this CPU cannot run it);
     its next-token distribution on a short prompt stays near the float32-activation reference's (the bound is
     quality.py's rule at its loosest measured figure: llama.cpp's own p99 KL on this file is ~1e-2)."""
     from prefill.engine.llm import Engine
@@ -57,11 +60,15 @@ def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm):
 
     if blocker := path_blocker(path, quantized_types(None), capability("cpu"), ops.available()):
         pytest.skip(blocker)
+    monkeypatch.setenv(ENV, path.activations)
     assert resolve_storage(None, path.dtype, path.weights, echo=None) == (path.dtype, path.weights)
-    engine = {("native", "float32"): smollm_native, ("float32", "float32"): smollm}.get((path.weights, path.dtype))
+    shared = {("native", "float32", "f32"): smollm_native, ("float32", "float32", "f32"): smollm}
+    engine = shared.get((path.weights, path.dtype, path.activations))
     engine = engine or Engine.load(None, dtype=path.dtype, weights=path.weights, progress=False)
     expected = "Q8_0 + Q4_1" if path.weights == "native" else path.weights
     assert engine.weights == expected and engine.dtype_name == path.dtype
+    kept = {m.weight.activations for m in engine.model.modules() if isinstance(getattr(m, "weight", None), QuantWeight)}
+    assert kept == ({path.activations} if path.weights == "native" else set())
     ids = smollm_native.encode_prompt("What is the capital of France?")
     ref = torch.log_softmax(smollm_native.prefill(ids)[0].float(), -1)  # [1, vocab]
     got = torch.log_softmax(engine.prefill(ids)[0].float(), -1)

@@ -18,28 +18,55 @@ ZEN3 = Capability("cpu", "AMD EPYC (Zen 3)", "AVX2", frozenset({"avx2", "fma"}))
 Q = ("Q4_1", "Q8_0")
 
 
+Q8 = (NATIVE, "float32", "q8")  # native blocks, 8-bit activations
+
+
 def names(found):
-    return [(p.weights, p.dtype) for p in found]
+    return [(p.weights, p.dtype, p.activations) if p.activations != "f32" else (p.weights, p.dtype) for p in found]
 
 
 def test_the_paths_each_cpu_runs_natively():
     assert names(candidates("auto", "auto", Q, ZEN5, True)) == [
         (NATIVE, "float32"),
+        Q8,
         ("bfloat16", "bfloat16"),
         ("float32", "float32"),
     ]
-    assert names(candidates("auto", "auto", Q, ZEN3, True)) == [(NATIVE, "float32"), ("float32", "float32")]
+    assert names(candidates("auto", "auto", Q, ZEN3, True)) == [(NATIVE, "float32"), Q8, ("float32", "float32")]
     assert names(candidates("auto", "auto", Q, ZEN5, False)) == [("bfloat16", "bfloat16"), ("float32", "float32")]
     assert names(candidates("auto", "auto", (), ZEN3, True)) == [("float32", "float32")]  # a dense file
 
 
 def test_an_explicit_part_narrows_the_paths():
     assert names(candidates("bf16", "auto", Q, ZEN5, True)) == [("bfloat16", "bfloat16")]
-    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), ("float32", "float32")]
-    assert names(candidates("auto", "native", Q, ZEN5, True)) == [(NATIVE, "float32")]
+    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), Q8, ("float32", "float32")]
+    assert names(candidates("auto", "native", Q, ZEN5, True)) == [(NATIVE, "float32"), Q8]
     assert candidates("bfloat16", "auto", Q, ZEN3, True) == []  # emulated: no path runs it natively
     cuda = Capability("cuda", "H100", "CUDA sm_90", cuda_bf16=True)
     assert NATIVE not in {p.weights for p in candidates("auto", "auto", Q, cuda, True)}
+
+
+def test_8_bit_activations_need_blocks_they_cover_and_the_kernels():
+    q8 = ServingPath(NATIVE, "float32", "q8")
+    assert paths.path_blocker(q8, Q, ZEN5, True) == ""
+    assert "Q4_0/Q4_1/Q8_0" in paths.path_blocker(q8, ("Q4_K", "Q6_K"), ZEN5, True)  # K-quants: float32 only
+    assert names(candidates("auto", "native", ("Q4_K", "Q6_K"), ZEN5, True)) == [(NATIVE, "float32")]
+    assert "not built" in paths.path_blocker(q8, Q, ZEN5, False)  # no compiled kernels: no native path at all
+    assert q8.label(("Q4_1",)) == "native Q4_1 blocks, 8-bit activations"
+
+
+def test_prefill_activations_forces_the_blocks_activation_path(monkeypatch):
+    from prefill.model.quant.activations import ENV, requested_activations
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert requested_activations() == "auto"
+    monkeypatch.setenv(ENV, "q8")
+    forced = candidates("auto", "native", Q, ZEN5, True, requested_activations())
+    assert names(forced) == [Q8]  # one path open: Engine.load's default (the same variable) loads it
+    assert names(candidates("auto", "native", Q, ZEN5, True, "f32")) == [(NATIVE, "float32")]
+    monkeypatch.setenv(ENV, "q4")
+    with pytest.raises(BadInput, match="q8"):
+        requested_activations()
 
 
 def test_workload_parses_p_and_n():
@@ -96,7 +123,38 @@ def test_auto_picks_by_the_workload(made_up_profiles):
     assert long.ttft_s < best(Workload(16, 512)).ttft_s * 4096 / 16  # sanity: the prefill scales with P
 
 
+def test_auto_picks_8_bit_activations_where_predicted_fastest(monkeypatch):
+    """Made up: the q8 kernels ("KxN:Q4_1:q8" curves) at 400 GFLOP/s, float32-activation blocks at 50, dense at
+    200: q8 reads the blocks' bytes and computes fastest, so it wins every workload; at 10 GFLOP/s it loses all."""
+    import prefill.machine.profiles as profiles
+
+    seen = []
+
+    def profile_for(spec, dtype, device, threads, echo=None, qtypes=None):
+        seen.append(dict(qtypes or {}))
+        q8 = any(t.endswith(":q8") for t in (qtypes or {}).values())
+        return catalog_profile(_hardware(rate(q8) if q8 else 50e9 if qtypes else 200e9), dtype)
+
+    monkeypatch.setattr(profiles, "profile_for", profile_for)
+    spec = ModelSpec.from_preset("smollm2-135m")
+    qtypes = {"576x960": "Q4_1", "576x49152": "Q6_K"}
+    open_paths = candidates("auto", "auto", Q, ZEN5, True)
+
+    def best(workload):
+        return choose_path([paths.predict_path(spec, p, workload, qtypes) for p in open_paths])[0]
+
+    rate = lambda q8: 400e9  # noqa: E731
+    for w in (Workload(16, 512), Workload(4096, 1)):
+        assert best(w).path == ServingPath(NATIVE, "float32", "q8")
+    assert {"576x960": "Q4_1:q8", "576x49152": "Q6_K"} in seen  # probed on its own kernels; Q6_K keeps float32
+    assert best(Workload(16, 512)).label == "native Q4_1/Q6_K blocks, 8-bit activations"
+    rate = lambda q8: 10e9  # noqa: E731
+    assert best(Workload(16, 512)).path == ServingPath(NATIVE, "float32")
+
+
 def test_the_native_layout_reads_the_blocks_bytes():
     native = paths.path_layout(ServingPath(NATIVE, "float32"), {"576x960": "Q4_1"})
     assert native.weight_bytes == pytest.approx(20 / 32)  # Q4_1: 20 bytes per 32 weights
+    q8 = paths.path_layout(ServingPath(NATIVE, "float32", "q8"), {"576x960": "Q4_1:q8"})
+    assert q8.weight_bytes == native.weight_bytes  # the kernel's name is no part of the bytes
     assert paths.path_layout(ServingPath("bfloat16", "bfloat16"), {}).weight_bytes == 2

@@ -221,7 +221,10 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     path = str(default_model_path() if model is None else model)
     open_paths = candidates("auto", "auto", quantized_types(path), capability("cpu"), ops.available())
     ref_path = next(p for p in open_paths if p.dtype == "float32")  # native blocks first, in the registry
-    engines = {p: Engine.load(path, dtype=p.dtype, weights=p.weights, progress=False) for p in open_paths}
+    engines = {
+        p: Engine.load(path, dtype=p.dtype, weights=p.weights, progress=False, activations=p.activations)
+        for p in open_paths
+    }
     ref = engines.pop(ref_path)
     ids = held_out_ids(ref.tokenizer, tokens)
     label = lambda p, e: f"{p.label(())} ({e.weights})" if p.weights == "native" else p.label()  # noqa: E731

@@ -112,9 +112,9 @@ def open_engine(
     from prefill.engine.llm import Engine
 
     with reading_once():
-        dtype, weights = resolve_storage(model, dtype, weights, device, deterministic, threads, workload)
+        dtype, weights, acts = resolve_storage(model, dtype, weights, device, deterministic, threads, workload)
         load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
-        return Engine.load(model, dtype=dtype, **load), dtype, weights
+        return Engine.load(model, dtype=dtype, activations=acts, **load), dtype, weights
 
 
 def resolve_storage(
@@ -125,11 +125,11 @@ def resolve_storage(
     deterministic: bool,
     threads: int | None = None,
     workload: str | None = None,
-) -> tuple[str, str]:
-    """(dtype, weights) to load `model` with: "auto" takes the path of least predicted time of `workload` ("P,n",
-    default the typical request) among those open here (prefill.engine.weights), said in one line; the
-    batch-invariant mode (`deterministic`) runs dense float32."""
-    from prefill.engine.weights import resolve_storage as resolve
+) -> tuple[str, str, str | None]:
+    """(dtype, weights, activations) to load `model` with: "auto" takes the path of least predicted time of
+    `workload` ("P,n", default the typical request) among those open here (prefill.engine.weights), said in one
+    line; the batch-invariant mode (`deterministic`) runs dense float32 (activations f32)."""
+    from prefill.engine.weights import resolve_path as resolve
     from prefill.loading.resolve import model_path
     from prefill.machine.paths import Workload
 
@@ -138,7 +138,7 @@ def resolve_storage(
     if deterministic:
         if weights not in ("auto", "float32"):
             fail(f"--deterministic runs dense float32 weights; drop --weights {weights}")
-        return deterministic_dtype(dtype), "float32"
+        return deterministic_dtype(dtype), "float32", "f32"
     return resolve(model, dtype, weights, device, echo=note, threads=threads, workload=load)
 
 

@@ -149,7 +149,10 @@ def verify(
     if quality:
         verify_quality(model, tokens, window, threads)
         return
+    from prefill.model.quant import set_activations
+
     engine = load_engine(model, "float32", None, deterministic=deterministic)
+    set_activations(engine.model, "f32")  # the proofs hold the float32 reference, whatever PREFILL_ACTIVATIONS says
     ids = engine.encode_prompt(prompt)
     checks = run_proofs(engine, ids, chunk_size, reference)
     if deterministic:

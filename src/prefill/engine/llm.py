@@ -32,6 +32,8 @@ from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
 from prefill.machine import heap
 from prefill.machine.weights import NATIVE
+from prefill.model.quant import set_activations
+from prefill.model.quant.activations import default_activations
 from prefill.model.transformer import check_supported
 
 
@@ -63,6 +65,7 @@ class Engine:
         weights: str = "auto",
         kv_store: str | Path | None = None,
         kv_store_mb: float = DEFAULT_KV_STORE_MB,
+        activations: str | None = None,
     ) -> Engine:
         """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct.
 
@@ -70,7 +73,9 @@ class Engine:
         `weights`: "native" keeps a GGUF's quantized matrices as their blocks (float32 activations and KV cache);
         "float32" / "bfloat16" / "float16" decodes them to that dtype, which the engine then runs in; "auto" picks
         the faster here (prefill.engine.weights). `kv_store`: a directory of stored K/V blocks, at most
-        `kv_store_mb` MiB (attach_kv_store)."""
+        `kv_store_mb` MiB (attach_kv_store). `activations`: what native blocks' products take, "f32" (the
+        reference; always under `deterministic`) or "q8" (8-bit, on Q4_0/Q4_1/Q8_0 blocks); None: PREFILL_ACTIVATIONS,
+        else f32 (prefill.model.quant.activations)."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
@@ -89,6 +94,7 @@ class Engine:
                 if progress is True:
                     callback(-1, -1)
         engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
+        set_activations(engine.model, "f32" if deterministic else activations or default_activations())
         if deterministic:
             engine.runner.set_deterministic()
         if kv_store is not None:

@@ -54,26 +54,29 @@ def auto_path(
     threads: int | None = None,
     workload: Workload | None = None,
     echo: Callable[[str], None] | None = print,
-) -> tuple[str, str, str] | None:
-    """(dtype, weights, why) of the path of least predicted time of `workload` (default: the typical request)
-    among those `dtype` and `weights` (each "auto" or given) leave open on this CPU (prefill.machine.paths), or
+) -> tuple[str, str, str, str] | None:
+    """(dtype, weights, why, activations) of the path of least predicted time of `workload` (default: the typical
+    request) among those `dtype` and `weights` (each "auto" or given) leave open on this CPU (prefill.machine.paths), or
     None where fewer than two are open (the per-part choices then decide). A path not yet probed here is probed
-    now (a few seconds each, once per machine; `echo` gets a note)."""
+    now (a few seconds each, once per machine; `echo` gets a note). PREFILL_ACTIVATIONS (f32 | q8) narrows
+    native blocks to that activation path."""
     from prefill.costmodel.specs import load_spec
     from prefill.loading import default_model_path
     from prefill.model.quant import ops
+    from prefill.model.quant.activations import requested_activations
 
     if not device.startswith("cpu") or "auto" not in (dtype.lower(), weights.lower()):
         return None
     quantized = quantized_types(model)
-    open_paths = candidates(dtype, weights, quantized, capability("cpu"), ops.available() if quantized else False)
+    kernels = ops.available() if quantized else False
+    open_paths = candidates(dtype, weights, quantized, capability("cpu"), kernels, requested_activations())
     if len(open_paths) < 2:
         return None
     spec = load_spec(default_model_path() if model is None else model)
     qtypes = native_weight_types(model, spec) if quantized else {}
     times = [predict_path(spec, p, workload or Workload(), qtypes, device, threads, echo) for p in open_paths]
     best, why = choose_path(times)
-    return best.path.dtype, best.path.weights, why
+    return best.path.dtype, best.path.weights, why, best.path.activations
 
 
 def weights_choice(requested: str, model: str | Path | None, dtype: str, device: str = "cpu") -> Choice:
@@ -113,8 +116,22 @@ def resolve_storage(
     threads: int | None = None,
     workload: Workload | None = None,
 ) -> tuple[str, str]:
-    """(dtype, weights) to load `model` with, as `prefill serve` and `prefill run` do: where "auto" leaves two
-    paths or more open, the one of least predicted time of `workload` (auto_path; its line to `echo`); else
+    """(dtype, weights) of resolve_path."""
+    return resolve_path(model, dtype, weights, device, echo, threads, workload)[:2]
+
+
+def resolve_path(
+    model,
+    dtype: str,
+    weights: str,
+    device: str = "cpu",
+    echo: Callable[[str], None] | None = print,
+    threads: int | None = None,
+    workload: Workload | None = None,
+) -> tuple[str, str, str | None]:
+    """(dtype, weights, activations) to load `model` with, as `prefill serve` and `prefill run` do: where "auto"
+    leaves two paths or more open, the one of least predicted time of `workload` (auto_path; its line to `echo`;
+    activations the path's "f32" or "q8"); else activations None (Engine.load's default) and
     "auto" dtype the fastest dtype native here (float32 under native blocks: their kernels take float32
     activations) and "auto" weights the GGUF's blocks or a dense dtype, each choice said in one line."""
     from prefill.machine.native import resolve_dtype
@@ -122,13 +139,13 @@ def resolve_storage(
     if (path := auto_path(model, dtype, weights, device, threads, workload, echo)) is not None:
         if echo is not None:
             echo(path[2])
-        return path[0], path[1]
+        return path[0], path[1], path[3]
     if weights == "native" and dtype == "auto":
         if echo is not None:
             echo("dtype auto: float32 (--weights native runs float32 activations)")
         dtype = "float32"
     dtype = resolve_dtype(dtype, device, echo=echo)
-    return dtype, resolve_weights(weights, model, dtype, device, echo=echo)
+    return dtype, resolve_weights(weights, model, dtype, device, echo=echo), None
 
 
 def storage_of(model) -> str:

@@ -8,7 +8,10 @@ MachineProfile probed on that path (prefill.machine.profiles: the GEMM curves ti
 weight as stored). So `auto` compares what each path would take here, end to end, not one GEMM's rate: a
 GEMM probe alone picked dense bfloat16 on a Zen 4, 32 ms a decode step where native blocks took 6 ms.
 
-    PATHS                                    the registry, in the order a tie goes (a new kernel path is an entry)
+    PATHS                                    the registry, in the order a tie goes (a new kernel path is an entry):
+                                             native blocks with float32 activations, with 8-bit activations
+                                             (Q4_0/Q4_1/Q8_0 blocks only: the K-quants' kernels take float32),
+                                             dense bfloat16, dense float32
     path_blocker(path, ...)                  why this device cannot run a path natively ("" when it can)
     candidates(dtype, weights, ...)          the paths a request (auto or explicit parts) leaves open here
     Workload.parse("P,n")                    the typical request: P prompt tokens, n tokens out
@@ -33,21 +36,29 @@ TYPICAL_P, TYPICAL_N = 256, 128  # a typical request: a 256-token prompt, 128 to
 
 @dataclass(frozen=True)
 class ServingPath:
-    """One way to run a model: `weights` "native" (the GGUF's blocks) or a dense dtype, and the activation
-    `dtype` the engine computes in (float32 on native blocks: their reference kernels decode to float32)."""
+    """One way to run a model: `weights` "native" (the GGUF's blocks) or a dense dtype, the activation `dtype`
+    the engine computes in (float32 on native blocks), and on blocks the `activations` their products take
+    (prefill.model.quant.activations: "f32" the reference, "q8" rounded to 8 bits per 32-block)."""
 
     weights: str
     dtype: str
+    activations: str = "f32"
 
     def label(self, qtypes: Sequence[str] = ()) -> str:
         """In words: "native Q4_1/Q8_0 blocks, float32 activations" or "dense bfloat16"."""
         if self.weights == NATIVE:
-            return f"native {'/'.join(qtypes) or 'GGUF'} blocks, {self.dtype} activations"
+            acts = "8-bit" if self.activations == "q8" else self.dtype
+            return f"native {'/'.join(qtypes) or 'GGUF'} blocks, {acts} activations"
         return f"dense {self.weights}" if self.weights == self.dtype else f"dense {self.weights}, {self.dtype}"
 
 
 # The registry: every path the engine can serve on, in the order a tie goes (fewest bytes first).
-PATHS = (ServingPath(NATIVE, "float32"), ServingPath("bfloat16", "bfloat16"), ServingPath("float32", "float32"))
+PATHS = (
+    ServingPath(NATIVE, "float32"),
+    ServingPath(NATIVE, "float32", "q8"),
+    ServingPath("bfloat16", "bfloat16"),
+    ServingPath("float32", "float32"),
+)
 
 
 def path_blocker(path: ServingPath, quantized: Sequence[str], cap: Capability, kernels: bool) -> str:
@@ -55,6 +66,10 @@ def path_blocker(path: ServingPath, quantized: Sequence[str], cap: Capability, k
     CPU, and the compiled kernels (native_blocker); a dense dtype needs hardware that multiplies it."""
     if path.weights == NATIVE and (blocker := native_blocker(quantized, cap.device, kernels)):
         return blocker
+    from prefill.model.quant.activations import Q8_TYPES, runs_q8
+
+    if not any(runs_q8(path.activations, t) for t in quantized) and path.activations == "q8":
+        return f"8-bit activations cover {'/'.join(Q8_TYPES)} blocks; this file's {'/'.join(quantized)} take float32"
     if not cap.native(path.dtype):
         return f"{path.dtype} is emulated here ({cap.why(path.dtype)})"
     return ""
@@ -72,9 +87,12 @@ def native_blocker(quantized: Sequence[str], device: str, kernels: bool) -> str:
     return ""
 
 
-def candidates(dtype: str, weights: str, quantized: Sequence[str], cap: Capability, kernels: bool) -> list[ServingPath]:
-    """The registry's paths that `dtype` ("auto" or a dtype) and `weights` ("auto", "native" or a dense dtype)
-    leave open and that run natively here, in the registry's order."""
+def candidates(
+    dtype: str, weights: str, quantized: Sequence[str], cap: Capability, kernels: bool, activations: str = "auto"
+) -> list[ServingPath]:
+    """The registry's paths that `dtype` ("auto" or a dtype), `weights` ("auto", "native" or a dense dtype) and
+    `activations` ("auto", or "f32" / "q8": native blocks on that path only, PREFILL_ACTIVATIONS) leave open and
+    that run natively here, in the registry's order."""
     want_dtype = None if dtype.lower() == "auto" else canonical_dtype(dtype)
     want_weights = None if weights.lower() == "auto" else weights.lower()
     return [
@@ -82,6 +100,7 @@ def candidates(dtype: str, weights: str, quantized: Sequence[str], cap: Capabili
         for p in PATHS
         if want_dtype in (None, p.dtype)
         and want_weights in (None, p.weights)
+        and activations in ("auto", p.activations)
         and not path_blocker(p, quantized, cap, kernels)
     ]
 
@@ -129,14 +148,25 @@ class PathTime:
         return f"{self.label} {self.total_s:.2f} s (TTFT {self.ttft_s * 1e3:.0f} ms, ITL {self.itl_s * 1e3:.1f} ms)"
 
 
+def path_qtypes(path: ServingPath, qtypes: dict[str, str]) -> dict[str, str]:
+    """ "KxN" -> the probe's name of the kernel `path` runs at that shape: the GGUF type ("Q4_1"), with ":q8"
+    where the products take 8-bit activations ("Q4_1:q8", probed on those kernels); {} for dense weights."""
+    from prefill.model.quant.activations import runs_q8
+
+    if path.weights != NATIVE:
+        return {}
+    return {shape: f"{t}:q8" if runs_q8(path.activations, t) else t for shape, t in qtypes.items()}
+
+
 def path_layout(path: ServingPath, qtypes: dict[str, str]) -> timemodel.Layout:
     """The Layout of an engine on `path`: the weights' bytes as stored (blocks: the widest projection's type's
-    bits / 8), K/V read in place in the pool; `qtypes`: "KxN" -> GGUF type of the weights kept as blocks."""
+    bits / 8), K/V read in place in the pool; `qtypes`: "KxN" -> GGUF type of the weights kept as blocks (a
+    ":q8" kernel suffix is no part of the bytes)."""
     if path.weights != NATIVE:
         return timemodel.layout_for(path.dtype, path.weights, gathers_kv=False)
     from prefill.model.quant.weight import DENSE_MIN_M  # where the blocks' fused operators give way to float32
 
-    qtype = next(iter(qtypes.values()))  # the fused Q/K/V projection's, as Engine.layout reads it
+    qtype = next(iter(qtypes.values())).split(":")[0]  # the fused Q/K/V projection's, as Engine.layout reads it
     wb = storage.bytes_per_weight(qtype)
     return timemodel.layout_for(path.dtype, wb, gathers_kv=False, fused_below=DENSE_MIN_M)
 
@@ -154,12 +184,12 @@ def predict_path(
     on this machine's profile for that path (probed on first need: a few seconds, said to `echo`)."""
     from prefill.machine.profiles import profile_for
 
-    blocks = qtypes if path.weights == NATIVE else {}
+    blocks = path_qtypes(path, qtypes)
     profile = profile_for(spec, path.dtype, device, threads, echo=echo, qtypes=blocks)
     layout = path_layout(path, blocks)
     ttft = timemodel.predict_prefill(spec, workload.P, profile, layout).seconds
     itl = timemodel.predict_decode(spec, [workload.P + workload.n // 2], profile, layout).seconds
-    label = path.label(tuple(dict.fromkeys(blocks.values())))
+    label = path.label(tuple(dict.fromkeys(t.split(":")[0] for t in blocks.values())))
     return PathTime(path, label, ttft, itl, workload)
 
 

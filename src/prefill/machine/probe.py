@@ -107,14 +107,18 @@ def gemm_seconds(
 
 
 def _weight(N: int, K: int, dt, device: str, qtype: str | None):
-    """A weight as the engine holds it: dense [N, K] in `dt`, or GGUF blocks of `qtype` (random values)."""
+    """A weight as the engine holds it: dense [N, K] in `dt`, or GGUF blocks of `qtype` (random values), its
+    products on the activation path the name says ("Q4_1:q8": 8-bit activations; "Q4_1": float32, whatever
+    PREFILL_ACTIVATIONS says)."""
     import torch
 
     if qtype is None:
         return torch.full((N, K), 0.01, device=device, dtype=dt)
     from prefill.model.quant import QuantWeight
 
-    return QuantWeight(_random_blocks(N, K, qtype).clone(), qtype, N, K).pack()  # a copy each, as the engine holds it
+    qtype, _, acts = qtype.partition(":")
+    blocks = _random_blocks(N, K, qtype).clone()  # a copy each, as the engine holds it
+    return QuantWeight(blocks, qtype, N, K, activations=acts or "f32").pack()
 
 
 @functools.lru_cache(maxsize=4)
@@ -147,7 +151,7 @@ def gemm_curve(
     from prefill.costmodel.storage import bytes_per_weight
 
     N = min(N, GEMM_MAX_N)
-    weight_bytes = K * N * (bytes_per_weight(qtype) if qtype else dtype_bytes(dtype))
+    weight_bytes = K * N * (bytes_per_weight(qtype.split(":")[0]) if qtype else dtype_bytes(dtype))
     cold = max(1, min(COLD_MAX_COPIES, math.ceil(cold_bytes() / weight_bytes))) if device == "cpu" else 1
     made: list = []  # the cold copies, made once for every M
     stream_s = weight_bytes / (bandwidth or measure_bandwidth(device)) if cold > 1 else 0.0

@@ -8,7 +8,7 @@ weights' integers.
           products long enough for a weight's float32 copy (QuantWeight.uses_dense), keep float32 activations.
 
 A weight's path is QuantWeight.activations: given when it is made, else default_activations(), which reads
-PREFILL_ACTIVATIONS (f32 | q8; here and nowhere else); a loaded model's weights all at once by
+PREFILL_ACTIVATIONS (f32 | q8; here and nowhere else: requested_activations); a loaded model's weights all at once by
 prefill.model.quant.set_activations(model, path). quantize_q8 is the quantiser in torch: the portable path
 (no compiler) and the tests' reference, bitwise the kernels' own (csrc/q8.h quantize_row).
 """
@@ -34,9 +34,15 @@ def check(path: str) -> str:
     return path
 
 
+def requested_activations() -> str:
+    """PREFILL_ACTIVATIONS (f32 | q8) when set, else "auto" (the serving path's choice, prefill.machine.paths)."""
+    return check(os.environ[ENV]) if os.environ.get(ENV) else "auto"
+
+
 def default_activations() -> str:
     """The path of a QuantWeight made without one: PREFILL_ACTIVATIONS when set, else f32."""
-    return check(os.environ.get(ENV) or "f32")
+    requested = requested_activations()
+    return "f32" if requested == "auto" else requested
 
 
 def runs_q8(path: str, qtype: str) -> bool:
