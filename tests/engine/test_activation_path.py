@@ -48,3 +48,22 @@ def test_verify_runs_its_proofs_on_float32_activations(monkeypatch):
     monkeypatch.setattr(cli_engine, "run_proofs", lambda e, *a: seen.append(block_paths(e)) or [])
     cli_engine.verify("Hi", reference=False)
     assert seen == [{"f32"}]
+
+
+def test_auto_loads_8_bit_activations_where_it_predicts_them_fastest(monkeypatch):
+    """Made-up profiles (q8 kernels 400 GFLOP/s, float32-activation blocks 50, dense 200, one bandwidth): auto
+    picks q8, and Engine.load(weights="auto") loads the blocks on it, with no PREFILL_ACTIVATIONS set."""
+    import prefill.machine.profiles as profiles
+    from prefill.costmodel.hardware import Hardware
+    from prefill.costmodel.profile import catalog_profile
+    from prefill.engine.llm import Engine
+
+    def profile_for(spec, dtype, device, threads, echo=None, qtypes=None):
+        q8 = any(t.endswith(":q8") for t in (qtypes or {}).values())
+        flops = 400e9 if q8 else 50e9 if qtypes else 200e9
+        return catalog_profile(Hardware("made up", {dtype: flops}, 20e9, 64e9, "a test"), dtype)
+
+    monkeypatch.setattr(profiles, "profile_for", profile_for)
+    monkeypatch.delenv(ENV, raising=False)
+    engine = Engine.load(None, dtype="float32", weights="auto", progress=False)
+    assert engine.weights != "float32" and block_paths(engine) == {"q8"}

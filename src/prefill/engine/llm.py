@@ -26,7 +26,7 @@ from prefill.engine.prompt import check_prompt, check_text
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
 from prefill.engine.runner import ModelRunner, torch_dtype
 from prefill.engine.sampling import SamplingParams
-from prefill.engine.weights import resolve_weights, storage_of
+from prefill.engine.weights import storage_of, weights_path
 from prefill.errors import BadInput
 from prefill.loading import load_model_files
 from prefill.loading.tokenizer import Tokenizer
@@ -74,8 +74,8 @@ class Engine:
         "float32" / "bfloat16" / "float16" decodes them to that dtype, which the engine then runs in; "auto" picks
         the faster here (prefill.engine.weights). `kv_store`: a directory of stored K/V blocks, at most
         `kv_store_mb` MiB (attach_kv_store). `activations`: what native blocks' products take, "f32" (the
-        reference; always under `deterministic`) or "q8" (8-bit, on Q4_0/Q4_1/Q8_0 blocks); None: PREFILL_ACTIVATIONS,
-        else f32 (prefill.model.quant.activations)."""
+        reference; always under `deterministic`) or "q8" (8-bit, on Q4_0/Q4_1/Q8_0 blocks); None: auto's choice
+        where it chose (PREFILL_ACTIVATIONS narrows it), else PREFILL_ACTIVATIONS, else f32."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
@@ -85,7 +85,8 @@ class Engine:
                 raise BadInput("the batch-invariant mode runs dense float32 weights: drop --weights native")
             weights = "float32"
         with reading_once():  # the weights' choice and the loader read the same GGUF metadata
-            storage = resolve_weights(weights, model, str(torch_dtype(dtype)).removeprefix("torch."), device, None)
+            dtype_name = str(torch_dtype(dtype)).removeprefix("torch.")
+            storage, chosen = weights_path(weights, model, dtype_name, device, None)  # chosen: auto's activations
             dt = torch_dtype("float32" if storage == NATIVE else storage)
             callback = _progress_bar("loading weights") if progress is True else (progress or None)
             try:
@@ -94,7 +95,7 @@ class Engine:
                 if progress is True:
                     callback(-1, -1)
         engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
-        set_activations(engine.model, "f32" if deterministic else activations or default_activations())
+        set_activations(engine.model, "f32" if deterministic else activations or chosen or default_activations())
         if deterministic:
             engine.runner.set_deterministic()
         if kv_store is not None:

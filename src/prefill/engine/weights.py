@@ -92,19 +92,27 @@ def weights_choice(requested: str, model: str | Path | None, dtype: str, device:
 def resolve_weights(
     requested: str, model, dtype: str, device: str = "cpu", echo: Callable[[str], None] | None = print
 ) -> str:
-    """The storage ("native" or a dense dtype) for `requested` in activation `dtype`: auto_path's where it
-    decides, else weights_choice's; the reason echoed for auto, a warning always."""
+    """The storage ("native" or a dense dtype) of weights_path."""
+    return weights_path(requested, model, dtype, device, echo)[0]
+
+
+def weights_path(
+    requested: str, model, dtype: str, device: str = "cpu", echo: Callable[[str], None] | None = print
+) -> tuple[str, str | None]:
+    """(storage, activations) for `requested` in activation `dtype`: auto_path's (storage "native" or a dense
+    dtype, the blocks' "f32" or "q8") where it decides, else weights_choice's storage and None; the reason
+    echoed for auto, a warning always."""
     if (path := auto_path(model, dtype, requested, device, echo=echo)) is not None:
         if echo is not None:
             echo(path[2])
-        return path[1]
+        return path[1], path[3]
     choice = weights_choice(requested, model, dtype, device)
     if echo is not None:
         if requested.lower() == "auto":
             echo(choice.reason)
         if choice.warning:
             echo(f"warning: {choice.warning}")
-    return choice.dtype
+    return choice.dtype, None
 
 
 def resolve_storage(
