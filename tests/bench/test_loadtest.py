@@ -223,7 +223,7 @@ def test_the_prediction_runs_what_the_server_says_it_runs():
     """--predict models the server's own dtype, weights and KV pool from its /health; a server that does not say
     them (another engine) as `prefill serve` would run by default here."""
     from prefill.bench.load_prediction import DEFAULT_KV_MB, served_as
-    from prefill.engine.weights import resolve_storage
+    from prefill.engine.weights import resolve_path
 
     app = FastAPI()
 
@@ -234,7 +234,7 @@ def test_the_prediction_runs_what_the_server_says_it_runs():
     with BackgroundServer(app) as url:
         assert served_as(None, url) == ("bfloat16", "native", 512.0)
     with BackgroundServer(scripted_app()) as url:  # no /health: 404
-        assert served_as(None, url) == (*resolve_storage(None, "auto", "auto", echo=None), DEFAULT_KV_MB)
+        assert served_as(None, url) == (*resolve_path(None, "auto", "auto", echo=None)[:2], DEFAULT_KV_MB)
 
 
 def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path, monkeypatch):

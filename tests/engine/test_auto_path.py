@@ -35,17 +35,17 @@ def blocks_slow_to_compute(monkeypatch):
 
 
 def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute):
-    from prefill.engine.weights import resolve_storage
+    from prefill.engine.weights import resolve_path
 
     lines: list[str] = []
-    chat = resolve_storage(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))
-    assert chat == ("float32", "native")
+    chat = resolve_path(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))
+    assert chat == ("float32", "native", "f32")  # q8 ties on these profiles: the registry's order
     assert len(lines) == 1 and lines[0].startswith("path auto: native Q4_1/Q8_0 blocks, float32 activations, ")
     assert "for P = 16 + 512 out; vs native Q4_1/Q8_0 blocks, 8-bit activations " in lines[0]  # a tie: f32 first
     assert "; dense bfloat16 " in lines[0]
-    long = resolve_storage(None, "auto", "auto", echo=None, workload=Workload(8192, 1))
+    long = resolve_path(None, "auto", "auto", echo=None, workload=Workload(8192, 1))[:2]
     assert long[1] != "native"  # one long prefill: the dense GEMMs' fourfold rate wins
-    assert resolve_storage(None, "bfloat16", "auto", echo=None) == ("bfloat16", "bfloat16")  # one path open
+    assert resolve_path(None, "bfloat16", "auto", echo=None)[:2] == ("bfloat16", "bfloat16")  # one path open
 
 
 @pytest.mark.slow
@@ -56,12 +56,12 @@ def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm, monke
     its next-token distribution on a short prompt stays near the float32-activation reference's (the bound is
     quality.py's rule at its loosest measured figure: llama.cpp's own p99 KL on this file is ~1e-2)."""
     from prefill.engine.llm import Engine
-    from prefill.engine.weights import quantized_types, resolve_storage
+    from prefill.engine.weights import quantized_types, resolve_path
 
     if blocker := path_blocker(path, quantized_types(None), capability("cpu"), ops.available()):
         pytest.skip(blocker)
     monkeypatch.setenv(ENV, path.activations)
-    assert resolve_storage(None, path.dtype, path.weights, echo=None) == (path.dtype, path.weights)
+    assert resolve_path(None, path.dtype, path.weights, echo=None)[:2] == (path.dtype, path.weights)
     shared = {("native", "float32", "f32"): smollm_native, ("float32", "float32", "f32"): smollm}
     engine = shared.get((path.weights, path.dtype, path.activations))
     engine = engine or Engine.load(None, dtype=path.dtype, weights=path.weights, progress=False)

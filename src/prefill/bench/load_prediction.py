@@ -39,9 +39,9 @@ def served_as(model: str | None, url: str) -> tuple[str, str, float]:
         health = httpx.get(f"{url}/health", timeout=10.0).json()
         return health["dtype"], health["weights"], health["kv_pool_bytes"] / 2**20
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        from prefill.engine.weights import resolve_storage
+        from prefill.engine.weights import resolve_path
 
-        return (*resolve_storage(model, "auto", "auto", echo=None), DEFAULT_KV_MB)
+        return (*resolve_path(model, "auto", "auto", echo=None)[:2], DEFAULT_KV_MB)
 
 
 def probe_lengths(cfg: LoadTestConfig) -> PromptLengths:

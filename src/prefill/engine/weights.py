@@ -115,19 +115,6 @@ def weights_path(
     return choice.dtype, None
 
 
-def resolve_storage(
-    model,
-    dtype: str,
-    weights: str,
-    device: str = "cpu",
-    echo: Callable[[str], None] | None = print,
-    threads: int | None = None,
-    workload: Workload | None = None,
-) -> tuple[str, str]:
-    """(dtype, weights) of resolve_path."""
-    return resolve_path(model, dtype, weights, device, echo, threads, workload)[:2]
-
-
 def resolve_path(
     model,
     dtype: str,
