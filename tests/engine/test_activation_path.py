@@ -50,13 +50,17 @@ def test_verify_runs_its_proofs_on_float32_activations(monkeypatch):
     assert seen == [{"f32"}]
 
 
-def test_auto_loads_8_bit_activations_where_it_predicts_them_fastest(monkeypatch):
-    """Made-up profiles (q8 kernels 400 GFLOP/s, float32-activation blocks 50, dense 200, one bandwidth): auto
-    picks q8, and Engine.load(weights="auto") loads the blocks on it, with no PREFILL_ACTIVATIONS set."""
+def test_auto_keeps_8_bit_activations_out_until_they_pass_quality(monkeypatch):
+    """Made-up profiles (q8 kernels 400 GFLOP/s, float32-activation blocks 50, dense 200, one bandwidth): q8 is
+    predicted fastest, but it fails the quality rule on this file, so Engine.load(weights="auto") keeps float32
+    activations; were q8 to pass, auto would take it and the blocks would load on it."""
+    from dataclasses import replace
+
     import prefill.machine.profiles as profiles
     from prefill.costmodel.hardware import Hardware
     from prefill.costmodel.profile import catalog_profile
     from prefill.engine.llm import Engine
+    from prefill.machine import paths
 
     def profile_for(spec, dtype, device, threads, echo=None, qtypes=None):
         q8 = any(t.endswith(":q8") for t in (qtypes or {}).values())
@@ -65,5 +69,9 @@ def test_auto_loads_8_bit_activations_where_it_predicts_them_fastest(monkeypatch
 
     monkeypatch.setattr(profiles, "profile_for", profile_for)
     monkeypatch.delenv(ENV, raising=False)
+    engine = Engine.load(None, dtype="float32", weights="auto", progress=False)
+    assert engine.weights != "float32" and block_paths(engine) == {"f32"}
+    gate_open = tuple(replace(p, passes_quality=True) for p in paths.PATHS)
+    monkeypatch.setattr(paths, "PATHS", gate_open)  # were it to pass: auto takes it where predicted fastest
     engine = Engine.load(None, dtype="float32", weights="auto", progress=False)
     assert engine.weights != "float32" and block_paths(engine) == {"q8"}

@@ -26,21 +26,27 @@ def names(found):
 
 
 def test_the_paths_each_cpu_runs_natively():
-    assert names(candidates("auto", "auto", Q, ZEN5, True)) == [
+    assert names(candidates("auto", "auto", Q, ZEN5, True, gated=False)) == [
         (NATIVE, "float32"),
         Q8,
         ("bfloat16", "bfloat16"),
         ("float32", "float32"),
     ]
-    assert names(candidates("auto", "auto", Q, ZEN3, True)) == [(NATIVE, "float32"), Q8, ("float32", "float32")]
+    assert names(candidates("auto", "auto", Q, ZEN3, True, gated=False)) == [
+        (NATIVE, "float32"),
+        Q8,
+        ("float32", "float32"),
+    ]
+    # auto leaves out a path that fails the quality rule (q8 on the embedded file), unless it is forced
+    assert Q8 not in names(candidates("auto", "auto", Q, ZEN5, True))
     assert names(candidates("auto", "auto", Q, ZEN5, False)) == [("bfloat16", "bfloat16"), ("float32", "float32")]
     assert names(candidates("auto", "auto", (), ZEN3, True)) == [("float32", "float32")]  # a dense file
 
 
 def test_an_explicit_part_narrows_the_paths():
     assert names(candidates("bf16", "auto", Q, ZEN5, True)) == [("bfloat16", "bfloat16")]
-    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), Q8, ("float32", "float32")]
-    assert names(candidates("auto", "native", Q, ZEN5, True)) == [(NATIVE, "float32"), Q8]
+    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), ("float32", "float32")]
+    assert names(candidates("auto", "native", Q, ZEN5, True, gated=False)) == [(NATIVE, "float32"), Q8]
     assert candidates("bfloat16", "auto", Q, ZEN3, True) == []  # emulated: no path runs it natively
     cuda = Capability("cuda", "H100", "CUDA sm_90", cuda_bf16=True)
     assert NATIVE not in {p.weights for p in candidates("auto", "auto", Q, cuda, True)}
@@ -50,7 +56,7 @@ def test_8_bit_activations_need_blocks_they_cover_and_the_kernels():
     q8 = ServingPath(NATIVE, "float32", "q8")
     assert paths.path_blocker(q8, Q, ZEN5, True) == ""
     assert "Q4_0/Q4_1/Q8_0" in paths.path_blocker(q8, ("Q4_K", "Q6_K"), ZEN5, True)  # K-quants: float32 only
-    assert names(candidates("auto", "native", ("Q4_K", "Q6_K"), ZEN5, True)) == [(NATIVE, "float32")]
+    assert names(candidates("auto", "native", ("Q4_K", "Q6_K"), ZEN5, True, gated=False)) == [(NATIVE, "float32")]
     assert "not built" in paths.path_blocker(q8, Q, ZEN5, False)  # no compiled kernels: no native path at all
     assert q8.label(("Q4_1",)) == "native Q4_1 blocks, 8-bit activations"
 
@@ -125,7 +131,8 @@ def test_auto_picks_by_the_workload(made_up_profiles):
 
 def test_auto_picks_8_bit_activations_where_predicted_fastest(monkeypatch):
     """Made up: the q8 kernels ("KxN:Q4_1:q8" curves) at 400 GFLOP/s, float32-activation blocks at 50, dense at
-    200: q8 reads the blocks' bytes and computes fastest, so it wins every workload; at 10 GFLOP/s it loses all."""
+    200: q8 reads the blocks' bytes and computes fastest, so it wins every workload; at 10 GFLOP/s it loses all.
+    (Over the paths the quality gate leaves open: all of them here, gated=False.)"""
     import prefill.machine.profiles as profiles
 
     seen = []
@@ -138,14 +145,14 @@ def test_auto_picks_8_bit_activations_where_predicted_fastest(monkeypatch):
     monkeypatch.setattr(profiles, "profile_for", profile_for)
     spec = ModelSpec.from_preset("smollm2-135m")
     qtypes = {"576x960": "Q4_1", "576x49152": "Q6_K"}
-    open_paths = candidates("auto", "auto", Q, ZEN5, True)
+    open_paths = candidates("auto", "auto", Q, ZEN5, True, gated=False)
 
     def best(workload):
         return choose_path([paths.predict_path(spec, p, workload, qtypes) for p in open_paths])[0]
 
     rate = lambda q8: 400e9  # noqa: E731
     for w in (Workload(16, 512), Workload(4096, 1)):
-        assert best(w).path == ServingPath(NATIVE, "float32", "q8")
+        assert best(w).path == paths.PATHS[1]  # native blocks, 8-bit activations
     assert {"576x960": "Q4_1:q8", "576x49152": "Q6_K"} in seen  # probed on its own kernels; Q6_K keeps float32
     assert best(Workload(16, 512)).label == "native Q4_1/Q6_K blocks, 8-bit activations"
     rate = lambda q8: 10e9  # noqa: E731

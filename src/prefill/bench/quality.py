@@ -219,7 +219,7 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     if threads is not None:
         torch.set_num_threads(threads)
     path = str(default_model_path() if model is None else model)
-    open_paths = candidates("auto", "auto", quantized_types(path), capability("cpu"), ops.available())
+    open_paths = candidates("auto", "auto", quantized_types(path), capability("cpu"), ops.available(), gated=False)
     ref_path = next(p for p in open_paths if p.dtype == "float32")  # native blocks first, in the registry
     engines = {
         p: Engine.load(path, dtype=p.dtype, weights=p.weights, progress=False, activations=p.activations)
