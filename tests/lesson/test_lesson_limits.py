@@ -50,16 +50,6 @@ def test_the_document_states_the_tables_bounds(params):
             assert "exclusiveMinimum" not in schema, (path, name)  # each least value is a physical one
 
 
-def finite_numbers(x) -> bool:
-    if isinstance(x, float):
-        return math.isfinite(x)
-    if isinstance(x, dict):
-        return all(finite_numbers(v) for v in x.values())
-    if isinstance(x, list):
-        return all(finite_numbers(v) for v in x)
-    return True
-
-
 @pytest.mark.parametrize("path", list(ROUTES))
 @pytest.mark.parametrize("end", [0, 1])
 def test_every_number_at_its_documented_end_is_answered(url, params, path, end):
@@ -68,9 +58,8 @@ def test_every_number_at_its_documented_end_is_answered(url, params, path, end):
     at = {name: ends(params[path][name])[end] for name in ROUTES[path]}
     extra = {"P": 1, "itl": [0.0, 3600.0]} if path == "/api/predict" else {}
     cases = [at] + [{name: value} for name, value in at.items()]
-    for case in cases:
-        body = ok(url, path, **extra, **case)
-        assert finite_numbers(body), (case, body)
+    for case in cases:  # 200: the JSON response refuses inf and NaN (allow_nan=False), so every number is finite
+        ok(url, path, **extra, **case)
 
 
 def test_estimate_at_the_least_bandwidth_and_the_greatest_peak_has_a_finite_ridge(url):
