@@ -9,10 +9,6 @@ API's contract, not the page's figures."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from prefill.bench.capacity import Workload
@@ -20,6 +16,7 @@ from prefill.lesson import load, sweep
 from prefill.lesson.routes import add_lesson
 from prefill.server.app import ServeConfig, create_app, model_id_of
 from prefill.server.server import BackgroundServer
+from schemathesis_run import run_schemathesis
 
 pytestmark = pytest.mark.slow
 KEY = "sk-schemathesis"
@@ -33,34 +30,11 @@ def test_schemathesis_finds_nothing_in_the_lesson_api(smollm_native, tmp_path, m
     monkeypatch.setattr(load, "MIX", Workload(16, load.MIX.prompts, load.MIX.outputs, seed=0))
     engine = smollm_native
     cfg = ServeConfig(model_id_of(engine), chunk_size=256, kv_cache_mb=64, api_key=KEY, allowed_hosts=("127.0.0.1",))
-    st = Path(sys.executable).parent / "st"
     app = add_lesson(create_app(engine, cfg))
     lesson_ops = sum(len(ops) for path, ops in app.openapi()["paths"].items() if path.startswith("/api/"))
     with BackgroundServer(app) as url:
-        cmd = [
-            str(st),
-            "run",
-            f"{url}/openapi.json",
-            "--include-path-regex",
-            "^/api/",
-            "--checks",
-            "all",
-            "--max-response-time",
-            str(MAX_RESPONSE_S),
-            "--header",
-            f"Authorization: Bearer {KEY}",
-            "--max-examples",
-            "8",
-            "--seed",
-            "13",
-            "--request-timeout",
-            str(MAX_RESPONSE_S + 30),
-            "--workers",
-            "1",
-            "--report-dir",
-            str(tmp_path),
-        ]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its cache goes there
+        api = ("--include-path-regex", "^/api/")  # the lesson's operations: the server's are test_serve_openapi's
+        run = run_schemathesis(url, KEY, tmp_path, max_response_s=MAX_RESPONSE_S, examples=8, extra=api)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "FAILURES" not in run.stdout and " passed" in run.stdout, run.stdout[-6000:]
     assert f"Selected: {lesson_ops}/" in run.stdout and f"Tested: {lesson_ops}\n" in run.stdout  # every /api one
