@@ -11,6 +11,7 @@ import pytest
 from prefill.costmodel import costs, roofline
 from prefill.costmodel.causal import causal_blocks, causal_pairs
 from prefill.costmodel.specs import PRESETS
+from prefill.lesson import probe
 from prefill.lesson.api import roof_points
 from prefill.lesson.words import human, seed_lines, short_sci
 from prefill.server.app import ServeConfig, model_id_of
@@ -110,22 +111,23 @@ def test_the_roof_bends_exactly_at_the_ridge_point():
 @pytest.mark.parametrize(
     "params,words",
     [
-        ({"N": 0}, ("parameters must be more than 0 billion and at most 100,000 billion; you typed 0 billion",)),
+        ({"N": 0}, ("parameters must be at least 0.001 billion and at most 100,000 billion; you typed 0 billion",)),
         ({"N": -3e9}, ("parameters must be", "you typed -3 billion")),
         ({"N": 1e20}, ("parameters must be",)),
         ({"P": -1}, ("prompt tokens must be at least 0 and at most 10,000,000; you typed -1",)),
         ({"P": 10**9}, ("prompt tokens must be",)),
-        ({"mfu": 0}, ("GPU utilisation must be more than 0 and at most 1; you typed 0",)),
+        ({"mfu": 0}, ("GPU utilisation must be at least 0.001 and at most 1; you typed 0",)),
         ({"mfu": 1.5}, ("GPU utilisation",)),
-        ({"peak": 0}, ("the peak must be more than 0 TFLOP/s",)),
+        ({"peak": 0}, ("the peak must be at least 0.001 TFLOP/s",)),
         ({"n": 0}, ("output tokens n must be at least 1",)),
         ({"N": "abc"}, ("N", "valid number")),
         ({"model": "gpt-9"}, ("unknown model", "llama-3-8b")),
         ({"dtype": "int3"}, ("unknown dtype",)),
         ({"N": "nan"}, ("parameters must be",)),
-        ({"bandwidth": -1}, ("memory bandwidth must be more than 0 TB/s",)),
-        ({"peak": 5e-324}, ("float64",)),
-        ({"mfu": 1e-320, "peak": 1e-10}, ("float64",)),
+        ({"bandwidth": -1}, ("memory bandwidth must be at least 0.001 TB/s",)),
+        ({"peak": 5e-324}, ("the peak must be at least 0.001 TFLOP/s",)),  # was: "overflows float64"
+        ({"mfu": 1e-320}, ("GPU utilisation must be at least 0.001",)),
+        ({"bandwidth": 5e-324}, ("memory bandwidth must be at least 0.001 TB/s",)),  # was: a ridge of inf
     ],
 )
 def test_estimate_refuses_bad_input_with_a_clear_message(url, params, words):
@@ -167,10 +169,11 @@ def test_request_is_the_worked_example(url):
         "output": "5 / 0.40 = 12.5 tokens/s",
     }
     assert r["request_s"] == pytest.approx(0.4) and r["output_rate"] == pytest.approx(12.5)
-    refused(get(url, "/api/request", ttft=0.2, itl=0, n=5), "ITL must be more than 0 s")
-    refused(get(url, "/api/request", ttft=-1, itl=0.05, n=5), "TTFT must be at least 0 s")
+    refused(get(url, "/api/request", ttft=0.2, itl=0, n=5), "ITL must be at least 1e-06 s")
+    refused(get(url, "/api/request", ttft=-1, itl=0.05, n=5), "TTFT must be at least 1e-06 s")
     refused(get(url, "/api/request", ttft=0.2, itl=0.05, n=0), "output tokens n must be at least 1")
-    refused(get(url, "/api/request", ttft=0.2, itl=5e-324, n=5), "float64")
+    refused(get(url, "/api/request", ttft=0.2, itl=5e-324, n=5), "ITL must be at least 1e-06 s")  # was: float64
+    refused(get(url, "/api/request", ttft=0, itl=0.05, n=1), "TTFT must be at least 1e-06 s")  # was: 0 s in all
 
 
 def test_answer_checks_hints_and_reveals(url):
@@ -225,9 +228,27 @@ def test_attention_is_a_causal_softmax(url):
     bad = lambda body: httpx.post(f"{url}/api/attention", json=body)  # noqa: E731
     refused(bad({"text": "AI", "layer": 30, "head": 0}), "layer must be in [0, 29]")
     refused(bad({"text": "AI", "layer": 0, "head": 9}), "head must be in [0, 8]")
-    refused(bad({"text": "word " * 80, "layer": 0, "head": 0}), "1..64 tokens")
     refused(bad({"text": "", "layer": 0, "head": 0}), "text")
     refused(bad({"text": "AI", "layer": "0", "head": 0}), "layer")
+
+
+def test_attention_bounds_are_the_models_and_in_the_document(url, smollm):
+    """layer and head up to the model's last (written into the document when the lesson mounts); a prompt longer
+    than the probe's 64 tokens is shown over its first 64, as the document says, not refused."""
+    spec = smollm.spec
+    fields = httpx.get(f"{url}/openapi.json").json()["components"]["schemas"]["AttentionBody"]["properties"]
+    assert (fields["layer"]["minimum"], fields["layer"]["maximum"]) == (0, spec.L - 1) == (0, 29)
+    assert (fields["head"]["minimum"], fields["head"]["maximum"]) == (0, spec.H_q - 1) == (0, 8)
+    last = httpx.post(f"{url}/api/attention", json={"text": "AI", "layer": 29, "head": 8}, timeout=60)
+    assert last.status_code == 200 and last.json()["kv_head"] == 8 // 3
+    refused(httpx.post(f"{url}/api/attention", json={"text": "AI", "head": -1}), "head")
+    whole = httpx.post(f"{url}/api/attention", json={"text": "AI", "layer": 3.0, "head": 5.0}, timeout=60)
+    assert whole.status_code == 200 and whole.json()["layer"] == 3  # an integer-valued number is an integer
+    text = "word " * 80
+    long = httpx.post(f"{url}/api/attention", json={"text": text}, timeout=60).json()
+    P = len(smollm.encode_prompt(text, chat=False))
+    assert P > probe.MAX_P and (long["P"], long["prompt_P"]) == (probe.MAX_P, P)
+    assert len(long["weights"]) == len(long["labels"]) == probe.MAX_P and long["upper_max"] == 0
 
 
 def test_attention_is_computed_on_the_worker_thread(url, monkeypatch):
@@ -288,10 +309,12 @@ def test_predict_uses_the_measured_rates_and_gives_one_verdict(url, smollm):
     assert p["decode"]["bound"] == f"{smollm.predict_decode([3], profile=profile).dominant}-bound"
     cached = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.01)
     assert cached["flops"] == costs.prefill_flops_exact(smollm.spec, 8, 32).total  # only the 8 new tokens run
-    refused(get(url, "/api/predict", P=40, cached=40), "cached must be in [0, 39]")
+    whole = ok(url, "/api/predict", P=40, cached=40)  # the last prompt token is always computed: read as 39
+    assert (whole["cached"], whole["computed"]) == (39, 1)
+    assert whole["flops"] == costs.prefill_flops_exact(smollm.spec, 1, 39).total
     refused(get(url, "/api/predict", P=0), "P must be in [1")
-    refused(get(url, "/api/predict", P=3, prefill_s=0), "prefill_s")
-    refused(get(url, "/api/predict", P=3, prefill_s=5e-324), "float64")
+    refused(get(url, "/api/predict", P=3, prefill_s=0), "prefill_s must be in [1e-06, 3600]")
+    refused(get(url, "/api/predict", P=3, prefill_s=5e-324), "prefill_s must be in [1e-06")  # was: float64
 
 
 def test_guesses_sit_beside_what_was_measured(url, smollm):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from starlette.routing import NoMatchFound
 
-from prefill.lesson.live import CONTEXT_BOUNDED
+from prefill.lesson.live import CONTEXT_BOUNDED, SHAPE_BOUNDED
 from prefill.lesson.routes import add_lesson
+from prefill.lesson.sweep import most_measured
 from prefill.server.app import ServeConfig, create_app, model_id_of
 
 
@@ -42,4 +43,8 @@ def test_the_lesson_mounts_its_page_api_and_document(smollm):
     for (path, name), offset in CONTEXT_BOUNDED.items():  # the lesson's edit of the document, applied once
         (param,) = [p for p in doc["paths"][path]["get"]["parameters"] if p["name"] == name]
         assert param["schema"]["maximum"] == smollm.spec.context_length + offset
+    schemas = doc["components"]["schemas"]
+    for name, last in SHAPE_BOUNDED.items():  # the attention body's layer and head: the model's last
+        assert schemas["AttentionBody"]["properties"][name]["maximum"] == last(smollm.spec)
+    assert schemas["MeasureBody"]["properties"]["P"]["maximum"] == most_measured(smollm.spec) == 1024
     assert "422" not in str(doc["paths"]["/v1/completions"]["post"]["responses"])  # the server's edits still apply

@@ -140,6 +140,7 @@ def test_each_rate_is_simulated_once_on_a_thread_of_its_own(url, capacity, monke
     rate = 0.333 * capacity  # on no curve point
     first = ok(url, "/api/load", rate=rate)
     again = ok(url, "/api/load", rate=rate * 1.0001)  # the same rate to 3 significant digits
+    assert first.pop("asked") == rate and again.pop("asked") == rate * 1.0001  # each says what it asked
     assert first == again and len(threads) == 1
     assert threads[0] not in ("prefill-worker", "MainThread") and threads[0].startswith("asyncio")
 
@@ -151,9 +152,22 @@ def test_load_refuses_a_bad_rate(url, rate, words):
     refused(get(url, "/api/load", rate=rate), *words)
 
 
-@pytest.mark.parametrize("fraction", [11, 1e-300])  # at 1e-300 req/s a step's seconds vanish in the clock's rounding
-def test_load_refuses_a_rate_far_from_capacity(url, capacity, fraction):
-    refused(get(url, "/api/load", rate=fraction * capacity), "rate must be in [", "capacity")
+@pytest.mark.parametrize(
+    "asked,fraction", [(1e300, load.MAX_UTILISATION), (5e-324, load.MIN_UTILISATION), ("1e-300", load.MIN_UTILISATION)]
+)
+def test_a_rate_far_from_capacity_is_simulated_at_the_nearer_end(url, capacity, asked, fraction):
+    """Any rate > 0 is schema-valid (the capacity is known only at run time): one outside 0.1% to 10x the capacity
+    is simulated at the nearer end, and the answer says both rates (at 1e-300 req/s a step's seconds would vanish
+    in the clock's rounding)."""
+    r = ok(url, "/api/load", rate=asked)
+    assert r["rate"] == load.three_digits(fraction * capacity) and r["asked"] == float(asked)
+    assert r["utilisation"] == pytest.approx(fraction, rel=0.01) and r["ttft_p50_s"] > 0
+
+
+def test_the_document_says_what_load_does_with_a_far_rate(url):
+    (rate,) = httpx.get(f"{url}/openapi.json").json()["paths"]["/api/load"]["get"]["parameters"]
+    assert rate["schema"]["exclusiveMinimum"] == 0 and "maximum" not in rate["schema"]  # any rate > 0 is valid
+    assert "simulated at the nearer end" in rate["description"] and "0.1% to 10x" in rate["description"]
 
 
 def test_compute_or_load_is_the_store_decision_at_every_length(url, smollm):

@@ -6,14 +6,11 @@ accepted, 401 without the key. The server alone: the lesson's routes are the les
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from prefill.server.app import ServeConfig, create_app, model_id_of
 from prefill.server.server import BackgroundServer
+from schemathesis_run import run_schemathesis
 
 pytestmark = pytest.mark.slow
 KEY = "sk-schemathesis"
@@ -35,29 +32,7 @@ def test_schemathesis_finds_nothing(smollm_native, tmp_path):
         api_key=KEY,
         allowed_hosts=("127.0.0.1",),
     )
-    st = Path(sys.executable).parent / "st"
     with BackgroundServer(create_app(engine, cfg)) as url:
-        cmd = [
-            str(st),
-            "run",
-            f"{url}/openapi.json",
-            "--checks",
-            "all",
-            "--max-response-time",
-            str(MAX_RESPONSE_S),
-            "--header",
-            f"Authorization: Bearer {KEY}",
-            "--max-examples",
-            "12",
-            "--seed",
-            "13",
-            "--request-timeout",
-            str(MAX_RESPONSE_S + 30),
-            "--workers",
-            "1",
-            "--report-dir",
-            str(tmp_path),
-        ]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache goes there
+        run = run_schemathesis(url, KEY, tmp_path, max_response_s=MAX_RESPONSE_S, examples=12)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "FAILURES" not in run.stdout and " passed" in run.stdout, run.stdout[-6000:]

@@ -22,19 +22,12 @@ from prefill.costmodel.hardware import HARDWARE
 from prefill.costmodel.specs import PRESETS, ModelSpec
 from prefill.errors import BadInput
 from prefill.lesson.exercise import FUNCTIONS, skeleton
+from prefill.lesson.limits import RANGES, in_words, limits
 from prefill.lesson.quiz import check_answer
 from prefill.lesson.state import lesson_of
 from prefill.lesson.words import human, plural, seed_lines
 
-MAX_N = 1e14  # parameters: far past any model built, small enough to catch a slip of the exponent
-MAX_P = 10_000_000  # prompt tokens
-MAX_PEAK = 1e19  # FLOP/s
 MAX_MASK_P = 256  # the largest mask /api/mask sends pair by pair; a longer prompt's comes in cells of tokens
-MAX_MASK_TOKENS = 1_000_000  # the longest prompt whose mask /api/mask sends (scaled)
-MAX_BANDWIDTH = 1e16  # bytes/s
-MAX_B = 4096  # sequences
-MAX_S = 3600.0  # seconds of one request phase
-MAX_N_OUT = 1_000_000  # output tokens
 LOADED = "loaded"  # the model name that means the server's own model
 
 
@@ -70,50 +63,6 @@ def finite(body: dict) -> dict:
     if not walk(body):
         raise BadInput("the result overflows float64 for these values; use realistic sizes")
     return body
-
-
-def in_range(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
-    """`value`, or BadInput saying the allowed range (lo excluded when lo_open)."""
-    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi
-    if not ok:
-        left = "(" if lo_open else "["
-        raise BadInput(f"{name} must be in {left}{lo:g}, {hi:g}], got {value:g}")
-    return value
-
-
-# The calculator's inputs in the page's words and units: (what it is, the unit the page shows it in, its size).
-CALC_WORDS = {
-    "N": ("parameters", "billion", 1e9),
-    "P": ("prompt tokens", "", 1.0),
-    "n": ("output tokens n", "", 1.0),
-    "peak": ("the peak", "TFLOP/s", 1e12),
-    "mfu": ("GPU utilisation", "", 1.0),
-    "bandwidth": ("memory bandwidth", "TB/s", 1e12),
-    "ttft": ("TTFT", "s", 1.0),
-    "itl": ("ITL", "s", 1.0),
-}
-
-
-def in_words(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
-    """in_range for a calculator input, said as the page says it: 'parameters must be more than 0 and at most
-    100,000 billion; you typed -3 billion' (not 'N must be in (0, 1e+14], got -3e+09')."""
-    what, unit, size = CALC_WORDS[name]
-
-    def say(x: float) -> str:
-        v = x / size
-        number = f"{int(v):,}" if math.isfinite(v) and abs(v) < 1e15 and v == int(v) else f"{v:,.6g}"
-        return number + (f" {unit}" if unit else "")
-
-    try:
-        return in_range(name, value, lo, hi, lo_open)
-    except BadInput:
-        low = f"more than {say(lo)}" if lo_open else f"at least {say(lo)}"
-        raise BadInput(f"{what} must be {low} and at most {say(hi)}; you typed {say(value)}") from None
-
-
-def bounds(lo: float, hi: float, lo_open: bool = False) -> dict:
-    """The range in_range checks, written into the OpenAPI schema (so the document says what is accepted)."""
-    return {"exclusiveMinimum" if lo_open else "minimum": lo, "maximum": hi}
 
 
 DTYPES = ["float32", "bfloat16", "float16", "fp8", "int8"]
@@ -229,15 +178,15 @@ def catalog(request: Request) -> dict:
 @router.get("/estimate")
 def estimate(
     request: Request,
-    N: float = Query(7e9, description="parameters, e.g. 7e9", json_schema_extra=bounds(0, MAX_N, True)),
-    P: int = Query(1000, description="prompt tokens", json_schema_extra=bounds(0, MAX_P)),
-    n: int = Query(1, description="answer tokens (the KV cache after decode)", json_schema_extra=bounds(1, MAX_N_OUT)),
-    peak: float = Query(1e14, description="peak FLOP/s", json_schema_extra=bounds(0, MAX_PEAK, True)),
-    mfu: float = Query(0.5, description="utilisation of the peak", json_schema_extra=bounds(0, 1, True)),
+    N: float = Query(7e9, description="parameters, e.g. 7e9", json_schema_extra=limits("N")),
+    P: int = Query(1000, description="prompt tokens", json_schema_extra=limits("P")),
+    n: int = Query(1, description="answer tokens (the KV cache after decode)", json_schema_extra=limits("n")),
+    peak: float = Query(1e14, description="peak FLOP/s", json_schema_extra=limits("peak")),
+    mfu: float = Query(0.5, description="utilisation of the peak", json_schema_extra=limits("mfu")),
     bandwidth: float = Query(
         2e12,
         description="memory bandwidth, bytes/s (for compute- or memory-bound)",
-        json_schema_extra=bounds(0, MAX_BANDWIDTH, True),
+        json_schema_extra=limits("bandwidth"),
     ),
     model: str = Query(
         "", description="a preset key, 'loaded', or empty for N only", json_schema_extra={"enum": MODELS}
@@ -247,12 +196,8 @@ def estimate(
     ),
 ) -> dict:
     """Prefill FLOPs (2·N·P and exact), seconds, KV-cache bytes and the roofline at one setting."""
-    in_words("N", N, 0, MAX_N, lo_open=True)
-    in_words("P", P, 0, MAX_P)
-    in_words("n", n, 1, MAX_N_OUT)
-    in_words("peak", peak, 0, MAX_PEAK, lo_open=True)
-    in_words("mfu", mfu, 0, 1, lo_open=True)
-    in_words("bandwidth", bandwidth, 0, MAX_BANDWIDTH, lo_open=True)
+    for name, value in (("N", N), ("P", P), ("n", n), ("peak", peak), ("mfu", mfu), ("bandwidth", bandwidth)):
+        in_words(name, value)
     with bad_input():
         spec = spec_named(model, lesson_of(request).spec)
         machine = {"peak_flops_per_s": peak, "mfu": mfu, "bandwidth_bytes_per_s": bandwidth}
@@ -301,11 +246,11 @@ def exact_body(est: Estimate) -> dict:
 
 
 @router.get("/mask")
-def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds(0, MAX_MASK_TOKENS))) -> dict:
+def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=limits("mask_P"))) -> dict:
     """The causal mask as rows of '1' (may attend) and '0' (masked), with the pair counts. Past MAX_MASK_P tokens
     it is scaled to at most MAX_MASK_P cells a side, each `scale` x `scale` tokens ('d' on the diagonal: part of
     its pairs may attend), so a long prompt's mask is drawn too."""
-    in_range("P", P, 0, MAX_MASK_TOKENS)
+    RANGES["mask_P"].check("P", P)
     pairs, scale = causal_pairs(P), max(1, -(-P // MAX_MASK_P))
     rows = causal_blocks(P, scale)  # scale 1: the pair-by-pair mask, [P, P]
     caption = f"{plural(pairs, 'pair')} for {plural(P, 'token')}" + (
@@ -317,19 +262,19 @@ def mask(P: int = Query(5, description="prompt tokens", json_schema_extra=bounds
 @router.get("/kv")
 def kv(
     request: Request,
-    P: int = Query(1000, description="tokens held", json_schema_extra=bounds(0, MAX_P)),
+    P: int = Query(1000, description="tokens held", json_schema_extra=limits("P")),
     model: str = Query(LOADED, description="a preset key or 'loaded'", json_schema_extra={"enum": MODELS}),
     dtype: str = Query(
         "",
         description="element type (default: the loaded model's, else bfloat16)",
         json_schema_extra={"enum": ["", *DTYPES]},
     ),
-    B: int = Query(1, description="sequences", json_schema_extra=bounds(1, MAX_B)),
+    B: int = Query(1, description="sequences", json_schema_extra=limits("B")),
     symbol: Literal["P", "S"] = Query("P", description="the length's name in the formula: P, or S after decode"),
 ) -> dict:
     """KV-cache bytes after P tokens: 2·L·B·H_kv·P·d_head·b, written out, and the per-layer shape."""
-    in_range("P", P, 0, MAX_P)
-    in_range("B", B, 1, MAX_B)
+    RANGES["P"].check("P", P)
+    RANGES["B"].check("B", B)
     lesson = lesson_of(request)
     with bad_input():
         spec = spec_named(model or LOADED, lesson.spec)
@@ -339,14 +284,13 @@ def kv(
 
 @router.get("/request")
 def request_time(
-    ttft: float = Query(0.2, description="time to first token, seconds", json_schema_extra=bounds(0, MAX_S)),
-    itl: float = Query(0.05, description="inter-token latency, seconds", json_schema_extra=bounds(0, MAX_S, True)),
-    n: int = Query(5, description="output tokens", json_schema_extra=bounds(1, MAX_N_OUT)),
+    ttft: float = Query(0.2, description="time to first token, seconds", json_schema_extra=limits("ttft")),
+    itl: float = Query(0.05, description="inter-token latency, seconds", json_schema_extra=limits("itl")),
+    n: int = Query(5, description="output tokens", json_schema_extra=limits("n")),
 ) -> dict:
     """The chapter's worked example: request time TTFT + (n−1)·ITL, decode rate 1/ITL, output rate n/time."""
-    in_words("ttft", ttft, 0, MAX_S)
-    in_words("itl", itl, 0, MAX_S, lo_open=True)
-    in_words("n", n, 1, MAX_N_OUT)
+    for name, value in (("ttft", ttft), ("itl", itl), ("n", n)):
+        in_words(name, value)
     with bad_input():
         r = estimate_request_time(ttft, n, itl)
         total, decode, output = r.request_s, r.decode_rate, r.output_rate

@@ -11,26 +11,40 @@ from __future__ import annotations
 import asyncio
 import statistics
 from functools import partial
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from prefill.costmodel import costs
-from prefill.costmodel.estimate import request_time
+from prefill.costmodel.specs import ModelSpec
 from prefill.costmodel.timemodel import prefill_steps
 from prefill.engine.llm import Engine
 from prefill.errors import BadInput
-from prefill.lesson.api import MAX_N_OUT, MAX_S, bad_input, bounds, finite, in_range, kv_body
+from prefill.lesson.api import bad_input, finite, kv_body
+from prefill.lesson.limits import RANGES, bounds, check_all, in_range, limits
 from prefill.lesson.probe import MAX_P, attention_map
 from prefill.lesson.regime import regime_words
 from prefill.lesson.state import LessonState, lesson_of
 from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
 from prefill.lesson.words import human, plural
+from prefill.server.openai_schema import int_in
 
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
 # Token counts bounded by the model's context length: their `maximum` is written into the OpenAPI document
-# once the model is known (document_context), as context + this offset.
+# once the model is known (document_model), as context + this offset.
 CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1}
+# The attention body's fields bounded by the model's shape (the last layer, the last query head), written there too.
+# /api/predict's measured and guessed numbers, each with its entry of RANGES (the document's and the check's).
+PREDICT_RANGES = {
+    "prefill_s": "prefill_s",
+    "tokenize_s": "seconds",
+    "n": "n",
+    "ttft_s": "ttft",
+    "guess_ttft_s": "guess_s",
+    "guess_kv": "guess_bytes",
+}
+SHAPE_BOUNDED = {"layer": lambda spec: spec.L - 1, "head": lambda spec: spec.H_q - 1}
 router = APIRouter(prefix="/api", tags=["lesson: live model"])
 COLD = (
     " This one was cold: a forward of a length the server's worker had not run before builds its kernels and"
@@ -41,13 +55,13 @@ COLD = (
 
 
 class AttentionBody(BaseModel):
-    """Which prompt, layer and query head to show the attention weights of."""
+    """Which prompt, layer and query head to show the attention weights of (of the prompt's first MAX_P tokens)."""
 
     model_config = ConfigDict(extra="forbid")
     text: StrictStr = Field(min_length=1, max_length=MAX_TEXT)
     chat: StrictBool = False
-    layer: StrictInt = 0
-    head: StrictInt = 0
+    layer: int_in(ge=0) = Field(0, description="0 to L - 1 (an integer-valued number, 3.0, is one)")
+    head: int_in(ge=0) = Field(0, description="a query head, 0 to H_q - 1")
 
 
 def encode(engine: Engine, text: str, chat: bool) -> list[int]:
@@ -93,17 +107,20 @@ def tokens(
 
 @router.post("/attention")
 async def attention(request: Request, body: AttentionBody) -> dict:
-    """A = softmax(mask(Q K^T / sqrt(d_head))) of one layer and query head, for prompts up to MAX_P tokens.
+    """A = softmax(mask(Q K^T / sqrt(d_head))) of one layer and query head, over the prompt's first MAX_P tokens
+    (`P` of its `prompt_P`: a longer prompt's map is cut there, as a prefix of the prompt is its own prompt).
 
     Computed by a separate pass (prefill.lesson.probe), not by the serving path."""
     lesson = lesson_of(request)
     engine, spec = lesson.engine, lesson.spec
-    ids = await asyncio.to_thread(encode, engine, body.text, body.chat)
-    in_range("layer", body.layer, 0, spec.L - 1)
-    in_range("head", body.head, 0, spec.H_q - 1)
+    for name, last in SHAPE_BOUNDED.items():
+        in_range(name, getattr(body, name), 0, last(spec))
+    every = await asyncio.to_thread(engine.encode_prompt, body.text, chat=body.chat)
+    ids = every[: min(MAX_P, spec.context_length)]
     A = await lesson.run(partial(attention_map, engine.model, ids, body.layer, body.head))  # [P][P], no tensors
     return {
         "P": len(ids),
+        "prompt_P": len(every),
         "layer": body.layer,
         "head": body.head,
         "labels": labels(engine, ids),
@@ -120,33 +137,36 @@ async def predict(
     P: int = Query(..., description="prompt tokens", json_schema_extra={"minimum": 1}),
     cached: int = Query(
         0,
-        description="prompt tokens whose K/V came from the prefix cache (not prefilled); fewer than P",
+        description="prompt tokens whose K/V came from the prefix cache (not prefilled); at most P - 1 are counted "
+        "(the last prompt token is always computed: more is read as P - 1, and `cached` says the count used)",
         json_schema_extra={"minimum": 0},
     ),
     prefill_s: float | None = Query(
         None,
         description="a measured prefill, seconds: gives its MFU, the prediction's error and what set its time",
-        json_schema_extra=bounds(0, MAX_S, True),
+        json_schema_extra=limits("prefill_s"),
     ),
     tokenize_s: float = Query(
         0.0,
         description="measured tokenization, seconds: added to the predicted TTFT",
-        json_schema_extra=bounds(0, MAX_S),
+        json_schema_extra=limits("seconds"),
     ),
     n: int = Query(
-        1,
-        description="answer tokens the request wrote: gives the predicted ITL",
-        json_schema_extra=bounds(1, MAX_N_OUT),
+        1, description="answer tokens the request wrote: gives the predicted ITL", json_schema_extra=limits("n")
     ),
-    itl: list[float] | None = Query(
+    itl: list[Annotated[float, Field(json_schema_extra=limits("seconds"))]] | None = Query(
         None, description="the measured inter-token gaps, seconds: their median and mean, and the ITL's error"
     ),
     ttft_s: float | None = Query(
-        None, description="the measured TTFT, seconds: gives TTFT + (n - 1) · mean ITL", ge=0, le=MAX_S
+        None, description="measured TTFT, seconds: gives TTFT + (n - 1) · mean ITL", json_schema_extra=limits("ttft")
     ),
     cold: bool = Query(False, description="the server's timings said the measured prefill was cold"),
-    guess_ttft_s: float | None = Query(None, description="the student's guess of the TTFT, seconds", ge=0),
-    guess_kv: float | None = Query(None, description="the student's guess of the KV bytes after prefill", ge=0),
+    guess_ttft_s: float | None = Query(
+        None, description="the student's guess of the TTFT, seconds", json_schema_extra=limits("guess_s")
+    ),
+    guess_kv: float | None = Query(
+        None, description="the student's guess of the KV bytes after prefill", json_schema_extra=limits("guess_bytes")
+    ),
 ) -> dict:
     """Predicted prefill seconds of P tokens (`cached` of them already in the prefix cache) on this server, in its
     prefill chunks (the engine's time model), exact FLOPs, the page's one verdict on it (prefill.lesson.verdict:
@@ -154,26 +174,32 @@ async def predict(
     the measured GEMM rate, the error (predicted / measured - 1: negative, it ran slower than predicted) and what
     set its time in words; the predicted ITL of n answer tokens beside the measured gaps' median."""
     lesson = lesson_of(request)
-    in_range("P", P, 1, lesson.spec.context_length)
-    in_range("cached", cached, 0, P - 1)
-    in_range("tokenize_s", tokenize_s, 0, MAX_S)
-    in_range("n", n, 1, MAX_N_OUT)
+    values = dict(tokenize_s=tokenize_s, n=n, prefill_s=prefill_s, ttft_s=ttft_s, guess_ttft_s=guess_ttft_s)
+    cached = checked_cached(lesson, P, cached, values | {"guess_kv": guess_kv})
     gemm, _, source = await lesson.rates.get()
     profile = await lesson.profile()
     body: dict = {"P": P, "cached": cached, "computed": P - cached}
     with bad_input():
-        measured = None if prefill_s is None else in_range("prefill_s", prefill_s, 0, MAX_S, lo_open=True)
         pred, words = lesson.engine.predict_prefill(P - cached, cached, lesson.chunk_size, profile=profile), {}
-        body |= prediction_body(lesson, pred, profile, P, cached, tokenize_s, n, measured, words)
+        body |= prediction_body(lesson, pred, profile, P, cached, tokenize_s, n, prefill_s, words)
         body |= {"gemm_rate": gemm, "gemm_source": source}
         words["gemm_rate"] = human(gemm, "FLOP/s")
-        if measured is not None:
-            body |= measured_body(lesson, pred, profile, measured, body["flops"], gemm, cold, body["prefill"], words)
+        if prefill_s is not None:
+            body |= measured_body(lesson, pred, profile, prefill_s, body["flops"], gemm, cold, body["prefill"], words)
         body |= itl_body(itl, body["predicted_itl_s"], ttft_s, n, words)
         kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
         guessed = {"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")}
         body["guesses"] = guesses_body(guessed)
     return finite({**body, "human": words})
+
+
+def checked_cached(lesson: LessonState, P: int, cached: int, values: dict[str, float | None]) -> int:
+    """/api/predict's P and cached against the context, its other numbers against RANGES (BadInput if out); the
+    cached count used: at most P - 1, as the last prompt token is always computed."""
+    in_range("P", P, 1, lesson.spec.context_length)
+    in_range("cached", cached, 0, lesson.spec.context_length - 1)
+    check_all(values, PREDICT_RANGES)
+    return min(cached, P - 1)
 
 
 def prediction_body(
@@ -252,15 +278,15 @@ def itl_body(gaps: list[float] | None, predicted: float | None, ttft_s: float | 
     if not gaps:
         return {"itl_p50_s": None, "itl_mean_s": None}
     for g in gaps:
-        in_range("itl", g, 0, MAX_S)
+        RANGES["seconds"].check("itl", g)
     p50, mean = statistics.median(gaps), statistics.fmean(gaps)
     out: dict = {"itl_p50_s": p50, "itl_mean_s": mean}
     words |= {"itl_p50": human(p50, "s"), "itl_mean": human(mean, "s")}
-    if predicted is not None and p50 > 0:
+    if predicted is not None and p50 >= RANGES["itl"].lo:  # a gap under a microsecond is no ITL to compare
         out["itl_error"] = predicted / p50 - 1
         words["itl_error"] = f"{out['itl_error']:+.0%}"
     if ttft_s is not None:
-        out["request_model_s"] = request_time(ttft_s, n, mean).request_s
+        out["request_model_s"] = costs.request_seconds(ttft_s, n, mean)  # gaps of 0 s have no decode rate
         words["request_model"] = human(out["request_model_s"], "s")
     return out
 
@@ -274,10 +300,14 @@ def prefill_words(P: int, cached: int, forwards: int, chunk_size: int | None) ->
     return f"{what}, in {forwards} chunks of at most {chunk_size:,}" if forwards > 1 else f"{what}, one pass"
 
 
-def document_context(doc: dict, context: int) -> None:
-    """Write this model's context length into the OpenAPI document as the bound of the routes' token counts (the
-    routes are defined before any model is loaded)."""
+def document_model(doc: dict, spec: ModelSpec) -> None:
+    """Write this model's bounds into the OpenAPI document (the routes are defined before any model is loaded):
+    its context length as the bound of the routes' token counts, its layers and query heads as the attention
+    body's."""
     for (path, name), offset in CONTEXT_BOUNDED.items():
         for param in doc["paths"][path]["get"]["parameters"]:
             if param["name"] == name:
-                param["schema"]["maximum"] = context + offset
+                param["schema"]["maximum"] = spec.context_length + offset
+    fields = doc["components"]["schemas"][AttentionBody.__name__]["properties"]
+    for name, last in SHAPE_BOUNDED.items():
+        fields[name]["maximum"] = last(spec)

@@ -11,6 +11,7 @@ waits for them), each rate once (rounded to 3 significant digits).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -171,29 +172,25 @@ async def load(
     request: Request,
     rate: float | None = Query(
         None,
-        description="arrivals, requests/s: 0.1% to 10x this server's simulated capacity (default: 70% of it)",
+        description=f"arrivals, requests/s (default: {DEFAULT_UTILISATION:.0%} of this server's simulated capacity). "
+        f"The mix is simulated from {MIN_UTILISATION:.1%} to {MAX_UTILISATION:g}x the capacity: a rate outside is "
+        "simulated at the nearer end, and the answer's `rate` is the rate simulated, `asked` the rate asked",
         json_schema_extra={"exclusiveMinimum": 0},
     ),
 ) -> dict:
-    """Simulated p50 / p99 TTFT, ITL and end-to-end latency of a fixed mix of requests arriving at `rate`, through
-    this server's scheduler with each step timed by the time model; the capacity, the curve of TTFT against the
-    rate, and why the tail grows."""
-    if rate is not None and not rate > 0:  # before the baseline, which takes seconds the first time (NaN fails too)
-        raise BadInput(f"rate must be > 0 requests/s, got {rate:g}")
+    """Simulated p50 / p99 TTFT, ITL and end-to-end latency of a fixed mix of requests arriving at `rate` (within
+    0.1% to 10x the capacity), through this server's scheduler with each step timed by the time model; the
+    capacity, the curve of TTFT against the rate, and why the tail grows."""
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):  # before the baseline, which takes seconds
+        raise BadInput(f"rate must be > 0 requests/s (a finite number), got {rate:g}")
     lesson = lesson_of(request)
     sim = lesson.part(SimulatedServer)
     base = await sim.baseline()
     capacity = base.capacity
     asked = DEFAULT_UTILISATION * capacity if rate is None else rate
-    lo, hi = MIN_UTILISATION * capacity, MAX_UTILISATION * capacity
-    if not lo <= asked <= hi:
-        raise BadInput(
-            f"rate must be in [{lo:.3g}, {hi:.3g}] requests/s ({MIN_UTILISATION:.1%} to {MAX_UTILISATION:g}x this "
-            f"server's simulated capacity of {capacity:.3g} req/s), got {asked:g}"
-        )
-    rate = three_digits(asked)
-    run = await sim.at(rate)
-    return finite(load_body(rate, base, run, lesson, await lesson.profile()))
+    simulated = three_digits(min(max(asked, MIN_UTILISATION * capacity), MAX_UTILISATION * capacity))
+    run = await sim.at(simulated)
+    return finite({**load_body(simulated, base, run, lesson, await lesson.profile()), "asked": asked})
 
 
 def load_body(rate: float, base, run, lesson: LessonState, profile: MachineProfile) -> dict:

@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from prefill.lesson import api, live, load, sweep, tiers
-from prefill.lesson.live import document_context
+from prefill.lesson.live import document_model
 from prefill.lesson.state import LessonState
 from prefill.server.openapi import document
 from prefill.server.state import ServerState
@@ -39,7 +39,7 @@ def add_lesson(app: FastAPI) -> FastAPI:
     lesson = LessonState(engine, cfg.model_id, server.worker.call, cfg.chunk_size, cfg.max_running, pool_tokens)
     add_lesson_routes(app, lesson)
     app.state.open_paths.add("/", prefix="/static/")  # the page and its files: it asks for the key, then sends it
-    document(app, partial(document_context, context=engine.spec.context_length))
+    document(app, partial(document_model, spec=engine.spec), partial(sweep.document_measure, spec=engine.spec))
     return app
 
 

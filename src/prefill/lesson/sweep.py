@@ -18,9 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from prefill.bench.warm import timed_repeats, warm_prefill
 from prefill.costmodel import roofline
 from prefill.costmodel.profile import MachineProfile
+from prefill.costmodel.specs import ModelSpec
 from prefill.costmodel.timemodel import Prediction
 from prefill.engine.llm import Engine
-from prefill.lesson.api import finite, in_range, roof_points
+from prefill.lesson.api import finite, roof_points
+from prefill.lesson.limits import in_range
 from prefill.lesson.regime import regime_words
 from prefill.lesson.state import lesson_of
 from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
@@ -40,6 +42,16 @@ class MeasureBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     P: int_in(ge=1, le=MEASURE_P[-1]) = Field(description="prompt tokens (an integer-valued number, 491.0, is one)")
+
+
+def most_measured(spec: ModelSpec) -> int:
+    """The longest prompt /api/sweep/measure prefills: MEASURE_P's last, and fewer tokens than the context."""
+    return min(MEASURE_P[-1], spec.context_length - 1)
+
+
+def document_measure(doc: dict, spec: ModelSpec) -> None:
+    """Write most_measured into the OpenAPI document as the bound of MeasureBody's P (known once the model is)."""
+    doc["components"]["schemas"][MeasureBody.__name__]["properties"]["P"]["maximum"] = most_measured(spec)
 
 
 def measured_lengths(context: int) -> list[int]:
@@ -145,7 +157,7 @@ async def measure(request: Request, body: MeasureBody) -> dict:
     """A warm prefill of P tokens on the server's model, timed on the worker thread (one untimed forward, then the
     median of up to 3 that fit in BUDGET_S), beside the time model's prediction; error = predicted / measured - 1."""
     lesson = lesson_of(request)
-    P = int(in_range("P", body.P, 1, min(MEASURE_P[-1], lesson.spec.context_length - 1)))
+    P = int(in_range("P", body.P, 1, most_measured(lesson.spec)))
     profile = await lesson.profile()
     pred = lesson.engine.predict_prefill(P, profile=profile)
     turn = compute_bound_from_P(lesson.engine, profile, lesson.chunk_size)
