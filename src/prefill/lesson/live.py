@@ -22,7 +22,7 @@ from prefill.engine.llm import Engine
 from prefill.errors import BadInput
 from prefill.lesson.api import MAX_N_OUT, MAX_S, bad_input, bounds, finite, in_range, kv_body
 from prefill.lesson.probe import MAX_P, attention_map
-from prefill.lesson.regime import regime_words
+from prefill.lesson.regime import regime_words, slow_words
 from prefill.lesson.state import LessonState, lesson_of
 from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
 from prefill.lesson.words import human, plural
@@ -170,6 +170,8 @@ async def predict(
         if measured is not None:
             body |= measured_body(lesson, pred, profile, measured, body["flops"], gemm, cold, body["prefill"], words)
         body |= itl_body(itl, body["predicted_itl_s"], ttft_s, n, words)
+        if measured is not None:
+            body["note"] += slow_words(body["error"], cold, P - cached, body.get("itl_error"))
         kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
         guessed = {"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")}
         body["guesses"] = guesses_body(guessed)
