@@ -6,6 +6,8 @@ its tests run in file order on it, as a student would use it."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import shutil
 import urllib.parse
@@ -28,6 +30,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 TIMEOUT_MS = 120_000
 HEIGHTS = {1280: 800, 390: 844}
 LONG = " ".join(["the river flows past the old mill"] * 40)  # 280 tokens: 2 chunks of at most 256
+DOT_PX = 10  # the roofline's dots' size (charts.js drawRoofline: points size 10)
 BOUND = re.compile(r"(compute|memory|overhead)-bound")
 
 
@@ -217,6 +220,18 @@ def test_a_warm_prefill_far_slower_than_predicted_says_why(page):
     assert re.search(r"load average over the last minute: \d+\.\d on \d+ cores?", why)
     assert "The decode steps ran" in why and "the machine was busy" in why, why
     assert "(-100%)" in text(page, "#tl-pred-sub")  # predicted / measured - 1: a few ms beside 2 s
+
+
+def test_the_live_dot_is_not_hidden_under_the_decode_dot(page):
+    for prompt in ("AI is fast", "Paris is the capital of"):  # the issue's two short prompts
+        page.evaluate("delete document.getElementById('roof-chart').dataset.dots")
+        run_prompt(page, prompt, 2)
+        page.locator("#roof-chart").scroll_into_view_if_needed()
+        page.wait_for_function("document.getElementById('roof-chart').dataset.dots")
+        dots = json.loads(page.get_attribute("#roof-chart", "data-dots"))
+        ((px, py),), ((dx, dy),) = dots["measured"], dots["decode"]
+        apart = math.hypot(px - dx, py - dy)
+        assert apart >= DOT_PX, f"{prompt!r}: this prefill's dot is {apart:.1f} px from the decode dot's: under it"
 
 
 def test_the_smaller_defects(page):
