@@ -24,7 +24,7 @@ from prefill.errors import BadInput
 from prefill.lesson.api import bad_input, finite, kv_body
 from prefill.lesson.limits import RANGES, bounds, check_all, in_range, limits
 from prefill.lesson.probe import MAX_P, attention_map
-from prefill.lesson.regime import regime_words
+from prefill.lesson.regime import regime_words, slow_words
 from prefill.lesson.state import LessonState, lesson_of
 from prefill.lesson.verdict import compute_bound_from_P, verdict_body, weights_words
 from prefill.lesson.words import human, plural
@@ -187,6 +187,8 @@ async def predict(
         if prefill_s is not None:
             body |= measured_body(lesson, pred, profile, prefill_s, body["flops"], gemm, cold, body["prefill"], words)
         body |= itl_body(itl, body["predicted_itl_s"], ttft_s, n, words)
+        if measured is not None:
+            body["note"] += slow_words(body["error"], cold, P - cached, body.get("itl_error"))
         kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
         guessed = {"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")}
         body["guesses"] = guesses_body(guessed)

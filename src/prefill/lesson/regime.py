@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
+
 from prefill.costmodel import costs
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
-from prefill.lesson.words import human, short_sci
+from prefill.lesson.words import human, plural, short_sci
 
 
 def regime_words(pred: Prediction, measured_s: float, weights: str, profile: MachineProfile) -> str:
@@ -42,3 +44,41 @@ def regime_words(pred: Prediction, measured_s: float, weights: str, profile: Mac
         f"overhead-bound: launching the forward's kernels ({human(parts['overhead'], 's')}) takes longer than its "
         f"FLOPs ({human(compute_s, 's')}) or its bytes ({human(memory_s, 's')})"
     )
+
+
+SLOW = 0.5  # a warm prefill measured over 1 / (1 - SLOW) = 2x its prediction is explained
+
+
+def slow_words(error: float, cold: bool, computed: int, itl_error: float | None) -> str:
+    """Why a warm prefill ran far slower than predicted (error = predicted / measured - 1 below -SLOW; '' else):
+    not cold (its length ran before), not the prefix-cache switch (unchecked, all `computed` tokens are computed
+    and predicted), but the cores shared with other work (the 1-minute load average says how busy they were);
+    `itl_error` is the decode steps' error, which says whether the whole machine was slow."""
+    if cold or error > -SLOW:
+        return ""
+    times = 1 / (1 + error)
+    words = (
+        f" It ran {times:.0f} times slower than predicted, yet warm: a forward of {plural(computed, 'token')} had run"
+        " before on the server's worker, so no kernel was built for it. Nor is the prefix-cache switch the cause:"
+        f" unchecked, every prompt token is computed, and the prediction counts all {computed:,} of them. The time"
+        " model takes this machine's cores as free; while other programs run on them, PyTorch's threads wait for"
+        " each other at every operation, so each forward takes many times longer"
+        f"{load_words()}."
+    )
+    if itl_error is not None and itl_error <= -SLOW:
+        words += (
+            f" The decode steps ran {1 / (1 + itl_error):.0f} times slower than predicted too: the machine was busy,"
+            " not this prefill."
+        )
+    return words + " Run the prompt again when the machine is quiet: the same length is warm, near the prediction."
+
+
+def load_words() -> str:
+    """' (the load average over the last minute: 3.2 on 2 cores, this server included)', or '' where the system
+    does not say (no os.getloadavg)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return ""
+    cores = os.cpu_count() or 1
+    return f" (the load average over the last minute: {load:.1f} on {plural(cores, 'core')}, this server included)"

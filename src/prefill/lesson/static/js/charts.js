@@ -82,8 +82,16 @@ export async function drawRoofline(el, c, measured, decode = null) {
     hooks: { draw: [annotate(
       [{ x: c.ridge, color: cssColor("--amber"), dash: true, label: `ridge ${c.ridge.toFixed(1)} FLOP/B`, short: "ridge" }],
       { s: 3, labels, color: "#9a3412" },
-    )] },
+    ), dotsAt] },
   }, [xs, column(roof), column(predicted), column(got), column(dec)], el), 280);
+}
+
+// Each measured and decode dot's centre in CSS pixels of the plot, on el.dataset.dots ({measured: [[x, y]…],
+// decode: […]}), so a test can read where the dots are drawn (uPlot draws them on a canvas).
+function dotsAt(u) {
+  const at = (s) => u.data[0].flatMap((x, k) => (u.data[s][k] == null ? []
+    : [[u.valToPos(x, "x") + u.bbox.left / devicePixelRatio, u.valToPos(u.data[s][k], "y") + u.bbox.top / devicePixelRatio]]));
+  u.root.parentElement.dataset.dots = JSON.stringify({ measured: at(3), decode: at(4) });
 }
 
 // r: an /api/load body. TTFT (log) against the arrival rate: the curve's p50 and p99, this rate's two points.
