@@ -31,6 +31,7 @@ from prefill.errors import BadInput
 FITTED = ("bandwidth", "gemm")  # the efficiencies a load test can tell apart (decode, prefill)
 BOUNDS = (0.05, 1.0)
 ITERATIONS, TOLERANCE = 12, 1e-3  # Newton steps at most; stop when both means are within 0.1%
+MIN_GAIN = 0.01  # a step that lowers the squared errors by less than 1% of them ends the fit (a minimum)
 HALVINGS = 6  # a step that does not lower the errors is halved, at most this many times
 STEP, MAX_STEP = 0.1, 0.7  # the Jacobian's finite difference (wide: step alignment is not smooth), the largest step
 
@@ -126,7 +127,9 @@ def fit_means(run, records: list[RequestRecord], before: dict[str, float], bound
             stopped = "tolerance"
             break
         step = _descent(errors, names, x, r, _newton_step(errors, names, x, r, bounds))
-        if step is None:  # no step along Newton's direction lowers the errors: a minimum of a stepwise response
+        step = step or _coordinate_descent(errors, names, x, r, bounds)
+        if step is None or _cost(step[1]) > (1 - MIN_GAIN) * _cost(r):  # a minimum of a stepwise response
+            x, r = step or (x, r)
             stopped = "no descent"
             break
         x, r = step
@@ -138,13 +141,32 @@ def _descent(errors, names, x: list[float], r: list[float], target: list[float])
     """(x, residuals) of the first point from x towards `target` (the whole way, then half, a quarter, ...) whose
     squared log-errors sum lower than at x; None when none of HALVINGS does. The simulated means move in steps
     (a request's arrival crossing a step's start), so a full Newton step can land higher than it left."""
-    cost = sum(v * v for v in r)
+    cost = _cost(r)
     for k in range(HALVINGS):
         xk = [a + (b - a) / 2**k for a, b in zip(x, target, strict=True)]
         rk = _residuals(errors, names, xk)
-        if sum(v * v for v in rk) < cost:
+        if _cost(rk) < cost:
             return xk, rk
     return None
+
+
+def _coordinate_descent(errors, names, x: list[float], r: list[float], bounds: tuple[float, float]):
+    """Where Newton's direction fails (its finite-difference Jacobian misled by the steps): the first of each
+    efficiency up or down by MAX_STEP (within `bounds`) that _descent finds lower; None when none is."""
+    lo, hi = (math.log(v) for v in bounds)
+    for i in range(len(x)):
+        for sign in (1.0, -1.0):
+            target = list(x)
+            target[i] = min(hi, max(lo, x[i] + sign * MAX_STEP))
+            step = _descent(errors, names, x, r, target) if target != x else None
+            if step is not None:
+                return step
+    return None
+
+
+def _cost(r: list[float]) -> float:
+    """The summed squared log-errors the fit lowers."""
+    return sum(v * v for v in r)
 
 
 def _residuals(errors, names: tuple[str, ...], x: list[float]) -> list[float]:
