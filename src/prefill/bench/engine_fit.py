@@ -8,7 +8,9 @@
 The trace is the load test's own (trace_of: each request's start, prompt and output tokens), replayed with the
 client's cap on requests in flight. The fit moves the two efficiencies that set a step's time, the fraction of
 HBM bandwidth reached (decode: TPOT) and of the GEMM peak (prefill: TTFT), until the simulated mean TTFT and
-mean TPOT are the measured ones: Newton's method on the two log-errors in log-efficiency, within [0.05, 1].
+mean TPOT are the measured ones: Newton's method on the two log-errors in log-efficiency, within [0.05, 1], a step
+taken only where it lowers the errors (halved until it does; none does: a minimum, the fit stops there). On this
+CPU the same fit moves the probed profile's attention and GEMM efficiencies (prefill.bench.cpu_fit).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from prefill.errors import BadInput
 FITTED = ("bandwidth", "gemm")  # the efficiencies a load test can tell apart (decode, prefill)
 BOUNDS = (0.05, 1.0)
 ITERATIONS, TOLERANCE = 12, 1e-3  # Newton steps at most; stop when both means are within 0.1%
-STEP, MAX_STEP = 0.03, 0.7  # the Jacobian's finite difference (wide: step alignment is not smooth), the largest step
+MIN_GAIN = 0.01  # a step that lowers the squared errors by less than 1% of them ends the fit (a minimum)
+HALVINGS = 6  # a step that does not lower the errors is halved, at most this many times
+STEP, MAX_STEP = 0.1, 0.7  # the Jacobian's finite difference (wide: step alignment is not smooth), the largest step
 
 
 def read_records(path: Path) -> tuple[list[RequestRecord], dict]:
@@ -76,54 +80,114 @@ class Fit:
     errors_before: tuple[float, float]
     errors_after: tuple[float, float]
 
+    stopped: str = "tolerance"  # why the fit stopped: "tolerance", "no descent" (a minimum) or "iterations"
+
+    @property
+    def converged(self) -> bool:
+        """Whether the fit reached the measured means within TOLERANCE or a point no Newton step improves on (a
+        minimum of the stepwise response: a real run's means move in steps), not its cap on iterations."""
+        return self.stopped != "iterations"
+
     def describe(self) -> str:
         moves = [
             f"{k} efficiency {self.before[k]:.2f} -> {self.after[k]:.2f} ({self.after[k] / self.before[k] - 1:+.0%})"
-            for k in FITTED
+            for k in self.before
         ]
         (t0, p0), (t1, p1) = self.errors_before, self.errors_after
-        return f"{'; '.join(moves)}. Mean TTFT error {t0:+.0%} -> {t1:+.0%}, mean TPOT error {p0:+.0%} -> {p1:+.0%}"
+        errors = f"Mean TTFT error {t0:+.0%} -> {t1:+.0%}, mean TPOT error {p0:+.0%} -> {p1:+.0%}"
+        return f"{'; '.join(moves)}. {errors} (stopped: {self.stopped})"
 
 
 def fit_engine(server: GpuServer, records: list[RequestRecord], in_flight: int | None) -> Fit:
     """The engine's bandwidth and GEMM efficiencies that make the simulated trace's mean TTFT and TPOT the
     measured ones (see the module docstring)."""
-    measured = means(records)
     eff = dict(server.engine.efficiencies)
 
-    def errors(values: dict[str, float]) -> tuple[float, float]:
+    def run(values: dict[str, float]) -> list[RequestRecord]:
         engine = dataclasses.replace(server.engine, efficiencies=tuple({**eff, **values}.items()))
-        got = means(run_trace(server.with_engine(engine), records, in_flight).records)
+        return run_trace(server.with_engine(engine), records, in_flight).records
+
+    return fit_means(run, records, {k: eff[k] for k in FITTED}, BOUNDS)
+
+
+def fit_means(run, records: list[RequestRecord], before: dict[str, float], bounds: tuple[float, float]) -> Fit:
+    """The two efficiencies `before` (the first sets decode, the second prefill, mostly) moved within `bounds`
+    until `run(efficiencies)`, the simulated records, has the measured mean TTFT and TPOT: Newton's method on the
+    two log-errors in log-efficiency."""
+    measured, names = means(records), tuple(before)
+
+    def errors(values: dict[str, float]) -> tuple[float, float]:
+        got = means(run({**before, **values}))
         return got[0] / measured[0] - 1, got[1] / measured[1] - 1
 
-    x = [math.log(eff[k]) for k in FITTED]
+    x = [math.log(before[k]) for k in names]
+    r, stopped = _residuals(errors, names, x), "iterations"
     for _ in range(ITERATIONS):
-        r = _residuals(errors, x)
         if max(abs(v) for v in r) < TOLERANCE:
+            stopped = "tolerance"
             break
-        x = _newton_step(errors, x, r)
-    after = {k: math.exp(v) for k, v in zip(FITTED, x, strict=True)}
-    return Fit({k: eff[k] for k in FITTED}, after, errors({}), errors(after))
+        step = _descent(errors, names, x, r, _newton_step(errors, names, x, r, bounds))
+        step = step or _coordinate_descent(errors, names, x, r, bounds)
+        if step is None or _cost(step[1]) > (1 - MIN_GAIN) * _cost(r):  # a minimum of a stepwise response
+            x, r = step or (x, r)
+            stopped = "no descent"
+            break
+        x, r = step
+    after = {k: math.exp(v) for k, v in zip(names, x, strict=True)}
+    return Fit(dict(before), after, errors({}), errors(after), stopped)
 
 
-def _residuals(errors, x: list[float]) -> list[float]:
+def _descent(errors, names, x: list[float], r: list[float], target: list[float]):
+    """(x, residuals) of the first point from x towards `target` (the whole way, then half, a quarter, ...) whose
+    squared log-errors sum lower than at x; None when none of HALVINGS does. The simulated means move in steps
+    (a request's arrival crossing a step's start), so a full Newton step can land higher than it left."""
+    cost = _cost(r)
+    for k in range(HALVINGS):
+        xk = [a + (b - a) / 2**k for a, b in zip(x, target, strict=True)]
+        rk = _residuals(errors, names, xk)
+        if _cost(rk) < cost:
+            return xk, rk
+    return None
+
+
+def _coordinate_descent(errors, names, x: list[float], r: list[float], bounds: tuple[float, float]):
+    """Where Newton's direction fails (its finite-difference Jacobian misled by the steps): the first of each
+    efficiency up or down by MAX_STEP (within `bounds`) that _descent finds lower; None when none is."""
+    lo, hi = (math.log(v) for v in bounds)
+    for i in range(len(x)):
+        for sign in (1.0, -1.0):
+            target = list(x)
+            target[i] = min(hi, max(lo, x[i] + sign * MAX_STEP))
+            step = _descent(errors, names, x, r, target) if target != x else None
+            if step is not None:
+                return step
+    return None
+
+
+def _cost(r: list[float]) -> float:
+    """The summed squared log-errors the fit lowers."""
+    return sum(v * v for v in r)
+
+
+def _residuals(errors, names: tuple[str, ...], x: list[float]) -> list[float]:
     """log(predicted / measured) of mean TTFT and TPOT at log-efficiencies x."""
-    return [math.log1p(e) for e in errors({k: math.exp(v) for k, v in zip(FITTED, x, strict=True)})]
+    return [math.log1p(e) for e in errors({k: math.exp(v) for k, v in zip(names, x, strict=True)})]
 
 
-def _newton_step(errors, x: list[float], r: list[float]) -> list[float]:
+def _newton_step(errors, names, x: list[float], r: list[float], bounds: tuple[float, float]) -> list[float]:
     """One Newton step on the two residuals in log space (a finite-difference Jacobian), its size capped at
-    MAX_STEP and the result kept within BOUNDS."""
+    MAX_STEP and the result kept within `bounds`."""
     cols = []
     for i in range(len(x)):
         xi = list(x)
         xi[i] += STEP
-        cols.append([(a - b) / STEP for a, b in zip(_residuals(errors, xi), r, strict=True)])
+        cols.append([(a - b) / STEP for a, b in zip(_residuals(errors, names, xi), r, strict=True)])
     (a, c), (b, d) = cols  # J = [[a, b], [c, d]]: rows the residuals, columns the parameters
     det = a * d - b * c
     if abs(det) < 1e-9:
-        raise BadInput("the load test cannot tell the bandwidth from the GEMM efficiency (send prompts and outputs)")
+        why = f"the load test cannot tell the {names[0]} from the {names[1]} efficiency (send prompts and outputs)"
+        raise BadInput(why)
     dx = [(d * r[0] - b * r[1]) / det, (-c * r[0] + a * r[1]) / det]
     scale = min(1.0, MAX_STEP / max(abs(v) for v in dx))
-    lo, hi = (math.log(v) for v in BOUNDS)
+    lo, hi = (math.log(v) for v in bounds)
     return [min(hi, max(lo, v - scale * s)) for v, s in zip(x, dx, strict=True)]

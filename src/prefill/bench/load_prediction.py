@@ -24,6 +24,7 @@ from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord
 from prefill.bench.loadtest_report import summarize
 from prefill.bench.server_calibration import ALONE, BURST, PROBES, Timed, timed_requests
 from prefill.bench.simulate import ServerModel, server_model, simulate, trace_of
+from prefill.errors import BadInput
 
 CHUNK, MAX_RUNNING = 256, 32  # `prefill serve`'s scheduling defaults
 PROBE_PROMPTS = PromptLengths(64, 192)  # the prompts prefilled while a burst decodes, where the load's are not known
@@ -54,6 +55,14 @@ def probe_lengths(cfg: LoadTestConfig) -> PromptLengths:
     return PromptLengths(min(CHUNK, lengths.lo), min(CHUNK, lengths.hi), capped)
 
 
+def simulate_load(server: ServerModel, records: list[RequestRecord], in_flight: int | None):
+    """The load's trace through `server` with `prefill serve`'s scheduling defaults (chunk 256, 32 running) and
+    the server's own time, the client holding at most `in_flight` requests at it; the SimResult."""
+    trace, steps, own = trace_of(records), server.steps(), server.serving
+    late = {"in_flight": in_flight, "latency_s": own.latency_s, "intake_s": own.intake_s}
+    return simulate(server.spec, trace, steps, server.tokens, CHUNK, MAX_RUNNING, **late)
+
+
 @dataclass
 class LoadPrediction:
     server: ServerModel
@@ -61,6 +70,7 @@ class LoadPrediction:
     timed: list[Timed]  # requests timed on the server before the load, and after it (timed_requests)
     cfg: LoadTestConfig  # the load's
     summary: dict | None = None  # the simulated load, once finished
+    served: dict | None = None  # the model, dtype, weights and KV pool MiB the prediction took the server to run
 
     @classmethod
     def start(cls, model: str | None, cfg: LoadTestConfig, echo: Callable[[str], None]) -> LoadPrediction:
@@ -71,21 +81,23 @@ class LoadPrediction:
         server = server_model(model, "cpu", dtype, weights, kv_mb, echo=echo)
         echo("probing this machine before the load (and again after it), and timing requests on the server, to predict")
         probe = server.probe()
-        return cls(server, probe, [timed_requests(cfg, probe_lengths(cfg))], cfg)
+        served = {"model": model, "dtype": dtype, "weights": weights, "kv_mb": kv_mb}
+        return cls(server, probe, [timed_requests(cfg, probe_lengths(cfg))], cfg, served=served)
 
     def finish(self, records: list[RequestRecord], in_flight: int, echo: Callable[[str], None]) -> dict:
         """Requests timed on the server again and a second probe, then the load's trace simulated with `prefill
         serve`'s scheduling defaults (chunk 256, 32 running), the client holding at most `in_flight` requests at
         the server as the load test did; its summary."""
+        if not trace_of(records):
+            why = "the server reported no token counts (stream_options.include_usage): --predict has no trace to run"
+            raise BadInput(why)
         self.timed.append(timed_requests(self.cfg, probe_lengths(self.cfg)))
         server = self.server.with_probes([self.probe, self.server.probe()])
         try:
             server = server.with_serving(self.timed)
         except ValueError as e:
             echo(f"{e}: the prediction leaves the server's own time out")
-        trace, steps, own = trace_of(records), server.steps(), server.serving
-        late = {"in_flight": in_flight, "latency_s": own.latency_s, "intake_s": own.intake_s}
-        result = simulate(server.spec, trace, steps, server.tokens, CHUNK, MAX_RUNNING, **late)
+        result = simulate_load(server, records, in_flight)
         self.server, self.summary = server, summarize(result.records, result.wall_s)
         return self.summary
 
@@ -112,6 +124,7 @@ class LoadPrediction:
             "machine_profile": self.server.profile.to_json(),  # the numbers the prediction read, to reproduce it
             "loop_s": list(self.server.loop_s),  # the step loop's own seconds per step: a + b R
             "serving": dataclasses.asdict(self.server.serving),  # the server's own time, timed on it
+            "served": self.served,  # what server_model was given (prefill.bench.cpu_fit rebuilds it)
             "timed_on_server": [[dataclasses.asdict(r) for r in a + b] for a, b in self.timed],  # before, after
         }
         out.write_text(json.dumps(report, indent=2, default=str))

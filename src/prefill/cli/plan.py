@@ -9,7 +9,12 @@ import typer
 
 from prefill.cli.common import console, note
 
-Model = Annotated[str, typer.Option("--model", "-m", help="the model: a preset (llama-3.1-8b, ...) or a config.json")]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model", "-m", help="the model: a preset (llama-3.1-8b, ...) or a config.json (--fit on cpu: the report's)"
+    ),
+]
 PromptLen = Annotated[str, typer.Option(help="prompt tokens a request: 1000, 200:2000 (uniform) or @file (one a line)")]
 OutputLen = Annotated[str, typer.Option(help="output tokens per request: 200, 50:400 (uniform) or @file")]
 Rate = Annotated[float | None, typer.Option(help="requests arriving per second (Poisson); or give --concurrency")]
@@ -33,12 +38,14 @@ Fit = Annotated[
         "efficiencies to it (with --hardware, --engine, --tps, --weights as deployed) and say how far they moved"
     ),
 ]
-Hardware = Annotated[str, typer.Option(help="with --fit: the GPU the load test ran on (h100, h200, ...)")]
+Hardware = Annotated[
+    str, typer.Option(help="with --fit: the GPU the load test ran on (h100, h200, ...), or cpu (this machine)")
+]
 FitEngine = Annotated[str, typer.Option("--engine", help="with --fit: the engine the load test measured")]
 
 
 def plan(
-    model: Model,
+    model: Model = None,
     prompt_len: PromptLen = "1000",
     output_len: OutputLen = "200",
     rate: Rate = None,
@@ -62,7 +69,12 @@ def plan(
     from prefill.bench.capacity import Workload
     from prefill.bench.loadtest import PromptLengths
     from prefill.bench.planner import Load, Slo
+    from prefill.errors import BadInput
 
+    if fit is not None and hardware.lower() == "cpu":
+        return cpu_fit_report(fit)
+    if model is None:
+        raise BadInput("prefill plan needs --model (a preset such as llama-3.1-8b, or a config.json)")
     if fit is not None:
         return fit_report(model, fit, hardware, engine, _names(weights)[0], kv_dtype, parse_ints(tps, "--tps")[0])
     load = Load(rate, concurrency)
@@ -102,6 +114,21 @@ def fit_report(model: str, path: str, hardware: str, engine: str, weights: str, 
     server = GpuServer.of(load_spec(model), hardware, engine, weights, kv, tp)
     note(f"refitting {server.name} to {len(records)} measured requests ({path})")
     result = fit_engine(server, records, config.get("concurrency") if config.get("rate") is None else None)
+    console.print(result.describe(), highlight=False)
+
+
+def cpu_fit_report(path: str) -> None:
+    """--fit --hardware cpu: the load test's own CPU prediction (the report keeps it) refit (bench.cpu_fit)."""
+    import json
+    from pathlib import Path
+
+    from prefill.bench.cpu_fit import fit_cpu, saved_server
+    from prefill.bench.engine_fit import read_records
+
+    records, config = read_records(Path(path))
+    server = saved_server(json.loads(Path(path).read_text()), echo=note)
+    note(f"refitting {server.name} to {len(records)} measured requests ({path})")
+    result = fit_cpu(server, records, config.get("concurrency") if config.get("rate") is None else None)
     console.print(result.describe(), highlight=False)
 
 
