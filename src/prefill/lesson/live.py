@@ -187,12 +187,16 @@ async def predict(
         if prefill_s is not None:
             body |= measured_body(lesson, pred, profile, prefill_s, body["flops"], gemm, cold, body["prefill"], words)
         body |= itl_body(itl, body["predicted_itl_s"], ttft_s, n, words)
-        if measured is not None:
+        if prefill_s is not None:  # a slow prefill says why, with the ITL's error beside it
             body["note"] += slow_words(body["error"], cold, P - cached, body.get("itl_error"))
-        kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
-        guessed = {"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")}
-        body["guesses"] = guesses_body(guessed)
+        body["guesses"] = guesses_of(lesson, P, guess_ttft_s, ttft_s, guess_kv)
     return finite({**body, "human": words})
+
+
+def guesses_of(lesson: LessonState, P: int, guess_ttft_s, ttft_s, guess_kv) -> list:
+    """The student's guesses beside what was measured (the TTFT) and computed (the KV bytes after prefill)."""
+    kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
+    return guesses_body({"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")})
 
 
 def checked_cached(lesson: LessonState, P: int, cached: int, values: dict[str, float | None]) -> int:
