@@ -127,7 +127,7 @@ def test_sliders_give_the_seed_worked_numbers(page):
 def test_a_refused_calculator_input_greys_out_the_results_it_no_longer_matches(page, problems):
     before = text(page, "#out-seconds")
     slide(page, "#n-num", 0)
-    wait_text(page, "#calc-status", "parameters must be more than 0 billion")
+    wait_text(page, "#calc-status", "parameters must be at least 0.001 billion")
     assert "last input that could be computed" in text(page, "#calc-status")
     assert "stale" in page.get_attribute("#calc .tiles", "class")
     assert text(page, "#out-seconds") == before  # kept, greyed, and said to be the last valid input's

@@ -311,3 +311,12 @@ def test_a_fit_of_the_block_kernels_applies_to_them_alone(tmp_path, monkeypatch)
     profiles.save_fitted(SMOLLM2, dense.with_fit(gemm_efficiency=0.5, kind="fitted"), threads=1)
     assert profiles.profile_for(SMOLLM2, "float32", threads=1, qtypes=q4).gemm_efficiency == 0.8
     assert profiles.profile_for(SMOLLM2, "float32", threads=1).gemm_efficiency == 0.5
+
+
+def test_the_fastest_of_several_probes_keeps_what_only_some_measured():
+    """A retried probe that stopped before a head layout's attention (a disturbed machine) leaves the others'."""
+    first = {"gemm": {"576x960": [[1, 2.0], [8, 9.0]]}, "attention": {"9/3x64": {"prefill": [[1, 1.0]], "decode": []}}}
+    retry = {"gemm": {"576x960": [[1, 3.0]]}, "attention": {}}
+    best = entries.best_entry([first, retry])
+    assert best["gemm"]["576x960"] == [[1, 3.0], [8, 9.0]]
+    assert best["attention"]["9/3x64"] == {"prefill": [[1, 1.0]], "decode": []}

@@ -33,7 +33,10 @@ def median_entry(entries: list[dict]) -> dict:
     out = {k: statistics.median(e[k] for e in entries) for k, v in first.items() if isinstance(v, int | float)}
     out["gemm"] = {name: curve([e["gemm"][name] for e in entries]) for name in first["gemm"]}
     out["attention"] = {
-        heads: {part: curve([e["attention"][heads][part] for e in entries]) for part in ("prefill", "decode")}
+        heads: {
+            part: curve([e["attention"][heads][part] for e in entries if part in e["attention"].get(heads, {})])
+            for part in ("prefill", "decode")
+        }
         for heads in first["attention"]
     }
     return out
@@ -62,7 +65,10 @@ def best_entry(entries: list[dict]) -> dict:
             out[key] = pick(values)
     out["gemm"] = {name: curve([e["gemm"][name] for e in entries if name in e["gemm"]]) for name in out["gemm"]}
     out["attention"] = {
-        heads: {part: curve([e["attention"][heads][part] for e in entries]) for part in ("prefill", "decode")}
+        heads: {
+            part: curve([e["attention"][heads][part] for e in entries if part in e["attention"].get(heads, {})])
+            for part in ("prefill", "decode")
+        }
         for heads in out["attention"]
     }
     return out
