@@ -13,9 +13,11 @@ from prefill.bench.quality import (
     QUALITY_TOKENS,
     Limits,
     QualityRow,
+    Scores,
     engine_logits,
     held_out_ids,
     measure_quality,
+    worse_than,
 )
 
 # Bounds for a path that differs from the reference by float32 roundoff alone (dense float32 weights decoded from
@@ -87,3 +89,46 @@ def test_kl_and_agreement_of_known_distributions():
     assert moved.positions == 2 and moved.top1 == 0
     # the scored tokens are 1 and 1 (the window's second half): NLL under p is log(Z_p / e), under q log(Z_q / e)
     assert moved.ppl_ratio == pytest.approx(z_q / z_p, rel=1e-5)
+
+
+def _scored(kl: torch.Tensor, agree: float = 0.97, nll_shift: float = 0.0) -> QualityRow:
+    """A row from made-up per-window scores: KL as given [windows, n], agreement on the first `agree` share of
+    each window's positions, NLL 2.3 nats (+ nll_shift) against the reference's 2.3."""
+    w, n = kl.shape
+    agree_t = (torch.arange(n) < round(agree * n)).float().expand(w, n)
+    ref = torch.full((w, n), 2.3)
+    s = Scores(kl, agree_t, ref + nll_shift, ref)
+    mean_kl, p99, top1, ratio = s.measures(torch.arange(w)).tolist()
+    return QualityRow("x", mean_kl, p99, top1, ratio * 10.0, 10.0, w * n, s)
+
+
+def test_worse_than_counts_only_what_the_noise_cannot_explain():
+    g = torch.Generator().manual_seed(1)
+    base = torch.rand(20, 256, generator=g) * 2e-3  # llama.cpp's made-up KL: 20 windows, 256 positions each
+    bound = _scored(base)
+    assert worse_than(bound, bound) == []  # equal scores: no difference
+    # 5% more KL at every position of every window: a difference no resample of the windows can hide
+    worse = worse_than(_scored(base * 1.05), bound)
+    assert [w.split(" worse")[0] for w in worse] == ["mean KL", "p99 KL"]
+    # the same mean excess, but in two windows only and none elsewhere: the mean is within what the windows' spread
+    # allows (the p99, which those two windows now set, is not)
+    lumpy = base.clone()
+    lumpy[:2] *= 1.5  # +50% in 2 of 20 windows: +5% overall
+    assert lumpy.mean() > base.mean()
+    assert [w.split(" worse")[0] for w in worse_than(_scored(lumpy), bound)] == ["p99 KL"]
+    # fewer agreements in every window, and a perplexity drift in every window, are worse too
+    assert worse_than(_scored(base, agree=0.95), bound)[0].startswith("top-1 worse by 0.0195")
+    assert worse_than(_scored(base, nll_shift=0.01), bound)[0].startswith("perplexity drift worse")
+    assert worse_than(_scored(base, nll_shift=-0.01), bound)[0].startswith("perplexity drift worse")  # either way
+
+
+def test_one_window_compares_the_figures_as_they_are():
+    base = torch.full((1, 256), 1e-3)
+    bound = _scored(base)
+    assert worse_than(_scored(base * 1.001), bound)[0].startswith("mean KL 1.00e-03 > 1.00e-03")
+    assert worse_than(_scored(base), bound) == []
+
+
+def test_rows_of_different_windows_cannot_be_compared():
+    with pytest.raises(ValueError, match="different windows"):
+        worse_than(_scored(torch.ones(3, 4)), _scored(torch.ones(2, 4)))
