@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from prefill.cli.common import console, err_console
+from prefill.cli.common import console, err_console, wide_console
 
 Model = Annotated[str | None, typer.Option("--model", "-m", help=".gguf file or HF folder; default: SmolLM2.")]
 PromptLengths = Annotated[str, typer.Option("--prompt-lengths", help="P values.")]
@@ -62,7 +62,7 @@ def bench(
     runs = {"repeats": repeats, "warmup": warmup, "threads": threads, "device": device, "compile": compile}
     runs["weights"] = weights
     config, plan, _, _ = prepare(BenchConfig(model=model, calibrate=calibrate, force=force, **runs, **lists))
-    wide = console if console.is_terminal else Console(width=140)  # logs and READMEs get whole tables
+    wide = wide_console(140)
     print_plan(wide, config, plan)
     result = measure(config, plan)
     print_result(wide, result)
@@ -82,7 +82,7 @@ def versus_llama(model: str | None, weights: str, threads: int | None, repeats: 
     config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats, clock=clock)
     with err_console.status("ours vs llama.cpp") as status:
         result = run_versus(config, on_step=lambda s: status.update(f"ours vs llama.cpp: {s}"))
-    (console if console.is_terminal else Console(width=150)).print(versus_table(result))
+    wide_console().print(versus_table(result))
     out.mkdir(parents=True, exist_ok=True)
     (out / "versus.json").write_text(json.dumps(to_json(result), indent=1) + "\n")
     console.print(f"wrote {out / 'versus.json'}", highlight=False)

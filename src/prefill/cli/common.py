@@ -20,6 +20,13 @@ from prefill.errors import PrefillError
 console = Console()
 err_console = Console(stderr=True)
 
+
+def wide_console(width: int = 150) -> Console:
+    """The console for a wide table: the terminal's, else one `width` columns wide (logs and READMEs get whole
+    tables, not rows wrapped to 80 columns)."""
+    return console if console.is_terminal else Console(width=width)
+
+
 # What a user can cause (a bad argument, a missing file, a model we cannot read): one line, never a traceback.
 USER_ERRORS = (PrefillError, ValueError, FileNotFoundError)
 

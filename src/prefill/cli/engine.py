@@ -16,6 +16,7 @@ from prefill.cli.common import (
     console,
     fail,
     load_engine,
+    wide_console,
 )
 
 DEMO_PROMPT = "What is the capital of France?"
@@ -175,7 +176,9 @@ def verify_quality(model: str | None, tokens: int | None, window: int, threads: 
         rep = run_quality(model, tokens, window, threads)
     cpu = capability("cpu")
     title = f"quality on {cpu.name} ({cpu.kind}): {rep.tokens:,} tokens of {TEXT_SOURCE}, windows of {rep.window}"
-    console.print(quality_table([*rep.rows, *([rep.llama] if rep.llama else [])], rep.reference, rep.llama, title))
+    wide_console(170).print(
+        quality_table([*rep.rows, *([rep.llama] if rep.llama else [])], rep.reference, rep.llama, title)
+    )
     for note in rep.notes:
         console.print(note, highlight=False)
     if rep.failures():
