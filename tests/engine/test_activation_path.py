@@ -50,10 +50,11 @@ def test_verify_runs_its_proofs_on_float32_activations(monkeypatch):
     assert seen == [{"f32"}]
 
 
-def test_auto_keeps_8_bit_activations_out_until_they_pass_quality(monkeypatch):
+def test_auto_takes_8_bit_activations_where_predicted_fastest_unless_they_fail_quality(monkeypatch):
     """Made-up profiles (q8 kernels 400 GFLOP/s, float32-activation blocks 50, dense 200, one bandwidth): q8 is
-    predicted fastest, but it fails the quality rule on this file, so Engine.load(weights="auto") keeps float32
-    activations; were q8 to pass, auto would take it and the blocks would load on it."""
+    predicted fastest and passes the quality rule on this file, so Engine.load(weights="auto") loads the blocks
+    on it, and the engine predicts with the q8 kernels' profile; were q8 to fail the rule, auto would keep
+    float32 activations."""
     from dataclasses import replace
 
     import prefill.machine.profiles as profiles
@@ -62,7 +63,7 @@ def test_auto_keeps_8_bit_activations_out_until_they_pass_quality(monkeypatch):
     from prefill.engine.llm import Engine
     from prefill.machine import paths
 
-    def profile_for(spec, dtype, device, threads, echo=None, qtypes=None):
+    def profile_for(spec, dtype, device="cpu", threads=None, echo=None, qtypes=None, **kw):
         q8 = any(t.endswith(":q8") for t in (qtypes or {}).values())
         flops = 400e9 if q8 else 50e9 if qtypes else 200e9
         return catalog_profile(Hardware("made up", {dtype: flops}, 20e9, 64e9, "a test"), dtype)
@@ -70,8 +71,10 @@ def test_auto_keeps_8_bit_activations_out_until_they_pass_quality(monkeypatch):
     monkeypatch.setattr(profiles, "profile_for", profile_for)
     monkeypatch.delenv(ENV, raising=False)
     engine = Engine.load(None, dtype="float32", weights="auto", progress=False)
-    assert engine.weights != "float32" and block_paths(engine) == {"f32"}
-    gate_open = tuple(replace(p, passes_quality=True) for p in paths.PATHS)
-    monkeypatch.setattr(paths, "PATHS", gate_open)  # were it to pass: auto takes it where predicted fastest
+    assert engine.weights != "float32" and block_paths(engine) == {"q8"} and engine.activations == "q8"
+    assert set(engine.weight_types().values()) == {"Q4_1:q8", "Q8_0:q8"}  # the profile of the kernels it runs
+    assert engine.profile().peak_flops_per_s == 400e9
+    gate_shut = tuple(replace(p, passes_quality=p.activations != "q8") for p in paths.PATHS)
+    monkeypatch.setattr(paths, "PATHS", gate_shut)  # were it to fail the rule: float32 activations
     engine = Engine.load(None, dtype="float32", weights="auto", progress=False)
-    assert engine.weights != "float32" and block_paths(engine) == {"q8"}
+    assert engine.weights != "float32" and block_paths(engine) == {"f32"} and engine.activations == "f32"

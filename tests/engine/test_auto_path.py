@@ -41,8 +41,8 @@ def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute):
     chat = resolve_path(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))
     assert chat == ("float32", "native", "f32")
     assert len(lines) == 1 and lines[0].startswith("path auto: native Q4_1/Q8_0 blocks, float32 activations, ")
-    assert "for P = 16 + 512 out; vs dense " in lines[0]
-    assert "8-bit" not in lines[0]  # q8 fails the quality rule on this file: auto does not weigh it
+    assert "for P = 16 + 512 out; vs native Q4_1/Q8_0 blocks, 8-bit activations " in lines[0]  # weighed too:
+    assert "; dense " in lines[0]  # q8 passes the quality rule; here its profile is f32's, and the tie goes to f32
     long = resolve_path(None, "auto", "auto", echo=None, workload=Workload(8192, 1))[:2]
     assert long[1] != "native"  # one long prefill: the dense GEMMs' fourfold rate wins
     assert resolve_path(None, "bfloat16", "auto", echo=None)[:2] == ("bfloat16", "bfloat16")  # one path open

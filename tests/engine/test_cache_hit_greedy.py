@@ -1,7 +1,8 @@
-"""Answers that do not depend on the cache: on the path `auto` takes on this kind of CPU (native GGUF blocks,
-float32 activations and K/V), a prompt sent again, now a prefix-cache hit, gets the greedy text of its cold run,
+"""Answers that do not depend on the cache: on the paths `auto` takes (native GGUF blocks with float32 or 8-bit
+activations, float32 K/V), a prompt sent again, now a prefix-cache hit, gets the greedy text of its cold run,
 for 1,000-token prompts cut from the seed lessons (issue 42: on dense bfloat16 two of four such prompts changed
-their text on the hit)."""
+their text on the hit). Both activation paths treat each row alone (q8 rounds each row's 32-blocks by that row's
+own scale) and sum in one order whatever the rows beside it, so the suffix's logits on a hit are the cold run's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prefill.engine.loop import StepLoop
 from prefill.engine.prefix_cache import RadixPrefixCache
 from prefill.engine.request import Generation, Request
 from prefill.engine.sampling import SamplingParams
-from prefill.model.quant import ops
+from prefill.model.quant import ops, set_activations
 
 SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"  # shared/ beside the checkout, as CI lays it
 PROMPT_TOKENS, NEW_TOKENS, CHUNK = 1000, 24, 256  # the server's default chunk: the hit's suffix is one chunk
@@ -40,8 +41,17 @@ def greedy(loop: StepLoop, engine, ids: list[int]) -> Generation:
 @pytest.mark.slow
 @pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed lessons are not on this machine")
 @pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
-def test_a_prefix_cache_hit_gives_the_cold_runs_greedy_text(smollm_native):
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_a_prefix_cache_hit_gives_the_cold_runs_greedy_text(smollm_native, activations):
     engine = smollm_native
+    set_activations(engine.model, activations)
+    try:
+        check_hits(engine)
+    finally:
+        set_activations(engine.model, "f32")
+
+
+def check_hits(engine) -> None:
     prompts = seed_prompts(engine.tokenizer)
     assert len(prompts) == 5  # 4 of prefill-lesson.txt (4,732 tokens), 1 of the interactive one (1,562)
     pool = engine.new_pool(4 * (PROMPT_TOKENS + NEW_TOKENS))

@@ -37,15 +37,21 @@ def test_the_paths_each_cpu_runs_natively():
         Q8,
         ("float32", "float32"),
     ]
-    # auto leaves out a path that fails the quality rule (q8 on the embedded file), unless it is forced
-    assert Q8 not in names(candidates("auto", "auto", Q, ZEN5, True))
     assert names(candidates("auto", "auto", Q, ZEN5, False)) == [("bfloat16", "bfloat16"), ("float32", "float32")]
     assert names(candidates("auto", "auto", (), ZEN3, True)) == [("float32", "float32")]  # a dense file
 
 
+def test_auto_leaves_out_a_path_failing_the_quality_rule_unless_forced(monkeypatch):
+    failing = ServingPath(NATIVE, "float32", "q8", passes_quality=False)
+    monkeypatch.setattr(paths, "PATHS", (ServingPath(NATIVE, "float32"), failing))
+    assert names(candidates("auto", "auto", Q, ZEN5, True)) == [(NATIVE, "float32")]
+    assert names(candidates("auto", "auto", Q, ZEN5, True, gated=False)) == [(NATIVE, "float32"), Q8]
+    assert names(candidates("auto", "native", Q, ZEN5, True, "q8")) == [Q8]  # forced (PREFILL_ACTIVATIONS=q8)
+
+
 def test_an_explicit_part_narrows_the_paths():
     assert names(candidates("bf16", "auto", Q, ZEN5, True)) == [("bfloat16", "bfloat16")]
-    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), ("float32", "float32")]
+    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), Q8, ("float32", "float32")]
     assert names(candidates("auto", "native", Q, ZEN5, True, gated=False)) == [(NATIVE, "float32"), Q8]
     assert candidates("bfloat16", "auto", Q, ZEN3, True) == []  # emulated: no path runs it natively
     cuda = Capability("cuda", "H100", "CUDA sm_90", cuda_bf16=True)

@@ -255,12 +255,19 @@ class Engine:
         return self._profiles[fitted]
 
     def weight_types(self) -> dict[str, str]:
-        """ "KxN" -> the GGUF type of each GEMM's weight kept as blocks (none for dense weights), for the profile."""
+        """ "KxN" -> the kernel each GEMM's weight kept as blocks runs (none for dense weights), for the profile:
+        its GGUF type, "Q4_1:q8" where its products take 8-bit activations (activations.kernel_name)."""
         from prefill.costmodel.profile import shape_key
+        from prefill.model.quant.activations import kernel_name
 
         b = self.model.layers[0]
         weights = (b.wqkv.weight, b.wo.weight, b.w_gate_up.weight, b.w_down.weight, self.model.unembed_weight())
-        return {shape_key(w.K, w.N): w.qtype for w in weights if hasattr(w, "qtype")}
+        return {shape_key(w.K, w.N): kernel_name(w.qtype, w.activations) for w in weights if hasattr(w, "qtype")}
+
+    @property
+    def activations(self) -> str:
+        """What the blocks' products take: "q8" (8-bit activations) where any of them runs so, else "f32"."""
+        return "q8" if any(t.endswith(":q8") for t in self.weight_types().values()) else "f32"
 
     def layout(self) -> Layout:
         """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF

@@ -50,6 +50,17 @@ def runs_q8(path: str, qtype: str) -> bool:
     return path == "q8" and qtype in Q8_TYPES
 
 
+def words(path: str, dtype: str) -> str:
+    """The activations in words: "8-bit" on the q8 path, else the engine's `dtype` ("float32")."""
+    return "8-bit" if path == "q8" else dtype
+
+
+def kernel_name(qtype: str, path: str) -> str:
+    """The probe's name of the kernel a `qtype` weight's products run on `path`: "Q4_1", or "Q4_1:q8" where they
+    take 8-bit activations (its GEMM curve is timed on those kernels)."""
+    return f"{qtype}:q8" if runs_q8(path, qtype) else qtype
+
+
 def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """x [M, K] float32 -> (q int8 [M, K], d float32 [M, K / 32]) with x ~ d_b q: d_b = max |x_b| / 127,
     q = round(x * (1 / d_b)) to nearest even, in float32 as the kernels do it. None when a block holds an inf or a
