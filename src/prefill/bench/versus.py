@@ -29,7 +29,8 @@ LLAMA_KV_BYTES = 2  # llama.cpp's default K/V cache type is f16
 
 @dataclass(frozen=True)
 class VersusConfig:
-    """What to measure. `model` None: the embedded SmolLM2 GGUF; `weights`: ours, one engine per storage."""
+    """What to measure. `model` None: the embedded SmolLM2 GGUF; `weights`: ours, one engine per storage
+    ("native", "float32", ...; "native:q8" the blocks with 8-bit activations)."""
 
     model: str | None = None
     prompt_lengths: tuple[int, ...] = PP_LENGTHS
@@ -127,7 +128,10 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
     n_ctx = max(max(config.prompt_lengths), max(config.depths) + config.tg_steps + 8)
     file_types = gguf_file_storage(path)
     torch.set_num_threads(threads)
-    ours = [Engine.load(path, threads=threads, progress=False, weights=w) for w in config.weights]
+    ours = [
+        Engine.load(path, threads=threads, progress=False, weights=w, activations=acts or None)
+        for w, _, acts in (w.partition(":") for w in config.weights)
+    ]
     contenders = [_ours(e, file_types) for e in ours]
     llama_name = f"llama.cpp ({_label(file_types)})"
     try:
@@ -180,7 +184,9 @@ def _ours(engine, file_types: tuple[str, str]) -> Contender:
         token = torch.tensor([ids[-1]])
         return lambda: (cache.truncate(len(ids)), engine.decode_step(token, cache))
 
-    return Contender(f"prefill ({_label(storage)})", engine.prefill, fill_then_step, storage, engine.dtype.itemsize)
+    acts = ", 8-bit activations" if engine.activations == "q8" else ""
+    name = f"prefill ({_label(storage)}{acts})"
+    return Contender(name, engine.prefill, fill_then_step, storage, engine.dtype.itemsize)
 
 
 def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str) -> Contender:

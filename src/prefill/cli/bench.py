@@ -75,14 +75,23 @@ def versus_llama(model: str | None, weights: str, threads: int | None, repeats: 
     import os
 
     from prefill.bench.versus import VersusConfig, run_versus, to_json, versus_table
+    from prefill.engine.weights import quantized_types, resolve_path
     from prefill.machine.weights import check_weights
+    from prefill.model.quant.activations import runs_q8
 
     counts = (threads,) if threads else tuple(sorted({1, os.cpu_count() or 1}))
-    storages = ("native", "float32") if weights == "auto" else (check_weights(weights),)
+    storages, said = (check_weights(weights),), []
+    if weights == "auto":  # every path auto weighs on a file of blocks, and the line of its choice here
+        q8 = any(runs_q8("q8", t) for t in quantized_types(model))
+        storages = ("native", *(("native:q8",) if q8 else ()), "float32")
+        resolve_path(model, "auto", "auto", echo=said.append, threads=counts[-1])
     config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats, clock=clock)
     with err_console.status("ours vs llama.cpp") as status:
         result = run_versus(config, on_step=lambda s: status.update(f"ours vs llama.cpp: {s}"))
+    result.notes.extend(said)
     wide_console().print(versus_table(result))
+    for note in result.notes:
+        console.print(note, highlight=False)
     out.mkdir(parents=True, exist_ok=True)
     (out / "versus.json").write_text(json.dumps(to_json(result), indent=1) + "\n")
     console.print(f"wrote {out / 'versus.json'}", highlight=False)
