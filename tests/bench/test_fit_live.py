@@ -36,10 +36,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def started(args: list[str], url: str, ready: str):
-    """The server process of `args` once GET url+ready answers; killed if it never does within READY_S."""
+def started(args: list[str], url: str, ready: str, log: Path):
+    """The server process of `args` once GET url+ready answers; killed if it never does within READY_S. Its output
+    goes to `log` (a pipe nobody reads fills up and stops a verbose server, as llama.cpp's is, mid-load)."""
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with log.open("w") as f:
+        proc = subprocess.Popen(args, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -48,7 +50,7 @@ def started(args: list[str], url: str, ready: str):
         except httpx.HTTPError:
             time.sleep(0.5)
     stop(proc)
-    pytest.fail(f"{args[:4]} did not answer {ready} within {READY_S:.0f} s: {proc.stderr.read()[-2000:]}")
+    pytest.fail(f"{args[:4]} did not answer {ready} within {READY_S:.0f} s: {log.read_text()[-2000:]}")
 
 
 def stop(proc) -> None:
@@ -76,13 +78,13 @@ def has_llama_cpp_server() -> bool:
         return False
 
 
-def load_test(command, ready: str, out: Path):
+def load_test(command, ready: str, out: Path, extra: tuple[str, ...] | list[str] = ()):
     """`prefill loadtest --predict` (on this CPU) of a short load against the server `command` starts."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = started(command(port), url, ready)
+    proc = started(command(port), url, ready, out.with_suffix(".server.log"))
     try:
-        return CliRunner().invoke(app, ["loadtest", "--url", url, *LOAD, "--out", str(out), "--predict"])
+        return CliRunner().invoke(app, ["loadtest", "--url", url, *LOAD, "--out", str(out), "--predict", *extra])
     finally:
         stop(proc)
 
@@ -105,12 +107,22 @@ def test_a_measured_run_of_prefill_serve_refits_the_cpu_profile_closer(tmp_path)
 
 
 @pytest.mark.skipif(not has_llama_cpp_server(), reason="llama_cpp.server needs pip install 'llama-cpp-python[server]'")
-def test_llama_cpp_server_is_measured_but_reports_no_token_counts_to_predict_or_fit(tmp_path):
+def test_llama_cpp_server_closes_the_loop_with_the_tokenizer_counting(tmp_path):
     """llama-cpp-python 0.3.36's server streams no usage (stream_options.include_usage) and ignores ignore_eos:
-    the load test measures it and writes its report, --predict and --fit refuse in one line each."""
-    out = tmp_path / "loadtest.json"
-    r = load_test(llama_cpp, "/v1/models", out)
+    without --tokenizer the load test measures it and --predict refuses in one line; with the model's tokenizer
+    counting each request's tokens, --predict puts the CPU profile's prediction beside it and plan --fit refits
+    that profile to it."""
+    bare = tmp_path / "bare.json"
+    r = load_test(llama_cpp, "/v1/models", bare)
     assert r.exit_code == 2 and "no token counts" in r.output and "Traceback" not in r.output, r.output
-    assert len(json.loads(out.read_text())["requests"]) == 6
+    assert len(json.loads(bare.read_text())["requests"]) == 6
+    fitted = CliRunner().invoke(app, ["plan", "--fit", str(bare), "--hardware", "cpu"])
+    assert fitted.exit_code == 2 and "--tokenizer MODEL" in fitted.output, fitted.output
+
+    out = tmp_path / "loadtest.json"
+    r = load_test(llama_cpp, "/v1/models", out, ["--tokenizer", str(default_model_path())])
+    assert r.exit_code == 0 and "measured vs predicted" in r.output, r.output
+    requests = json.loads(out.read_text())["requests"]
+    assert all(q["counted"] and q["usage_prompt_tokens"] >= 64 and q["usage_completion_tokens"] >= 1 for q in requests)
     fitted = CliRunner().invoke(app, ["plan", "--fit", str(out), "--hardware", "cpu"])
-    assert fitted.exit_code == 2 and "no successful request with token counts" in fitted.output, fitted.output
+    assert fitted.exit_code == 0 and "gemm efficiency" in fitted.output, fitted.output

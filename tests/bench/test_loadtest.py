@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from fastapi import FastAPI, Request
@@ -15,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord, run_load_test, synthetic_prompt
 from prefill.bench.loadtest_report import plot, summarize, tpot, write_json
 from prefill.errors import BadInput
+from prefill.loading.resolve import default_model_path
 from prefill.server.server import BackgroundServer
 
 
@@ -133,6 +135,30 @@ def test_client_against_scripted_server(tmp_path, chat, include_usage, rate):
     assert json.loads((tmp_path / "out.json").read_text())["summary"]["successful"] == 7
     plot(tmp_path / "out.png", records, "scripted")
     assert (tmp_path / "out.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_tokenizer_counts_what_a_server_without_usage_did_not(chat):
+    """The scripted server streams no usage: with cfg.tokenizer the client counts each request's tokens with the
+    embedded model's tokenizer (the prompt as the server renders it, the output text re-tokenized), marked
+    counted; where the server reports usage, its counts stand."""
+    from prefill.loading.resolve import load_tokenizer
+
+    tok = load_tokenizer(None)
+    with BackgroundServer(scripted_app()) as url:
+        base = {"chat": chat, "concurrency": 2, "max_requests": 3, "prompt_lengths": PromptLengths(5, 9)}
+        cfg = LoadTestConfig(url, max_tokens=4, include_usage=False, tokenizer=str(default_model_path()), **base)
+        records, _, _ = asyncio.run(run_load_test(cfg))
+        served, _, _ = asyncio.run(run_load_test(replace(cfg, include_usage=True)))
+    output = "".join(f"w{i} " for i in range(N_CHUNKS))
+    rng = random.Random(cfg.seed)
+    for r in records:
+        prompt = synthetic_prompt(cfg.prompt_lengths.sample(rng), rng)  # the prompts the seed drew, in order
+        as_sent = tok.render_chat([{"role": "user", "content": prompt}]) if chat else prompt
+        assert r.ok and r.counted and r.n_out == len(tok.encode(output)) > N_CHUNKS  # "w0 w1 w2 w3 ": w, 0, ...
+        assert r.usage_prompt_tokens == len(tok.encode(as_sent, add_special_tokens=not chat))
+        assert r.usage_prompt_tokens > len(prompt.split()) + 5 or not chat  # the chat template's own tokens
+    assert all(not r.counted and r.usage_prompt_tokens == 7 and r.n_out == N_CHUNKS for r in served)
 
 
 def test_closed_loop_streams_pause_their_think_time_between_requests():

@@ -46,7 +46,10 @@ def read_records(path: Path) -> tuple[list[RequestRecord], dict]:
         why = f"cannot read a load test from {path} ({e}); give the JSON `prefill loadtest --out` wrote"
         raise BadInput(why) from None
     if not trace_of(records):
-        raise BadInput(f"{path} has no successful request with token counts; run the load test with usage")
+        raise BadInput(
+            f"{path} has no successful request with token counts; run the load test with usage, or with "
+            "--tokenizer MODEL where the server streams none"
+        )
     return records, data.get("config", {})
 
 

@@ -89,7 +89,10 @@ class LoadPrediction:
         serve`'s scheduling defaults (chunk 256, 32 running), the client holding at most `in_flight` requests at
         the server as the load test did; its summary."""
         if not trace_of(records):
-            why = "the server reported no token counts (stream_options.include_usage): --predict has no trace to run"
+            why = (
+                "the server reported no token counts (stream_options.include_usage): --predict has no trace to run; "
+                "--tokenizer MODEL counts them here"
+            )
             raise BadInput(why)
         self.timed.append(timed_requests(self.cfg, probe_lengths(self.cfg)))
         server = self.server.with_probes([self.probe, self.server.probe()])

@@ -15,6 +15,7 @@ import contextlib
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +106,7 @@ class LoadTestConfig:
     temperature: float = 0.0
     seed: int = 0
     include_usage: bool = True  # stream_options.include_usage (token counts from the server)
+    tokenizer: str | None = None  # a .gguf or model folder whose tokenizer counts tokens where the server gives none
     ignore_eos: bool = False  # ask for exactly max_tokens (vLLM, SGLang and llama.cpp's server accept it)
     api_key: str | None = None
     timeout_s: float = 600.0
@@ -139,6 +141,7 @@ class RequestRecord:
     finish_reason: str | None = None
     server_timings: dict | None = None  # the `timings` object of our server (other servers send none)
     error: str | None = None
+    counted: bool = False  # the usage_* counts are the client's (cfg.tokenizer): the server streamed none
 
     @property
     def ok(self) -> bool:
@@ -150,6 +153,27 @@ class RequestRecord:
         if self.usage_completion_tokens is not None:
             return self.usage_completion_tokens
         return self.n_chunks
+
+
+Counter = Callable[[RequestRecord, dict, str], None]  # (record, request body, output text): fills usage_*
+
+
+def token_counter(model: str | Path) -> Counter:
+    """Counts a request's tokens with `model`'s tokenizer (a .gguf file or model folder), for a server that streams
+    no usage (llama-cpp-python's): the prompt as the server would render it (the chat template for messages, the
+    model's BOS where it adds one), the output text re-tokenized. Marked `counted` in the record: re-tokenizing
+    text can differ from the tokens sampled by a token at a seam."""
+    from prefill.loading.resolve import load_tokenizer
+
+    tok = load_tokenizer(model)
+
+    def count(rec: RequestRecord, body: dict, text: str) -> None:
+        prompt = tok.render_chat(body["messages"]) if "messages" in body else body["prompt"]
+        rec.usage_prompt_tokens = len(tok.encode(prompt, add_special_tokens="messages" not in body))
+        rec.usage_completion_tokens = len(tok.encode(text))
+        rec.counted = True
+
+    return count
 
 
 async def resolve_model(client: httpx.AsyncClient, url: str) -> str:
@@ -172,9 +196,16 @@ def _text_of(chunk: dict, chat: bool) -> str:
 
 
 async def one_request(
-    client: httpx.AsyncClient, cfg: LoadTestConfig, model: str, prompt: str, rec: RequestRecord, t0: float
+    client: httpx.AsyncClient,
+    cfg: LoadTestConfig,
+    model: str,
+    prompt: str,
+    rec: RequestRecord,
+    t0: float,
+    count: Counter | None = None,
 ) -> None:
-    """Send one streaming request and fill `rec` with what arrived when."""
+    """Send one streaming request and fill `rec` with what arrived when; `count` fills its token counts where
+    the server streamed none (token_counter)."""
     body: dict = {
         "model": model,
         "max_tokens": cfg.max_tokens,
@@ -191,6 +222,7 @@ async def one_request(
     else:
         prefix = f"{cfg.system_prompt}\n\n" if cfg.system_prompt else ""
         path, body["prompt"] = "/v1/completions", prefix + prompt
+    text: list[str] = []
     try:
         async with client.stream("POST", f"{cfg.url}{path}", json=body) as r:
             if r.status_code != 200:
@@ -208,7 +240,8 @@ async def one_request(
                 if "error" in chunk:
                     rec.error = str(chunk["error"])[:200]
                     return
-                if _text_of(chunk, cfg.chat):
+                if piece := _text_of(chunk, cfg.chat):
+                    text.append(piece)
                     rec.n_chunks += 1
                     rec.chunk_times.append(now)
                     if rec.first_content is None:
@@ -224,6 +257,8 @@ async def one_request(
             rec.end = time.perf_counter() - t0
             if rec.first_content is None:
                 rec.error = "stream ended without any content"
+            elif count is not None and rec.usage_completion_tokens is None:
+                count(rec, body, "".join(text))
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         rec.error = f"{type(e).__name__}: {e}"[:200]
 
@@ -236,6 +271,7 @@ async def run_load_test(cfg: LoadTestConfig) -> tuple[list[RequestRecord], float
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
         model = cfg.model or await resolve_model(client, cfg.url)
+        count = token_counter(cfg.tokenizer) if cfg.tokenizer else None
         records: list[RequestRecord] = []
         t0 = time.perf_counter()
         deadline = t0 + cfg.duration_s
@@ -265,7 +301,7 @@ async def run_load_test(cfg: LoadTestConfig) -> tuple[list[RequestRecord], float
             async def worker() -> None:
                 while (item := new_record()) is not None:
                     rec, prompt = item
-                    await bounded(one_request(client, cfg, model, prompt, rec, t0))
+                    await bounded(one_request(client, cfg, model, prompt, rec, t0, count))
                     if cfg.think_s:
                         await asyncio.sleep(think.uniform(0.0, 2 * cfg.think_s))
 
@@ -276,7 +312,7 @@ async def run_load_test(cfg: LoadTestConfig) -> tuple[list[RequestRecord], float
 
             async def limited(rec: RequestRecord, prompt: str) -> None:
                 async with in_flight:
-                    await bounded(one_request(client, cfg, model, prompt, rec, t0))
+                    await bounded(one_request(client, cfg, model, prompt, rec, t0, count))
 
             while (item := new_record()) is not None:
                 tasks.append(asyncio.create_task(limited(*item)))

@@ -24,6 +24,13 @@ Temperature = Annotated[float, typer.Option(help="sampling temperature")]
 SloTtftMs = Annotated[float | None, typer.Option(help="goodput SLO on TTFT, ms")]
 SloTpotMs = Annotated[float | None, typer.Option(help="goodput SLO on TPOT, ms")]
 NoUsage = Annotated[bool, typer.Option(help="do not ask for stream_options.include_usage")]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="a .gguf file or model folder whose tokenizer counts each request's tokens where the server streams "
+        "no usage (llama-cpp-python's server), so --predict and plan --fit can run on it"
+    ),
+]
 IgnoreEos = Annotated[bool, typer.Option(help="ask for exactly --max-tokens (ignore_eos, as vLLM's benchmarks do)")]
 Seed = Annotated[int, typer.Option(help="seed of prompt lengths and words")]
 Predict = Annotated[bool, typer.Option(help="also simulate the same trace on the time model (prefill simulate)")]
@@ -64,6 +71,7 @@ def loadtest(
     slo_ttft_ms: SloTtftMs = None,
     slo_tpot_ms: SloTpotMs = None,
     no_usage: NoUsage = False,
+    tokenizer: TokenizerOpt = None,
     ignore_eos: IgnoreEos = False,
     seed: Seed = 0,
     out: Out = "loadtest.json",
@@ -80,9 +88,8 @@ def loadtest(
     load = {"concurrency": concurrency, "rate": rate, "duration_s": duration, "max_requests": requests}
     ask = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "ignore_eos": ignore_eos}
     prompts = prompt_fields(prompt_len, prompts_file, system_prompt_file)
-    cfg = LoadTestConfig(
-        url.rstrip("/"), model=model, chat=chat, include_usage=not no_usage, api_key=api_key, **load, **ask, **prompts
-    )
+    usage = {"include_usage": not no_usage, "tokenizer": tokenizer}
+    cfg = LoadTestConfig(url.rstrip("/"), model=model, chat=chat, api_key=api_key, **usage, **load, **ask, **prompts)
     console.print(f"load test of {cfg.url}: {mode_text(cfg)}, {prompts_text(cfg)}", highlight=False)
     finish = prepare_prediction(predict, predict_model, cfg, hardware, engine)
     records, summary, model_id = measure(cfg, slo_ttft_ms, slo_tpot_ms)

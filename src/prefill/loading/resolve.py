@@ -91,9 +91,23 @@ def load_model_files(
     return LoadedModel(spec, sd, tokenizer_from_gguf(reader), str(path))
 
 
-def default_tokenize(text: str) -> list[str]:
-    """The prompt split as the embedded model (SmolLM2) tokenizes it: one printable piece per token."""
+def load_tokenizer(model: str | Path | None):
+    """The tokenizer alone of `model` (None: the embedded SmolLM2; a .gguf file or a model folder), no weights
+    read; ModelFileError where a folder has no tokenizer.json."""
+    path = model_path(model)
+    if path.is_dir():
+        from prefill.loading.hf import eos_ids_from_config
+        from prefill.loading.tokenizer import tokenizer_from_folder
+
+        if (tokenizer := tokenizer_from_folder(path, eos_ids_from_config(path))) is None:
+            raise ModelFileError(f"{path} has no tokenizer.json")
+        return tokenizer
     from prefill.costmodel.gguf_file import open_gguf
     from prefill.loading.tokenizer import tokenizer_from_gguf
 
-    return tokenizer_from_gguf(open_gguf(default_model_path())).pieces(text)
+    return tokenizer_from_gguf(open_gguf(path))
+
+
+def default_tokenize(text: str) -> list[str]:
+    """The prompt split as the embedded model (SmolLM2) tokenizes it: one printable piece per token."""
+    return load_tokenizer(None).pieces(text)
