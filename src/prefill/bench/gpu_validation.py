@@ -8,6 +8,8 @@ A row is simulated as its benchmark ran: at a fixed concurrency (a closed loop, 
 a warm-up left out), at a Poisson rate, or offline (every request at 0 s). Throughput metrics must land within
 the data's throughput target (20%), latencies within the latency target (30%); a row the data marks
 `unreached` is not simulated and says why, and one it marks `miss` is simulated and shown missing, with why.
+A row's `engine_args` set the published run's own scheduler flags (max sequences, token budget, memory
+fraction) on its engine's profile; nothing else of an engine can be set per row.
 """
 
 from __future__ import annotations
