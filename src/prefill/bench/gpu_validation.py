@@ -8,10 +8,13 @@ A row is simulated as its benchmark ran: at a fixed concurrency (a closed loop, 
 a warm-up left out), at a Poisson rate, or offline (every request at 0 s). Throughput metrics must land within
 the data's throughput target (20%), latencies within the latency target (30%); a row the data marks
 `unreached` is not simulated and says why, and one it marks `miss` is simulated and shown missing, with why.
+A row's `engine_args` set the published run's own scheduler flags (max sequences, token budget, memory
+fraction) on its engine's profile; nothing else of an engine can be set per row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -21,6 +24,8 @@ from prefill.bench.gpu_serving import GpuServer, closed_trace
 from prefill.bench.loadtest import PromptLengths
 from prefill.bench.loadtest_report import tpot, ttft
 from prefill.bench.simulate import SimResult, poisson_trace
+from prefill.costmodel.engines import get_engine
+from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.specs import PRESETS
 
 DATA = Path(__file__).resolve().parents[3] / "tests" / "data" / "published_gpu.json"
@@ -55,9 +60,25 @@ def load_rows(path: Path = DATA) -> tuple[list[dict], dict[str, float]]:
     return data["rows"], data["targets"]
 
 
+ENGINE_ARGS = ("max_seqs", "token_budget", "memory_fraction")  # the scheduler flags a row may set
+
+
+def server_of(row: dict) -> GpuServer:
+    """The row's deployment: its engine's profile with the published run's own flags (`engine_args`), if any."""
+    args = row.get("engine_args", {})
+    unknown = set(args) - set(ENGINE_ARGS)
+    if unknown:
+        raise ValueError(f"{row['id']}: engine_args may set {ENGINE_ARGS}, not {sorted(unknown)}")
+    if "memory_fraction" in args:  # the run's own fraction wins over the engine's by TP width
+        args = {**args, "fraction_by_tp": ()}
+    engine = dataclasses.replace(get_engine(row["engine"]), **args)
+    spec, hw = PRESETS[row["model"]], get_hardware(row["hardware"])
+    return GpuServer.on(spec, hw, engine, row["weights"], row["kv"], row["tp"])
+
+
 def simulate_row(row: dict) -> tuple[SimResult, list]:
     """The row's benchmark on its deployment; returns the result and the records its statistics cover."""
-    server = GpuServer.of(PRESETS[row["model"]], row["hardware"], row["engine"], row["weights"], row["kv"], row["tp"])
+    server = server_of(row)
     w = row["workload"]
     prompts, outputs = PromptLengths.parse(w["prompt"]), PromptLengths.parse(w["output"])
     if w["kind"] == "concurrency":
@@ -116,7 +137,8 @@ def render_table(checked: list[Checked]) -> str:
     ]
     for c in checked:
         r = c.row
-        where = f"{r['model']}, {r['tp']} x {r['hardware']}, {r['engine']}, {r['weights']}/{r['kv']} KV"
+        flags = "".join(f", {k} {v}" for k, v in r.get("engine_args", {}).items())
+        where = f"{r['model']}, {r['tp']} x {r['hardware']}, {r['engine']}{flags}, {r['weights']}/{r['kv']} KV"
         said = False  # a row's reason is written once, at its first miss
         for m, published in r["published"].items():
             label = f"{LABELS[m]} ({r['statistic']})" if m not in THROUGHPUT else LABELS[m]
@@ -128,6 +150,8 @@ def render_table(checked: list[Checked]) -> str:
                 said = said or not ok
                 cells = [f"{published:,.2f}", f"{c.predicted[m]:,.2f}", f"{e:+.0%}", verdict]
             lines.append("| " + " | ".join([r["id"], where, describe(r["workload"]), label, *cells]) + " |")
+    predicted = [c for c in checked if c.errors]
+    lines += ["", f"{sum(c.passed for c in predicted)} of {len(predicted)} predicted rows within the targets."]
     return "\n".join(lines)
 
 
