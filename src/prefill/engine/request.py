@@ -66,6 +66,9 @@ class Generation:
     queue_s: float = 0.0
     tokenize_s: float = 0.0
     prefill_s: float = 0.0  # compute seconds of this request's prefill forwards
+    # After each prefill forward (chunk), in order: (positions cached then, seconds since arrival). A caller on the
+    # loop's thread may read it while the prefill runs (the lesson page's progress line).
+    prefill_chunks: list[tuple[int, float]] = field(default_factory=list)
     cold: bool = False  # one of them was its thread's first forward of that many tokens (ModelRunner.run)
     first_token_s: float = 0.0  # sampling the first token from the prefill's logits
     ttft_s: float = 0.0  # arrival -> first token ready
