@@ -85,7 +85,7 @@ class Generation:
     def P(self) -> int:
         return len(self.prompt_ids)
 
-    def timings(self) -> dict[str, float | list[float] | dict]:
+    def timings(self) -> dict[str, float | list[float] | list[dict] | dict]:
         out = {
             "queue_s": self.queue_s,
             "tokenize_s": self.tokenize_s,
@@ -96,6 +96,11 @@ class Generation:
             "total_s": self.total_s,
             "itl_s": list(self.itl_s),
         }
+        if len(self.prefill_chunks) > 1:  # a chunked prefill: each chunk's positions and when its forward ended
+            firsts = [self.cached_tokens] + [n for n, _ in self.prefill_chunks[:-1]]
+            out["prefill_chunks"] = [
+                {"first": a, "last": n - 1, "t_s": t} for a, (n, t) in zip(firsts, self.prefill_chunks, strict=True)
+            ]
         if self.kv_store is not None:
             out["kv_store"] = self.kv_store.as_dict()
         return out
