@@ -22,10 +22,15 @@ router = APIRouter(prefix="/api", tags=["lesson: compute or load"])
 STORAGE = (
     ("NVMe SSD", 3e9),
     ("SATA SSD", 5.5e8),
-    ("network storage, 10 Gbit/s", 1.25e9),
-    ("network storage, 1 Gbit/s", 1.25e8),
+    ("network, 10 Gbit/s", 1.25e9),
+    ("network, 1 Gbit/s", 1.25e8),
     ("hard disk", 1.5e8),
 )
+
+
+def times(ratio: float) -> str:
+    """213.4 -> '213', 5114.2 -> '5,114', 1.234 -> '1.23'."""
+    return f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}"
 
 
 def words(d, asked: int, rate: float, profile: str) -> str:
@@ -43,7 +48,7 @@ def words(d, asked: int, rate: float, profile: str) -> str:
         f"{d.n_tokens:,} tokens stored in {plural(blocks, 'block file')}{whole}: {human(d.load_bytes, 'B')} read at "
         f"{human(rate, 'B/s')} take {human(d.load_s, 's')}; computing them again takes {human(d.compute_s, 's')} "
         f"(the time model on the {profile} profile, in this server's chunks). The store chooses {side}, "
-        f"{slow / fast:,.3g} times faster."
+        f"{times(slow / fast)} times faster."
     )
 
 
@@ -69,9 +74,9 @@ async def compute_or_load_at(
     stored = max(BLOCK_SIZE, P // BLOCK_SIZE * BLOCK_SIZE)
     d = decider(lesson, rates, profile)(stored, rate)
     storage = [{"name": n, "bytes_per_s": r} for n, r in STORAGE]
-    storage.append({"name": "this machine's page cache (measured)", "bytes_per_s": rates.ram_bytes_per_s})
+    storage.append({"name": "page cache here (measured)", "bytes_per_s": rates.ram_bytes_per_s})
     if rates.disk_bytes_per_s:
-        storage.append({"name": "this machine's disk (measured)", "bytes_per_s": rates.disk_bytes_per_s})
+        storage.append({"name": "disk here (measured)", "bytes_per_s": rates.disk_bytes_per_s})
     return finite(
         {
             "available": True,

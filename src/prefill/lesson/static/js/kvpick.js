@@ -48,7 +48,7 @@ function fillStorage(storage) {
   const select = $("tp-storage");
   if (select.options.length) return;
   for (const s of storage) {
-    select.append(new Option(`${s.name}: ${+(s.bytes_per_s / GB).toPrecision(3)} GB/s`, s.bytes_per_s));
+    select.append(new Option(s.name, s.bytes_per_s)); // its speed shows in the GB/s box when chosen
   }
   select.append(new Option("custom (type the speed)", CUSTOM));
   const typed = +$("tp-rate").value * GB;
