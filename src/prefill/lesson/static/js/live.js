@@ -222,13 +222,15 @@ async function stream(tok, chat, maxTokens) {
   // on a laptop), its own layout and painting take cores from the forward it is about to measure.
   await settled();
   const t0 = performance.now();
-  // A long prompt's chunks, as the server reports them; the grid's rows fill in as their chunks run.
-  const stopProgress = followPrefill(tok, (words) => status(`${words}.${chunkWords(tok)}`), (n) => paintMask(n));
+  const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
+    method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() }, body: JSON.stringify(body),
+  });
+  if (!res.ok) throw new ApiError((await res.json().catch(() => null))?.error?.message ?? `HTTP ${res.status}`);
+  // The request is queued (its headers came back before any token): follow a long prompt's chunks as the server
+  // reports them; the grid's rows fill in as their chunks run.
+  const stopProgress = followPrefill(tok, (words) => status(`${words}.${chunkWords(tok)}`), (n) => paintMask(n),
+    body.cache_salt !== undefined);
   try {
-    const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
-      method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() }, body: JSON.stringify(body),
-    });
-    if (!res.ok) throw new ApiError((await res.json().catch(() => null))?.error?.message ?? `HTTP ${res.status}`);
     for await (const obj of sseEvents(res)) {
       const now = (performance.now() - t0) / 1e3;
       const ch = obj.choices?.[0];

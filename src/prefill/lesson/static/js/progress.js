@@ -5,7 +5,7 @@
 
 import { $, getJSON } from "./api.js";
 
-const POLL_MS = 250; // one small GET this often while the prefill runs (answered between two steps)
+const POLL_MS = 100; // the pause between two small GETs while the prefill runs (each answered between two steps)
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
@@ -21,10 +21,10 @@ export function progressWords(p, chunk) {
     : `prefilling chunk ${next} of ${p.of} (tokens ${first}-${last}): ${done}`;
 }
 
-// Poll until the returned stop() is called (the first token came). `say(text)` sets the status line, `paint(done)`
+// Poll until the returned stop() is called (the first token came); `fresh`: no token of the prompt is cached. `say(text)` sets the status line, `paint(done)`
 // repaints the grid with `done` prompt tokens computed. The chunks reported are kept on the progress bar's
 // data-seen ("k:first-last@ms ..."): what a test reads after the run.
-export function followPrefill(tok, say, paint) {
+export function followPrefill(tok, say, paint, fresh) {
   const chunk = tok.chunk_size;
   if (!chunk || tok.P <= chunk) return () => false;
   const bar = $("prefill-progress");
@@ -32,7 +32,9 @@ export function followPrefill(tok, say, paint) {
   bar.dataset.seen = "";
   let stopped = false;
   let shown = -1; // chunks reported so far
-  say(progressWords({ P: tok.P, chunks: [], of: bar.max, cached: 0 }, chunk));
+  // Without the prefix cache every token is computed, from token 0; with it, the server says where it starts.
+  say(fresh ? progressWords({ P: tok.P, chunks: [], of: bar.max, cached: 0 }, chunk)
+    : `prefilling in chunks of at most ${chunk} tokens: the prefix cache may hold the prompt's start`);
   (async () => {
     while (!stopped) {
       const p = await getJSON("/api/progress", { P: tok.P }).catch(() => null);

@@ -47,7 +47,10 @@ const lastStep = () => view.a.P - view.P; // the decode steps shown
 function play() {
   if (view.step >= lastStep()) go(0);
   $("steps-play").textContent = "❚❚ pause";
-  timer = setInterval(() => (view.step >= lastStep() ? pause() : go(view.step + 1)), PLAY_MS);
+  timer = setInterval(() => {
+    go(view.step + 1);
+    if (view.step >= lastStep()) pause(); // stopped on the last step, ready to play again from the prefill
+  }, PLAY_MS);
 }
 
 function pause() {
