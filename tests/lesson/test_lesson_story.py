@@ -165,7 +165,7 @@ def test_a_long_prefill_shows_its_chunks_as_it_runs(page):
     page.locator("#use-cache").set_checked(True)
     P = int(text(page, "#tokens-caption").split()[0])
     caption = text(page, "#chunk-caption")
-    assert f"{P} tokens, in 2 chunks of at most 256" in caption and f"chunk 1 tokens 256-{P - 1}" in caption
+    assert f"{P} tokens, in 2 chunks of at most 256" in caption and f"chunk 2 tokens 256-{P - 1}" in caption
     assert page.locator("#prefill-progress").is_hidden()
 
 

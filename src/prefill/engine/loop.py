@@ -113,6 +113,7 @@ class StepLoop:
         for i, ((req, n), dec) in enumerate(zip(step.rows, decoding, strict=True)):
             if not dec:
                 req.gen.prefill_s += ready - t0
+                req.gen.prefill_chunks.append((req.seq.length, ready - req.arrival))
                 req.gen.cold = req.gen.cold or self.runner.first_of_shape
                 self._after_chunk(req, out[offset : offset + n] if scoring else None, offset)
             offset += len(rows[i][1])

@@ -66,6 +66,9 @@ class Generation:
     queue_s: float = 0.0
     tokenize_s: float = 0.0
     prefill_s: float = 0.0  # compute seconds of this request's prefill forwards
+    # After each prefill forward (chunk), in order: (positions cached then, seconds since arrival). A caller on the
+    # loop's thread may read it while the prefill runs (the lesson page's progress line).
+    prefill_chunks: list[tuple[int, float]] = field(default_factory=list)
     cold: bool = False  # one of them was its thread's first forward of that many tokens (ModelRunner.run)
     first_token_s: float = 0.0  # sampling the first token from the prefill's logits
     ttft_s: float = 0.0  # arrival -> first token ready
@@ -82,7 +85,7 @@ class Generation:
     def P(self) -> int:
         return len(self.prompt_ids)
 
-    def timings(self) -> dict[str, float | list[float] | dict]:
+    def timings(self) -> dict[str, float | list[float] | list[dict] | dict]:
         out = {
             "queue_s": self.queue_s,
             "tokenize_s": self.tokenize_s,
@@ -93,6 +96,11 @@ class Generation:
             "total_s": self.total_s,
             "itl_s": list(self.itl_s),
         }
+        if len(self.prefill_chunks) > 1:  # a chunked prefill: each chunk's positions and when its forward ended
+            firsts = [self.cached_tokens] + [n for n, _ in self.prefill_chunks[:-1]]
+            out["prefill_chunks"] = [
+                {"first": a, "last": n - 1, "t_s": t} for a, (n, t) in zip(firsts, self.prefill_chunks, strict=True)
+            ]
         if self.kv_store is not None:
             out["kv_store"] = self.kv_store.as_dict()
         return out

@@ -61,6 +61,8 @@ RANGES = {
     "guess_bytes": Range(0, MAX_BYTES),
     "mask_P": Range(0, MAX_MASK_TOKENS),
     "B": Range(1, MAX_B),
+    "store_P": Range(1, MAX_P),  # a stored prefix's tokens (bounded by the context length where the model is known)
+    "store_rate": Range(1e6, MAX_BANDWIDTH),  # a storage read rate, bytes/s: from a MB/s (a slow network share)
 }
 
 

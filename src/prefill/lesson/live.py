@@ -33,7 +33,7 @@ from prefill.server.openai_schema import int_in
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
 # Token counts bounded by the model's context length: their `maximum` is written into the OpenAPI document
 # once the model is known (document_model), as context + this offset.
-CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1}
+CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1, ("/api/compute-or-load/at", "P"): 0}
 # The attention body's fields bounded by the model's shape (the last layer, the last query head), written there too.
 # /api/predict's measured and guessed numbers, each with its entry of RANGES (the document's and the check's).
 PREDICT_RANGES = {
@@ -62,6 +62,10 @@ class AttentionBody(BaseModel):
     chat: StrictBool = False
     layer: int_in(ge=0) = Field(0, description="0 to L - 1 (an integer-valued number, 3.0, is one)")
     head: int_in(ge=0) = Field(0, description="a query head, 0 to H_q - 1")
+    answer: StrictStr = Field("", max_length=MAX_TEXT, description="the text generated after the prompt")
+    answer_tokens: int_in(ge=0, le=MAX_P) = Field(
+        0, description="how many of the answer's tokens to append: the inputs of that many decode steps"
+    )
 
 
 def encode(engine: Engine, text: str, chat: bool) -> list[int]:
@@ -109,6 +113,8 @@ def tokens(
 async def attention(request: Request, body: AttentionBody) -> dict:
     """A = softmax(mask(Q K^T / sqrt(d_head))) of one layer and query head, over the prompt's first MAX_P tokens
     (`P` of its `prompt_P`: a longer prompt's map is cut there, as a prefix of the prompt is its own prompt).
+    With `answer_tokens`, that many tokens of `answer` (tokenized on their own) follow the prompt: their rows are
+    what the decode steps feeding them compute, one row a step (causal: a row reads nothing after it).
 
     Computed by a separate pass (prefill.lesson.probe), not by the serving path."""
     lesson = lesson_of(request)
@@ -116,11 +122,13 @@ async def attention(request: Request, body: AttentionBody) -> dict:
     for name, last in SHAPE_BOUNDED.items():
         in_range(name, getattr(body, name), 0, last(spec))
     every = await asyncio.to_thread(engine.encode_prompt, body.text, chat=body.chat)
-    ids = every[: min(MAX_P, spec.context_length)]
+    fed = await asyncio.to_thread(engine.need_tokenizer().encode, body.answer) if body.answer_tokens else []
+    ids = (every + fed[: body.answer_tokens])[: min(MAX_P, spec.context_length)]
     A = await lesson.run(partial(attention_map, engine.model, ids, body.layer, body.head))  # [P][P], no tensors
     return {
         "P": len(ids),
         "prompt_P": len(every),
+        "prefill_rows": min(len(every), len(ids)),  # rows of prompt tokens; the rest are decode steps' rows
         "layer": body.layer,
         "head": body.head,
         "labels": labels(engine, ids),

@@ -14,7 +14,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from prefill.lesson import api, live, load, sweep, tiers
+from prefill.lesson import api, kv_choice, live, load, progress, sweep, tiers
 from prefill.lesson.live import document_model
 from prefill.lesson.state import LessonState
 from prefill.server.openapi import document
@@ -35,8 +35,11 @@ def add_lesson(app: FastAPI) -> FastAPI:
     the lesson; `prefill serve` and `prefill lab` compose the two: add_lesson(create_app(engine, cfg)). Returns app."""
     server: ServerState = app.state.server
     cfg, engine = server.cfg, server.engine
-    pool_tokens = server.worker.loop.pool.max_tokens()
-    lesson = LessonState(engine, cfg.model_id, server.worker.call, cfg.chunk_size, cfg.max_running, pool_tokens)
+    loop = server.worker.loop
+    requests = lambda: [*loop.waiting, *loop.running]  # noqa: E731 - read on the worker thread
+    lesson = LessonState(
+        engine, cfg.model_id, server.worker.call, cfg.chunk_size, cfg.max_running, loop.pool.max_tokens(), requests
+    )
     add_lesson_routes(app, lesson)
     app.state.open_paths.add("/", prefix="/static/")  # the page and its files: it asks for the key, then sends it
     document(app, partial(document_model, spec=engine.spec), partial(sweep.document_measure, spec=engine.spec))
@@ -47,7 +50,7 @@ def add_lesson_routes(app: FastAPI, state: LessonState) -> None:
     """Serve the page at `/` and /static, the calculator API, the live-model API, the P sweep, the simulated
     load and compute-or-load, all reading `state`."""
     app.state.lesson = state
-    for module in (api, live, sweep, load, tiers):
+    for module in (api, live, progress, sweep, load, tiers, kv_choice):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="lesson-static")
     app.include_router(router)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from prefill.costmodel.profile import MachineProfile
     from prefill.costmodel.specs import ModelSpec
     from prefill.engine.llm import Engine
+    from prefill.engine.request import Request as Job
 
 T = TypeVar("T")
 OnWorker = Callable[[Callable[[], Any]], Future]  # prefill.server.worker.Worker.call
@@ -54,8 +55,9 @@ class MachineRates:
 class LessonState:
     """The page's view of the server: its model, `on_worker(fn)` to run model code on the worker thread, and its
     scheduler's sizes: the prefill chunk (tokens, None: unchunked), the most requests running at once, and the
-    KV pool's capacity in tokens. The server passes its own (ServeConfig's). They have no defaults here: the
-    lesson does not import the server (imports run one way), and a copy of ServeConfig's would drift."""
+    KV pool's capacity in tokens; and its step loop's requests (for a long prefill's progress). The server passes
+    its own (ServeConfig's). They have no defaults here: the lesson does not import the server (imports run one
+    way), and a copy of ServeConfig's would drift."""
 
     engine: Engine
     model_id: str
@@ -63,6 +65,7 @@ class LessonState:
     chunk_size: int | None
     max_running: int
     pool_tokens: int
+    requests: Callable[[], list[Job]]  # the step loop's waiting and running requests (read on the worker thread)
     rates: MachineRates = field(init=False)
     _parts: dict[Callable[[LessonState], Any], Any] = field(init=False, default_factory=dict)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
-from prefill.costmodel.kv_store import break_even_rate, choice_flips, compute_or_load
+from prefill.costmodel.kv_store import LoadDecision, break_even_rate, choice_flips, compute_or_load
 from prefill.engine.kv_store import Fingerprint, KVStore, StoreBandwidth, probe_bandwidth
 from prefill.engine.kv_store.fingerprint import BLOCK_SIZE
 from prefill.engine.kv_store.format import file_size
@@ -122,17 +122,24 @@ def explanation(
     return " ".join(parts)
 
 
-def curve(lesson: LessonState, rates: Rates, profile) -> tuple[list[int], list[dict], Callable]:
-    """The prefix lengths, each one's predicted prefill and loads with the store's choice for each tier, and the
-    decision itself (P, rate) -> LoadDecision, as StoreTier.load makes it (each P's prefill predicted once)."""
+def decider(lesson: LessonState, rates: Rates, profile) -> Callable[[int, float], LoadDecision]:
+    """The store's decision for a stored prefix of P tokens (whole blocks) read at `rate` bytes/s, as
+    StoreTier.load makes it: (P, rate) -> LoadDecision, each P's prefill predicted once (this server's chunks)."""
 
     @functools.cache
     def prefill_s(P: int) -> float:
         return lesson.engine.predict_prefill(P, 0, lesson.chunk_size, profile=profile).seconds
 
-    def decide(P: int, rate: float):
+    def decide(P: int, rate: float) -> LoadDecision:
         return compute_or_load(P, 0, P // BLOCK_SIZE * rates.block_file_bytes, rate, lambda n, past: prefill_s(n))
 
+    return decide
+
+
+def curve(lesson: LessonState, rates: Rates, profile) -> tuple[list[int], list[dict], Callable]:
+    """The prefix lengths, each one's predicted prefill and loads with the store's choice for each tier, and the
+    decision itself (decider)."""
+    decide = decider(lesson, rates, profile)
     grid, points, disk = lengths(BLOCK_SIZE, lesson.spec.context_length), [], rates.disk_bytes_per_s
     for P in grid:
         ram = decide(P, rates.ram_bytes_per_s)

@@ -5,18 +5,22 @@ import { $, ApiError, authHeaders, getJSON, latest, postJSON, settled } from "./
 import { maskCell } from "./calculator.js";
 import { cssColor } from "./charts.js";
 import { drawGrid, visible } from "./grid.js";
+import { followPrefill } from "./progress.js";
+import { initSteps, showSteps } from "./steps.js";
 import { showResults } from "./results.js";
 
 let cat = null;
 let current = null; // the prompt last prefilled: {text, chat, P, labels, maxAttentionP, n}
+let paintMask = () => {}; // repaint the live grid with this many prompt tokens computed (a long prefill's chunks)
 export const lastPrompt = () => current; // the calculator's "use my prompt's P"
 
 const fmtB = (n) => `${Math.round(n).toLocaleString("en-US")} B`;
 const quote = (t) => `'${visible(t)}'`;
 const REPAINT_MS = 100; // the streamed answer's repaints, at most one in this many ms
 const MAX_ANSWER = 256; // the answer-tokens box's max
-const LATER = ["timeline-box", "attn-box", "roof-box"]; // boxes filled only once the prefill has run
+const LATER = ["timeline-box", "attn-box", "steps-box", "roof-box"]; // boxes filled only once the prefill has run
 const CHUNK_SHADE = "#1e3a8a"; // an odd chunk's allowed cells: a darker blue than the even chunks' accent
+const NOT_YET = "#c7d2fe"; // allowed cells of rows whose chunk has not run yet: a pale blue
 
 function status(text, error = false) {
   $("live-status").textContent = text;
@@ -34,7 +38,8 @@ export function initLive(catalog) {
   for (let l = 0; l < own.L; l++) $("layer-select").append(new Option(String(l), l));
   for (let h = 0; h < own.H_q; h++) $("head-select").append(new Option(String(h), h));
   $("layer-select").value = Math.floor(own.L / 2);
-  const redraw = latest(showAttention, 30);
+  initSteps();
+  const redraw = latest((signal) => Promise.all([showAttention(signal), stepsOfCurrent(signal)]), 30);
   $("layer-select").addEventListener("change", redraw);
   $("head-select").addEventListener("change", redraw);
   $("live-form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
@@ -68,13 +73,13 @@ async function run() {
     current = { text, chat, P: tok.P, labels: tok.labels, maxAttentionP: tok.max_attention_P };
     await showTokens(tok);
     status(prefillStatus(tok));
-    // A long prompt's chunks, predicted one by one, for the progress line while the server prefills them.
-    const chunks = tok.P > (tok.chunk_size ?? Infinity) ? (await getJSON("/api/predict", { P: tok.P })).chunks : null;
-    const result = await stream(tok, chat, +maxTokens, chunks);
+    const result = await stream(tok, chat, +maxTokens);
     current.n = result.n;
+    current.answer = result.text;
+    showChunkTimes(tok, result.timings);
     status(`done: ${tok.P} prompt tokens, ${result.n} answer tokens.`);
     document.dispatchEvent(new CustomEvent("prompt-run", { detail: { P: tok.P, n: result.n } }));
-    await Promise.all([showResults(cat, tok, result, guesses()), showAttention()]);
+    await Promise.all([showResults(cat, tok, result, guesses()), showAttention(), stepsOfCurrent()]);
     $("live").dataset.done = "1";
   } catch (e) {
     staleResults(e instanceof ApiError ? e.message : `unexpected: ${e}`);
@@ -125,32 +130,53 @@ async function showTokens(tok) {
   // The server's prefill chunks as bands of rows: chunk k computes the rows of its own tokens, attending to all
   // the columns before them (the K/V the earlier chunks wrote).
   const chunk = tok.chunk_size && tok.P > tok.chunk_size ? tok.chunk_size : null;
-  const chunkOf = (token) => (chunk ? Math.floor(token / chunk) : 0);
+  const chunkOf = (token) => (chunk ? Math.floor(token / chunk) : 0); // 0-based; said as chunk k + 1 of N
   $("chunk-caption").textContent = chunk ? `Chunked prefill: ${tok.prefill}. The rows are banded by chunk (alternate `
-    + `shades): chunk 0 holds tokens 0-${chunk - 1}, chunk 1 tokens ${chunk}-${Math.min(tok.P, 2 * chunk) - 1}`
-    + `${tok.P > 2 * chunk ? ", …" : ""}; each chunk's rows read the whole K/V written before them.` : "";
+    + `shades): chunk 1 holds tokens 0-${chunk - 1}, chunk 2 tokens ${chunk}-${Math.min(tok.P, 2 * chunk) - 1}`
+    + `${tok.P > 2 * chunk ? ", …" : ""}; each chunk's rows read the whole K/V written before them. While it runs, `
+    + "the rows not computed yet are pale." : "";
   const base = maskCell(m.rows);
+  let done = Infinity; // prompt tokens computed so far (a long prefill's progress); rows past it are pale
   const banded = (i, j) => {
     const look = base(i, j);
-    return look.cls === "allowed" && chunkOf(i * m.scale) % 2 ? { ...look, color: CHUNK_SHADE } : look;
+    if (look.cls !== "allowed") return look;
+    if (i * m.scale >= done) return { ...look, color: NOT_YET };
+    return chunkOf(i * m.scale) % 2 ? { ...look, color: CHUNK_SHADE } : look;
   };
   hover.textContent = `${m.caption}. Hover or tap a cell.`;
+  let draw;
+  paintMask = (tokens) => {
+    done = tokens;
+    $("token-grid").dataset.computed = Number.isFinite(tokens) ? tokens : tok.P;
+    draw();
+  };
   if (m.scale > 1) {
     const span = (i) => `${i * m.scale}-${Math.min(tok.P, (i + 1) * m.scale) - 1}`;
-    const inChunk = (i) => (chunk ? ` (chunk ${chunkOf(i * m.scale)})` : "");
-    drawGrid($("token-grid"), {
+    const inChunk = (i) => (chunk ? ` (chunk ${chunkOf(i * m.scale) + 1})` : "");
+    draw = () => drawGrid($("token-grid"), {
       P: m.rows.length, labels: null, cell: banded, hover,
       describe: (i, j) => (m.rows[i][j] === "1" ? `tokens ${span(i)}${inChunk(i)} may use tokens ${span(j)}`
         : m.rows[i][j] === "d" ? `tokens ${span(i)}: each may use itself and the earlier ones of these`
           : `masked: tokens ${span(j)} are in the future of tokens ${span(i)}`),
     });
-    return;
+  } else {
+    draw = () => drawGrid($("token-grid"), {
+      P: tok.P, labels: tok.labels, cell: banded, hover,
+      describe: (i, j) => (m.rows[i][j] === "1" ? `token ${i} ${quote(tok.labels[i])} may use token ${j} ${quote(tok.labels[j])}`
+        : `masked: ${quote(tok.labels[j])} (${j}) is in ${quote(tok.labels[i])}'s (${i}) future`),
+    });
   }
-  drawGrid($("token-grid"), {
-    P: tok.P, labels: tok.labels, cell: banded, hover,
-    describe: (i, j) => (m.rows[i][j] === "1" ? `token ${i} ${quote(tok.labels[i])} may use token ${j} ${quote(tok.labels[j])}`
-      : `masked: ${quote(tok.labels[j])} (${j}) is in ${quote(tok.labels[i])}'s (${i}) future`),
-  });
+  paintMask(Infinity);
+}
+
+// After a chunked prefill: when the server says each chunk's forward ended (ms after the request arrived).
+function showChunkTimes(tok, timings) {
+  const chunks = timings?.prefill_chunks;
+  if (!chunks) return;
+  const said = chunks.map((c, k) => `chunk ${k + 1} (tokens ${c.first}-${c.last}) at `
+    + `${Math.round(1e3 * c.t_s).toLocaleString("en-US")} ms`);
+  $("chunk-caption").textContent += ` Measured on the server, each chunk's forward ended: ${said.join(", ")}, counted `
+    + "from the request's arrival.";
 }
 
 // ---- streaming, and the KV cache growing as it goes ----
@@ -170,31 +196,7 @@ function showKV(tok, held, timings) {
   if (timings?.kv_bytes_formula != null) $("kv-formula").textContent = fmtB(timings.kv_bytes_formula);
 }
 
-// While a chunked prefill runs, the chunk it should be on by the time model's prediction (the server says nothing
-// until the first token): "chunk 3 of 8 (tokens 512-767)". Stopped by the returned function.
-function chunkProgress(tok, chunks, t0) {
-  if (!chunks) return () => {};
-  const bar = $("prefill-progress");
-  bar.hidden = false;
-  bar.max = chunks.length;
-  const ends = [];
-  chunks.reduce((t, c) => { ends.push(t + c.predicted_s); return t + c.predicted_s; }, 0);
-  const tick = () => {
-    const elapsed = (performance.now() - t0) / 1e3;
-    let k = ends.findIndex((e) => e > elapsed);
-    if (k < 0) k = chunks.length - 1; // later than predicted: the last chunk until the first token comes
-    bar.value = k;
-    const c = chunks[k];
-    status(`prefilling chunk ${k + 1} of ${chunks.length} (tokens ${c.first}-${c.last}), as the time model expects it `
-      + `(${ends.at(-1).toFixed(1)} s for all ${chunks.length}; the server reports nothing until the first token).`
-      + chunkWords(tok));
-  };
-  tick();
-  const timer = setInterval(tick, 500);
-  return () => { clearInterval(timer); bar.hidden = true; };
-}
-
-async function stream(tok, chat, maxTokens, chunks = null) {
+async function stream(tok, chat, maxTokens) {
   const own = cat.loaded;
   const body = { model: own.model_id, max_tokens: maxTokens, temperature: 0, stream: true,
     stream_options: { include_usage: true, continuous_usage_stats: true } };
@@ -220,26 +222,16 @@ async function stream(tok, chat, maxTokens, chunks = null) {
   // on a laptop), its own layout and painting take cores from the forward it is about to measure.
   await settled();
   const t0 = performance.now();
-  let stopProgress = chunkProgress(tok, chunks, t0);
   const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
     method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() }, body: JSON.stringify(body),
   });
   if (!res.ok) throw new ApiError((await res.json().catch(() => null))?.error?.message ?? `HTTP ${res.status}`);
-  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += value;
-    let cut;
-    while ((cut = buf.indexOf("\n\n")) >= 0) {
-      const event = buf.slice(0, cut);
-      buf = buf.slice(cut + 2);
-      if (!event.startsWith("data: ")) continue;
-      const data = event.slice(6);
-      if (data === "[DONE]") continue;
-      const obj = JSON.parse(data);
-      if (obj.error) throw new ApiError(obj.error.message);
+  // The request is queued (its headers came back before any token): follow a long prompt's chunks as the server
+  // reports them; the grid's rows fill in as their chunks run.
+  const stopProgress = followPrefill(tok, (words) => status(`${words}.${chunkWords(tok)}`), (n) => paintMask(n),
+    body.cache_salt !== undefined);
+  try {
+    for await (const obj of sseEvents(res)) {
       const now = (performance.now() - t0) / 1e3;
       const ch = obj.choices?.[0];
       const piece = chat ? ch?.delta?.content : ch?.text;
@@ -250,8 +242,7 @@ async function stream(tok, chat, maxTokens, chunks = null) {
       if (obj.usage) out.usage = obj.usage;
       if (obj.timings && !perToken) out.timings = obj.timings;
       if (piece || perToken) {
-        stopProgress();
-        stopProgress = () => {};
+        if (stopProgress()) paintMask(Infinity); // the first token: every row computed
         out.times.push(now);
         if (perToken) out.serverTimes.push(obj.timings.t_s);
       }
@@ -261,6 +252,8 @@ async function stream(tok, chat, maxTokens, chunks = null) {
         pending ??= setTimeout(show, REPAINT_MS);
       }
     }
+  } finally {
+    stopProgress();
   }
   clearTimeout(pending);
   show();
@@ -271,6 +264,31 @@ async function stream(tok, chat, maxTokens, chunks = null) {
       ? ": equal to the bytes measured in the request's cache blocks" : "");
   }
   return out;
+}
+
+// The server-sent events of a streamed completion, parsed; an error event is thrown as an ApiError.
+async function* sseEvents(res) {
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += value;
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const event = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
+      const obj = JSON.parse(event.slice(6));
+      if (obj.error) throw new ApiError(obj.error.message);
+      yield obj;
+    }
+  }
+}
+
+// The prefill / decode stepper for the last prompt, at the layer and head chosen for the heat map.
+function stepsOfCurrent(signal) {
+  return current?.n != null ? showSteps(current, +$("layer-select").value, +$("head-select").value, signal) : null;
 }
 
 async function showAttention(signal) {

@@ -3,6 +3,7 @@
 
 import { $, getJSON, loadWhenSeen, oneAtATime, setStatus } from "./api.js";
 import { drawTiers } from "./charts.js";
+import { initKVPick } from "./kvpick.js";
 
 const status = (text, error = false) => setStatus("tiers", text, error);
 
@@ -11,7 +12,10 @@ export function initTiers(catalog) {
     status("No model is loaded in this server: nothing to store.");
     return;
   }
-  loadWhenSeen("tiers", show);
+  loadWhenSeen("tiers", async () => {
+    await show();
+    await initKVPick(catalog.loaded.context_length);
+  });
 }
 
 async function show() {
