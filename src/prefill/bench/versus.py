@@ -95,7 +95,7 @@ class Contender:
     prefill: Callable[[list[int]], object]  # a whole prefill of the ids from an empty cache
     fill_then_step: Callable[[list[int]], Callable[[], object]]  # fill the context, return one decode step
     storage: tuple[str, str]  # (projections, embedding), as prefill.costmodel.storage names them
-    kv_bytes: int  # bytes per K/V element
+    kv_bytes: float  # bytes per K/V element (costs.kv_bytes_per_element)
 
 
 def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = None) -> VersusResult:
@@ -180,7 +180,7 @@ def _ours(engine, file_types: tuple[str, str]) -> Contender:
         token = torch.tensor([ids[-1]])
         return lambda: (cache.truncate(len(ids)), engine.decode_step(token, cache))
 
-    return Contender(f"prefill ({_label(storage)})", engine.prefill, fill_then_step, storage, engine.dtype.itemsize)
+    return Contender(f"prefill ({_label(storage)})", engine.prefill, fill_then_step, storage, engine.kv_bytes)
 
 
 def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str) -> Contender:

@@ -27,11 +27,25 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     return getattr(torch, costs.canonical_dtype(name))
 
 
+POOL_KV_DTYPES = ("float32", "bfloat16", "float16")  # the K/V dtypes of costs.KV_DTYPES a pool is built in
+
+
+def kv_torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of the pool's K/V tensors for a K/V dtype of costs.KV_DTYPES (BadInput for others)."""
+    kv = costs.kv_dtype_name(str(name))
+    if kv == "q8_0":
+        from prefill.errors import BadInput
+
+        raise BadInput("q8_0 K/V is not built yet: use --kv-dtype float32, bfloat16 or float16")
+    return getattr(torch, kv)
+
+
 class ModelRunner:
-    """A Transformer with its weights loaded, on one device, in one dtype."""
+    """A Transformer with its weights loaded, on one device, in one dtype; its KV pools in `kv_dtype`."""
 
     def __init__(self, model: Transformer, dtype: torch.dtype, device, deterministic: bool = False) -> None:
         self.model, self.dtype, self.device = model, dtype, torch.device(device)
+        self.kv_dtype = dtype  # what new pools store K/V as (set_kv_dtype)
         self.spec: ModelSpec = model.spec
         self.deterministic = False
         self._shapes: set[tuple[int, int]] = set()  # (thread, tokens) of every forward run so far
@@ -52,9 +66,14 @@ class ModelRunner:
         return cls(model, dt, device)
 
     # ---- the cache ----
+    def set_kv_dtype(self, name: str | torch.dtype | None) -> None:
+        """Store K/V as `name` (costs.KV_DTYPES) in the pools made from now on; None: the compute dtype. Attention
+        reads them widened to float32 (prefill.model.attention), so 16-bit K/V halve the bytes a decode step reads."""
+        self.kv_dtype = self.dtype if name is None else kv_torch_dtype(name)
+
     def new_pool(self, tokens: int) -> KVPool:
         """A private KV pool big enough for `tokens` positions."""
-        return KVPool.for_tokens(self.spec, tokens, self.dtype, self.device)
+        return KVPool.for_tokens(self.spec, tokens, self.kv_dtype, self.device)
 
     def new_cache(self, capacity: int) -> SeqKV:
         """An empty cache for one sequence of up to `capacity` tokens, in a pool of its own."""

@@ -88,17 +88,25 @@ class ForwardBatch:
         """One row and nothing cached before it: attention needs only the new K/V."""
         return len(self.rows) == 1 and self.rows[0].start == 0
 
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the new tokens' k, v [1, H_kv, N, d_head] to their slots in the pool."""
-        slots = self.write[self.group_of[layer]]
-        self.k[layer].index_copy_(1, slots, k[0])
-        self.v[layer].index_copy_(1, slots, v[0])
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' k, v [1, H_kv, N, d_head] to their slots in the pool; returns them as stored, in
+        k's dtype (rounded to a 16-bit pool's), so that a query reads the same K/V fresh or from the pool."""
+        slots, pool_k, pool_v = self.write[self.group_of[layer]], self.k[layer], self.v[layer]
+        ks, vs = k.to(pool_k.dtype), v.to(pool_k.dtype)  # 16-bit K/V: rounded once here, to nearest even
+        pool_k.index_copy_(1, slots, ks[0])
+        pool_v.index_copy_(1, slots, vs[0])
+        return ks.to(k.dtype), vs.to(v.dtype)
 
-    def past(self, layer: int, row: Row) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-        """The row's past in `layer` as views of the pool: [(K [1, H_kv, S, d_head], V, first position)]."""
+    def run(self, layer: int, a: int, b: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of pool slots a..b-1 in `layer` in `dtype`: [1, H_kv, b - a, d_head] each (views when the
+        pool holds that dtype, else widened copies)."""
+        return self.k[layer][None, :, a:b].to(dtype), self.v[layer][None, :, a:b].to(dtype)
+
+    def past(self, layer: int, row: Row, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """The row's past in `layer` from the pool, in `dtype`: [(K [1, H_kv, S, d_head], V, first position)]."""
         g, out = self.group_of[layer], []
         pos = row.first[g]
         for a, b in row.runs[g]:
-            out.append((self.k[layer][None, :, a:b], self.v[layer][None, :, a:b], pos))
+            out.append((*self.run(layer, a, b, dtype), pos))
             pos += b - a
         return out

@@ -35,8 +35,9 @@ def usable(t: torch.Tensor) -> bool:
 
 
 def paged_usable(t: torch.Tensor) -> bool:
-    """Does the paged attention kernel read this pool (float32 or bfloat16 K/V on the CPU), and is it built?"""
-    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) and available()
+    """Does the paged attention kernel read this pool (float32, bfloat16 or float16 K/V on the CPU), and is it
+    built?"""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16, torch.float16) and available()
 
 
 def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,7 @@ def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(q, k, v, table, first_block, first, end, block_size: int, scale: float) -> torch.Tensor:
-    """See the module docstring: q float32, k and v float32 or bfloat16 (read as float32), on the CPU."""
+    """See the module docstring: q float32, k and v float32, bfloat16 or float16 (read as float32), on the CPU."""
     return torch.ops.prefill_kernels.paged_attention(q, k, v, table, first_block, first, end, block_size, scale, True)
 
 

@@ -9,8 +9,8 @@
 // its G query heads (GQA), and nothing is copied out of the pool.
 //
 //   q      [R, H_q, D] float32, contiguous        out [R, H_q, D] float32
-//   k, v   [H_kv, n_slots, D] float32 or bfloat16, D contiguous (the pool's per-layer tensors; bfloat16 K/V are
-//          widened to float32 as they are read, and every sum runs in float32)
+//   k, v   [H_kv, n_slots, D] float32, bfloat16 or float16, D contiguous (the pool's per-layer tensors; 16-bit K/V
+//          are widened to float32 as they are read, exactly, and every sum runs in float32)
 //   table  [R, T] int64: block ids; table[r][j] holds positions (j + first_block[r]) * bs ...
 //   first_block, first, end  [R] int64: the table's first block; the first and one-past-last positions read
 #include <torch/library.h>
@@ -18,6 +18,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -28,7 +29,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#define PA_AVX2 __attribute__((target("avx2,fma")))
+#define PA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PA_HAVE_X86 1
 #endif
 
@@ -41,6 +42,9 @@ constexpr int64_t kMaxSpans = 8;
 constexpr int64_t kAhead = 2;     // blocks between the one read and the one prefetched
 
 using bf16_t = uint16_t;  // a bfloat16's bits: the top half of a float32's
+struct f16_t {             // an IEEE float16's bits (a type of its own, so the loads below overload on it)
+  uint16_t bits;
+};
 
 inline float to_float(float x) { return x; }
 inline float to_float(bf16_t x) {
@@ -49,6 +53,7 @@ inline float to_float(bf16_t x) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+inline float to_float(f16_t x) { return c10::detail::fp16_ieee_to_fp32_value(x.bits); }
 
 // How many spans a row of n positions is read in: the spans of one (row, KV head) run on different threads, so
 // one long row keeps every thread busy (one row has H_kv = 3 work items for 2 threads otherwise), and their
@@ -113,6 +118,9 @@ PA_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 PA_AVX2 inline __m256 load8(const bf16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+PA_AVX2 inline __m256 load8(const f16_t* p) {  // F16C: 8 float16s widened, exactly
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // The dot product of one query and one key from its 8 lane sums, in a fixed order: ((0+1)+(2+3))+((4+5)+(6+7)),
@@ -179,7 +187,7 @@ PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (
       }
       for (int64_t t = 0; t < n; t++) {
         const T* vt = vb + t * D + i;
-        if (vn) {  // this row's 32 elements of the V ahead (128 bytes of float32, 64 of bfloat16)
+        if (vn) {  // this row's 32 elements of the V ahead (128 bytes of float32, 64 of 16-bit)
           _mm_prefetch(vn + (t * D + i) * e, _MM_HINT_T0);
           if (e == 4) _mm_prefetch(vn + (t * D + i) * e + 64, _MM_HINT_T0);
         }
@@ -248,7 +256,9 @@ PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const T* kb,
   }
 }
 
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 #else
 bool cpu_has_avx2() { return false; }
 #endif
@@ -257,9 +267,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const at::Tensor& first_block, const at::Tensor& first, const at::Tensor& end,
                            int64_t block_size, double scale, bool allow_simd) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [R, H_q, D] float32");
-  const bool bf16 = k.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(k.dim() == 3 && (bf16 || k.scalar_type() == at::kFloat) && k.stride(2) == 1 && k.stride(1) == k.size(2),
-              "k must be [H_kv, n_slots, D] float32 or bfloat16 with D contiguous");
+  const auto kt = k.scalar_type();
+  TORCH_CHECK(k.dim() == 3 && (kt == at::kFloat || kt == at::kBFloat16 || kt == at::kHalf) && k.stride(2) == 1 &&
+                  k.stride(1) == k.size(2),
+              "k must be [H_kv, n_slots, D] float32, bfloat16 or float16 with D contiguous");
   TORCH_CHECK(v.sizes() == k.sizes() && v.strides() == k.strides() && v.scalar_type() == k.scalar_type(), "v like k");
   TORCH_CHECK(block_size >= 1 && block_size <= kMaxBlock, "block_size must be in [1, 64]");
   const int64_t R = q.size(0), H_q = q.size(1), D = q.size(2), H_kv = k.size(0), n_slots = k.size(1);
@@ -291,7 +302,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   first_item[R * H_kv] = static_cast<int64_t>(items.size());
   const int64_t stride = G * D + 2 * G;  // one item's partial: acc [G, D], m [G], l [G]
   std::vector<float> part(items.size() * stride);
-  // Every item over K/V of element type E (float, or a bfloat16's bits).
+  // Every item over K/V of element type E (float, or a 16-bit type's bits).
   const auto run = [&](const auto* kp, const auto* vp) {
     using E = std::remove_const_t<std::remove_pointer_t<decltype(kp)>>;
     at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
@@ -333,9 +344,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
       }
     });
   };
-  if (bf16)
+  if (kt == at::kBFloat16)
     run(reinterpret_cast<const bf16_t*>(k.data_ptr<at::BFloat16>()),
         reinterpret_cast<const bf16_t*>(v.data_ptr<at::BFloat16>()));
+  else if (kt == at::kHalf)
+    run(reinterpret_cast<const f16_t*>(k.data_ptr<at::Half>()), reinterpret_cast<const f16_t*>(v.data_ptr<at::Half>()));
   else
     run(k.data_ptr<float>(), v.data_ptr<float>());
   // Each (row, KV head): its spans' partials merged in span order by their log-sum-exp, then normalised.

@@ -18,8 +18,12 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 
 #include "elementwise.h"
 #include "gemm.h"
@@ -167,6 +171,24 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return op.call(q, k, v, table, first_block, first, end, block_size, scale, true);
 }
 
+// Each token's new K and V (heads H_q .. H_q + 2 H_kv of its qkv row [H, d]) into its slot of the pool, in the
+// pool's element type: a 16-bit type rounds to nearest even, as torch's .to() does (the attention path's store).
+template <typename T>
+void store_kv(const float* src, int64_t N, int64_t H, int64_t H_q, int64_t H_kv, int64_t d, const int64_t* slots,
+              T* kp, T* vp, int64_t hs) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t h = 0; h < H_kv; h++) {
+      const float *ks = src + (n * H + H_q + h) * d, *vs = src + (n * H + H_q + H_kv + h) * d;
+      T *kd = kp + h * hs + slots[n] * d, *vd = vp + h * hs + slots[n] * d;
+      if constexpr (std::is_same_v<T, float>) {
+        std::memcpy(kd, ks, d * sizeof(float));
+        std::memcpy(vd, vs, d * sizeof(float));
+      } else {
+        for (int64_t i = 0; i < d; i++) kd[i] = T(ks[i]), vd[i] = T(vs[i]);
+      }
+    }
+}
+
 // The same arithmetic, in the same order, as pre_attention, the pool's index_copy_ of K and V, paged_attention
 // and post_attention called one after the other (prefill.model.attention.attend for a batch of decode rows):
 // the result is bitwise theirs.
@@ -182,23 +204,27 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& norm1, double eps
   const int64_t N = x.size(0), d = cos.size(1), H = H_q + 2 * H_kv;
   const at::Tensor qkv = qkv_rotary_rows(x, norm1, eps, w_qkv, qkv_type, bias, cos, sin, H_q + H_kv);  // [N, H d]
   TORCH_CHECK(qkv.size(1) == H * d, "prefill_quant: the Q/K/V weight has ", qkv.size(1), " rows, not ", H * d);
+  const auto kt = k_pool.scalar_type();
   TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(0) == H_kv && k_pool.size(2) == d && k_pool.stride(2) == 1 &&
-                  k_pool.stride(1) == d && k_pool.scalar_type() == at::kFloat && v_pool.sizes() == k_pool.sizes() &&
-                  v_pool.strides() == k_pool.strides() && v_pool.scalar_type() == at::kFloat,
-              "prefill_quant: the pool's K and V must be float32 [H_kv, n_slots, d_head], rows contiguous");
+                  k_pool.stride(1) == d && (kt == at::kFloat || kt == at::kBFloat16 || kt == at::kHalf) &&
+                  v_pool.sizes() == k_pool.sizes() && v_pool.strides() == k_pool.strides() &&
+                  v_pool.scalar_type() == kt,
+              "prefill_quant: the pool's K and V must be float32, bfloat16 or float16 [H_kv, n_slots, d_head], rows "
+              "contiguous");
   TORCH_CHECK(slots.dim() == 1 && slots.size(0) == N && slots.scalar_type() == at::kLong && slots.is_contiguous(),
               "prefill_quant: slots must be [N] long");
   const float* src = qkv.data_ptr<float>();  // [N, H, d]: q heads, then k heads, then v heads
-  float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
   const int64_t* sp = slots.data_ptr<int64_t>();
-  const int64_t n_slots = k_pool.size(1), hs = k_pool.stride(0);
-  for (int64_t n = 0; n < N; n++) {
+  const int64_t n_slots = k_pool.size(1);
+  for (int64_t n = 0; n < N; n++)
     TORCH_CHECK(sp[n] >= 0 && sp[n] < n_slots, "prefill_quant: slot ", sp[n], " outside the pool");
-    for (int64_t h = 0; h < H_kv; h++) {
-      std::memcpy(kp + h * hs + sp[n] * d, src + (n * H + H_q + h) * d, d * sizeof(float));
-      std::memcpy(vp + h * hs + sp[n] * d, src + (n * H + H_q + H_kv + h) * d, d * sizeof(float));
-    }
-  }
+  if (kt == at::kFloat)
+    store_kv(src, N, H, H_q, H_kv, d, sp, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), k_pool.stride(0));
+  else if (kt == at::kBFloat16)
+    store_kv(src, N, H, H_q, H_kv, d, sp, k_pool.data_ptr<at::BFloat16>(), v_pool.data_ptr<at::BFloat16>(),
+             k_pool.stride(0));
+  else
+    store_kv(src, N, H, H_q, H_kv, d, sp, k_pool.data_ptr<at::Half>(), v_pool.data_ptr<at::Half>(), k_pool.stride(0));
   const at::Tensor q = qkv.narrow(1, 0, H_q * d).contiguous().view({N, H_q, d});
   const at::Tensor o = paged_attention(q, k_pool, v_pool, table, first_block, first, end, block_size, scale);
   return post_attention(x, o.view({N, H_q * d}), w_o, o_type, norm2, eps, w_gu, gu_type, w_down, down_type);
