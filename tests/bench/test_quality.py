@@ -87,3 +87,37 @@ def test_kl_and_agreement_of_known_distributions():
     assert moved.positions == 2 and moved.top1 == 0
     # the scored tokens are 1 and 1 (the window's second half): NLL under p is log(Z_p / e), under q log(Z_q / e)
     assert moved.ppl_ratio == pytest.approx(z_q / z_p, rel=1e-5)
+
+
+# K/V stored at 16 bits against float32 K/V (the reference), on the native blocks. Rounding a K or V value to
+# nearest even moves it by at most u of itself: u = 2^-9 for bfloat16, 2^-12 for float16. A logit moves in
+# proportion to u, and KL ~ 1/2 E[(delta logit)^2] in proportion to u^2: float16's KL is (2^-3)^2 = 1/64 of
+# bfloat16's. On this text bfloat16 K/V measured mean KL 2.9e-5 and p99 2.2e-4; the bounds leave ~4x room,
+# and float8 e4m3 K/V (u = 2^-4: 32x bfloat16's, so ~1000x its KL) breaks them.
+BF16_KV = Limits(mean_kl=1.2e-4, p99_kl=1e-3, top1=0.98, ppl_drift=2e-3)
+
+
+@pytest.mark.slow
+def test_16bit_kv_passes_bounds_from_its_rounding_and_coarser_kv_fails_them(smollm_native, monkeypatch):
+    from prefill.model.batch import ForwardBatch
+
+    ids = held_out_ids(smollm_native.tokenizer, SHORT)
+    ref = engine_logits(smollm_native)
+    paths = {"bf16": engine_logits(smollm_native, "bfloat16"), "f16": engine_logits(smollm_native, "float16")}
+    bf16, f16 = measure_quality(ref, paths, ids, WINDOW)
+    assert BF16_KV.check(bf16) == [] and bf16.mean_kl > 0  # the rounding is there, and within its bound
+    assert f16.mean_kl < bf16.mean_kl / 16  # u^2 says 1/64
+
+    store, fp8 = ForwardBatch.store, engine_logits(smollm_native)
+
+    def coarse(self, layer, k, v):  # K/V rounded to float8 e4m3 before the pool stores them
+        return store(self, layer, k.to(torch.float8_e4m3fn).float(), v.to(torch.float8_e4m3fn).float())
+
+    def planted(w, lo, hi):
+        with monkeypatch.context() as m:
+            m.setattr(ForwardBatch, "store", coarse)
+            return fp8(w, lo, hi)
+
+    (coarse_row,) = measure_quality(ref, {"fp8 K/V": planted}, ids, WINDOW)
+    broken = BF16_KV.check(coarse_row)
+    assert broken and broken[0].startswith("mean KL")

@@ -1,7 +1,7 @@
 """Answers that do not depend on the cache: on the path `auto` takes on this kind of CPU (native GGUF blocks,
-float32 activations and K/V), a prompt sent again, now a prefix-cache hit, gets the greedy text of its cold run,
-for 1,000-token prompts cut from the seed lessons (issue 42: on dense bfloat16 two of four such prompts changed
-their text on the hit)."""
+float32 activations and K/V; and with bfloat16 K/V, --kv-dtype bfloat16), a prompt sent again, now a prefix-cache
+hit, gets the greedy text of its cold run, for 1,000-token prompts cut from the seed lessons (issue 42: on dense
+bfloat16 two of four such prompts changed their text on the hit)."""
 
 from __future__ import annotations
 
@@ -40,11 +40,12 @@ def greedy(loop: StepLoop, engine, ids: list[int]) -> Generation:
 @pytest.mark.slow
 @pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed lessons are not on this machine")
 @pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
-def test_a_prefix_cache_hit_gives_the_cold_runs_greedy_text(smollm_native):
+@pytest.mark.parametrize("kv", ["float32", "bfloat16"])  # --kv-dtype: every query reads K/V as the pool stores them
+def test_a_prefix_cache_hit_gives_the_cold_runs_greedy_text(smollm_native, kv):
     engine = smollm_native
     prompts = seed_prompts(engine.tokenizer)
     assert len(prompts) == 5  # 4 of prefill-lesson.txt (4,732 tokens), 1 of the interactive one (1,562)
-    pool = engine.new_pool(4 * (PROMPT_TOKENS + NEW_TOKENS))
+    pool = engine.new_pool(4 * (PROMPT_TOKENS + NEW_TOKENS), kv)
     loop = StepLoop(engine.runner, pool, RadixPrefixCache(pool, pool.allocated_bytes()), chunk_size=CHUNK)
     for ids in prompts:
         cold = greedy(loop, engine, ids)

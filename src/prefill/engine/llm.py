@@ -138,8 +138,8 @@ class Engine:
         return cls(ModelRunner.from_state_dict(spec, state_dict, dtype, device), tokenizer, source)
 
     # ---- the runner's forward, for the proofs and the benchmark ----
-    def new_pool(self, tokens: int) -> KVPool:
-        return self.runner.new_pool(tokens)
+    def new_pool(self, tokens: int, kv_dtype: str | None = None) -> KVPool:
+        return self.runner.new_pool(tokens, kv_dtype)
 
     def new_cache(self, capacity: int) -> SeqKV:
         return self.runner.new_cache(capacity)

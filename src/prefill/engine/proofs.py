@@ -12,9 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prefill.costmodel import costs
-from prefill.engine.kvcache import KVPool
 from prefill.engine.llm import Engine
-from prefill.engine.runner import kv_torch_dtype
 
 
 @dataclass(frozen=True)
@@ -138,7 +136,7 @@ def kv_bytes_match_formula(engine: Engine, P: int, kv_dtype: str | None = None) 
     windows; a windowed layer holds its window's blocks only (costs.kv_cache_bytes_held). K/V stored as
     `kv_dtype` (None: as the engine's pools store them), b its bytes per value (costs.kv_bytes_per_element)."""
     kv = engine.kv_dtype_name if kv_dtype is None else costs.kv_dtype_name(kv_dtype)
-    pool = KVPool.for_tokens(engine.spec, P, kv_torch_dtype(kv), engine.device)
+    pool = engine.new_pool(P, kv)
     _, cache = engine.prefill(list(range(1, P + 1)), pool.new_seq())
     expected = costs.kv_cache_bytes_held(engine.spec, P, costs.kv_bytes_per_element(kv), cache.pool.block_size)
     return Check(

@@ -71,9 +71,10 @@ class ModelRunner:
         reads them widened to float32 (prefill.model.attention), so 16-bit K/V halve the bytes a decode step reads."""
         self.kv_dtype = self.dtype if name is None else kv_torch_dtype(name)
 
-    def new_pool(self, tokens: int) -> KVPool:
-        """A private KV pool big enough for `tokens` positions."""
-        return KVPool.for_tokens(self.spec, tokens, self.kv_dtype, self.device)
+    def new_pool(self, tokens: int, kv_dtype: str | None = None) -> KVPool:
+        """A private KV pool big enough for `tokens` positions, K/V stored as `kv_dtype` (None: kv_dtype's)."""
+        kv = self.kv_dtype if kv_dtype is None else kv_torch_dtype(kv_dtype)
+        return KVPool.for_tokens(self.spec, tokens, kv, self.device)
 
     def new_cache(self, capacity: int) -> SeqKV:
         """An empty cache for one sequence of up to `capacity` tokens, in a pool of its own."""
