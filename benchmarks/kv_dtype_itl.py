@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from serving_core import median_of, prompt, run_streams  # benchmarks/: the same streams as the serving core's
 
+from prefill.costmodel.costs import KV_DTYPES
 from prefill.engine.llm import Engine
-from prefill.engine.runner import POOL_KV_DTYPES
 
 CONTEXTS = (64, 4096)
 NEW = 32  # tokens decoded per run
@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights", default="native")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--kv", default=",".join(POOL_KV_DTYPES), help="comma-separated K/V dtypes")
+    ap.add_argument("--kv", default=",".join(KV_DTYPES), help="comma-separated K/V dtypes")
     ap.add_argument("--out", default="bench-results/kv_dtype_itl.json")
     args = ap.parse_args()
     engine = Engine.load(None, dtype="float32", weights=args.weights, progress=False)
@@ -44,7 +44,9 @@ def main() -> None:
     m = {k: median_of(v) for k, v in runs.items()}
     cpu = torch.backends.cpu.get_cpu_capability()
     print(f"\nSmolLM2-135M, {engine.weights} weights, float32 activations, {torch.get_num_threads()} threads, {cpu}")
-    print(f"{'K/V':<10} {'ITL@64 ms':>10} {'ITL@4096 ms':>12} {'ratio':>6} {'pred@64':>8} {'pred@4096':>10} {'ratio':>6}")
+    print(
+        f"{'K/V':<10} {'ITL@64 ms':>10} {'ITL@4096 ms':>12} {'ratio':>6} {'pred@64':>8} {'pred@4096':>10} {'ratio':>6}"
+    )
     record = {"cpu": cpu, "weights": engine.weights, "threads": torch.get_num_threads(), "rows": {}}
     for kv in kvs:
         engine.runner.set_kv_dtype(kv)

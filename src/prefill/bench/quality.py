@@ -210,9 +210,9 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     reference with K/V stored at 16 bits, and llama.cpp's logits of the same file from a child process."""
     from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
     from prefill.bench.peers import llamacpp_available, load_llamacpp_scorer
+    from prefill.costmodel.costs import KV_DTYPES
     from prefill.device.capability import capability
     from prefill.engine.llm import Engine
-    from prefill.engine.runner import POOL_KV_DTYPES
     from prefill.engine.weights import quantized_types
     from prefill.loading import default_model_path
     from prefill.machine.paths import candidates
@@ -231,7 +231,7 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     ids = held_out_ids(ref.tokenizer, tokens)
     label = lambda p, e: f"{p.label(())} ({e.weights})" if p.weights == "native" else p.label()  # noqa: E731
     paths = {label(p, e): engine_logits(e) for p, e in engines.items()}
-    for kv in POOL_KV_DTYPES[1:]:  # the reference path with K/V stored at fewer bytes (--kv-dtype)
+    for kv in KV_DTYPES[1:]:  # the reference path with K/V stored at fewer bytes (--kv-dtype)
         paths[f"{label(ref_path, ref)}, {kv} K/V"] = engine_logits(ref, kv)
     notes: list[str] = []
     llama = None

@@ -41,7 +41,7 @@ KVStoreDir = Annotated[
 KVStoreMb = Annotated[float, typer.Option("--kv-store-mb", help="the KV store's size cap in MiB (LRU beyond)")]
 KVDtype = Annotated[
     str | None,
-    typer.Option("--kv-dtype", help="K/V in the pool as float32, bfloat16 or float16 (default: the compute dtype)"),
+    typer.Option("--kv-dtype", help="K/V in the pool: float32, bfloat16, float16 or q8_0 (default: the compute dtype)"),
 ]
 
 
@@ -116,8 +116,8 @@ def open_engine(
     ("P,n"; default: the typical request), said in a line each, the model file parsed once for both; K/V
     stored as `kv_dtype` (None: the compute dtype)."""
     from prefill.costmodel.gguf_file import reading_once
+    from prefill.engine.kvcache import kv_torch_dtype
     from prefill.engine.llm import Engine
-    from prefill.engine.runner import kv_torch_dtype
 
     if kv_dtype is not None:
         kv_torch_dtype(kv_dtype)  # a bad name is one line before anything loads

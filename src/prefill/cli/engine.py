@@ -189,11 +189,11 @@ def verify_quality(model: str | None, tokens: int | None, window: int, threads: 
 def run_proofs(engine, ids: list[int], chunk_size: int, reference: bool) -> list:
     """Every proof on the prompt `ids`: prefill paths, cache bytes (for every K/V dtype), batched decode, and
     (when `reference` and transformers is installed) parity with the same weights in transformers."""
+    from prefill.costmodel.costs import KV_DTYPES
     from prefill.engine import proofs
-    from prefill.engine.runner import POOL_KV_DTYPES
 
     checks = proofs.parallel_vs_sequential(engine, ids) + proofs.chunked_vs_single(engine, ids, chunk_size)
-    checks += [proofs.kv_bytes_match_formula(engine, len(ids), kv) for kv in POOL_KV_DTYPES]
+    checks += [proofs.kv_bytes_match_formula(engine, len(ids), kv) for kv in KV_DTYPES]
     P = len(ids)
     others = [ids[: max(1, P // 3)], ids[: max(1, 2 * P // 3)], (ids * 3)[: min(3 * P, engine.spec.context_length - 8)]]
     checks += proofs.batched_vs_alone(engine, [ids, *others])

@@ -20,11 +20,11 @@ from prefill.costmodel.kv_store import DEFAULT_STORE_MB as DEFAULT_KV_STORE_MB
 from prefill.costmodel.ops import Layout, Row
 from prefill.costmodel.profile import MachineProfile
 from prefill.engine.kv_tier import StoreTier
-from prefill.engine.kvcache import KVPool, SeqKV
+from prefill.engine.kvcache import KVPool, SeqKV, kv_dtype_name, kv_torch_dtype
 from prefill.engine.loop import StepLoop
 from prefill.engine.prompt import check_prompt, check_text
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
-from prefill.engine.runner import ModelRunner, kv_torch_dtype, torch_dtype
+from prefill.engine.runner import ModelRunner, torch_dtype
 from prefill.engine.sampling import SamplingParams
 from prefill.engine.weights import storage_of, weights_path
 from prefill.errors import BadInput
@@ -77,7 +77,7 @@ class Engine:
         `kv_store_mb` MiB (attach_kv_store). `activations`: what native blocks' products take, "f32" (the
         reference; always under `deterministic`) or "q8" (8-bit, on Q4_0/Q4_1/Q8_0 blocks); None: auto's choice
         where it chose (PREFILL_ACTIVATIONS narrows it), else PREFILL_ACTIVATIONS, else f32. `kv_dtype`: what the
-        KV pool stores K/V as (float32, bfloat16 or float16); None: the dtype the engine computes in."""
+        KV pool stores K/V as (float32, bfloat16, float16 or q8_0); None: the dtype the engine computes in."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
@@ -124,7 +124,7 @@ class Engine:
             directory,
             int(max_mb * 1024**2),
             self.model,
-            self.runner.kv_dtype,
+            self.kv_dtype_name,
             lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
             force,
         )
@@ -246,7 +246,7 @@ class Engine:
     @property
     def kv_dtype_name(self) -> str:
         """What the KV pool stores K/V as (costs.KV_DTYPES)."""
-        return str(self.runner.kv_dtype).removeprefix("torch.")
+        return kv_dtype_name(self.runner.kv_dtype)
 
     @property
     def kv_bytes(self) -> float:

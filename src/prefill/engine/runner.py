@@ -15,7 +15,7 @@ import torch
 from prefill.costmodel import costs
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.batch import forward_batch
-from prefill.engine.kvcache import KVPool, SeqKV
+from prefill.engine.kvcache import KVPool, SeqKV, kv_torch_dtype
 from prefill.model.quant import fused
 from prefill.model.transformer import Transformer
 
@@ -25,19 +25,6 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     return getattr(torch, costs.canonical_dtype(name))
-
-
-POOL_KV_DTYPES = ("float32", "bfloat16", "float16")  # the K/V dtypes of costs.KV_DTYPES a pool is built in
-
-
-def kv_torch_dtype(name: str | torch.dtype) -> torch.dtype:
-    """The torch dtype of the pool's K/V tensors for a K/V dtype of costs.KV_DTYPES (BadInput for others)."""
-    kv = costs.kv_dtype_name(str(name))
-    if kv == "q8_0":
-        from prefill.errors import BadInput
-
-        raise BadInput("q8_0 K/V is not built yet: use --kv-dtype float32, bfloat16 or float16")
-    return getattr(torch, kv)
 
 
 class ModelRunner:
