@@ -26,7 +26,8 @@ def test_q8_0_kv_of_smollm2_at_4096_tokens_is_17_16ths_of_a_byte_per_value():
 @pytest.mark.parametrize("bad", ["int4", "q4_0", "fp8", ""])
 def test_a_kv_dtype_the_pool_has_not_is_refused(bad):
     with pytest.raises(BadInput, match="K/V dtype"):
-        costs.kv_bytes_per_element(bad)
+        costs.kv_dtype_name(bad)
+    assert costs.kv_bytes_per_element("fp8") == 1  # a GPU engine's cache, in the calculator
 
 
 @pytest.mark.parametrize("kv, b", [("float32", 4), ("bfloat16", 2), ("q8_0", 34 / 32)])

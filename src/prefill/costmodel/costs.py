@@ -90,19 +90,28 @@ KV_DTYPES = ("float32", "bfloat16", "float16", "q8_0")
 Q8_0_BLOCK = 32
 
 
+def cache_dtype(dtype: str) -> str:
+    """The canonical name of a KV-cache dtype: canonical_dtype's, or q8_0; BadInput if unknown."""
+    key = str(dtype).lower().removeprefix("torch.")
+    return "q8_0" if key in ("q8_0", "q8") else canonical_dtype(key)
+
+
 def kv_dtype_name(kv_dtype: str) -> str:
-    """The canonical name of a K/V storage dtype ("bf16" -> "bfloat16", "q8_0"); BadInput if the pool has none."""
-    key = str(kv_dtype).lower().removeprefix("torch.")
-    name = "q8_0" if key in ("q8_0", "q8") else _DTYPE_ALIASES.get(key)
+    """The canonical name of a dtype the engine's KV pool stores K/V as ("bf16" -> "bfloat16", "q8_0");
+    BadInput for any other."""
+    try:
+        name = cache_dtype(kv_dtype)
+    except BadInput:
+        name = None
     if name not in KV_DTYPES:
         raise BadInput(f"unknown K/V dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
     return name
 
 
 def kv_bytes_per_element(kv_dtype: str) -> float:
-    """b of the KV formulas, bytes per stored K or V value: float32 4, bfloat16/float16 2, q8_0 34 / 32 (a
-    float16 scale and 32 int8s per 32 values)."""
-    name = kv_dtype_name(kv_dtype)
+    """b of the KV formulas, bytes per stored K or V value: float32 4, bfloat16/float16 2, fp8/int8 1 (a GPU
+    engine's cache), q8_0 34 / 32 (a float16 scale and 32 int8s per 32 values)."""
+    name = cache_dtype(kv_dtype)
     return (2 + Q8_0_BLOCK) / Q8_0_BLOCK if name == "q8_0" else float(_DTYPE_BYTES[name])
 
 

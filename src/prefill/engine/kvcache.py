@@ -308,7 +308,8 @@ class SeqKV:
         return (1, self.pool.H_kv, self.length, self.pool.d_head)
 
     def k(self, layer: int) -> torch.Tensor:
-        """Keys of the positions `layer` holds, gathered: [1, H_kv, held_positions(layer), d_head]."""
+        """Keys of the positions `layer` holds, gathered: [1, H_kv, held_positions(layer), d_head] (a q8_0 pool's
+        dequantized to float32)."""
         return self._gather(self.pool.k[layer], layer)
 
     def v(self, layer: int) -> torch.Tensor:
@@ -318,4 +319,5 @@ class SeqKV:
     def _gather(self, t: torch.Tensor, layer: int) -> torch.Tensor:
         g = self.pool.group_of[layer]
         start = self.length - self.held_positions(layer)
-        return t.index_select(1, self.slots(g, start, self.length).to(t.device))[None]
+        rows = t.index_select(1, self.slots(g, start, self.length).to(t.device))[None]
+        return kv_quant.dequantize(rows) if rows.dtype == torch.uint8 else rows

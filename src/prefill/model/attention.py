@@ -113,7 +113,7 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
     """Store the new k, v [1, H_kv, N, d_head] in the pool, then each row's queries attend causally over that
     row's positions: all up to itself, or in a windowed layer its last `window` (itself included).
     q [1, H_q, N, d_head] -> [1, H_q, N, d_head]."""
-    k, v = batch.store(layer, k, v)  # as the pool holds them: a 16-bit pool's K/V rounded
+    k, v = batch.store(layer, k, v)  # as the pool holds them: rounded to a 16-bit pool's, or q8_0's values
     paged = batch.paged
     if batch.fresh and (paged is None or not paged.every_token):  # one prompt, nothing cached before it
         return causal_attention(q, k, v, 0, window, scale)
