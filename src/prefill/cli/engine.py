@@ -63,19 +63,8 @@ def run(
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     load = {"model": model, "dtype": dtype, "weights": weights, "threads": threads, "device": device}
     store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb, "kv_dtype": kv_dtype}
-    run_prompt(
-        prompt,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        stop=tuple(stop or ()),
-        raw=raw,
-        chat=chat,
-        chunk_size=chunk_size,
-        compile=compile,
-        deterministic=deterministic,
-        **load,
-        **store,
-    )
+    how = {"raw": raw, "chat": chat, "chunk_size": chunk_size, "compile": compile, "deterministic": deterministic}
+    run_prompt(prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), **how, **load, **store)
 
 
 def demo(
