@@ -132,3 +132,43 @@ def test_one_window_compares_the_figures_as_they_are():
 def test_rows_of_different_windows_cannot_be_compared():
     with pytest.raises(ValueError, match="different windows"):
         worse_than(_scored(torch.ones(3, 4)), _scored(torch.ones(2, 4)))
+
+
+# K/V stored at 16 bits against float32 K/V (the reference), on the native blocks. Rounding a K or V value to
+# nearest even moves it by at most u of itself: u = 2^-9 for bfloat16, 2^-12 for float16. A logit moves in
+# proportion to u, and KL ~ 1/2 E[(delta logit)^2] in proportion to u^2: float16's KL is (2^-3)^2 = 1/64 of
+# bfloat16's. On this text bfloat16 K/V measured mean KL 2.9e-5 and p99 2.2e-4; the bounds leave ~4x room,
+# and float8 e4m3 K/V (u = 2^-4: 32x bfloat16's, so ~1000x its KL) breaks them. q8_0 rounds each value to a
+# step of its block's largest |x| / 127: an error up to 2^-8 of that largest value, not of the value itself, so
+# for the typical value (a few times smaller than its block's largest) ~10-40x bfloat16's KL: measured mean
+# 4.7e-4, p99 4.4e-3, top-1 99.6%, PPL ratio 1.003; its bounds leave ~4x room, and float8 K/V breaks them too.
+BF16_KV = Limits(mean_kl=1.2e-4, p99_kl=1e-3, top1=0.98, ppl_drift=2e-3)
+Q8_0_KV = Limits(mean_kl=2e-3, p99_kl=2e-2, top1=0.98, ppl_drift=1e-2)
+
+
+@pytest.mark.slow
+def test_16bit_and_q8_0_kv_pass_bounds_from_their_rounding_and_coarser_kv_fails_them(smollm_native, monkeypatch):
+    from prefill.model.batch import ForwardBatch
+
+    ids = held_out_ids(smollm_native.tokenizer, SHORT)
+    ref = engine_logits(smollm_native)
+    paths = {kv: engine_logits(smollm_native, kv) for kv in ("bfloat16", "float16", "q8_0")}
+    bf16, f16, q8_0 = measure_quality(ref, paths, ids, WINDOW)
+    assert BF16_KV.check(bf16) == [] and bf16.mean_kl > 0  # the rounding is there, and within its bound
+    assert f16.mean_kl < bf16.mean_kl / 16  # u^2 says 1/64
+    assert Q8_0_KV.check(q8_0) == [] and q8_0.mean_kl > 4 * bf16.mean_kl
+
+    store, fp8 = ForwardBatch.store, engine_logits(smollm_native)
+
+    def coarse(self, layer, k, v):  # K/V rounded to float8 e4m3 before the pool stores them
+        return store(self, layer, k.to(torch.float8_e4m3fn).float(), v.to(torch.float8_e4m3fn).float())
+
+    def planted(w, lo, hi):
+        with monkeypatch.context() as m:
+            m.setattr(ForwardBatch, "store", coarse)
+            return fp8(w, lo, hi)
+
+    (coarse_row,) = measure_quality(ref, {"fp8 K/V": planted}, ids, WINDOW)
+    for limits in (BF16_KV, Q8_0_KV):
+        broken = limits.check(coarse_row)
+        assert broken and broken[0].startswith("mean KL")

@@ -24,6 +24,8 @@ def test_every_command_parses_calls_and_prints_in_at_most_40_lines():
         (["run", "hi", "--model", "/nonexistent/model.gguf"], "not found"),
         (["run", "hi", "--model", "/tmp"], "config.json"),
         (["run", "hi", "--dtype", "fp7"], "dtype"),
+        (["run", "hi", "--kv-dtype", "int4"], "unknown K/V dtype 'int4'"),
+        (["serve", "--kv-dtype", "fp8"], "unknown K/V dtype 'fp8'"),
         (["run", "hi", "--max-new-tokens", "-1"], "--max-new-tokens"),
         (["run", "hi", "--chat", "--raw"], "contradict"),
         (["score", "/no/such/file.txt"], "cannot read"),

@@ -53,8 +53,10 @@ def test_run_raw_bfloat16_chunked():
 def test_verify_passes_without_reference():
     r = cli("verify", "--no-reference")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("PASS") == 7 and "FAIL" not in r.stdout
+    assert r.stdout.count("PASS") == 10 and "FAIL" not in r.stdout  # KV bytes == formula for each of 4 K/V dtypes
     assert "batched decode (B = 4" in r.stdout
+    for kv in ("float32", "bfloat16", "float16", "q8_0"):
+        assert f"KV-cache bytes held vs formula ({kv} K/V)" in r.stdout
 
 
 def test_calibrate_probes_again_and_shows_the_profile():

@@ -1,8 +1,9 @@
 """Answers that do not depend on the cache: on the paths `auto` takes (native GGUF blocks with float32 or 8-bit
-activations, float32 K/V), a prompt sent again, now a prefix-cache hit, gets the greedy text of its cold run,
-for 1,000-token prompts cut from the seed lessons (issue 42: on dense bfloat16 two of four such prompts changed
-their text on the hit). Both activation paths treat each row alone (q8 rounds each row's 32-blocks by that row's
-own scale) and sum in one order whatever the rows beside it, so the suffix's logits on a hit are the cold run's."""
+activations, float32 K/V; and with bfloat16 K/V, --kv-dtype bfloat16), a prompt sent again, now a prefix-cache
+hit, gets the greedy text of its cold run, for 1,000-token prompts cut from the seed lessons (issue 42: on dense
+bfloat16 two of four such prompts changed their text on the hit). Both activation paths treat each row alone (q8
+rounds each row's 32-blocks by that row's own scale) and sum in one order whatever the rows beside it, and every
+query reads K/V as the pool stores them, so the suffix's logits on a hit are the cold run's."""
 
 from __future__ import annotations
 
@@ -41,20 +42,20 @@ def greedy(loop: StepLoop, engine, ids: list[int]) -> Generation:
 @pytest.mark.slow
 @pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed lessons are not on this machine")
 @pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
-@pytest.mark.parametrize("activations", ["f32", "q8"])
-def test_a_prefix_cache_hit_gives_the_cold_runs_greedy_text(smollm_native, activations):
+@pytest.mark.parametrize("activations,kv", [("f32", "float32"), ("q8", "float32"), ("f32", "bfloat16")])
+def test_a_prefix_cache_hit_gives_the_cold_runs_greedy_text(smollm_native, activations, kv):
     engine = smollm_native
     set_activations(engine.model, activations)
     try:
-        check_hits(engine)
+        check_hits(engine, kv)
     finally:
         set_activations(engine.model, "f32")
 
 
-def check_hits(engine) -> None:
+def check_hits(engine, kv: str) -> None:
     prompts = seed_prompts(engine.tokenizer)
     assert len(prompts) == 5  # 4 of prefill-lesson.txt (4,732 tokens), 1 of the interactive one (1,562)
-    pool = engine.new_pool(4 * (PROMPT_TOKENS + NEW_TOKENS))
+    pool = engine.new_pool(4 * (PROMPT_TOKENS + NEW_TOKENS), kv)
     loop = StepLoop(engine.runner, pool, RadixPrefixCache(pool, pool.allocated_bytes()), chunk_size=CHUNK)
     for ids in prompts:
         cold = greedy(loop, engine, ids)

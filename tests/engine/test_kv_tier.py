@@ -361,3 +361,28 @@ def test_copy_into_a_fragmented_sequence_puts_each_block_where_its_positions_are
     copy_into(ours, 0, torch.stack(blocks))
     back = copy_out(ours, 0, 16 * 8)  # [L, 2, H_kv, 8 * 16, d_head]
     assert torch.equal(back, torch.cat(blocks, dim=3))
+
+
+@pytest.mark.slow
+def test_a_store_keeps_the_pools_kv_dtype_and_another_dtypes_blocks_are_a_miss(smollm, tmp_path):
+    """--kv-dtype bfloat16: blocks are stored as the pool holds them (2 bytes a value) and load back into a
+    bfloat16 pool with the cold run's answer; a float32 pool over the same directory finds none of them (the
+    dtype is in the fingerprint every key is rooted in); q8_0 K/V cannot keep a store, said in one line."""
+    from prefill.errors import BadInput
+
+    try:
+        smollm.runner.set_kv_dtype("bfloat16")
+        cold_bf16 = greedy(smollm)
+        greedy(restarted(smollm, tmp_path))
+        second = greedy(restarted(smollm, tmp_path))
+        use = second.kv_store
+        assert use.loaded_tokens == second.cached_tokens > 0 and second.token_ids == cold_bf16.token_ids
+        per_token = 2 * 30 * 3 * 64  # K and V values of one position, all layers
+        assert use.loaded_tokens * per_token * 2 < use.loaded_bytes < use.loaded_tokens * per_token * 4  # 2 B a value
+        smollm.runner.set_kv_dtype("float32")
+        assert greedy(restarted(smollm, tmp_path)).kv_store.loaded_tokens == 0
+        smollm.runner.set_kv_dtype("q8_0")
+        with pytest.raises(BadInput, match="not q8_0: drop --kv-store"):
+            restarted(smollm, tmp_path)
+    finally:
+        smollm.runner.set_kv_dtype(None)

@@ -4,6 +4,8 @@ against float32."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -149,14 +151,19 @@ def test_native_needs_a_quantized_file(tmp_path):
 
 @pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
 @pytest.mark.parametrize("arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0")])
-@pytest.mark.parametrize("path", ["f32", "q8"])
-def test_decode_block_is_bitwise_the_block_op_by_op(arch, qtype, path):
+@pytest.mark.parametrize(
+    "path, kv", [("f32", "float32"), ("q8", "float32"), ("f32", "bfloat16"), ("f32", "float16"), ("f32", "q8_0")]
+)
+def test_decode_block_is_bitwise_the_block_op_by_op(arch, qtype, path, kv):
     """A forward of decode rows runs each block as one operator (decode_block); its logits are bitwise those of
     the same operators called one by one from Python, for rows of different context lengths in one batch, on
-    either activation path (the fused operators read it from the weights' type ids)."""
-    spec = tiny_spec(arch)
+    either activation path (the fused operators read it from the weights' type ids), with K/V stored in the
+    pool as float32, 16-bit (rounded to nearest even on both paths) or q8_0 rows (d_head 32: whole blocks)."""
+    spec = replace(tiny_spec(arch), H_q=2, H_kv=1, d_head=32) if kv == "q8_0" else tiny_spec(arch)
     sd = tiny_state_dict(spec, qtype)
     whole, by_op = Engine.from_state_dict(spec, dict(sd)), Engine.from_state_dict(spec, dict(sd))
+    whole.runner.set_kv_dtype(kv)
+    by_op.runner.set_kv_dtype(kv)
     n_linear = 1 + 4 * spec.L  # the (tied) embedding, and each block's Q/K/V, O, gate/up, down
     assert set_activations(whole.model, path) == set_activations(by_op.model, path) == n_linear
     by_op.model.kernels.decode_block = None

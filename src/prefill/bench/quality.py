@@ -188,11 +188,12 @@ def worse_than(row: QualityRow, bound: QualityRow, z: float = Z_WORSE, resamples
     ]
 
 
-def engine_logits(engine) -> Logits:
-    """A Logits function of an engine: one forward of the window from an empty cache (every position unembedded)."""
+def engine_logits(engine, kv_dtype: str | None = None) -> Logits:
+    """A Logits function of an engine: one forward of the window from an empty cache (every position unembedded),
+    K/V stored as `kv_dtype` (None: as the engine's pools store them) and read back as stored."""
 
     def logits(ids: list[int], lo: int, hi: int) -> torch.Tensor:
-        pool = engine.new_pool(len(ids) + 1)
+        pool = engine.new_pool(len(ids) + 1, kv_dtype)
         seq = pool.new_seq()
         try:
             with torch.inference_mode():
@@ -251,10 +252,11 @@ class QualityReport:
 
 def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = WINDOW, threads: int | None = None):
     """The QualityReport of `model` (default: the embedded GGUF): every path open on this CPU against the
-    float32-activation reference (native blocks where the file has them, else dense float32), and llama.cpp's
-    logits of the same file from a child process."""
+    float32-activation reference (native blocks where the file has them, else dense float32, float32 K/V), the
+    reference with K/V stored at 16 bits, and llama.cpp's logits of the same file from a child process."""
     from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
     from prefill.bench.peers import llamacpp_available, load_llamacpp_scorer
+    from prefill.costmodel.costs import KV_DTYPES
     from prefill.device.capability import capability
     from prefill.engine.llm import Engine
     from prefill.engine.weights import quantized_types
@@ -275,6 +277,8 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     ids = held_out_ids(ref.tokenizer, tokens)
     label = lambda p, e: f"{p.label(())} ({e.weights})" if p.weights == "native" else p.label()  # noqa: E731
     paths = {label(p, e): engine_logits(e) for p, e in engines.items()}
+    for kv in KV_DTYPES[1:]:  # the reference path with K/V stored at fewer bytes (--kv-dtype)
+        paths[f"{label(ref_path, ref)}, {kv} K/V"] = engine_logits(ref, kv)
     notes: list[str] = []
     llama = None
     if path.endswith(".gguf") and llamacpp_available():

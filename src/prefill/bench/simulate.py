@@ -105,7 +105,7 @@ def simulate(
     benchmark at fixed concurrency): each request's times count from when the client sends it."""
     clock = SimClock()
     runner = SimRunner(spec, step_seconds, clock, model)
-    where = ("meta", torch.float32) if model is None else (model.device, model.dtype)
+    where = ("meta", torch.float32) if model is None else (model.device, model.kv_dtype)
     pool = KVPool.for_tokens(spec, pool_tokens, where[1], where[0])
     loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
     loop.scheduler.decode_in_budget, loop.scheduler.mixed = rules

@@ -96,7 +96,7 @@ class Contender:
     prefill: Callable[[list[int]], object]  # a whole prefill of the ids from an empty cache
     fill_then_step: Callable[[list[int]], Callable[[], object]]  # fill the context, return one decode step
     storage: tuple[str, str]  # (projections, embedding), as prefill.costmodel.storage names them
-    kv_bytes: int  # bytes per K/V element
+    kv_bytes: float  # bytes per K/V element (costs.kv_bytes_per_element)
 
 
 def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = None) -> VersusResult:
@@ -186,7 +186,7 @@ def _ours(engine, file_types: tuple[str, str]) -> Contender:
 
     acts = ", 8-bit activations" if engine.activations == "q8" else ""
     name = f"prefill ({_label(storage)}{acts})"
-    return Contender(name, engine.prefill, fill_then_step, storage, engine.dtype.itemsize)
+    return Contender(name, engine.prefill, fill_then_step, storage, engine.kv_bytes)
 
 
 def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str) -> Contender:

@@ -130,7 +130,7 @@ def kv(
     kv_heads: Annotated[int | None, typer.Option("--kv-heads", help="H_kv, instead of a model.")] = None,
     head_dim: Annotated[int | None, typer.Option("--head-dim", help="d_head, instead of a model.")] = None,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p", help="P, tokens cached per sequence.")] = 2048,
-    dtype: Annotated[str, typer.Option("--dtype", help="Cache dtype: float32, bf16, fp16, fp8.")] = "bf16",
+    dtype: Annotated[str, typer.Option("--dtype", help="Cache dtype: float32, bf16, fp16, fp8, q8_0.")] = "bf16",
     batch: Annotated[int, typer.Option("--batch", "-b", help="B, sequences.")] = 1,
     memory_gib: Annotated[
         float, typer.Option("--memory-gib", help="Memory for the cache (GiB): longest context.")
@@ -168,7 +168,7 @@ def kv_result(spec, P: int, dtype: str, B: int, memory_gib: float) -> dict:
     """Everything `prefill kv --json` prints: the cache's bytes three ways, per token, and the longest context."""
     from prefill.costmodel import costs
 
-    b = costs.dtype_bytes(dtype)
+    b = costs.kv_bytes_per_element(dtype)
     total = costs.kv_cache_bytes_for(spec, P, b, B)
     return {
         "model": spec.name,
@@ -178,7 +178,7 @@ def kv_result(spec, P: int, dtype: str, B: int, memory_gib: float) -> dict:
         "windows": list(spec.windows) if spec.windowed else None,
         "P": P,
         "B": B,
-        "dtype": costs.canonical_dtype(dtype),
+        "dtype": costs.cache_dtype(dtype),
         "bytes": total,
         "MiB": costs.bytes_to_mib(total),
         "MB": costs.bytes_to_mb(total),
@@ -193,12 +193,12 @@ def print_kv(spec, r: dict) -> None:
     """kv_result as one table, titled with the formula (the window-aware one for a windowed model)."""
     from prefill.costmodel import costs
 
-    B, P, longest, b = r["B"], r["P"], r["max_context_tokens"], costs.dtype_bytes(r["dtype"])
+    B, P, longest, b = r["B"], r["P"], r["max_context_tokens"], costs.kv_bytes_per_element(r["dtype"])
     fits = "any length (every layer is windowed)" if longest is None else f"{longest:,} tokens"
     per_layer = "min(P, W_l)" if spec.windowed else f"P={P:,}"
     rows = [
         ("model", r["model"]),
-        ("shapes", f"L={spec.L}, H_kv={spec.H_kv}, d_head={spec.d_head}, {r['dtype']} ({b} B)"),
+        ("shapes", f"L={spec.L}, H_kv={spec.H_kv}, d_head={spec.d_head}, {r['dtype']} ({b:g} B)"),
         ("K, V per layer", f"2 x [B={B}, H_kv={spec.H_kv}, {per_layer}, d_head={spec.d_head}]"),
     ]
     if spec.windowed:

@@ -46,6 +46,10 @@ KVStoreDir = Annotated[
     str | None, typer.Option("--kv-store", help="a directory keeping K/V of prompts across runs (loaded when faster)")
 ]
 KVStoreMb = Annotated[float, typer.Option("--kv-store-mb", help="the KV store's size cap in MiB (LRU beyond)")]
+KVDtype = Annotated[
+    str | None,
+    typer.Option("--kv-dtype", help="K/V in the pool: float32, bfloat16, float16 or q8_0 (default: the compute dtype)"),
+]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -82,14 +86,15 @@ def load_engine(
     weights: str = "auto",
     kv_store: str | None = None,
     kv_store_mb: float = KV_STORE_MB,
+    kv_dtype: str | None = None,
 ):
     """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
-    state; `dtype` and `weights` as resolve_storage says; with `kv_store`, the KV store attached after the
-    warm-up (so it stores no warm-up prompt)."""
+    state; `dtype` and `weights` as resolve_storage says, K/V stored as `kv_dtype`; with `kv_store`, the KV
+    store attached after the warm-up (so it stores no warm-up prompt)."""
     from prefill.machine.native import keep_compile
 
     check_store_size(kv_store, kv_store_mb)
-    engine, dtype, weights = open_engine(model, dtype, weights, device, threads, deterministic)
+    engine, dtype, weights = open_engine(model, dtype, weights, device, threads, deterministic, kv_dtype=kv_dtype)
     if compile and weights == "native":
         note("native GGUF weights already run fused block operators; not compiling")
         compile = False
@@ -112,15 +117,21 @@ def open_engine(
     threads: int | None,
     deterministic: bool,
     workload: str | None = None,
+    kv_dtype: str | None = None,
 ):
     """(engine, dtype, weights): Engine.load with the dtype and weights resolve_storage chose for `workload`
-    ("P,n"; default: the typical request), said in a line each, the model file parsed once for both."""
+    ("P,n"; default: the typical request), said in a line each, the model file parsed once for both; K/V
+    stored as `kv_dtype` (None: the compute dtype)."""
     from prefill.costmodel.gguf_file import reading_once
+    from prefill.engine.kvcache import kv_torch_dtype
     from prefill.engine.llm import Engine
 
+    if kv_dtype is not None:
+        kv_torch_dtype(kv_dtype)  # a bad name is one line before anything loads
     with reading_once():
         dtype, weights, acts = resolve_storage(model, dtype, weights, device, deterministic, threads, workload)
         load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
+        load["kv_dtype"] = kv_dtype
         return Engine.load(model, dtype=dtype, activations=acts, **load), dtype, weights
 
 

@@ -9,6 +9,7 @@ import typer
 from prefill.cli.common import (
     KV_STORE_MB,
     AutoDtype,
+    KVDtype,
     KVStoreDir,
     KVStoreMb,
     ModelPath,
@@ -55,26 +56,16 @@ def run(
     deterministic: Deterministic = False,
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
+    kv_dtype: KVDtype = None,
 ) -> None:
     """Prefill a prompt in one pass, show the cache and TTFT (measured beside predicted), then decode."""
     from prefill.engine.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     load = {"model": model, "dtype": dtype, "weights": weights, "threads": threads, "device": device}
-    store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb}
-    run_prompt(
-        prompt,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        stop=tuple(stop or ()),
-        raw=raw,
-        chat=chat,
-        chunk_size=chunk_size,
-        compile=compile,
-        deterministic=deterministic,
-        **load,
-        **store,
-    )
+    store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb, "kv_dtype": kv_dtype}
+    how = {"raw": raw, "chat": chat, "chunk_size": chunk_size, "compile": compile, "deterministic": deterministic}
+    run_prompt(prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop or ()), **how, **load, **store)
 
 
 def demo(
@@ -104,6 +95,7 @@ def run_prompt(
     weights: str = "auto",
     kv_store: str | None = None,
     kv_store_mb: float = KV_STORE_MB,
+    kv_dtype: str | None = None,
 ) -> None:
     """Load the model, generate from `prompt` (chat template unless `raw`; `chat` requires one) and show the
     answer as it streams, then the prefill, the cache, TTFT measured beside predicted, and decode."""
@@ -116,7 +108,8 @@ def run_prompt(
     if chat and raw:
         fail("--chat and --raw contradict each other: give one")
     check_text(prompt)  # bad input fails before the model loads
-    engine = load_engine(model, dtype, threads, device, compile, deterministic, weights, kv_store, kv_store_mb)
+    store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb, "kv_dtype": kv_dtype}
+    engine = load_engine(model, dtype, threads, device, compile, deterministic, weights, **store)
     if not raw and not (engine.tokenizer and engine.tokenizer.chat_template):
         if chat:
             fail(f"{engine.source} has no chat template: drop --chat to run the prompt raw")
@@ -186,12 +179,13 @@ def verify_quality(model: str | None, tokens: int | None, window: int, threads: 
 
 
 def run_proofs(engine, ids: list[int], chunk_size: int, reference: bool) -> list:
-    """Every proof on the prompt `ids`: prefill paths, cache bytes, batched decode, and (when `reference` and
-    transformers is installed) parity with the same weights in transformers."""
+    """Every proof on the prompt `ids`: prefill paths, cache bytes (for every K/V dtype), batched decode, and
+    (when `reference` and transformers is installed) parity with the same weights in transformers."""
+    from prefill.costmodel.costs import KV_DTYPES
     from prefill.engine import proofs
 
     checks = proofs.parallel_vs_sequential(engine, ids) + proofs.chunked_vs_single(engine, ids, chunk_size)
-    checks.append(proofs.kv_bytes_match_formula(engine, len(ids)))
+    checks += [proofs.kv_bytes_match_formula(engine, len(ids), kv) for kv in KV_DTYPES]
     P = len(ids)
     others = [ids[: max(1, P // 3)], ids[: max(1, 2 * P // 3)], (ids * 3)[: min(3 * P, engine.spec.context_length - 8)]]
     checks += proofs.batched_vs_alone(engine, [ids, *others])

@@ -48,7 +48,7 @@ def prompt_table(engine: Engine, gen: Generation, chunk_size: int | None) -> Tab
     s, P = engine.spec, gen.P
     new = P - gen.cached_tokens
     count = costs.prefill_flops_exact(s, new, gen.cached_tokens)
-    b = engine.dtype.itemsize
+    b = engine.kv_bytes
     t = _table("prefill", "quantity", "value")
     t.add_row("prompt tokens P", f"{P}" + (f" ({gen.cached_tokens} reused from a cache)" if gen.cached_tokens else ""))
     passes = "one forward pass" if not chunk_size or chunk_size >= new else f"chunks of {chunk_size}"

@@ -9,6 +9,7 @@ import typer
 from prefill.cli.common import (
     KV_STORE_MB,
     AutoDtype,
+    KVDtype,
     KVStoreDir,
     KVStoreMb,
     Weights,
@@ -47,6 +48,7 @@ def serve(
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
     workload: WorkloadOpt = None,
+    kv_dtype: KVDtype = None,
     api_key: ApiKey = None,
     api_key_file: ApiKeyFile = None,
     allowed_hosts: AllowedHosts = None,
@@ -60,7 +62,7 @@ def serve(
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     check_store_size(kv_store, kv_store_mb)
     access = access_of(host, api_key, api_key_file, allowed_hosts)
-    engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic, workload)
+    engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic, workload, kv_dtype)
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}

@@ -84,6 +84,37 @@ def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES[canonical_dtype(dtype)]
 
 
+# What the engine's KV pool stores K/V as. q8_0 is llama.cpp's block_q8_0 (its --cache-type-k/-v q8_0): per
+# Q8_0_BLOCK values along d_head, one float16 scale and Q8_0_BLOCK int8s.
+KV_DTYPES = ("float32", "bfloat16", "float16", "q8_0")
+Q8_0_BLOCK = 32
+
+
+def cache_dtype(dtype: str) -> str:
+    """The canonical name of a KV-cache dtype: canonical_dtype's, or q8_0; BadInput if unknown."""
+    key = str(dtype).lower().removeprefix("torch.")
+    return "q8_0" if key in ("q8_0", "q8") else canonical_dtype(key)
+
+
+def kv_dtype_name(kv_dtype: str) -> str:
+    """The canonical name of a dtype the engine's KV pool stores K/V as ("bf16" -> "bfloat16", "q8_0");
+    BadInput for any other."""
+    try:
+        name = cache_dtype(kv_dtype)
+    except BadInput:
+        name = None
+    if name not in KV_DTYPES:
+        raise BadInput(f"unknown K/V dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
+    return name
+
+
+def kv_bytes_per_element(kv_dtype: str) -> float:
+    """b of the KV formulas, bytes per stored K or V value: float32 4, bfloat16/float16 2, fp8/int8 1 (a GPU
+    engine's cache), q8_0 34 / 32 (a float16 scale and 32 int8s per 32 values)."""
+    name = cache_dtype(kv_dtype)
+    return (2 + Q8_0_BLOCK) / Q8_0_BLOCK if name == "q8_0" else float(_DTYPE_BYTES[name])
+
+
 # ---- FLOPs and seconds -------------------------------------------------------------------------------
 
 
@@ -206,7 +237,7 @@ def prefill_chunks(P: int, chunk_size: int | None, start: int = 0) -> list[tuple
     return [(s, min(P, s + step)) for s in range(start, P, step)]
 
 
-def kv_cache_bytes(L: int, H_kv: int, d_head: int, P: int, bytes_per_element: int, B: int = 1) -> int:
+def kv_cache_bytes(L: int, H_kv: int, d_head: int, P: int, bytes_per_element: float, B: int = 1) -> int:
     """Bytes of the K and V caches after P tokens: 2 * L * B * H_kv * P * d_head * bytes_per_element."""
     for name, value in (
         ("L", L),
@@ -227,7 +258,7 @@ def cached_positions(spec: ModelSpec, P: int) -> int:
     return sum(P if w is None else min(P, w) for w in spec.windows)
 
 
-def kv_cache_bytes_for(spec: ModelSpec, P: int, bytes_per_element: int, B: int = 1, H_kv: int | None = None) -> int:
+def kv_cache_bytes_for(spec: ModelSpec, P: int, bytes_per_element: float, B: int = 1, H_kv: int | None = None) -> int:
     """Bytes of the K and V caches of `spec` after P tokens: sum over layers of
     2 * B * H_kv * min(P, W_l) * d_head * b (2 * L * B * H_kv * P * d_head * b without windows).
     `H_kv`: the KV heads held (fewer on one tensor-parallel GPU); default all of them."""
@@ -251,7 +282,7 @@ def kv_positions_held(spec: ModelSpec, P: int, block_size: int = 16) -> int:
     return sum(P if w is None else P - kv_window_start(P, w, block_size) for w in spec.windows)
 
 
-def kv_cache_bytes_held(spec: ModelSpec, P: int, bytes_per_element: int, block_size: int = 16, B: int = 1) -> int:
+def kv_cache_bytes_held(spec: ModelSpec, P: int, bytes_per_element: float, block_size: int = 16, B: int = 1) -> int:
     """Bytes of K and V an engine with a block pool holds for P tokens (kv_positions_held): the window-aware
     formula of what is physically kept, which equals kv_cache_bytes_for without windows."""
     return kv_cache_bytes(1, spec.H_kv, spec.d_head, kv_positions_held(spec, P, block_size), bytes_per_element, B)

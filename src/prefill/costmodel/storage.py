@@ -81,7 +81,7 @@ def decode_weight_bytes(spec: ModelSpec, storage: str, embedding: str | None = N
     return weight_bytes(spec, storage, embedding) - round(untouched * bytes_per_weight(embedding or storage))
 
 
-def decode_step_bytes(spec: ModelSpec, storage: str, embedding: str | None, context: int, kv_bytes: int) -> int:
+def decode_step_bytes(spec: ModelSpec, storage: str, embedding: str | None, context: int, kv_bytes: float) -> int:
     """Bytes one decode step of one sequence reads at `context` tokens: the weights as stored
     (decode_weight_bytes) and every layer's K and V so far at `kv_bytes` per element (4 for float32)."""
     return decode_weight_bytes(spec, storage, embedding) + kv_cache_bytes_for(spec, context, kv_bytes)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefill.costmodel.costs import canonical_dtype, dtype_bytes
+from prefill.costmodel.costs import canonical_dtype, dtype_bytes, kv_bytes_per_element
 from prefill.costmodel.ops import Layout, Op, Row, forward_ops
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.specs import ModelSpec
@@ -36,11 +36,11 @@ def layout_for(
     batched_attention: bool = False,
 ) -> Layout:
     """The Layout of an engine computing in `dtype` with weights stored as `weights` (a dtype name, or bytes per
-    weight for a quantized format; default: `dtype`), K/V stored as `kv` (default: `dtype`), its blocks fused
-    below `fused_below` tokens, attention batched over the rows or one kernel a row (Layout)."""
+    weight for a quantized format; default: `dtype`), K/V stored as `kv` (costs.KV_DTYPES; default: `dtype`),
+    its blocks fused below `fused_below` tokens, attention batched over the rows or one kernel a row (Layout)."""
     act = dtype_bytes(canonical_dtype(dtype))
     wb = act if weights is None else weights if isinstance(weights, (int, float)) else dtype_bytes(weights)
-    kvb = act if kv is None else dtype_bytes(kv)
+    kvb = act if kv is None else kv_bytes_per_element(kv)
     return Layout(float(wb), act, kvb, tp, gathers_kv, fused_below, batched_attention)
 
 

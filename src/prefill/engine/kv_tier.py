@@ -84,11 +84,11 @@ class StoreTier:
         directory: str | Path,
         max_bytes: int,
         model: torch.nn.Module,
-        dtype: torch.dtype,
+        dtype: str | torch.dtype,
         prefill_seconds: PrefillSeconds,
         force: str | None = None,
     ) -> StoreTier | None:
-        """The store at `directory` for `model` (fingerprinted from its weights, spec and dtype), its load rate
+        """The store at `directory` for `model` (fingerprinted from its weights, spec and K/V dtype), its load rate
         probed; None, with one warning, when the directory cannot be used."""
         spec = model.spec
         fp = Fingerprint(weights_digest(model.state_dict()), spec, str(dtype).removeprefix("torch."))

@@ -1,5 +1,8 @@
 """The KV cache: a pool of fixed-size blocks shared by every sequence, and each sequence's block tables.
 
+K/V are stored as the pool's dtype (costs.KV_DTYPES): float32, bfloat16, float16, or q8_0 rows (uint8,
+prefill.model.kv_quant); attention reads them widened to float32 (prefill.model.attention).
+
 Layers are grouped by their attention window (prefill.costmodel.families): one group for full attention, one
 per sliding window (Gemma 3's local layers). Each group has its own blocks (prefill.engine.blocks) and, per
 layer, K and V as [H_kv, n_slots, d_head] with n_slots = n_blocks * block_size: slot b * block_size + i is
@@ -25,10 +28,25 @@ from prefill.costmodel import costs
 from prefill.engine.blocks import BlockManager, PoolFull
 from prefill.engine.pages import populate
 from prefill.errors import BadInput
+from prefill.model import kv_quant
 
 BLOCK_SIZE = 16  # tokens per block: also the prefix cache's unit of sharing
 
-__all__ = ["BLOCK_SIZE", "KVPool", "LayerGroup", "PoolFull", "SeqKV", "layer_groups"]
+__all__ = ["BLOCK_SIZE", "KVPool", "LayerGroup", "PoolFull", "SeqKV", "kv_dtype_name", "kv_torch_dtype", "layer_groups"]
+
+
+def kv_torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of the pool's K/V tensors for a K/V dtype of costs.KV_DTYPES (BadInput for others): uint8
+    holds q8_0 rows (prefill.model.kv_quant)."""
+    if name == torch.uint8:
+        return name
+    kv = costs.kv_dtype_name(str(name))
+    return torch.uint8 if kv == "q8_0" else getattr(torch, kv)
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """The K/V dtype (costs.KV_DTYPES) a pool tensor of `dtype` holds."""
+    return "q8_0" if dtype == torch.uint8 else str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -69,9 +87,11 @@ class KVPool:
             for layer in group.layers:
                 self.group_of[layer] = g
         # Uninitialised: memory is touched only as blocks are written, and only written slots are ever read.
-        # One tensor per group, [n_layers, 2, H_kv, n_slots, d_head]; each layer's K and V are views of it.
+        # One tensor per group, [n_layers, 2, H_kv, n_slots, d_head]; each layer's K and V are views of it. A q8_0
+        # pool (uint8) holds each slot's d_head values as one q8_0 row of d_head / 32 * 34 bytes instead.
+        width = kv_quant.row_bytes(d_head) if dtype == torch.uint8 else d_head
         self.kv = [
-            torch.empty((len(g.layers), 2, H_kv, n * block_size, d_head), dtype=dtype, device=device)
+            torch.empty((len(g.layers), 2, H_kv, n * block_size, width), dtype=dtype, device=device)
             for g, n in zip(self.groups, counts, strict=True)
         ]
         row = {layer: (g, i) for g, group in enumerate(self.groups) for i, layer in enumerate(group.layers)}
@@ -97,7 +117,7 @@ class KVPool:
             ctx_blocks if g.window is None else min(ctx_blocks, math.ceil((g.window + 256) / block_size) + 2)
             for g in groups
         ]
-        per_token = 2 * spec.H_kv * spec.d_head * torch.tensor([], dtype=dtype).element_size()  # one layer
+        per_token = 2 * spec.H_kv * spec.d_head * costs.kv_bytes_per_element(kv_dtype_name(dtype))  # one layer
         per_seq = sum(n * len(g.layers) * per_token * block_size for n, g in zip(need, groups, strict=True))
         seqs = max(1e-9, nbytes / per_seq)
         counts = [max(1, int(n * seqs)) for n in need]
@@ -111,8 +131,8 @@ class KVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V of one position, all layers: 2 * L * H_kv * d_head * bytes per element."""
-        return 2 * self.L * self.H_kv * self.d_head * self.k[0].element_size()
+        """K and V of one position, all layers: 2 * L * H_kv * d_head * bytes per element (of a slot's row)."""
+        return 2 * self.L * self.H_kv * self.k[0].shape[2] * self.k[0].element_size()
 
     @property
     def n_blocks(self) -> int:
@@ -288,7 +308,8 @@ class SeqKV:
         return (1, self.pool.H_kv, self.length, self.pool.d_head)
 
     def k(self, layer: int) -> torch.Tensor:
-        """Keys of the positions `layer` holds, gathered: [1, H_kv, held_positions(layer), d_head]."""
+        """Keys of the positions `layer` holds, gathered: [1, H_kv, held_positions(layer), d_head] (a q8_0 pool's
+        dequantized to float32)."""
         return self._gather(self.pool.k[layer], layer)
 
     def v(self, layer: int) -> torch.Tensor:
@@ -298,4 +319,5 @@ class SeqKV:
     def _gather(self, t: torch.Tensor, layer: int) -> torch.Tensor:
         g = self.pool.group_of[layer]
         start = self.length - self.held_positions(layer)
-        return t.index_select(1, self.slots(g, start, self.length).to(t.device))[None]
+        rows = t.index_select(1, self.slots(g, start, self.length).to(t.device))[None]
+        return kv_quant.dequantize(rows) if rows.dtype == torch.uint8 else rows

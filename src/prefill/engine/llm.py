@@ -20,7 +20,7 @@ from prefill.costmodel.kv_store import DEFAULT_STORE_MB as DEFAULT_KV_STORE_MB
 from prefill.costmodel.ops import Layout, Row
 from prefill.costmodel.profile import MachineProfile
 from prefill.engine.kv_tier import StoreTier
-from prefill.engine.kvcache import KVPool, SeqKV
+from prefill.engine.kvcache import KVPool, SeqKV, kv_dtype_name, kv_torch_dtype
 from prefill.engine.loop import StepLoop
 from prefill.engine.prompt import check_prompt, check_text
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
@@ -66,6 +66,7 @@ class Engine:
         kv_store: str | Path | None = None,
         kv_store_mb: float = DEFAULT_KV_STORE_MB,
         activations: str | None = None,
+        kv_dtype: str | None = None,
     ) -> Engine:
         """Load a .gguf file, a Hugging Face folder, or (model=None) the embedded SmolLM2-135M-Instruct.
 
@@ -75,11 +76,14 @@ class Engine:
         the faster here (prefill.engine.weights). `kv_store`: a directory of stored K/V blocks, at most
         `kv_store_mb` MiB (attach_kv_store). `activations`: what native blocks' products take, "f32" (the
         reference; always under `deterministic`) or "q8" (8-bit, on Q4_0/Q4_1/Q8_0 blocks); None: auto's choice
-        where it chose (PREFILL_ACTIVATIONS narrows it), else PREFILL_ACTIVATIONS, else f32."""
+        where it chose (PREFILL_ACTIVATIONS narrows it), else PREFILL_ACTIVATIONS, else f32. `kv_dtype`: what the
+        KV pool stores K/V as (float32, bfloat16, float16 or q8_0); None: the dtype the engine computes in."""
         if threads is not None:
             if threads < 1:
                 raise BadInput(f"threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
+        if kv_dtype is not None:
+            kv_torch_dtype(kv_dtype)  # a bad name fails before the weights load
         if deterministic:
             if weights == NATIVE:
                 raise BadInput("the batch-invariant mode runs dense float32 weights: drop --weights native")
@@ -95,6 +99,7 @@ class Engine:
                 if progress is True:
                     callback(-1, -1)
         engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
+        engine.runner.set_kv_dtype(kv_dtype)
         set_activations(engine.model, "f32" if deterministic else activations or chosen or default_activations())
         if deterministic:
             engine.runner.set_deterministic()
@@ -119,7 +124,7 @@ class Engine:
             directory,
             int(max_mb * 1024**2),
             self.model,
-            self.dtype,
+            self.kv_dtype_name,
             lambda n, past, chunk: self.predict_prefill_seconds(n, past, chunk)[0],
             force,
         )
@@ -133,8 +138,8 @@ class Engine:
         return cls(ModelRunner.from_state_dict(spec, state_dict, dtype, device), tokenizer, source)
 
     # ---- the runner's forward, for the proofs and the benchmark ----
-    def new_pool(self, tokens: int) -> KVPool:
-        return self.runner.new_pool(tokens)
+    def new_pool(self, tokens: int, kv_dtype: str | None = None) -> KVPool:
+        return self.runner.new_pool(tokens, kv_dtype)
 
     def new_cache(self, capacity: int) -> SeqKV:
         return self.runner.new_cache(capacity)
@@ -238,6 +243,16 @@ class Engine:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
+    @property
+    def kv_dtype_name(self) -> str:
+        """What the KV pool stores K/V as (costs.KV_DTYPES)."""
+        return kv_dtype_name(self.runner.kv_dtype)
+
+    @property
+    def kv_bytes(self) -> float:
+        """b of the KV formulas: bytes per stored K or V value (costs.kv_bytes_per_element)."""
+        return costs.kv_bytes_per_element(self.kv_dtype_name)
+
     def profile(
         self, fitted: bool = True, echo: Callable[[str], None] | None = None, max_age_s: float | None = None
     ) -> MachineProfile:
@@ -277,7 +292,8 @@ class Engine:
         qtype = getattr(w, "qtype", None)  # a QuantWeight's GGUF type
         weights = storage.bytes_per_weight(qtype) if qtype else None
         fused = (w.dense_min_m or 2**62) if self.model.kernels.decode_block is not None else 0  # 0: never dense
-        return timemodel.layout_for(self.dtype_name, weights, gathers_kv=False, fused_below=fused)
+        kv = self.kv_dtype_name
+        return timemodel.layout_for(self.dtype_name, weights, gathers_kv=False, fused_below=fused, kv=kv)
 
     def gemm_rate(self) -> float:
         """This device's best GEMM rate at the model's shapes in the engine's dtype (FLOP/s), from its profile."""

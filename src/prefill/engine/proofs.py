@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from prefill.costmodel import costs
-from prefill.engine.kvcache import KVPool
 from prefill.engine.llm import Engine
 
 
@@ -132,13 +131,19 @@ def chunked_vs_single(engine: Engine, ids: list[int], chunk_size: int, tol: floa
     ]
 
 
-def kv_bytes_match_formula(engine: Engine, P: int) -> Check:
+def kv_bytes_match_formula(engine: Engine, P: int, kv_dtype: str | None = None) -> Check:
     """The bytes the cache holds for P tokens against the formula: 2 * L * B * H_kv * P * d_head * b without
-    windows; a windowed layer holds its window's blocks only (costs.kv_cache_bytes_held)."""
-    _, cache = engine.prefill(list(range(1, P + 1)))
-    expected = costs.kv_cache_bytes_held(engine.spec, P, engine.dtype.itemsize, cache.pool.block_size)
+    windows; a windowed layer holds its window's blocks only (costs.kv_cache_bytes_held). K/V stored as
+    `kv_dtype` (None: as the engine's pools store them), b its bytes per value (costs.kv_bytes_per_element)."""
+    kv = engine.kv_dtype_name if kv_dtype is None else costs.kv_dtype_name(kv_dtype)
+    pool = engine.new_pool(P, kv)
+    _, cache = engine.prefill(list(range(1, P + 1)), pool.new_seq())
+    expected = costs.kv_cache_bytes_held(engine.spec, P, costs.kv_bytes_per_element(kv), cache.pool.block_size)
     return Check(
-        "KV-cache bytes held vs formula", abs(cache.nbytes() - expected), 0, f"{cache.nbytes():,} vs {expected:,} B"
+        f"KV-cache bytes held vs formula ({kv} K/V)",
+        abs(cache.nbytes() - expected),
+        0,
+        f"{cache.nbytes():,} vs {expected:,} B",
     )
 
 
@@ -224,7 +229,7 @@ def batched_vs_alone(
             logits = engine.decode_step(logits.argmax(-1), cache)
         return rows
 
-    pool = KVPool.for_tokens(engine.spec, sum(len(p) + new_tokens + 16 for p in prompts), engine.dtype, engine.device)
+    pool = engine.new_pool(sum(len(p) + new_tokens + 16 for p in prompts))
     seqs = [pool.new_seq() for _ in prompts]
     last = torch.stack([engine.prefill(p, s)[0][0] for p, s in zip(prompts, seqs, strict=True)])  # [B, vocab]
     rows: list[list[torch.Tensor]] = [[] for _ in prompts]
@@ -268,7 +273,7 @@ def batch_invariance(engine: Engine, prompts: list[list[int]], new_tokens: int =
     every decode step are the same alone, decoded in batches of 1 .. B rows, and prefilled in chunks."""
 
     def decode(batch: list[list[int]]) -> list[list[torch.Tensor]]:
-        pool = KVPool.for_tokens(engine.spec, sum(len(p) + new_tokens + 16 for p in batch), engine.dtype, engine.device)
+        pool = engine.new_pool(sum(len(p) + new_tokens + 16 for p in batch))
         seqs = [pool.new_seq() for _ in batch]
         last = torch.stack([engine.prefill(p, s)[0][0] for p, s in zip(batch, seqs, strict=True)])  # [B, vocab]
         rows = [[] for _ in batch]

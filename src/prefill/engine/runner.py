@@ -15,7 +15,7 @@ import torch
 from prefill.costmodel import costs
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.batch import forward_batch
-from prefill.engine.kvcache import KVPool, SeqKV
+from prefill.engine.kvcache import KVPool, SeqKV, kv_torch_dtype
 from prefill.model.quant import fused
 from prefill.model.transformer import Transformer
 
@@ -28,10 +28,11 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 class ModelRunner:
-    """A Transformer with its weights loaded, on one device, in one dtype."""
+    """A Transformer with its weights loaded, on one device, in one dtype; its KV pools in `kv_dtype`."""
 
     def __init__(self, model: Transformer, dtype: torch.dtype, device, deterministic: bool = False) -> None:
         self.model, self.dtype, self.device = model, dtype, torch.device(device)
+        self.kv_dtype = dtype  # what new pools store K/V as (set_kv_dtype)
         self.spec: ModelSpec = model.spec
         self.deterministic = False
         self._shapes: set[tuple[int, int]] = set()  # (thread, tokens) of every forward run so far
@@ -52,9 +53,15 @@ class ModelRunner:
         return cls(model, dt, device)
 
     # ---- the cache ----
-    def new_pool(self, tokens: int) -> KVPool:
-        """A private KV pool big enough for `tokens` positions."""
-        return KVPool.for_tokens(self.spec, tokens, self.dtype, self.device)
+    def set_kv_dtype(self, name: str | torch.dtype | None) -> None:
+        """Store K/V as `name` (costs.KV_DTYPES) in the pools made from now on; None: the compute dtype. Attention
+        reads them widened to float32 (prefill.model.attention), so 16-bit K/V halve the bytes a decode step reads."""
+        self.kv_dtype = self.dtype if name is None else kv_torch_dtype(name)
+
+    def new_pool(self, tokens: int, kv_dtype: str | None = None) -> KVPool:
+        """A private KV pool big enough for `tokens` positions, K/V stored as `kv_dtype` (None: kv_dtype's)."""
+        kv = self.kv_dtype if kv_dtype is None else kv_torch_dtype(kv_dtype)
+        return KVPool.for_tokens(self.spec, tokens, kv, self.device)
 
     def new_cache(self, capacity: int) -> SeqKV:
         """An empty cache for one sequence of up to `capacity` tokens, in a pool of its own."""

@@ -85,7 +85,7 @@ def spec_named(model: str | None, loaded: ModelSpec) -> ModelSpec | None:
 def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1, symbol: str = "P") -> dict:
     """KV-cache bytes of `spec` holding P positions, with the formula written out (the length named `symbol`: P
     after prefill, S = P + n - 1 after n answer tokens, the last one's K/V never written) and the per-layer shape."""
-    b = costs.dtype_bytes(dtype)
+    b = costs.kv_bytes_per_element(dtype)
     n = costs.kv_cache_bytes_for(spec, P, b, B)
     return {
         "bytes": n,
@@ -96,7 +96,7 @@ def kv_body(spec: ModelSpec, P: int, dtype: str, B: int = 1, symbol: str = "P") 
         "shape": [B, spec.H_kv, P, spec.d_head],
         "L": spec.L,
         "formula": f"2 · L · B · H_kv · {symbol} · d_head · b = 2 · {spec.L} · {B} · {spec.H_kv} · {P:,} · "
-        f"{spec.d_head} · {b} = {n:,} B",
+        f"{spec.d_head} · {b:g} = {n:,} B",
     }
 
 

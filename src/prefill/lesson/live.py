@@ -103,7 +103,7 @@ def tokens(
         "labels": labels(lesson.engine, ids),
         "chat": bool(chat),
         "max_attention_P": MAX_P,
-        "kv": kv_body(lesson.spec, len(ids), lesson.dtype),
+        "kv": kv_body(lesson.spec, len(ids), lesson.kv_dtype),
         "prefill": prefill_words(len(ids), 0, len(list(prefill_steps(len(ids), chunk_size=chunk))), chunk),
         "chunk_size": lesson.chunk_size,
     }
@@ -203,7 +203,7 @@ async def predict(
 
 def guesses_of(lesson: LessonState, P: int, guess_ttft_s, ttft_s, guess_kv) -> list:
     """The student's guesses beside what was measured (the TTFT) and computed (the KV bytes after prefill)."""
-    kv_after = kv_body(lesson.spec, P, lesson.dtype)["bytes"]
+    kv_after = kv_body(lesson.spec, P, lesson.kv_dtype)["bytes"]
     return guesses_body({"TTFT": (guess_ttft_s, ttft_s, "s"), "KV after prefill": (guess_kv, kv_after, "B")})
 
 

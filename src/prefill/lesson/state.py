@@ -87,6 +87,11 @@ class LessonState:
     def dtype(self) -> str:
         return str(self.engine.dtype).removeprefix("torch.")
 
+    @property
+    def kv_dtype(self) -> str:
+        """What the engine's KV pool stores K/V as (costs.KV_DTYPES)."""
+        return self.engine.kv_dtype_name
+
     async def run(self, fn: Callable[[], T]) -> T:
         """fn() on the worker thread, awaited from the event loop."""
         return await asyncio.wrap_future(self.on_worker(fn))

@@ -113,14 +113,14 @@ def attend(q, k, v, batch: ForwardBatch, layer: int, window: int | None, scale: 
     """Store the new k, v [1, H_kv, N, d_head] in the pool, then each row's queries attend causally over that
     row's positions: all up to itself, or in a windowed layer its last `window` (itself included).
     q [1, H_q, N, d_head] -> [1, H_q, N, d_head]."""
-    batch.store(layer, k, v)
+    k, v = batch.store(layer, k, v)  # as the pool holds them: rounded to a 16-bit pool's, or q8_0's values
     paged = batch.paged
     if batch.fresh and (paged is None or not paged.every_token):  # one prompt, nothing cached before it
         return causal_attention(q, k, v, 0, window, scale)
     out = torch.empty_like(q)  # [1, H_q, N, d_head]
     rows = batch.rows
     if paged is not None and (paged.every_token or kernels.paged_usable(batch.k[layer])):
-        # Every decode row (or every token) in one call, each query reading its past where it lies (bfloat16 K/V
+        # Every decode row (or every token) in one call, each query reading its past where it lies (16-bit K/V
         # widened as they are read: a row's past in many runs of the pool costs one call, not one per run).
         qp = q[0, :, paged.index].transpose(0, 1).float().contiguous()  # [Q, H_q, d_head] float32
         table, first_block, first, end = paged.tables[batch.group_of[layer]]
@@ -145,9 +145,9 @@ def _row(q, k, v, batch: ForwardBatch, layer: int, row: Row, window: int | None,
     g = batch.group_of[layer]
     if row.whole and row.whole[g] is not None:  # past and chunk in one run of the pool: one causal call on a view
         a, b = row.whole[g]
-        k_run, v_run = batch.k[layer][None, :, a:b], batch.v[layer][None, :, a:b]  # [1, H_kv, S + T, d_head]
+        k_run, v_run = batch.run(layer, a, b, qr.dtype)  # [1, H_kv, S + T, d_head]
         return causal_attention(qr, k_run, v_run, row.start, window, scale)
-    parts = [_piece(qr, kp, vp, row.start, p0, window, scale) for kp, vp, p0 in batch.past(layer, row)]
+    parts = [_piece(qr, kp, vp, row.start, p0, window, scale) for kp, vp, p0 in batch.past(layer, row, qr.dtype)]
     if not row.decode:  # the chunk's own K/V: causal within it (a square, so top-left causal is right)
         if parts:
             parts.append(_piece(qr, k[:, :, s:e], v[:, :, s:e], row.start, row.start, window, scale))

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from prefill.model import kv_quant
+
 # Query-key pairs up to which a chunk after a past goes to the paged kernel. On the 2-core Zen 3 (float32, 2
 # threads), 3 tokens after 240: 34.2 ms through one masked causal call per layer, 15.5 ms for 1 token paged.
 PAGED_PAIRS = 4096
@@ -66,7 +68,7 @@ class PagedQueries:
 class ForwardBatch:
     """The cache as one forward sees it: pool tensors, where to write, and each row's reads."""
 
-    k: list[torch.Tensor]  # per layer [H_kv, n_slots, d_head]
+    k: list[torch.Tensor]  # per layer [H_kv, n_slots, d_head] (uint8 q8_0 rows: [H_kv, n_slots, d_head / 32 * 34])
     v: list[torch.Tensor]
     group_of: list[int]  # layer -> group
     windows: list[int | None]  # group -> its window
@@ -88,17 +90,34 @@ class ForwardBatch:
         """One row and nothing cached before it: attention needs only the new K/V."""
         return len(self.rows) == 1 and self.rows[0].start == 0
 
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the new tokens' k, v [1, H_kv, N, d_head] to their slots in the pool."""
-        slots = self.write[self.group_of[layer]]
-        self.k[layer].index_copy_(1, slots, k[0])
-        self.v[layer].index_copy_(1, slots, v[0])
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' k, v [1, H_kv, N, d_head] to their slots in the pool; returns them as stored, in
+        k's dtype (rounded to a 16-bit pool's, or q8_0's values), so that a query reads the same K/V fresh or
+        from the pool."""
+        slots, pool_k, pool_v = self.write[self.group_of[layer]], self.k[layer], self.v[layer]
+        if pool_k.dtype == torch.uint8:  # q8_0 rows [1, H_kv, N, d_head / 32 * 34]
+            ks, vs = kv_quant.quantize(k), kv_quant.quantize(v)
+            pool_k.index_copy_(1, slots, ks[0])
+            pool_v.index_copy_(1, slots, vs[0])
+            return kv_quant.dequantize(ks, k.dtype), kv_quant.dequantize(vs, v.dtype)
+        ks, vs = k.to(pool_k.dtype), v.to(pool_k.dtype)  # 16-bit K/V: rounded once here, to nearest even
+        pool_k.index_copy_(1, slots, ks[0])
+        pool_v.index_copy_(1, slots, vs[0])
+        return ks.to(k.dtype), vs.to(v.dtype)
 
-    def past(self, layer: int, row: Row) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-        """The row's past in `layer` as views of the pool: [(K [1, H_kv, S, d_head], V, first position)]."""
+    def run(self, layer: int, a: int, b: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of pool slots a..b-1 in `layer` in `dtype`: [1, H_kv, b - a, d_head] each (views when the
+        pool holds that dtype, else widened or dequantized copies)."""
+        k, v = self.k[layer][None, :, a:b], self.v[layer][None, :, a:b]
+        if k.dtype == torch.uint8:
+            return kv_quant.dequantize(k, dtype), kv_quant.dequantize(v, dtype)
+        return k.to(dtype), v.to(dtype)
+
+    def past(self, layer: int, row: Row, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """The row's past in `layer` from the pool, in `dtype`: [(K [1, H_kv, S, d_head], V, first position)]."""
         g, out = self.group_of[layer], []
         pos = row.first[g]
         for a, b in row.runs[g]:
-            out.append((self.k[layer][None, :, a:b], self.v[layer][None, :, a:b], pos))
+            out.append((*self.run(layer, a, b, dtype), pos))
             pos += b - a
         return out

@@ -1,6 +1,6 @@
 """The engine's own C++ kernels (csrc/), loaded as torch operators: torch.ops.prefill_kernels.*.
 
-    paged_attention(q [R, H_q, D], k, v [H_kv, n_slots, D], table [R, T], first_block, first, end [R],
+    paged_attention(q [R, H_q, D], k, v [H_kv, n_slots, D or q8_0 bytes], table [R, T], first_block, first, end [R],
                     block_size, scale) -> [R, H_q, D]
     linear_f32(x [M, K], w [N, K]) -> [M, N]
 
@@ -35,8 +35,10 @@ def usable(t: torch.Tensor) -> bool:
 
 
 def paged_usable(t: torch.Tensor) -> bool:
-    """Does the paged attention kernel read this pool (float32 or bfloat16 K/V on the CPU), and is it built?"""
-    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) and available()
+    """Does the paged attention kernel read this pool (float32, bfloat16 or float16 K/V, or q8_0 rows as uint8, on
+    the CPU), and is it built?"""
+    kinds = (torch.float32, torch.bfloat16, torch.float16, torch.uint8)
+    return t.device.type == "cpu" and t.dtype in kinds and available()
 
 
 def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -45,7 +47,8 @@ def linear_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(q, k, v, table, first_block, first, end, block_size: int, scale: float) -> torch.Tensor:
-    """See the module docstring: q float32, k and v float32 or bfloat16 (read as float32), on the CPU."""
+    """See the module docstring: q float32, k and v float32, bfloat16 or float16, or q8_0 rows (uint8
+    [H_kv, n_slots, D / 32 * 34], prefill.model.kv_quant), read as float32, on the CPU."""
     return torch.ops.prefill_kernels.paged_attention(q, k, v, table, first_block, first, end, block_size, scale, True)
 
 

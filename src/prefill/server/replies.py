@@ -79,7 +79,7 @@ class Reply:
         return CompletionLogprobs(self.decode_one, k).block
 
     def kv_formula(self, tokens: int) -> int:
-        return costs.kv_cache_bytes_for(self.state.engine.spec, tokens, self.state.engine.dtype.itemsize)
+        return costs.kv_cache_bytes_for(self.state.engine.spec, tokens, self.state.engine.kv_bytes)
 
     def final_timings(self, gen: Generation) -> dict:
         """The server's measured timings, with the time model's predictions beside them: the prefill (the suffix

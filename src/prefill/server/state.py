@@ -83,7 +83,7 @@ class ServerState:
         cached one is older than cfg.probe_max_age_s (the machine's speed drifts over minutes)."""
         engine.profile(echo=print, max_age_s=cfg.probe_max_age_s)
         metrics = ServerMetrics()
-        pool = KVPool.for_bytes(engine.spec, cfg.kv_pool_bytes(engine), engine.dtype, engine.device)
+        pool = KVPool.for_bytes(engine.spec, cfg.kv_pool_bytes(engine), engine.runner.kv_dtype, engine.device)
         if cfg.populate_kv:
             pool.populate()  # the first requests after a (re)start pay no page faults, as later ones
         prefix = RadixPrefixCache(pool, int(cfg.prefix_cache_mb * 1024**2))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from prefill.costmodel.costs import canonical_dtype
+from prefill.costmodel.costs import kv_dtype_name
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 
@@ -27,7 +27,7 @@ from prefill.errors import BadInput
 # Bump it when that changes; blocks written before then stop matching (their keys are rooted elsewhere).
 ENGINE_KV_VERSION = 1
 BLOCK_SIZE = 16  # tokens per stored block: the prefix cache's unit, so a pool block maps to one stored block
-KV_DTYPES = ("float32", "float16", "bfloat16")  # the dtypes the engine computes K/V in
+KV_DTYPES = ("float32", "float16", "bfloat16")  # the pool's K/V dtypes a store keeps (not q8_0: its rows are bytes)
 
 
 def weights_digest(state_dict: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
@@ -61,9 +61,12 @@ class Fingerprint:
     block_size: int = BLOCK_SIZE
 
     def __post_init__(self) -> None:
-        dtype = canonical_dtype(str(self.kv_dtype))
+        dtype = kv_dtype_name(str(self.kv_dtype))
         if dtype not in KV_DTYPES:
-            raise BadInput(f"a KV store holds {', '.join(KV_DTYPES)} blocks, not {self.kv_dtype!r}")
+            raise BadInput(
+                f"a KV store holds {', '.join(KV_DTYPES)} K/V blocks, not {dtype}: drop --kv-store or store K/V at "
+                "16 or 32 bits (--kv-dtype)"
+            )
         object.__setattr__(self, "kv_dtype", dtype)
         if not self.weights or self.block_size < 1:
             raise BadInput("a fingerprint needs a weights digest and a block size of at least one token")

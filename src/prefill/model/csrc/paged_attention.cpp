@@ -9,8 +9,10 @@
 // its G query heads (GQA), and nothing is copied out of the pool.
 //
 //   q      [R, H_q, D] float32, contiguous        out [R, H_q, D] float32
-//   k, v   [H_kv, n_slots, D] float32 or bfloat16, D contiguous (the pool's per-layer tensors; bfloat16 K/V are
-//          widened to float32 as they are read, and every sum runs in float32)
+//   k, v   [H_kv, n_slots, D] float32, bfloat16 or float16, D contiguous (the pool's per-layer tensors; 16-bit K/V
+//          are widened to float32 as they are read, exactly, and every sum runs in float32), or uint8
+//          [H_kv, n_slots, D / 32 * 34] of q8_0 rows (prefill.model.kv_quant): a block of keys is dequantized
+//          (q * d, exact in float32) into a buffer as it is read, then read as float32
 //   table  [R, T] int64: block ids; table[r][j] holds positions (j + first_block[r]) * bs ...
 //   first_block, first, end  [R] int64: the table's first block; the first and one-past-last positions read
 #include <torch/library.h>
@@ -18,6 +20,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -28,7 +31,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#define PA_AVX2 __attribute__((target("avx2,fma")))
+#define PA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PA_HAVE_X86 1
 #endif
 
@@ -41,6 +44,9 @@ constexpr int64_t kMaxSpans = 8;
 constexpr int64_t kAhead = 2;     // blocks between the one read and the one prefetched
 
 using bf16_t = uint16_t;  // a bfloat16's bits: the top half of a float32's
+struct f16_t {             // an IEEE float16's bits (a type of its own, so the loads below overload on it)
+  uint16_t bits;
+};
 
 inline float to_float(float x) { return x; }
 inline float to_float(bf16_t x) {
@@ -48,6 +54,18 @@ inline float to_float(bf16_t x) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+}
+inline float to_float(f16_t x) { return c10::detail::fp16_ieee_to_fp32_value(x.bits); }
+
+// n q8_0 rows of D values (34 bytes per 32: a float16 d, 32 int8 q) as float32 q * d, exact: the same values
+// on every path.
+void dequant_q8_0_scalar(const uint8_t* src, int64_t n, int64_t D, float* dst) {
+  for (int64_t b = 0; b < n * D / 32; b++, src += 34, dst += 32) {
+    uint16_t h;
+    std::memcpy(&h, src, sizeof h);
+    const float d = c10::detail::fp16_ieee_to_fp32_value(h);
+    for (int i = 0; i < 32; i++) dst[i] = static_cast<float>(static_cast<int8_t>(src[2 + i])) * d;
+  }
 }
 
 // How many spans a row of n positions is read in: the spans of one (row, KV head) run on different threads, so
@@ -114,6 +132,9 @@ PA_AVX2 inline __m256 load8(const bf16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+PA_AVX2 inline __m256 load8(const f16_t* p) {  // F16C: 8 float16s widened, exactly
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 // The dot product of one query and one key from its 8 lane sums, in a fixed order: ((0+1)+(2+3))+((4+5)+(6+7)),
 // the order the four-key reduction below produces, so a score does not depend on which path computed it.
@@ -179,7 +200,7 @@ PA_AVX2 void values_avx2(float* acc, int64_t D, const float* corr, const float (
       }
       for (int64_t t = 0; t < n; t++) {
         const T* vt = vb + t * D + i;
-        if (vn) {  // this row's 32 elements of the V ahead (128 bytes of float32, 64 of bfloat16)
+        if (vn) {  // this row's 32 elements of the V ahead (128 bytes of float32, 64 of 16-bit)
           _mm_prefetch(vn + (t * D + i) * e, _MM_HINT_T0);
           if (e == 4) _mm_prefetch(vn + (t * D + i) * e + 64, _MM_HINT_T0);
         }
@@ -248,22 +269,59 @@ PA_AVX2 void query_block_avx2(const float* q, int64_t G, int64_t D, const T* kb,
   }
 }
 
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+PA_AVX2 void dequant_q8_0_avx2(const uint8_t* src, int64_t n, int64_t D, float* dst) {
+  for (int64_t b = 0; b < n * D / 32; b++, src += 34, dst += 32) {
+    uint16_t h;
+    std::memcpy(&h, src, sizeof h);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    for (int j = 0; j < 4; j++) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 2 + 8 * j));
+      _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+    }
+  }
+}
+
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 #else
 bool cpu_has_avx2() { return false; }
 #endif
+
+// One block of n q8_0 keys and values (rows of rb / block_size bytes): dequantized into kf, vf [n, D] (exact), then
+// read as float32 keys and values; kn, vn (or null): the block ahead's rb bytes of K and of V, prefetched first.
+void query_block_q8(bool simd, const float* q, int64_t G, int64_t D, const uint8_t* kb, const uint8_t* vb, int64_t n,
+                    float scale, float* m, float* l, float* acc, const char* kn, const char* vn, int64_t rb, float* kf,
+                    float* vf) {
+#ifdef PA_HAVE_X86
+  if (simd) {
+    if (kn)
+      for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(kn + o, _MM_HINT_T0), _mm_prefetch(vn + o, _MM_HINT_T0);
+    dequant_q8_0_avx2(kb, n, D, kf);
+    dequant_q8_0_avx2(vb, n, D, vf);
+    query_block_avx2<float>(q, G, D, kf, vf, n, scale, m, l, acc, nullptr, nullptr);
+    return;
+  }
+#endif
+  dequant_q8_0_scalar(kb, n, D, kf);
+  dequant_q8_0_scalar(vb, n, D, vf);
+  query_block_scalar<float>(q, G, D, kf, vf, n, scale, m, l, acc);
+}
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                            const at::Tensor& first_block, const at::Tensor& first, const at::Tensor& end,
                            int64_t block_size, double scale, bool allow_simd) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [R, H_q, D] float32");
-  const bool bf16 = k.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(k.dim() == 3 && (bf16 || k.scalar_type() == at::kFloat) && k.stride(2) == 1 && k.stride(1) == k.size(2),
-              "k must be [H_kv, n_slots, D] float32 or bfloat16 with D contiguous");
+  const auto kt = k.scalar_type();
+  const int64_t D = q.size(2), rs = kt == at::kByte ? D / 32 * 34 : D;  // a slot's elements: D values, or q8_0 bytes
+  TORCH_CHECK(k.dim() == 3 && (kt == at::kFloat || kt == at::kBFloat16 || kt == at::kHalf || kt == at::kByte) &&
+                  k.stride(2) == 1 && k.stride(1) == k.size(2) && k.size(2) == rs && (kt != at::kByte || D % 32 == 0),
+              "k must be [H_kv, n_slots, D] float32, bfloat16 or float16 with D contiguous, or q8_0 rows uint8 "
+              "[H_kv, n_slots, D / 32 * 34] (D a multiple of 32)");
   TORCH_CHECK(v.sizes() == k.sizes() && v.strides() == k.strides() && v.scalar_type() == k.scalar_type(), "v like k");
   TORCH_CHECK(block_size >= 1 && block_size <= kMaxBlock, "block_size must be in [1, 64]");
-  const int64_t R = q.size(0), H_q = q.size(1), D = q.size(2), H_kv = k.size(0), n_slots = k.size(1);
-  TORCH_CHECK(H_q % H_kv == 0 && H_q / H_kv <= kMaxG && k.size(2) == D, "head counts or widths do not fit");
+  const int64_t R = q.size(0), H_q = q.size(1), H_kv = k.size(0), n_slots = k.size(1);
+  TORCH_CHECK(H_q % H_kv == 0 && H_q / H_kv <= kMaxG, "head counts or widths do not fit");
   TORCH_CHECK(table.dim() == 2 && table.size(0) == R && table.scalar_type() == at::kLong, "table must be [R, T] long");
   const int64_t G = H_q / H_kv, T = table.size(1);
   auto out = at::empty_like(q);
@@ -291,10 +349,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   first_item[R * H_kv] = static_cast<int64_t>(items.size());
   const int64_t stride = G * D + 2 * G;  // one item's partial: acc [G, D], m [G], l [G]
   std::vector<float> part(items.size() * stride);
-  // Every item over K/V of element type E (float, or a bfloat16's bits).
+  // Every item over K/V of element type E (float, or a 16-bit type's bits).
   const auto run = [&](const auto* kp, const auto* vp) {
     using E = std::remove_const_t<std::remove_pointer_t<decltype(kp)>>;
     at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
+      std::vector<float> buf(std::is_same_v<E, uint8_t> ? 2 * kMaxBlock * D : 0);  // q8_0: a block of K, of V
+      float *kf = buf.data(), *vf = kf + (buf.empty() ? 0 : kMaxBlock * D);
       for (int64_t w = lo; w < hi; w++) {
         const int64_t r = items[w].r, h = items[w].h;
         float* acc = part.data() + w * stride;
@@ -308,9 +368,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
           const int64_t stop = std::min(items[w].hi, (pos / block_size + 1) * block_size);
           const int64_t slot = tp[r * T + j] * block_size + pos % block_size;
           TORCH_CHECK(slot >= 0 && slot + (stop - pos) <= n_slots, "block id outside the pool");
-          const E* kb = kp + h * khs + slot * D;
-          const E* vb = vp + h * khs + slot * D;
-#ifdef PA_HAVE_X86
+          const E* kb = kp + h * khs + slot * rs;
+          const E* vb = vp + h * khs + slot * rs;
           // The K and V of the block two ahead in the table, fetched a few lines at a time while this one computes
           // (each block is a 4 KB page of K and one of V: the hardware prefetcher stops at every page's end, and
           // a whole block's prefetches issued at once stall on the miss buffers). 1 thread, S = 4,096, 30 layers:
@@ -319,23 +378,30 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
           if (j + kAhead < T && stop + kAhead * block_size <= items[w].hi) {
             const int64_t ahead = tp[r * T + j + kAhead] * block_size;
             if (ahead >= 0 && ahead + block_size <= n_slots) {
-              kn = reinterpret_cast<const char*>(kp + h * khs + ahead * D);
-              vn = reinterpret_cast<const char*>(vp + h * khs + ahead * D);
+              kn = reinterpret_cast<const char*>(kp + h * khs + ahead * rs);
+              vn = reinterpret_cast<const char*>(vp + h * khs + ahead * rs);
             }
           }
-          if (simd)
+          if constexpr (std::is_same_v<E, uint8_t>)
+            query_block_q8(simd, qrh, G, D, kb, vb, stop - pos, sc, m, l, acc, kn, vn, block_size * rs, kf, vf);
+#ifdef PA_HAVE_X86
+          else if (simd)
             query_block_avx2<E>(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc, kn, vn);
-          else
 #endif
+          else
             query_block_scalar<E>(qrh, G, D, kb, vb, stop - pos, sc, m, l, acc);
           pos = stop;
         }
       }
     });
   };
-  if (bf16)
+  if (kt == at::kBFloat16)
     run(reinterpret_cast<const bf16_t*>(k.data_ptr<at::BFloat16>()),
         reinterpret_cast<const bf16_t*>(v.data_ptr<at::BFloat16>()));
+  else if (kt == at::kHalf)
+    run(reinterpret_cast<const f16_t*>(k.data_ptr<at::Half>()), reinterpret_cast<const f16_t*>(v.data_ptr<at::Half>()));
+  else if (kt == at::kByte)
+    run(k.data_ptr<uint8_t>(), v.data_ptr<uint8_t>());
   else
     run(k.data_ptr<float>(), v.data_ptr<float>());
   // Each (row, KV head): its spans' partials merged in span order by their log-sum-exp, then normalised.

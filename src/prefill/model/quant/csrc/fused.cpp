@@ -18,8 +18,15 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 
 #include "elementwise.h"
 #include "gemm.h"
@@ -167,6 +174,46 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return op.call(q, k, v, table, first_block, first, end, block_size, scale, true);
 }
 
+// One row of d values as q8_0 (the arithmetic of prefill.model.kv_quant.quantize, in its order): per block of 32,
+// d = max|x| / 127 stored as float16, then q = x * (1 / d) rounded half to even, clamped to +-127.
+void quantize_q8_0_row(const float* x, int64_t d, uint8_t* out) {
+  for (int64_t b = 0; b < d / 32; b++) {
+    const float* xb = x + b * 32;
+    uint8_t* o = out + b * 34;
+    float amax = 0.f;
+    for (int64_t i = 0; i < 32; i++) amax = std::max(amax, std::fabs(xb[i]));
+    const float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    const uint16_t h = c10::detail::fp16_ieee_from_fp32_value(scale);
+    std::memcpy(o, &h, sizeof h);
+    for (int64_t i = 0; i < 32; i++) {
+      const float r = std::clamp(std::nearbyint(xb[i] * inv), -127.f, 127.f);
+      o[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(r));
+    }
+  }
+}
+
+// Each token's new K and V (heads H_q .. H_q + 2 H_kv of its qkv row [H, d]) into its slot of the pool (rs
+// elements a slot), in the pool's element type: a 16-bit type rounds to nearest even, as torch's .to() does (the
+// attention path's store); uint8 rows are q8_0 (quantize_q8_0_row).
+template <typename T>
+void store_kv(const float* src, int64_t N, int64_t H, int64_t H_q, int64_t H_kv, int64_t d, const int64_t* slots,
+              T* kp, T* vp, int64_t hs, int64_t rs) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t h = 0; h < H_kv; h++) {
+      const float *ks = src + (n * H + H_q + h) * d, *vs = src + (n * H + H_q + H_kv + h) * d;
+      T *kd = kp + h * hs + slots[n] * rs, *vd = vp + h * hs + slots[n] * rs;
+      if constexpr (std::is_same_v<T, float>) {
+        std::memcpy(kd, ks, d * sizeof(float));
+        std::memcpy(vd, vs, d * sizeof(float));
+      } else if constexpr (std::is_same_v<T, uint8_t>) {
+        quantize_q8_0_row(ks, d, kd);
+        quantize_q8_0_row(vs, d, vd);
+      } else {
+        for (int64_t i = 0; i < d; i++) kd[i] = T(ks[i]), vd[i] = T(vs[i]);
+      }
+    }
+}
+
 // The same arithmetic, in the same order, as pre_attention, the pool's index_copy_ of K and V, paged_attention
 // and post_attention called one after the other (prefill.model.attention.attend for a batch of decode rows):
 // the result is bitwise theirs.
@@ -182,23 +229,30 @@ at::Tensor decode_block(const at::Tensor& x, const at::Tensor& norm1, double eps
   const int64_t N = x.size(0), d = cos.size(1), H = H_q + 2 * H_kv;
   const at::Tensor qkv = qkv_rotary_rows(x, norm1, eps, w_qkv, qkv_type, bias, cos, sin, H_q + H_kv);  // [N, H d]
   TORCH_CHECK(qkv.size(1) == H * d, "prefill_quant: the Q/K/V weight has ", qkv.size(1), " rows, not ", H * d);
-  TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(0) == H_kv && k_pool.size(2) == d && k_pool.stride(2) == 1 &&
-                  k_pool.stride(1) == d && k_pool.scalar_type() == at::kFloat && v_pool.sizes() == k_pool.sizes() &&
-                  v_pool.strides() == k_pool.strides() && v_pool.scalar_type() == at::kFloat,
-              "prefill_quant: the pool's K and V must be float32 [H_kv, n_slots, d_head], rows contiguous");
+  const auto kt = k_pool.scalar_type();
+  const int64_t rs = kt == at::kByte ? d / 32 * 34 : d;  // a slot's elements: d values, or q8_0 bytes
+  TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(0) == H_kv && k_pool.size(2) == rs && k_pool.stride(2) == 1 &&
+                  k_pool.stride(1) == rs && (kt != at::kByte || d % 32 == 0) &&
+                  (kt == at::kFloat || kt == at::kBFloat16 || kt == at::kHalf || kt == at::kByte) &&
+                  v_pool.sizes() == k_pool.sizes() && v_pool.strides() == k_pool.strides() &&
+                  v_pool.scalar_type() == kt,
+              "prefill_quant: the pool's K and V must be float32, bfloat16, float16 [H_kv, n_slots, d_head] or q8_0 "
+              "uint8 [H_kv, n_slots, d_head / 32 * 34], rows contiguous");
   TORCH_CHECK(slots.dim() == 1 && slots.size(0) == N && slots.scalar_type() == at::kLong && slots.is_contiguous(),
               "prefill_quant: slots must be [N] long");
   const float* src = qkv.data_ptr<float>();  // [N, H, d]: q heads, then k heads, then v heads
-  float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t n_slots = k_pool.size(1), hs = k_pool.stride(0);
-  for (int64_t n = 0; n < N; n++) {
+  for (int64_t n = 0; n < N; n++)
     TORCH_CHECK(sp[n] >= 0 && sp[n] < n_slots, "prefill_quant: slot ", sp[n], " outside the pool");
-    for (int64_t h = 0; h < H_kv; h++) {
-      std::memcpy(kp + h * hs + sp[n] * d, src + (n * H + H_q + h) * d, d * sizeof(float));
-      std::memcpy(vp + h * hs + sp[n] * d, src + (n * H + H_q + H_kv + h) * d, d * sizeof(float));
-    }
-  }
+  if (kt == at::kFloat)
+    store_kv(src, N, H, H_q, H_kv, d, sp, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), hs, rs);
+  else if (kt == at::kBFloat16)
+    store_kv(src, N, H, H_q, H_kv, d, sp, k_pool.data_ptr<at::BFloat16>(), v_pool.data_ptr<at::BFloat16>(), hs, rs);
+  else if (kt == at::kHalf)
+    store_kv(src, N, H, H_q, H_kv, d, sp, k_pool.data_ptr<at::Half>(), v_pool.data_ptr<at::Half>(), hs, rs);
+  else
+    store_kv(src, N, H, H_q, H_kv, d, sp, k_pool.data_ptr<uint8_t>(), v_pool.data_ptr<uint8_t>(), hs, rs);
   const at::Tensor q = qkv.narrow(1, 0, H_q * d).contiguous().view({N, H_q, d});
   const at::Tensor o = paged_attention(q, k_pool, v_pool, table, first_block, first, end, block_size, scale);
   return post_attention(x, o.view({N, H_q * d}), w_o, o_type, norm2, eps, w_gu, gu_type, w_down, down_type);
