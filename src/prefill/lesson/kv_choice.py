@@ -14,7 +14,7 @@ from prefill.engine.kv_store.fingerprint import BLOCK_SIZE
 from prefill.lesson.api import finite
 from prefill.lesson.limits import RANGES, in_range, limits
 from prefill.lesson.state import lesson_of
-from prefill.lesson.tiers import StoreRates, decider
+from prefill.lesson.tiers import decider, store_inputs
 from prefill.lesson.words import human, plural
 
 router = APIRouter(prefix="/api", tags=["lesson: compute or load"])
@@ -62,15 +62,11 @@ async def compute_or_load_at(
     seconds of each, the bytes, and the store's choice; with the kinds of storage the page offers."""
     RANGES["store_P"].check("P", P)
     RANGES["store_rate"].check("rate", rate)
-    lesson = lesson_of(request)
-    spec = lesson.spec
-    in_range("P", P, 1, spec.context_length)
-    if any(w is not None for w in spec.windows):
-        return {"available": False, "note": f"{spec.name} has sliding-window layers: it is served without a KV store."}
-    rates = await lesson.part(StoreRates).get()
-    if rates is None:
-        return {"available": False, "note": "No read rate could be measured here (the directory was not writable)."}
-    profile = await lesson.profile()
+    in_range("P", P, 1, lesson_of(request).spec.context_length)
+    got = await store_inputs(request)
+    if isinstance(got, dict):
+        return got
+    lesson, rates, profile = got
     stored = max(BLOCK_SIZE, P // BLOCK_SIZE * BLOCK_SIZE)
     d = decider(lesson, rates, profile)(stored, rate)
     storage = [{"name": n, "bytes_per_s": r} for n, r in STORAGE]

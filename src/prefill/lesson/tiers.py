@@ -158,12 +158,10 @@ def curve(lesson: LessonState, rates: Rates, profile) -> tuple[list[int], list[d
     return grid, points, decide
 
 
-@router.get("/compute-or-load")
-async def compute_or_load_curve(request: Request) -> dict:
-    """For stored prefixes of P tokens: the predicted prefill (this server's chunk size, this machine's profile)
-    beside the seconds to read their K/V back from the page cache and from the disk at rates measured here, the
-    choice the store makes for each, the lengths where it flips, and the slowest storage at which loading still
-    wins at every P."""
+async def store_inputs(request: Request):
+    """(the lesson, the store's measured read rates, this machine's profile) for a compute-or-load answer, or the
+    page's {"available": False, "note": why} where this server keeps no store (sliding-window layers) or no read
+    rate could be measured."""
     lesson = lesson_of(request)
     spec = lesson.spec
     if any(w is not None for w in spec.windows):
@@ -171,7 +169,19 @@ async def compute_or_load_curve(request: Request) -> dict:
     rates = await lesson.part(StoreRates).get()
     if rates is None:
         return {"available": False, "note": "No read rate could be measured here (the directory was not writable)."}
-    profile = await lesson.profile()
+    return lesson, rates, await lesson.profile()
+
+
+@router.get("/compute-or-load")
+async def compute_or_load_curve(request: Request) -> dict:
+    """For stored prefixes of P tokens: the predicted prefill (this server's chunk size, this machine's profile)
+    beside the seconds to read their K/V back from the page cache and from the disk at rates measured here, the
+    choice the store makes for each, the lengths where it flips, and the slowest storage at which loading still
+    wins at every P."""
+    got = await store_inputs(request)
+    if isinstance(got, dict):
+        return got
+    lesson, rates, profile = got
     grid, points, decide = curve(lesson, rates, profile)
     break_even, at = break_even_rate([p["bytes"] for p in points], [p["compute_s"] for p in points])
     at_P = points[at]["P"]
