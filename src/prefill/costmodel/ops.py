@@ -163,7 +163,7 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
         counts[w] = counts.get(w, 0) + 1
     dh, ops = spec.d_head, []
     for window, n_layers in counts.items():
-        group = []
+        each = []  # per row: (pairs, bytes, launches, pool bytes, queries, keys)
         for row in rows:
             pairs = attended_pairs(row.new, row.past, window)
             keys = visible_keys(row.new, row.past, window)
@@ -172,21 +172,23 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
             nbytes = 2 * H_q * row.new * dh * lay.act_bytes + kv * (3 if gather else 1)
             launches = LAUNCHES["attention"] + (LAUNCHES["kv_gather"] if gather else 0)
             pool = kv * (keys - row.new) / keys  # the cached keys come from the pool's memory, the new from cache
-            group.append(
-                Op(
-                    "attention",
-                    "attention",
-                    4.0 * H_q * dh * pairs,
-                    nbytes,
-                    launches,
-                    n_layers,
-                    pool_bytes=pool,
-                    queries=row.new,
-                    keys=keys,
-                )
+            each.append((pairs, nbytes, launches, pool, row.new, keys))
+        together = sum(nbytes - pool for _, nbytes, _, pool, _, _ in each)
+        group = [
+            Op(
+                "attention",
+                "attention",
+                4.0 * H_q * dh * pairs,
+                nbytes,
+                launches,
+                n_layers,
+                pool_bytes=pool,
+                queries=new,
+                keys=keys,
+                working_set=together,
             )
-        together = sum(o.bytes - o.pool_bytes for o in group)
-        group = [replace(o, working_set=together) for o in group]
+            for pairs, nbytes, launches, pool, new, keys in each
+        ]
         ops += [batched(group)] if lay.batched_attention else group
     return ops
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import accumulate
 
 import torch
 
@@ -101,7 +102,8 @@ class StepLoop:
         t0 = self.clock()
         try:
             out = self.runner.run(rows, "hidden" if scoring else "last")  # [N, d_model] or [R, vocab]
-            last = torch.tensor([sum(len(ids) for _, ids in rows[: i + 1]) - 1 for i in range(len(rows))])
+            if scoring:  # each row's last position among the step's N tokens
+                last = torch.tensor(list(accumulate(len(ids) for _, ids in rows))) - 1  # [R]
             logits = self.runner.model.logits(out[last]) if scoring else out  # [R, vocab]
             self.runner.sync()
         except Exception as e:  # noqa: BLE001 - these requests fail, the loop goes on
