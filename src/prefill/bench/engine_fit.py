@@ -30,7 +30,8 @@ from prefill.errors import BadInput
 
 FITTED = ("bandwidth", "gemm")  # the efficiencies a load test can tell apart (decode, prefill)
 BOUNDS = (0.05, 1.0)
-ITERATIONS, TOLERANCE = 12, 1e-3  # Newton steps at most; stop when both means are within 0.1%
+ITERATIONS, TOLERANCE = 40, 1e-3  # Newton steps at most (12 ran out with an efficiency held at its bound,
+# the other creeping on by coordinate steps); stop when both means are within 0.1%
 MIN_GAIN = 0.01  # a step that lowers the squared errors by less than 1% of them ends the fit (a minimum)
 HALVINGS = 6  # a step that does not lower the errors is halved, at most this many times
 STEP, MAX_STEP = 0.1, 0.7  # the Jacobian's finite difference (wide: step alignment is not smooth), the largest step
