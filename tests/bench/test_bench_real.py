@@ -15,7 +15,7 @@ def test_tiny_sweep_on_the_embedded_model_with_peers():
         repeats=1,
         warmup=0,
         peers=("transformers", "llamacpp"),
-        threads=2,
+        threads=1,  # the xdist worker's one core (two threads on it wait on each other: 99 s, not 37)
         llama_dense=False,
     )
     # llama_dense=False: the F32 copy for llama.cpp is tested in test_dense_gguf.py
@@ -32,4 +32,4 @@ def test_tiny_sweep_on_the_embedded_model_with_peers():
         ours, hf = result.find(OURS, "float32", P), result.find("transformers", "float32", P)
         assert ours.flops == hf.flops  # the same prompt, the same FLOPs: only the seconds differ
         assert result.speedup("transformers", "float32", P) == pytest.approx(hf.median_s / ours.median_s)
-    assert result.machine["threads"] == 2 and result.machine["transformers"]
+    assert result.machine["threads"] == 1 and result.machine["transformers"]

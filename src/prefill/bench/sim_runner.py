@@ -50,8 +50,7 @@ class SimRunner:
         self.steps.append(shape)
         if self.model_runner is not None:
             return self.model_runner.run(rows, output)  # [R, vocab]
-        for seq, ids in rows:
-            seq.reserve(seq.length + len(ids))
+        for seq, ids in rows:  # the scheduler reserved their blocks (Scheduler._grow)
             seq.length += len(ids)
             seq.trim()
         if self.logits is not None:

@@ -104,11 +104,18 @@ def visible_keys(new: int, past: int, window: int | None) -> int:
 def _gemm(name: str, M: int, K: int, N: int, lay: Layout, count: int, bias: bool = False) -> Op:
     weights = (K * N + (N if bias else 0)) * lay.weight_bytes
     acts = M * (K + N) * lay.act_bytes  # read the input rows, write the output rows
-    return Op(name, "gemm", 2.0 * M * K * N, weights + acts, LAUNCHES[name], count, weights, M=M, K=K, N=N)
+    return Op(name, "gemm", 2.0 * M * K * N, weights + acts, _launches(name, lay), count, weights, M=M, K=K, N=N)
 
 
 def _stream(name: str, elements: float, lay: Layout, count: int) -> Op:
-    return Op(name, "stream", 0.0, PASSES[name] * elements * lay.act_bytes, LAUNCHES[name], count)
+    return Op(name, "stream", 0.0, PASSES[name] * elements * lay.act_bytes, _launches(name, lay), count)
+
+
+def _launches(name: str, lay: Layout) -> int:
+    """Kernel launches of one instance of operation `name`: LAUNCHES', or one where the engine runs one kernel an
+    operation (a GPU engine, batched_attention: fused RMSNorm, rotary, cache write and SiLU x up, as vLLM's
+    csrc/layernorm_kernels.cu, pos_encoding_kernels.cu, cache_kernels.cu, activation_kernels.cu)."""
+    return 1 if lay.batched_attention else LAUNCHES[name]
 
 
 def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
@@ -136,7 +143,7 @@ def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
         ops = fused_launches(ops, decode=all(r.new == 1 for r in rows))
     if T > 1:  # two all-reduces of the [M, d_model] activations per layer (after attention, after the MLP)
         ring = 2 * (T - 1) / T * M * d * lay.act_bytes
-        ops.append(Op("allreduce", "comm", 0.0, ring, LAUNCHES["allreduce"], 2 * L))
+        ops.append(Op("allreduce", "comm", 0.0, ring, _launches("allreduce", lay), 2 * L))
     return ops
 
 
@@ -170,7 +177,7 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
             kv = 2 * H_kv * keys * dh * lay.kv_bytes
             gather = lay.gathers_kv and row.past > 0  # a cached context is copied out of the pool, then read
             nbytes = 2 * H_q * row.new * dh * lay.act_bytes + kv * (3 if gather else 1)
-            launches = LAUNCHES["attention"] + (LAUNCHES["kv_gather"] if gather else 0)
+            launches = _launches("attention", lay) + (_launches("kv_gather", lay) if gather else 0)
             pool = kv * (keys - row.new) / keys  # the cached keys come from the pool's memory, the new from cache
             each.append((pairs, nbytes, launches, pool, row.new, keys))
         together = sum(nbytes - pool for _, nbytes, _, pool, _, _ in each)
@@ -202,7 +209,7 @@ def batched(group: list[Op]) -> Op:
         flops=sum(o.flops for o in group),
         bytes=sum(o.bytes for o in group),
         pool_bytes=sum(o.pool_bytes for o in group),
-        launches=LAUNCHES["attention"],
+        launches=1,
         queries=sum(o.queries for o in group),
         keys=max(o.keys for o in group),
     )
@@ -215,12 +222,9 @@ def forward_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
         raise ValueError("a forward needs at least one row")
     M, d = sum(r.new for r in rows), spec.d_model
     M_out = sum(r.logits for r in rows)
-    ops = [Op("embed", "stream", 0.0, 2 * M * d * lay.act_bytes, LAUNCHES["embed"])]
+    ops = [Op("embed", "stream", 0.0, 2 * M * d * lay.act_bytes, _launches("embed", lay))]
     ops += layer_ops(spec, rows, lay)
     if M_out:
         ops.append(_stream("norm", M_out * d, lay, 1))
         ops.append(_gemm("unembed", M_out, d, math.ceil(spec.vocab_size / lay.tp), lay, 1))
-    if lay.batched_attention:  # a GPU engine runs one kernel an operation: fused RMSNorm, rotary, cache write and
-        # SiLU x up (vLLM's csrc/layernorm_kernels.cu, pos_encoding_kernels.cu, cache_kernels.cu, activation_kernels.cu)
-        ops = [replace(o, launches=1) for o in ops]
     return ops

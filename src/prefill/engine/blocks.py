@@ -26,6 +26,7 @@ class BlockManager:
             raise BadInput(f"a KV pool needs at least one block, got {n_blocks}")
         self.n_blocks = n_blocks
         self.refs = [0] * n_blocks
+        self._used = bytearray(n_blocks)  # 1 where refs > 0: a run of n free blocks is a find of n zero bytes
         self._n_free = n_blocks
         self._hint = 0  # no free block below this index
 
@@ -38,7 +39,7 @@ class BlockManager:
         return self.n_blocks - self._n_free
 
     def _take(self, b: int) -> int:
-        self.refs[b] = 1
+        self.refs[b], self._used[b] = 1, 1
         self._n_free -= 1
         return b
 
@@ -50,22 +51,17 @@ class BlockManager:
             raise PoolFull(f"{n} KV blocks needed, {self._n_free} of {self.n_blocks} free")
         if n == 0:
             return []
-        refs = self.refs
-        if after is not None and after + n < self.n_blocks and not any(refs[after + 1 : after + 1 + n]):
+        used = self._used
+        if after is not None and after + n < self.n_blocks and used.find(1, after + 1, after + 1 + n) < 0:
             return [self._take(b) for b in range(after + 1, after + 1 + n)]
-        while refs[self._hint]:  # the lowest free block (one exists: n <= free)
-            self._hint += 1
-        run = 0
-        for b in range(self._hint, self.n_blocks):
-            run = 0 if refs[b] else run + 1
-            if run == n:
-                return [self._take(i) for i in range(b - n + 1, b + 1)]
-        out = []
-        for b in range(self._hint, self.n_blocks):
-            if not refs[b]:
-                out.append(self._take(b))
-                if len(out) == n:
-                    break
+        self._hint = used.find(0, self._hint)  # the lowest free block (one exists: n <= free)
+        start = used.find(bytes(n), self._hint)  # the lowest free run of n
+        if start >= 0:
+            return [self._take(b) for b in range(start, start + n)]
+        out, b = [], self._hint
+        while len(out) < n:
+            out.append(self._take(b))
+            b = used.find(0, b + 1)
         return out
 
     def retain(self, blocks: Sequence[int]) -> None:
@@ -82,5 +78,6 @@ class BlockManager:
                 raise RuntimeError(f"block {b} released more often than held")
             self.refs[b] -= 1
             if self.refs[b] == 0:
+                self._used[b] = 0
                 self._n_free += 1
                 self._hint = min(self._hint, b)

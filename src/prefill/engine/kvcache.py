@@ -18,6 +18,7 @@ way). A forward reaches the cache through a `ForwardBatch` (prefill.engine.batch
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,7 +130,7 @@ class KVPool:
         one = self.k[self.groups[group].layers[0]]
         return 2 * len(self.groups[group].layers) * one.shape[0] * self.block_size * one.shape[2] * one.element_size()
 
-    @property
+    @functools.cached_property
     def bytes_per_token(self) -> int:
         """K and V of one position, all layers: 2 * L * H_kv * d_head * bytes per element (of a slot's row)."""
         return 2 * self.L * self.H_kv * self.k[0].shape[2] * self.k[0].element_size()
@@ -208,6 +209,12 @@ class SeqKV:
             raise
         for g, blocks in fresh:
             self.tables[g].extend(blocks)
+
+    def holds(self, end: int) -> bool:
+        """Do the blocks already reserved cover every position up to `end` - 1 in every group (a decode step's
+        usual case: nothing to allocate)?"""
+        bs = self.pool.block_size
+        return all((f + len(t)) * bs >= end for f, t in zip(self.first, self.tables, strict=True))
 
     def reserve_needs(self, end: int) -> list[int]:
         """Fresh blocks each group would need for positions up to `end` - 1 (what `reserve(end)` allocates)."""
@@ -294,8 +301,7 @@ class SeqKV:
         """Bytes of K and V of the filled positions the sequence still holds, all layers (sizes read off the
         pool's tensors): every position in a full-attention layer; in a windowed layer, those of the blocks not
         yet trimmed (prefill.costmodel.costs.kv_cache_bytes_held is the formula)."""
-        one = self.pool.k[0]
-        per_position = 2 * one.shape[0] * one.shape[2] * one.element_size()  # K and V of one layer
+        per_position = self.pool.bytes_per_token // self.pool.L  # K and V of one layer (every token's accept asks)
         groups = enumerate(self.pool.groups)
         return per_position * sum(len(group.layers) * self.held_in_group(g) for g, group in groups)
 

@@ -96,8 +96,8 @@ class Scheduler:
 
     def _decode(self, step: Step) -> None:
         """One token for every running request that is decoding."""
-        for req in list(self.running):
-            if req in self.running and not req.prefilling and self._grow(req, req.seq.length + 1, step):
+        for req in list(self.running):  # a request preempted by an older one's growth has no seq any more
+            if req.seq is not None and not req.prefilling and self._grow(req, req.seq.length + 1, step):
                 step.rows.append((req, 1))
 
     def _prefill(self, step: Step, budget: float) -> None:
@@ -105,7 +105,7 @@ class Scheduler:
         for req in list(self.running):
             if budget <= 0:
                 break
-            if req in self.running and req.prefilling:
+            if req.prefilling:  # False for a request preempted meanwhile (no seq)
                 budget -= self._chunk(req, budget, step)
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             if self.waiting[0].cancelled or self.waiting[0].done:
@@ -160,6 +160,8 @@ class Scheduler:
     def _grow(self, req: Request, end: int, step: Step) -> bool:
         """Blocks for req's positions up to `end`, preempting newer requests while they are short; False when
         req itself had to be preempted (it was the newest)."""
+        if req.seq.holds(end):
+            return True
         while True:
             if self._fits(req.seq.reserve_needs(end)):
                 try:
