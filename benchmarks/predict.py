@@ -80,7 +80,8 @@ def probe_once(engine: Engine, entries: list[dict]) -> Callable[[], float]:
 
     def once() -> float:
         t = time.perf_counter()
-        entries.append(measure_entry(engine.spec, engine.dtype_name, str(engine.device), qtypes=engine.weight_types()))
+        how = {"qtypes": engine.weight_types(), "kv_dtype": engine.kv_dtype_name}
+        entries.append(measure_entry(engine.spec, engine.dtype_name, str(engine.device), **how))
         return time.perf_counter() - t
 
     return once
@@ -96,7 +97,8 @@ def rounds_profile(engine: Engine, entries: list[dict], save: bool):
     if save:
         save_probe(entry, engine.dtype_name, str(engine.device))
     print(f"quick probe: the median of {len(entries)} probes, one in each round of the measurements")
-    return profile_of(entry, engine.spec, engine.dtype_name, str(engine.device), engine.weight_types())
+    device, kv = str(engine.device), engine.kv_dtype_name
+    return profile_of(entry, engine.spec, engine.dtype_name, device, engine.weight_types(), kv_dtype=kv)
 
 
 def samples_of(prefills: dict[int, float], decodes: list[tuple[int, int, float]]) -> list[tuple[Sample, bool]]:

@@ -111,9 +111,13 @@ def fake_probe(monkeypatch, calls: list):
         calls.append(("gemm", K, N, dtype))
         return ((1, 1e10), (64, 5e10), (1024, 8e10))
 
-    def attention(H_q, H_kv, d_head, dtype, device="cpu", budget_s=0.5):
-        calls.append(("attention", dtype))
-        return ((16, 1e10), (1024, 4e10)), ((64, 2e9), (4096, 8e9))
+    def attention(H_q, H_kv, d_head, dtype, device="cpu", budget_s=0.5, kv_dtype=None, prefill=True):
+        calls.append(("attention", dtype) if kv_dtype is None else ("attention", dtype, kv_dtype, prefill))
+        faster = 2.0 if kv_dtype not in (None, dtype) else 1.0  # fewer bytes a key: a faster decode row
+        return ((16, 1e10 * faster), (1024, 4e10 * faster)) if prefill else (), (
+            (64, 2e9 * faster),
+            (4096, 8e9 * faster),
+        )
 
     monkeypatch.setattr(probe, "gemm_curve", curve)
     monkeypatch.setattr(attention_probe, "attention_curves", attention)
@@ -197,10 +201,29 @@ def test_a_fit_of_another_probe_version_is_not_applied(tmp_path, monkeypatch):
     assert profiles.profile_for(SMOLLM2, "float32", threads=1).gemm_efficiency == 1.0
 
 
+def test_the_decode_curve_is_timed_reading_kv_as_the_pool_stores_them(tmp_path, monkeypatch):
+    """An engine whose pool stores K/V in another dtype than it computes in (--kv-dtype) is predicted on a decode
+    curve timed over such a pool: its own entry beside the float32 one, probed once, and only that curve (a
+    fresh cache measures the compute dtype's attention first)."""
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    calls = []
+    fake_probe(monkeypatch, calls)
+    f32 = profiles.profile_for(SMOLLM2, "float32", threads=1)
+    calls.clear()
+    f16 = profiles.profile_for(SMOLLM2, "float32", threads=1, kv_dtype="f16")
+    assert calls == [("attention", "float32", "f16", False)]  # its decode curve: the GEMMs, bandwidth, overhead
+    assert f16.attention_rate(1, 4096) == 2 * f32.attention_rate(1, 4096) == 16e9  # and a prefill's attention
+    assert f16.attention_rate(1024, 1024) == f32.attention_rate(1024, 1024)  # are the same machine's
+    monkeypatch.setattr(profiles, "_MEMO", {})  # a new process: both read from the disk cache
+    calls.clear()
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1, kv_dtype="float16") == f16
+    assert profiles.profile_for(SMOLLM2, "float32", threads=1, kv_dtype="float32") == f32 and calls == []
+
+
 def test_the_decode_curve_times_the_engines_paged_kernel(monkeypatch):
     """On a CPU a decode row's attention is timed over a pool as the engine runs it: in float32 with the kernels
-    built through paged_attention, per row and layer; in bfloat16 row by row over views of the pool (its _row);
-    in float32 without the kernels, through SDPA."""
+    built through paged_attention, per row and layer, and so over a pool of bfloat16, float16 or q8_0 K/V (a
+    float32 model's --kv-dtype); in float32 without the kernels, through SDPA."""
     from prefill.model import kernels
 
     if not kernels.available():
@@ -216,6 +239,11 @@ def test_the_decode_curve_times_the_engines_paged_kernel(monkeypatch):
     _, decode = attention_probe.attention_curves(9, 3, 64, "bfloat16", budget_s=0.5)
     assert calls == [(S, "bfloat16") for S, _ in decode] and len(calls) >= 1
     assert all(math.isfinite(r) and r > 0 for _, r in decode)
+    for kv in ("float16", "q8_0"):
+        calls.clear()
+        _, decode = attention_probe.attention_curves(9, 3, 64, "float32", budget_s=0.2, kv_dtype=kv)
+        assert calls == [(S, kv) for S, _ in decode] and len(calls) >= 1
+        assert all(math.isfinite(r) and r > 0 for _, r in decode)
     calls.clear()
     monkeypatch.setattr(attention_probe, "kernels_built", lambda: False)
     attention_probe.attention_curves(9, 3, 64, "float32", budget_s=0.05)
@@ -320,3 +348,15 @@ def test_the_fastest_of_several_probes_keeps_what_only_some_measured():
     best = entries.best_entry([first, retry])
     assert best["gemm"]["576x960"] == [[1, 3.0], [8, 9.0]]
     assert best["attention"]["9/3x64"] == {"prefill": [[1, 1.0]], "decode": []}
+
+
+def test_a_fresh_cache_probes_the_compute_dtypes_attention_then_the_k_v_dtypes_decode(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    calls = []
+    fake_probe(monkeypatch, calls)
+    p = profiles.profile_for(SMOLLM2, "float32", threads=1, kv_dtype="q8_0")
+    assert [c for c in calls if c[0] == "attention"] == [
+        ("attention", "float32"),
+        ("attention", "float32", "q8_0", False),
+    ]
+    assert p.attention_rate(1, 4096) == 16e9 and p.attention_rate(1024, 1024) == 4e10

@@ -46,7 +46,7 @@ class Engine:
         self.model = runner.model
         self.source = source or runner.spec.name
         self.weights = storage_of(runner.model)  # "Q4_1 + Q8_0" for GGUF blocks kept native, else the dense dtype
-        self._profiles: dict[bool, MachineProfile] = {}
+        self._profiles: dict[tuple[bool, str], MachineProfile] = {}  # (fitted, K/V dtype) -> profile
         self.cold_prefill_s: float | None = None  # the first prefill after load (warmup), seconds
         self.cold_decode_s: float | None = None  # the first decode step after load, seconds
         self.kv_store: StoreTier | None = None  # attach_kv_store
@@ -259,15 +259,23 @@ class Engine:
         """This machine's profile for this model, dtype and thread count (prefill.machine.profiles): the one a
         benchmark fitted when there is one (and `fitted`), else the quick probe's, measured on first need (a few
         seconds; `echo` gets a one-line note) and cached on disk; on the first call, a cached probe older than
-        `max_age_s` is measured again. The engine keeps the profile of its first call."""
-        if fitted not in self._profiles:
+        `max_age_s` is measured again. The engine keeps the profile of its first call (per K/V dtype)."""
+        key = (fitted, self.kv_dtype_name)  # decode attention is timed reading K/V as the pool stores them
+        if key not in self._profiles:
             from prefill.machine.profiles import profile_for
 
             device, qtypes = str(self.device), self.weight_types()
-            self._profiles[fitted] = profile_for(
-                self.spec, self.dtype_name, device, fitted=fitted, echo=echo, qtypes=qtypes, max_age_s=max_age_s
+            self._profiles[key] = profile_for(
+                self.spec,
+                self.dtype_name,
+                device,
+                fitted=fitted,
+                echo=echo,
+                qtypes=qtypes,
+                max_age_s=max_age_s,
+                kv_dtype=key[1],
             )
-        return self._profiles[fitted]
+        return self._profiles[key]
 
     def weight_types(self) -> dict[str, str]:
         """ "KxN" -> the kernel each GEMM's weight kept as blocks runs (none for dense weights), for the profile:

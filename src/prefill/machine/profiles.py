@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from prefill.costmodel import hardware
-from prefill.costmodel.costs import canonical_dtype
+from prefill.costmodel.costs import cache_dtype, canonical_dtype
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
@@ -79,8 +79,11 @@ class _Threads:
         torch.set_num_threads(self.old)
 
 
-def _heads(spec: ModelSpec) -> str:
-    return f"{spec.H_q}/{spec.H_kv}x{spec.d_head}"
+def _heads(spec: ModelSpec, dtype: str, kv_dtype: str | None = None) -> str:
+    """The entry's name of the attention curves at the model's heads, with the K/V dtype where the pool stores
+    K/V otherwise than the model computes (the decode curve reads them as stored)."""
+    kv = cache_dtype(kv_dtype or dtype)
+    return f"{spec.H_q}/{spec.H_kv}x{spec.d_head}" + ("" if kv == canonical_dtype(dtype) else f"|kv {kv}")
 
 
 def _gemm_key(K: int, N: int, qtypes: dict[str, str]) -> str:
@@ -89,9 +92,12 @@ def _gemm_key(K: int, N: int, qtypes: dict[str, str]) -> str:
     return f"{shape_key(K, N)}:{qtype}" if qtype else shape_key(K, N)
 
 
-def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, device: str, qtypes=None) -> bool:
-    """Measure what `entry` lacks for these shapes (and, with a spec, its attention and the memory system);
-    True if anything was measured. `qtypes`: "KxN" -> the GGUF type of weights kept as blocks at that shape."""
+def _measure_missing(
+    entry: dict, spec: ModelSpec | None, shapes, dtype: str, device: str, qtypes=None, kv_dtype: str | None = None
+) -> bool:
+    """Measure what `entry` lacks for these shapes (and, with a spec, its attention over K/V stored as
+    `kv_dtype` and the memory system); True if anything was measured. `qtypes`: "KxN" -> the GGUF type of
+    weights kept as blocks at that shape."""
     curves, measured, qtypes = entry.setdefault("gemm", {}), False, qtypes or {}
     if "bandwidth_bytes_per_s" not in entry:  # first: a CPU's GEMM curve adds the weights' streaming time
         entry["bandwidth_bytes_per_s"], measured = probe.measure_bandwidth(device), True
@@ -103,9 +109,15 @@ def _measure_missing(entry: dict, spec: ModelSpec | None, shapes, dtype: str, de
     if spec is None:
         return measured
     attention = entry.setdefault("attention", {})
-    if _heads(spec) not in attention:
+    if (base := _heads(spec, dtype)) not in attention:
         curves = attention_probe.attention_curves(spec.H_q, spec.H_kv, spec.d_head, dtype, device)
-        attention[_heads(spec)] = {"prefill": [list(p) for p in curves[0]], "decode": [list(p) for p in curves[1]]}
+        attention[base] = {"prefill": [list(p) for p in curves[0]], "decode": [list(p) for p in curves[1]]}
+        measured = True
+    if (heads := _heads(spec, dtype, kv_dtype)) not in attention:  # K/V stored otherwise: a decode curve over them
+        _, decode = attention_probe.attention_curves(
+            spec.H_q, spec.H_kv, spec.d_head, dtype, device, kv_dtype=kv_dtype, prefill=False
+        )  # a prefill's attention is the compute dtype's (its keys as computed)
+        attention[heads] = {"prefill": attention[base]["prefill"], "decode": [list(p) for p in decode]}
         measured = True
     if "op_overhead_s" not in entry:
         cpu = not device.startswith("cuda")
@@ -142,20 +154,23 @@ def probe_profile(
     echo: Callable[[str], None] | None = None,
     qtypes: dict[str, str] | None = None,
     max_age_s: float | None = None,
+    kv_dtype: str | None = None,
 ) -> MachineProfile:
     """The quick probe's profile for `spec` in `dtype`: from this process, the disk cache, or measured now (a
     few seconds; `echo` gets a one-line note first). `refresh` measures everything again, and so does a cached
     probe older than `max_age_s` (this machine's speed drifts over minutes: a server probes again at its start,
     so that its predictions describe the minutes it serves in). `qtypes`: "KxN" -> the GGUF type of the weights
-    an engine keeps as blocks at that shape (their GEMMs are timed on those kernels)."""
+    an engine keeps as blocks at that shape (their GEMMs are timed on those kernels); `kv_dtype`: what its pool
+    stores K/V as (None: `dtype`; decode attention is timed reading them so)."""
     dtype, shapes, qtypes = canonical_dtype(dtype), model_shapes(spec), qtypes or {}
     key = _key(device, threads, dtype)
-    memo = f"{key}|{spec.name}|{shapes}|{sorted(qtypes.items())}"
+    memo = f"{key}|{spec.name}|{shapes}|{sorted(qtypes.items())}|{_heads(spec, dtype, kv_dtype)}"
     if not refresh and max_age_s is None and memo in _MEMO:
         return _MEMO[memo]
     entry = {} if refresh else _valid(read_json(PROFILE_FILE).get(key, {}))
     age = probe_age_s(entry)
-    stale = max_age_s is not None and age is not None and age > max_age_s and _has(entry, spec, shapes, qtypes)
+    has = functools.partial(_has, spec=spec, shapes=shapes, qtypes=qtypes, heads=_heads(spec, dtype, kv_dtype))
+    stale = max_age_s is not None and age is not None and age > max_age_s and has(entry)
     if stale and echo is not None:
         echo(
             f"this machine's cached probe is {_age_text(age)} old: probing it again (a few seconds), so that "
@@ -163,16 +178,19 @@ def probe_profile(
         )
     entry = {} if stale else entry
     with _Threads(threads):
-        if echo is not None and not stale and not _has(entry, spec, shapes, qtypes):
+        if echo is not None and not stale and not has(entry):
             echo(
                 f"probing this machine for {spec.name} in {dtype}: GEMM rates at its shapes, attention, bandwidth, "
                 "overhead (a few seconds, once; `prefill calibrate` measures again)"
             )
-        if _measure_missing(entry, spec, shapes, dtype, device, qtypes):
-            entry = undisturbed(entry, lambda e: _measure_missing(e, spec, shapes, dtype, device, qtypes), echo)
+        measure = functools.partial(
+            _measure_missing, spec=spec, shapes=shapes, dtype=dtype, device=device, qtypes=qtypes, kv_dtype=kv_dtype
+        )
+        if measure(entry):
+            entry = undisturbed(entry, measure, echo)
             _store(key, entry, merge=not stale)
         n_threads = None if device.startswith("cuda") else _torch_threads()
-    profile = _build(entry, spec, shapes, dtype, device, n_threads, qtypes)
+    profile = _build(entry, spec, shapes, dtype, device, n_threads, qtypes, kv_dtype)
     _MEMO[memo] = profile
     return profile
 
@@ -193,13 +211,18 @@ def _age_text(seconds: float) -> str:
 
 
 def measure_entry(
-    spec: ModelSpec, dtype: str, device: str = "cpu", threads: int | None = None, qtypes: dict[str, str] | None = None
+    spec: ModelSpec,
+    dtype: str,
+    device: str = "cpu",
+    threads: int | None = None,
+    qtypes: dict[str, str] | None = None,
+    kv_dtype: str | None = None,
 ) -> dict:
     """One fresh probe's measurements for `spec` (the quick probe's few seconds), not cached: a benchmark probes
     in every round of its own measurements, so the probe sees the same minutes of a drifting machine."""
     entry: dict = {}
     with _Threads(threads):
-        _measure_missing(entry, spec, model_shapes(spec), canonical_dtype(dtype), device, qtypes or {})
+        _measure_missing(entry, spec, model_shapes(spec), canonical_dtype(dtype), device, qtypes or {}, kv_dtype)
     return entry
 
 
@@ -211,11 +234,13 @@ def profile_of(
     qtypes: dict[str, str] | None = None,
     fitted: bool = False,
     threads: int | None = None,
+    kv_dtype: str | None = None,
 ) -> MachineProfile:
     """The profile of a probe's `entry` (measure_entry's, or their median_entry) for `spec`, taken with `threads`
     (default: torch's), with the saved fit applied as profile_for applies it when `fitted`."""
     n_threads = None if device.startswith("cuda") else threads or _torch_threads()
-    profile = _build(entry, spec, model_shapes(spec), canonical_dtype(dtype), device, n_threads, qtypes or {})
+    dtype = canonical_dtype(dtype)
+    profile = _build(entry, spec, model_shapes(spec), dtype, device, n_threads, qtypes or {}, kv_dtype)
     return _with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
 
 
@@ -261,10 +286,10 @@ def _valid(entry) -> dict:
         return {}
 
 
-def _has(entry: dict, spec: ModelSpec, shapes, qtypes: dict[str, str]) -> bool:
+def _has(entry: dict, spec: ModelSpec, shapes, qtypes: dict[str, str], heads: str) -> bool:
     return (
         all(_gemm_key(K, N, qtypes) in entry.get("gemm", {}) for K, N in shapes)
-        and _heads(spec) in entry.get("attention", {})
+        and heads in entry.get("attention", {})
         and "op_overhead_s" in entry
     )
 
@@ -274,11 +299,19 @@ def _curve(entry: dict, K: int, N: int, qtypes: dict[str, str]) -> GemmCurve:
 
 
 def _build(
-    entry: dict, spec: ModelSpec, shapes, dtype: str, device: str, threads: int | None, qtypes: dict[str, str]
+    entry: dict,
+    spec: ModelSpec,
+    shapes,
+    dtype: str,
+    device: str,
+    threads: int | None,
+    qtypes: dict[str, str],
+    kv_dtype: str | None = None,
 ) -> MachineProfile:
     from prefill.device.capability import capability
 
     curves = tuple(_curve(entry, K, N, qtypes) for K, N in shapes)
+    attention = entry["attention"][_heads(spec, dtype, kv_dtype)]
     cuda = device.startswith("cuda")
     return MachineProfile(
         name=f"{capability('cuda' if cuda else 'cpu').name} ({'GPU' if cuda else f'{threads} threads'}, {dtype})",
@@ -288,8 +321,8 @@ def _build(
         op_overhead_s=entry["op_overhead_s"],
         source=f"quick probe of {entry.get('measured', 'this machine')} at {spec.name}'s shapes",
         gemm=curves,
-        attention=curve_points(entry["attention"][_heads(spec)]["prefill"]),
-        attention_decode=curve_points(entry["attention"][_heads(spec)]["decode"]),
+        attention=curve_points(attention["prefill"]),
+        attention_decode=curve_points(attention["decode"]),
         cache_bytes=entry.get("cache_bytes", 0),
         cache_bandwidth_bytes_per_s=entry.get("cache_bandwidth_bytes_per_s"),
         overlap_launches=cuda,
@@ -306,11 +339,14 @@ def profile_for(
     echo: Callable[[str], None] | None = None,
     qtypes: dict[str, str] | None = None,
     max_age_s: float | None = None,
+    kv_dtype: str | None = None,
 ) -> MachineProfile:
-    """The profile predictions use: the quick probe's (`qtypes` and `max_age_s` as probe_profile), with the
-    parameters a benchmark fitted for this machine, dtype, model and weights applied when there are some (and
-    `fitted`)."""
-    profile = probe_profile(spec, dtype, device, threads, echo=echo, qtypes=qtypes, max_age_s=max_age_s)
+    """The profile predictions use: the quick probe's (`qtypes`, `max_age_s` and `kv_dtype` as probe_profile),
+    with the parameters a benchmark fitted for this machine, dtype, model and weights applied when there are
+    some (and `fitted`)."""
+    profile = probe_profile(
+        spec, dtype, device, threads, echo=echo, qtypes=qtypes, max_age_s=max_age_s, kv_dtype=kv_dtype
+    )
     return _with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
 
 
