@@ -246,21 +246,25 @@ def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
 
 
 def test_the_prediction_runs_what_the_server_says_it_runs():
-    """--predict models the server's own dtype, weights and KV pool from its /health; a server that does not say
-    them (another engine) as `prefill serve` would run by default here."""
+    """--predict models the server's own dtype, weights, activations, K/V dtype and KV pool from its /health; a
+    server that does not say them (another engine) as `prefill serve` would run by default here."""
     from prefill.bench.load_prediction import DEFAULT_KV_MB, served_as
     from prefill.engine.weights import resolve_path
 
     app = FastAPI()
+    said = {"status": "ok", "dtype": "float32", "weights": "native", "kv_pool_bytes": 512 * 2**20}
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "dtype": "bfloat16", "weights": "native", "kv_pool_bytes": 512 * 2**20}
+        return said | {"activations": "q8", "kv_dtype": "float16"}
 
     with BackgroundServer(app) as url:
-        assert served_as(None, url) == ("bfloat16", "native", 512.0)
+        want = {"dtype": "float32", "weights": "native", "kv_mb": 512.0, "activations": "q8", "kv_dtype": "float16"}
+        assert served_as(None, url) == want
     with BackgroundServer(scripted_app()) as url:  # no /health: 404
-        assert served_as(None, url) == (*resolve_path(None, "auto", "auto", echo=None)[:2], DEFAULT_KV_MB)
+        dtype, weights, acts = resolve_path(None, "auto", "auto", echo=None)
+        want = {"dtype": dtype, "weights": weights, "kv_mb": DEFAULT_KV_MB, "activations": acts, "kv_dtype": None}
+        assert served_as(None, url) == want
 
 
 def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path, monkeypatch):

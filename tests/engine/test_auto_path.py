@@ -9,6 +9,7 @@ import torch
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import catalog_profile
 from prefill.device.capability import capability
+from prefill.machine import paths
 from prefill.machine.paths import PATHS, Workload, path_blocker
 from prefill.model.quant import QuantWeight, ops
 from prefill.model.quant.activations import ENV
@@ -74,3 +75,41 @@ def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm, monke
     got = torch.log_softmax(engine.prefill(ids)[0].float(), -1)
     kl = float((ref.exp() * (ref - got)).sum())
     assert kl < 1e-2  # not the argmax: bfloat16 keeps ~98% of top-1 tokens, and this prompt's is a near-tie
+
+
+def test_kv_auto_takes_the_k_v_dtype_of_least_predicted_request_time(smollm_native, monkeypatch):
+    """--kv-dtype auto (engine.weights.choose_kv_dtype): each K/V dtype the CPU offers predicted on the engine's
+    profile for it (decode attention timed over such a pool), the least whole-request time taken and said in one
+    line with the others'; the engine's new pools store K/V so. No line where one dtype is open."""
+    from prefill.costmodel.costs import request_seconds
+    from prefill.device import capability as cap_module
+    from prefill.engine.weights import choose_kv_dtype
+    from prefill.machine.paths import kv_candidates
+
+    engine, load = smollm_native, Workload(256, 128)
+    options = kv_candidates(engine.dtype_name, capability("cpu"))
+    lines: list[str] = []
+    try:
+        kv = choose_kv_dtype(engine, load, echo=lines.append)
+        assert kv in options and engine.kv_dtype_name == kv and engine.new_pool(32).k[0].dtype == kv_torch(kv)
+        times = {}
+        for k in options:
+            engine.runner.set_kv_dtype(k)
+            ttft, itl = engine.predict_prefill(256).seconds, engine.predict_decode([256 + 64]).seconds
+            times[k] = request_seconds(ttft, 128, itl)
+        assert kv == paths.choose_kv([(k, times[k]) for k in options], load)[0]
+        if len(options) > 1:
+            said = [line for line in lines if line.startswith("kv-dtype auto:")]  # after any probe's note
+            assert len(said) == 1 and said[0].startswith(f"kv-dtype auto: {kv} K/V, predicted {times[kv]:.2f} s")
+        no_f16c = cap_module.Capability("cpu", "a CPU", "AVX2", frozenset({"avx2"}))
+        monkeypatch.setattr("prefill.engine.weights.capability", lambda device="cpu": no_f16c)
+        lines.clear()
+        assert choose_kv_dtype(engine, load, echo=lines.append) == "float32" and lines == []
+    finally:
+        engine.runner.set_kv_dtype(None)
+
+
+def kv_torch(name: str):
+    from prefill.engine.kvcache import kv_torch_dtype
+
+    return kv_torch_dtype(name)

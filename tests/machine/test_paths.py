@@ -171,3 +171,27 @@ def test_the_native_layout_reads_the_blocks_bytes():
     q8 = paths.path_layout(ServingPath(NATIVE, "float32", "q8"), {"576x960": "Q4_1:q8"})
     assert q8.weight_bytes == native.weight_bytes  # the kernel's name is no part of the bytes
     assert paths.path_layout(ServingPath("bfloat16", "bfloat16"), {}).weight_bytes == 2
+
+
+def test_kv_auto_weighs_float16_where_the_cpu_widens_it_and_keeps_a_16_bit_engines_dtype():
+    f16c = Capability("cpu", "AMD EPYC (Zen 3)", "AVX2", frozenset({"avx2", "fma", "f16c"}))
+    assert paths.kv_candidates("float32", f16c) == ("float32", "float16")  # the reference first
+    assert paths.kv_candidates("fp32", ZEN3) == ("float32",)  # no F16C: float16 would widen in software
+    assert paths.kv_candidates("bfloat16", f16c) == ("bfloat16",)
+    assert paths.kv_candidates("float32", Capability("cuda", "H100", "CUDA sm_90")) == ("float32",)
+
+
+def test_choose_kv_keeps_the_reference_unless_another_saves_5_percent():
+    load = Workload(4096, 128)
+    kv, line = paths.choose_kv([("float32", 2.00), ("float16", 1.50)], load)
+    assert kv == "float16"
+    assert line == "kv-dtype auto: float16 K/V, predicted 1.50 s for P = 4096 + 128 out; vs float32 2.00 s"
+    kv, line = paths.choose_kv([("float32", 1.26), ("float16", 1.21)], load)  # 4% faster: not worth rounding
+    assert kv == "float32" and line.endswith("; vs float16 1.21 s (under 5% faster: K/V kept as float32)")
+    assert paths.choose_kv([("float32", 1.26), ("float16", 1.19)], load)[0] == "float16"  # 5.6% faster
+    assert paths.choose_kv([("float32", 1.26), ("float16", 1.3)], load) == (
+        "float32",
+        "kv-dtype auto: float32 K/V, predicted 1.26 s for P = 4096 + 128 out; vs float16 1.30 s",
+    )
+    with pytest.raises(ValueError):
+        paths.choose_kv([], load)

@@ -62,6 +62,7 @@ def test_models_health_and_greedy_answer(server, client, engine):
     assert health["status"] == "ok"
     # what the engine runs in, for `loadtest --predict` (load_prediction.served_as)
     assert (health["dtype"], health["weights"]) == ("float32", "native")  # the fixture: the GGUF's own blocks
+    assert (health["activations"], health["kv_dtype"]) == (engine.activations, engine.kv_dtype_name)
     assert [m.id for m in client.models.list().data] == [model]
     r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=12, temperature=0)
     # The scheduler's chunked prefill (chunk 16 < P = 37) and step-wise decode give the engine's own answer.

@@ -22,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 
 from prefill.bench.engine_fit import Fit, fit_means
-from prefill.bench.load_prediction import simulate_load
+from prefill.bench.load_prediction import server_of, simulate_load
 from prefill.bench.loadtest import RequestRecord
 from prefill.bench.server_calibration import ServingCalibration
-from prefill.bench.simulate import ServerModel, server_model
+from prefill.bench.simulate import ServerModel
 from prefill.costmodel.profile import MachineProfile
 from prefill.errors import BadInput
 
@@ -41,7 +41,7 @@ def saved_server(report: dict, echo=None) -> ServerModel:
         why = "the load test has no CPU prediction to refit; run `prefill loadtest --predict --hardware cpu --out`"
         raise BadInput(why)
     try:
-        server = server_model(served["model"], "cpu", served["dtype"], served["weights"], served["kv_mb"], echo)
+        server = server_of(served, echo)
         serving = ServingCalibration(**predicted["serving"])
         loop_s = tuple(float(x) for x in predicted["loop_s"])
     except (KeyError, TypeError, ValueError) as e:

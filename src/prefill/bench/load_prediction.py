@@ -31,18 +31,31 @@ PROBE_PROMPTS = PromptLengths(64, 192)  # the prompts prefilled while a burst de
 DEFAULT_KV_MB = 2048.0  # `prefill serve`'s KV pool where the server does not say (its default's cap)
 
 
-def served_as(model: str | None, url: str) -> tuple[str, str, float]:
-    """(dtype, weights, KV pool MiB) of the server at `url` from its /health (`prefill serve` reports them), else
-    what `prefill serve` would run here by default."""
+def served_as(model: str | None, url: str) -> dict:
+    """How the server at `url` runs, as server_model takes it: {"dtype", "weights", "kv_mb" (its KV pool's MiB),
+    "activations" (the blocks' "f32" / "q8"), "kv_dtype"} from its /health (`prefill serve` reports them; the
+    last two None where a server does not say them: the engine's defaults), else what `prefill serve` would run
+    here by default (K/V in the compute dtype)."""
     import httpx
 
     try:
         health = httpx.get(f"{url}/health", timeout=10.0).json()
-        return health["dtype"], health["weights"], health["kv_pool_bytes"] / 2**20
+        said = {"dtype": health["dtype"], "weights": health["weights"], "kv_mb": health["kv_pool_bytes"] / 2**20}
+        return said | {"activations": health.get("activations"), "kv_dtype": health.get("kv_dtype")}
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         from prefill.engine.weights import resolve_path
 
-        return (*resolve_path(model, "auto", "auto", echo=None)[:2], DEFAULT_KV_MB)
+        dtype, weights, activations = resolve_path(model, "auto", "auto", echo=None)
+        said = {"dtype": dtype, "weights": weights, "kv_mb": DEFAULT_KV_MB}
+        return said | {"activations": activations, "kv_dtype": None}
+
+
+def server_of(served: dict, echo: Callable[[str], None] | None = None) -> ServerModel:
+    """server_model on this CPU of `served` ({"model"} and served_as's keys; a report saved before activations
+    and kv_dtype were recorded: the engine's defaults)."""
+    model, dtype, weights, kv_mb = served["model"], served["dtype"], served["weights"], served["kv_mb"]
+    how = {"activations": served.get("activations"), "kv_dtype": served.get("kv_dtype")}
+    return server_model(model, "cpu", dtype, weights, kv_mb, echo=echo, **how)
 
 
 def probe_lengths(cfg: LoadTestConfig) -> PromptLengths:
@@ -70,18 +83,17 @@ class LoadPrediction:
     timed: list[Timed]  # requests timed on the server before the load, and after it (timed_requests)
     cfg: LoadTestConfig  # the load's
     summary: dict | None = None  # the simulated load, once finished
-    served: dict | None = None  # the model, dtype, weights and KV pool MiB the prediction took the server to run
+    served: dict | None = None  # the model and served_as's: how the prediction took the server to run
 
     @classmethod
     def start(cls, model: str | None, cfg: LoadTestConfig, echo: Callable[[str], None]) -> LoadPrediction:
         """The server at cfg.url as its /health says it runs (dtype, weights, KV pool; another kind of server:
         `prefill serve`'s defaults on this CPU), a probe of this machine now, and requests timed on the server
         (server_calibration.timed_requests; its probe prompts of the load's lengths)."""
-        dtype, weights, kv_mb = served_as(model, cfg.url)
-        server = server_model(model, "cpu", dtype, weights, kv_mb, echo=echo)
+        served = {"model": model, **served_as(model, cfg.url)}
+        server = server_of(served, echo)
         echo("probing this machine before the load (and again after it), and timing requests on the server, to predict")
         probe = server.probe()
-        served = {"model": model, "dtype": dtype, "weights": weights, "kv_mb": kv_mb}
         return cls(server, probe, [timed_requests(cfg, probe_lengths(cfg))], cfg, served=served)
 
     def finish(self, records: list[RequestRecord], in_flight: int, echo: Callable[[str], None]) -> dict:

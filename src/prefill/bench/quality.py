@@ -253,7 +253,8 @@ class QualityReport:
 def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = WINDOW, threads: int | None = None):
     """The QualityReport of `model` (default: the embedded GGUF): every path open on this CPU against the
     float32-activation reference (native blocks where the file has them, else dense float32, float32 K/V), the
-    reference with K/V stored at 16 bits, and llama.cpp's logits of the same file from a child process."""
+    reference with K/V stored at fewer bytes, the other float32 paths with the K/V --kv-dtype auto may store, and
+    llama.cpp's logits of the same file from a child process."""
     from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
     from prefill.bench.peers import llamacpp_available, load_llamacpp_scorer
     from prefill.costmodel.costs import KV_DTYPES
@@ -261,7 +262,7 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     from prefill.engine.llm import Engine
     from prefill.engine.weights import quantized_types
     from prefill.loading import default_model_path
-    from prefill.machine.paths import candidates
+    from prefill.machine.paths import KV_AUTO, candidates
     from prefill.model.quant import ops
 
     if threads is not None:
@@ -279,6 +280,9 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     paths = {label(p, e): engine_logits(e) for p, e in engines.items()}
     for kv in KV_DTYPES[1:]:  # the reference path with K/V stored at fewer bytes (--kv-dtype)
         paths[f"{label(ref_path, ref)}, {kv} K/V"] = engine_logits(ref, kv)
+    for p, e in engines.items():  # and every other float32 path with what --kv-dtype auto may store
+        for kv in KV_AUTO[1:] if p.dtype == "float32" else ():
+            paths[f"{label(p, e)}, {kv} K/V"] = engine_logits(e, kv)
     notes: list[str] = []
     llama = None
     if path.endswith(".gguf") and llamacpp_available():

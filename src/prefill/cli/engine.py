@@ -56,7 +56,7 @@ def run(
     deterministic: Deterministic = False,
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
-    kv_dtype: KVDtype = None,
+    kv_dtype: KVDtype = "auto",
 ) -> None:
     """Prefill a prompt in one pass, show the cache and TTFT (measured beside predicted), then decode."""
     from prefill.engine.sampling import SamplingParams

@@ -48,7 +48,7 @@ def serve(
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
     workload: WorkloadOpt = None,
-    kv_dtype: KVDtype = None,
+    kv_dtype: KVDtype = "auto",
     api_key: ApiKey = None,
     api_key_file: ApiKeyFile = None,
     allowed_hosts: AllowedHosts = None,

@@ -11,7 +11,7 @@ from pathlib import Path
 from prefill.costmodel.costs import canonical_dtype
 
 PROBE_DTYPES = ("float32", "bfloat16", "float16")
-_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "fma")
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "fma", "f16c")
 
 
 @dataclass(frozen=True)

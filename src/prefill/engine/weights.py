@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prefill.device.capability import capability
-from prefill.machine.paths import Workload, candidates, choose_path, predict_path
+from prefill.machine.paths import Workload, candidates, choose_kv, choose_path, kv_candidates, predict_path
 from prefill.machine.weights import Choice, choose_weights
 
 
@@ -77,6 +77,29 @@ def auto_path(
     times = [predict_path(spec, p, workload or Workload(), qtypes, device, threads, echo) for p in open_paths]
     best, why = choose_path(times)
     return best.path.dtype, best.path.weights, why, best.path.activations
+
+
+def choose_kv_dtype(engine, workload: Workload | None = None, echo: Callable[[str], None] | None = print) -> str:
+    """Store `engine`'s K/V as the dtype of least predicted time of `workload` (default: the typical request)
+    among kv_candidates, said in one line to `echo` where there were two or more; returns it. Each is predicted
+    on the engine's profile for that K/V dtype (decode attention timed reading K/V as such a pool stores them:
+    probed on first need, a second or so, once per machine)."""
+    from prefill.costmodel.costs import request_seconds
+
+    load, options = workload or Workload(), kv_candidates(engine.dtype_name, capability("cpu"))
+    if str(engine.device) != "cpu":
+        options = (engine.dtype_name,)
+    times = []
+    for kv in options if len(options) > 1 else ():
+        engine.runner.set_kv_dtype(kv)
+        engine.profile(echo=echo)
+        ttft, itl = engine.predict_prefill(load.P).seconds, engine.predict_decode([load.P + load.n // 2]).seconds
+        times.append((kv, request_seconds(ttft, load.n, itl)))
+    kv, line = choose_kv(times, load) if times else (options[0], "")
+    engine.runner.set_kv_dtype(kv)
+    if line and echo is not None:
+        echo(line)
+    return kv
 
 
 def weights_choice(requested: str, model: str | Path | None, dtype: str, device: str = "cpu") -> Choice:

@@ -17,6 +17,8 @@ GEMM probe alone picked dense bfloat16 on a Zen 4, 32 ms a decode step where nat
     Workload.parse("P,n")                    the typical request: P prompt tokens, n tokens out
     predict_path(spec, path, workload, ...)  its TTFT, ITL and whole-request seconds (PathTime)
     choose_path(times)                       the fastest, and the start-up line that says why
+    kv_candidates(dtype, cap)                the K/V dtypes --kv-dtype auto weighs (KV_AUTO)
+    choose_kv(times, workload)               the fastest of them, and its start-up line
 """
 
 from __future__ import annotations
@@ -64,6 +66,44 @@ PATHS = (
     ServingPath("bfloat16", "bfloat16"),
     ServingPath("float32", "float32"),
 )
+
+
+# What --kv-dtype auto weighs for an engine computing in float32: float32 (the reference) and float16, llama.cpp's
+# default cache type. On the embedded Q4_1 file, K/V stored as float16 move the logits by a mean KL of 6.3e-7 over
+# 10,240 tokens (bfloat16's 3.5e-5: 3 fewer mantissa bits in the same bytes), far inside the quality rule
+# (docs/weights.md), and the pool rounds them once, where written, so a prefix-cache hit reads what the cold run
+# read. Offered where the CPU widens it in hardware (F16C). q8_0 only when asked: the KV store does not take it.
+KV_AUTO = ("float32", "float16")
+# float16 is taken only where it saves this fraction of the request's predicted time: at a 256-token prompt the
+# K/V are a small part of what a step reads (1.54 s both, on native blocks on the Zen 3), and rounding them for
+# nothing flipped a near-tie greedy token ("The capital of France is Paris." became "L'Étoile, la Cité" on the
+# 8-bit-activation path); at 4,096 tokens of context float16 K/V cut the ITL by a third.
+KV_MIN_GAIN = 0.05
+
+
+def kv_candidates(dtype: str, cap: Capability) -> tuple[str, ...]:
+    """The K/V dtypes --kv-dtype auto weighs for an engine computing in `dtype` on `cap`'s device: KV_AUTO for
+    float32 on a CPU (float16 where it has F16C), in its order, else `dtype` alone (16-bit activations keep
+    16-bit K/V; a GPU engine keeps its dtype)."""
+    dtype = canonical_dtype(dtype)
+    if cap.device != "cpu" or dtype != "float32":
+        return (dtype,)
+    return tuple(kv for kv in KV_AUTO if kv != "float16" or "f16c" in cap.flags)
+
+
+def choose_kv(times: Sequence[tuple[str, float]], workload: Workload) -> tuple[str, str]:
+    """The K/V dtype to store (`times`: (K/V dtype, predicted whole-request seconds) in KV_AUTO's order): the
+    first (the reference) unless another saves KV_MIN_GAIN of its time, then the fastest; and the start-up line
+    that says which, and the predictions that decided it."""
+    if not times:
+        raise ValueError("choose_kv needs at least one K/V dtype's prediction")
+    reference = times[0][1]
+    kv, seconds = min(times, key=lambda t: t[1] if t[1] <= (1 - KV_MIN_GAIN) * reference else reference)
+    others = "; ".join(f"{k} {s:.2f} s" for k, s in times if k != kv)
+    line = f"kv-dtype auto: {kv} K/V, predicted {seconds:.2f} s for {workload}" + (f"; vs {others}" if others else "")
+    if any(s < seconds for _, s in times):
+        line += f" (under {KV_MIN_GAIN:.0%} faster: K/V kept as {kv})"
+    return kv, line
 
 
 def path_blocker(path: ServingPath, quantized: Sequence[str], cap: Capability, kernels: bool) -> str:

@@ -17,7 +17,8 @@ router = APIRouter()
 @router.get("/health", responses={503: {"model": HealthBody}})
 async def health(request: Request) -> JSONResponse:
     """200 while the worker serves; 503 with the reason when it is dead, stuck or shutting down. With the model,
-    the dtype it runs in and its weights ("native": the GGUF's blocks), and the KV pool's state."""
+    the dtype it runs in, its weights ("native": the GGUF's blocks), their activations and K/V dtype, and the KV
+    pool's state."""
     state = state_of(request)
     reason = state.supervisor.problem()
     body = {
@@ -26,6 +27,8 @@ async def health(request: Request) -> JSONResponse:
         "model": state.cfg.model_id,
         "dtype": state.engine.dtype_name,  # what the time model needs to predict this server (loadtest --predict)
         "weights": "native" if state.engine.weight_types() else state.engine.dtype_name,
+        "activations": state.engine.activations,
+        "kv_dtype": state.engine.kv_dtype_name,
         **state.worker.pool_state(),
     }
     return JSONResponse(body, 503 if reason else 200)

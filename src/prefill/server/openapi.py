@@ -20,6 +20,8 @@ class HealthBody(BaseModel):
     model: str
     dtype: str  # the dtype the engine runs in
     weights: str  # "native" (the GGUF's blocks) or the dense dtype they are stored in
+    activations: str  # what the blocks' products take: "f32", or "q8" (8-bit activations)
+    kv_dtype: str  # what the KV pool stores K/V as: float32, bfloat16, float16 or q8_0
 
 
 def _error(description: str) -> dict:
