@@ -258,10 +258,11 @@ class Engine:
     ) -> MachineProfile:
         """This machine's profile for this model, dtype and thread count (prefill.machine.profiles): the one a
         benchmark fitted when there is one (and `fitted`), else the quick probe's, measured on first need (a few
-        seconds; `echo` gets a one-line note) and cached on disk; on the first call, a cached probe older than
-        `max_age_s` is measured again. The engine keeps the profile of its first call (per K/V dtype)."""
+        seconds; `echo` gets a one-line note) and cached on disk; a call with `max_age_s` asks again, and a cached
+        probe older than that is measured again (a server's start). The engine keeps the profile it got (per K/V
+        dtype)."""
         key = (fitted, self.kv_dtype_name)  # decode attention is timed reading K/V as the pool stores them
-        if key not in self._profiles:
+        if key not in self._profiles or max_age_s is not None:
             from prefill.machine.profiles import profile_for
 
             device, qtypes = str(self.device), self.weight_types()

@@ -80,8 +80,8 @@ def auto_path(
 
 
 def choose_kv_dtype(engine, workload: Workload | None = None, echo: Callable[[str], None] | None = print) -> str:
-    """Store `engine`'s K/V as the dtype of least predicted time of `workload` (default: the typical request)
-    among kv_candidates, said in one line to `echo` where there were two or more; returns it. Each is predicted
+    """Store `engine`'s K/V as the dtype choose_kv takes among kv_candidates for `workload` (default: the typical
+    request), said in one line to `echo` where there were two or more; returns it. Each is predicted
     on the engine's profile for that K/V dtype (decode attention timed reading K/V as such a pool stores them:
     probed on first need, a second or so, once per machine)."""
     from prefill.costmodel.costs import request_seconds
