@@ -80,3 +80,29 @@ def test_loadtest_predict_on_a_gpu_puts_the_simulated_deployment_beside_the_meas
     predicted = json.loads(out.read_text())["predicted"]
     assert predicted["summary"]["successful"] == 3 and "H100" in predicted["server"]
     assert missing.exit_code == 2 and "--engine" in missing.output
+
+
+def test_a_newton_step_with_one_efficiency_at_its_bound_solves_for_the_other():
+    """Residuals linear in the log-efficiencies, the true first efficiency below the lower bound: the step keeps
+    the first at its bound and puts the second at the least-squares point of both residuals with the first fixed
+    (the joint Newton step would send the second to its joint solution, which needs the first to move)."""
+    import math
+
+    from prefill.bench.engine_fit import BOUNDS, _newton_step, _residuals
+
+    truth = (0.01, 0.5)  # the first efficiency below BOUNDS[0] = 0.05
+    J = ((1.0, 0.5), (0.3, 1.0))  # rows: residuals; columns: log-efficiencies
+
+    def errors(values):
+        u = [math.log(values[k] / t) for k, t in zip(("a", "b"), truth, strict=True)]
+        return tuple(math.expm1(row[0] * u[0] + row[1] * u[1]) for row in J)
+
+    names, lo = ("a", "b"), math.log(BOUNDS[0])
+    x = [lo, math.log(0.3)]  # within MAX_STEP of the answer (0.18)
+    r = _residuals(errors, names, x)
+    step = _newton_step(errors, names, x, r, BOUNDS)
+    u0 = lo - math.log(truth[0])  # the pinned one's fixed offset
+    u1 = -(J[0][1] * J[0][0] * u0 + J[1][1] * J[1][0] * u0) / (J[0][1] ** 2 + J[1][1] ** 2)  # least squares in u1
+    assert step[0] == lo
+    assert step[1] == pytest.approx(math.log(truth[1]) + u1, abs=1e-9)
+    assert sum(v * v for v in _residuals(errors, names, step)) < sum(v * v for v in r)

@@ -180,7 +180,9 @@ def _residuals(errors, names: tuple[str, ...], x: list[float]) -> list[float]:
 
 def _newton_step(errors, names, x: list[float], r: list[float], bounds: tuple[float, float]) -> list[float]:
     """One Newton step on the two residuals in log space (a finite-difference Jacobian), its size capped at
-    MAX_STEP and the result kept within `bounds`."""
+    MAX_STEP and the result kept within `bounds`; projected where one efficiency sits at its bound and the step
+    pushes it further: that one stays, and the other takes the least-squares step on both residuals alone (the
+    joint step assumed the pinned one would move, and left the other creeping on by halved steps)."""
     cols = []
     for i in range(len(x)):
         xi = list(x)
@@ -192,6 +194,12 @@ def _newton_step(errors, names, x: list[float], r: list[float], bounds: tuple[fl
         why = f"the load test cannot tell the {names[0]} from the {names[1]} efficiency (send prompts and outputs)"
         raise BadInput(why)
     dx = [(d * r[0] - b * r[1]) / det, (-c * r[0] + a * r[1]) / det]
-    scale = min(1.0, MAX_STEP / max(abs(v) for v in dx))
     lo, hi = (math.log(v) for v in bounds)
+    pinned = [i for i in range(2) if (x[i] <= lo and dx[i] > 0) or (x[i] >= hi and dx[i] < 0)]
+    if len(pinned) == 1:  # x - dx leaves the bound it sits on: fix it, solve for the other on both residuals
+        free = 1 - pinned[0]
+        col = cols[free]
+        dx = [0.0, 0.0]
+        dx[free] = sum(j * v for j, v in zip(col, r, strict=True)) / max(sum(j * j for j in col), 1e-12)
+    scale = min(1.0, MAX_STEP / max(max(abs(v) for v in dx), 1e-12))
     return [min(hi, max(lo, v - scale * s)) for v, s in zip(x, dx, strict=True)]
