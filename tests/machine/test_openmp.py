@@ -16,6 +16,22 @@ def tasks() -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or openmp._libgomp() is None, reason="needs Linux + libgomp")
 def test_a_thread_that_releases_its_pool_leaves_no_helper_threads():
+    """The process's task count, read around the release, moves by the pool's helper alone, unless another
+    thread of the test process (a server or store thread of an earlier test in this worker, winding down) starts
+    or ends in the same milliseconds: such an attempt is made again, up to three times. A release that does not
+    end its helper fails all three."""
+    for attempt in range(3):
+        seen = release_and_count()
+        steady = seen["without"] == seen["with_pool"] - 1 and seen["again"] == seen["with_pool"]
+        if steady or attempt == 2:
+            break
+    assert seen["released"] is True
+    assert seen["without"] == seen["with_pool"] - 1  # its one helper thread ended
+    assert seen["again"] == seen["with_pool"]
+
+
+def release_and_count() -> dict:
+    """Task counts of this process with a side thread's pool, after it released it, and after it computed again."""
     seen: dict[str, int] = {}
     go, done = threading.Event(), threading.Event()
     a, b = torch.randn(512, 512), torch.randn(512, 512)
@@ -41,9 +57,7 @@ def test_a_thread_that_releases_its_pool_leaves_no_helper_threads():
     done.wait(60)
     go.set()
     t.join()
-    assert seen["released"] is True
-    assert seen["without"] == seen["with_pool"] - 1  # its one helper thread ended
-    assert seen["again"] == seen["with_pool"]
+    return seen
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or openmp._libgomp() is None, reason="needs Linux + libgomp")

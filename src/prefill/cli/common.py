@@ -50,7 +50,7 @@ KVDtype = Annotated[
     str,
     typer.Option(
         "--kv-dtype",
-        help="K/V in the pool: auto (float16 where predicted 5% faster for --workload, else float32; float32 "
+        help="K/V in the pool: auto (float16 where predicted 10% faster for --workload, else float32; float32 "
         "under --deterministic), float32, bfloat16, float16 or q8_0",
     ),
 ]
