@@ -301,7 +301,9 @@ class SeqKV:
         """Bytes of K and V of the filled positions the sequence still holds, all layers (sizes read off the
         pool's tensors): every position in a full-attention layer; in a windowed layer, those of the blocks not
         yet trimmed (prefill.costmodel.costs.kv_cache_bytes_held is the formula)."""
-        per_position = self.pool.bytes_per_token // self.pool.L  # K and V of one layer (every token's accept asks)
+        if len(self.pool.groups) == 1 and self.pool.groups[0].window is None:  # every token's accept asks
+            return self.pool.bytes_per_token * self.length
+        per_position = self.pool.bytes_per_token // self.pool.L  # K and V of one layer
         groups = enumerate(self.pool.groups)
         return per_position * sum(len(group.layers) * self.held_in_group(g) for g, group in groups)
 

@@ -167,7 +167,7 @@ class StepLoop:
             try:
                 if not good:
                     raise NothingToSample("no token can be sampled: every token is banned (logit_bias, grammar) or NaN")
-                req.accept(token, picked[j], ready)
+                req.accept(token, picked[j] if req.logprobs is not None else None, ready)  # a view a row costs
             except Exception as e:  # noqa: BLE001 - sampling or detokenizing failed for this request alone
                 req.fail(e)
 

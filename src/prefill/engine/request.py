@@ -219,9 +219,10 @@ class Request:
             self.finish("length")
 
     # ---- the one place a token is accepted ----
-    def accept(self, token: int, logits: torch.Tensor, logits_ready: float) -> None:
+    def accept(self, token: int, logits: torch.Tensor | None, logits_ready: float) -> None:
         """Take the token sampled from next-token logits [vocab] (float32, after this request's constraint; ready
-        at perf_counter time `logits_ready`): record it, then emit, stop or go on."""
+        at perf_counter time `logits_ready`; None where the request asks no logprobs): record it, then emit, stop
+        or go on."""
         now = self.clock()
         g = self.gen
         if not g.token_ids and g.ttft_s == 0.0:
