@@ -181,7 +181,10 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
             pool = kv * (keys - row.new) / keys  # the cached keys come from the pool's memory, the new from cache
             each.append((pairs, nbytes, launches, pool, row.new, keys))
         together = sum(nbytes - pool for _, nbytes, _, pool, _, _ in each)
-        group = [
+        if lay.batched_attention:  # one kernel a layer (a GPU engine's paged attention: FlashInfer, FA3)
+            ops.append(batched(each, n_layers, 4.0 * H_q * dh, together))
+            continue
+        ops += [
             Op(
                 "attention",
                 "attention",
@@ -196,22 +199,27 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
             )
             for pairs, nbytes, launches, pool, new, keys in each
         ]
-        ops += [batched(group)] if lay.batched_attention else group
     return ops
 
 
-def batched(group: list[Op]) -> Op:
-    """The rows' attention as one kernel (per layer): the FLOPs of every row's (query, key) pairs and the bytes
-    of every row's K/V at its own context, one launch; its rate is read at the step's queries and longest keys."""
-    first = group[0]
-    return replace(
-        first,
-        flops=sum(o.flops for o in group),
-        bytes=sum(o.bytes for o in group),
-        pool_bytes=sum(o.pool_bytes for o in group),
-        launches=1,
-        queries=sum(o.queries for o in group),
-        keys=max(o.keys for o in group),
+def batched(each: list[tuple], count: int, flops_per_pair: float, together: float) -> Op:
+    """The rows' attention as one kernel (per layer), from each row's (pairs, bytes, launches, pool bytes,
+    queries, keys): the FLOPs of every row's (query, key) pairs and the bytes of every row's K/V at its own
+    context, one launch; its rate is read at the step's queries and longest keys. No Op a row: a simulated
+    step of hundreds of rows builds one."""
+    pairs, nbytes, _, pool, new, keys = zip(*each, strict=True)
+    flops, queries = flops_per_pair * sum(pairs), sum(new)
+    return Op(
+        "attention",
+        "attention",
+        flops,
+        sum(nbytes),
+        1,
+        count,
+        pool_bytes=sum(pool),
+        queries=queries,
+        keys=max(keys),
+        working_set=together,
     )
 
 
