@@ -135,6 +135,11 @@ class KVPool:
         """K and V of one position, all layers: 2 * L * H_kv * d_head * bytes per element (of a slot's row)."""
         return 2 * self.L * self.H_kv * self.k[0].shape[2] * self.k[0].element_size()
 
+    @functools.cached_property
+    def group_position_bytes(self) -> list[int]:
+        """K and V of one position in each group's layers (every token's accept asks SeqKV.nbytes)."""
+        return [self.bytes_per_token // self.L * len(group.layers) for group in self.groups]
+
     @property
     def n_blocks(self) -> int:
         return sum(m.n_blocks for m in self.managers)
@@ -195,11 +200,9 @@ class SeqKV:
     def reserve(self, end: int) -> None:
         """Blocks for every position up to `end` - 1 in every group, allocated now; PoolFull (and nothing
         allocated) when a group has too few free blocks."""
-        bs, fresh = self.pool.block_size, []
+        fresh = []
         try:
-            for g, manager in enumerate(self.pool.managers):
-                have = self.first[g] + len(self.tables[g])
-                need = math.ceil(end / bs) - have
+            for g, (manager, need) in enumerate(zip(self.pool.managers, self.reserve_needs(end), strict=True)):
                 if need > 0:
                     last = self.tables[g][-1] if self.tables[g] else None
                     fresh.append((g, manager.allocate(need, after=last)))
@@ -209,12 +212,6 @@ class SeqKV:
             raise
         for g, blocks in fresh:
             self.tables[g].extend(blocks)
-
-    def holds(self, end: int) -> bool:
-        """Do the blocks already reserved cover every position up to `end` - 1 in every group (a decode step's
-        usual case: nothing to allocate)?"""
-        bs = self.pool.block_size
-        return all((f + len(t)) * bs >= end for f, t in zip(self.first, self.tables, strict=True))
 
     def reserve_needs(self, end: int) -> list[int]:
         """Fresh blocks each group would need for positions up to `end` - 1 (what `reserve(end)` allocates)."""
@@ -301,11 +298,7 @@ class SeqKV:
         """Bytes of K and V of the filled positions the sequence still holds, all layers (sizes read off the
         pool's tensors): every position in a full-attention layer; in a windowed layer, those of the blocks not
         yet trimmed (prefill.costmodel.costs.kv_cache_bytes_held is the formula)."""
-        if len(self.pool.groups) == 1 and self.pool.groups[0].window is None:  # every token's accept asks
-            return self.pool.bytes_per_token * self.length
-        per_position = self.pool.bytes_per_token // self.pool.L  # K and V of one layer
-        groups = enumerate(self.pool.groups)
-        return per_position * sum(len(group.layers) * self.held_in_group(g) for g, group in groups)
+        return sum(b * self.held_in_group(g) for g, b in enumerate(self.pool.group_position_bytes))
 
     def reserved_bytes(self) -> int:
         """Bytes of the blocks this sequence holds (filled or not)."""

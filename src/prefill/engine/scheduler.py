@@ -160,10 +160,11 @@ class Scheduler:
     def _grow(self, req: Request, end: int, step: Step) -> bool:
         """Blocks for req's positions up to `end`, preempting newer requests while they are short; False when
         req itself had to be preempted (it was the newest)."""
-        if req.seq.holds(end):
-            return True
         while True:
-            if self._fits(req.seq.reserve_needs(end)):
+            needs = req.seq.reserve_needs(end)
+            if not any(needs):  # the blocks it holds cover `end` (a decode step's usual case)
+                return True
+            if self._fits(needs):
                 try:
                     req.seq.reserve(end)
                     return True
