@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     judged = held_out(rows) or rows  # every point when the fit used them all
     better = largest_error(judged, "fitted_error") < largest_error(judged, "quick_error")
     if not args.no_save and better:  # kept per weights: a fit of the block kernels is not the dense one's
-        from prefill.machine.profiles import save_fitted
+        from prefill.machine.fits import save_fitted
 
         save_fitted(engine.spec, fit.profile, str(engine.device), qtypes=engine.weight_types())
         print("saved the fitted profile: `prefill run` and `prefill bench` now predict with it on this machine")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from prefill.costmodel.specs import PRESETS
-from prefill.machine import attention_probe, elementwise, entries, probe, profiles
+from prefill.machine import attention_probe, elementwise, entries, fits, probe, profiles
 from prefill.machine.probe import measure_copy_bandwidth, measure_gemm_rate
 from prefill.machine.profiles import get_hardware
 
@@ -155,7 +155,7 @@ def test_a_probe_older_than_the_asked_age_is_measured_again_with_a_note(tmp_path
     fake_probe(monkeypatch, calls)
     profiles.probe_profile(SMOLLM2, "float32", threads=1)
     assert len(calls) == 6
-    key = profiles._key("cpu", 1, "float32")
+    key = entries.entry_key("cpu", 1, "float32")
     data = profiles.read_json(profiles.PROFILE_FILE)
     assert profiles.probe_age_s(data[key]) < 60
     data[key]["measured"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 3 * 3600))
@@ -181,7 +181,7 @@ def test_a_saved_fit_replaces_the_quick_probe_for_that_model(tmp_path, monkeypat
     fitted = quick.with_fit(
         gemm_efficiency=0.9, op_overhead_s=3e-6, step_overhead_s=1e-3, kind="fitted", source=f"fit ({quick.source})"
     )
-    profiles.save_fitted(SMOLLM2, fitted, threads=1)
+    fits.save_fitted(SMOLLM2, fitted, threads=1)
     assert profiles.profile_for(SMOLLM2, "float32", threads=1) == fitted
     entry = profiles.measure_entry(SMOLLM2, "float32", threads=1)  # a later probe, the fit applied on it
     entry["measured"] = "later"
@@ -196,8 +196,8 @@ def test_a_fit_of_another_probe_version_is_not_applied(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
     fake_probe(monkeypatch, [])
     quick = profiles.profile_for(SMOLLM2, "float32", threads=1)
-    profiles.save_fitted(SMOLLM2, quick.with_fit(gemm_efficiency=0.5, kind="fitted"), threads=1)
-    monkeypatch.setattr(profiles, "PROBE_VERSION", profiles.PROBE_VERSION + 1)
+    fits.save_fitted(SMOLLM2, quick.with_fit(gemm_efficiency=0.5, kind="fitted"), threads=1)
+    monkeypatch.setattr(entries, "PROBE_VERSION", entries.PROBE_VERSION + 1)
     assert profiles.profile_for(SMOLLM2, "float32", threads=1).gemm_efficiency == 1.0
 
 
@@ -254,7 +254,7 @@ def test_a_damaged_cache_entry_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
     calls = []
     fake_probe(monkeypatch, calls)
-    key = profiles._key("cpu", 1, "float32")
+    key = entries.entry_key("cpu", 1, "float32")
     profiles.write_json(profiles.PROFILE_FILE, {key: {"gemm": {"576x960": "not points"}, "attention": [1]}})
     assert profiles.profile_for(SMOLLM2, "float32", threads=1).kind == "probe"
     assert len(calls) == 6
@@ -292,7 +292,8 @@ def test_a_probe_taken_on_a_busy_machine_says_so(tmp_path, monkeypatch):
     profiles.profile_for(SMOLLM2, "float32", threads=1, echo=notes.append)
     assert (
         len(notes) == 1
-        and entries.implausible(profiles.read_json(profiles.PROFILE_FILE)[profiles._key("cpu", 1, "float32")]) is None
+        and entries.implausible(profiles.read_json(profiles.PROFILE_FILE)[entries.entry_key("cpu", 1, "float32")])
+        is None
     )
     monkeypatch.setattr(
         probe,
@@ -333,10 +334,10 @@ def test_a_fit_of_the_block_kernels_applies_to_them_alone(tmp_path, monkeypatch)
     q4 = {"576x3072": "Q4_1", "576x49152": "Q8_0"}
     dense = profiles.profile_for(SMOLLM2, "float32", threads=1)
     blocks = profiles.profile_for(SMOLLM2, "float32", threads=1, qtypes=q4)
-    profiles.save_fitted(SMOLLM2, blocks.with_fit(gemm_efficiency=0.8, kind="fitted"), threads=1, qtypes=q4)
+    fits.save_fitted(SMOLLM2, blocks.with_fit(gemm_efficiency=0.8, kind="fitted"), threads=1, qtypes=q4)
     assert profiles.profile_for(SMOLLM2, "float32", threads=1, qtypes=q4).gemm_efficiency == 0.8
     assert profiles.profile_for(SMOLLM2, "float32", threads=1) == dense
-    profiles.save_fitted(SMOLLM2, dense.with_fit(gemm_efficiency=0.5, kind="fitted"), threads=1)
+    fits.save_fitted(SMOLLM2, dense.with_fit(gemm_efficiency=0.5, kind="fitted"), threads=1)
     assert profiles.profile_for(SMOLLM2, "float32", threads=1, qtypes=q4).gemm_efficiency == 0.8
     assert profiles.profile_for(SMOLLM2, "float32", threads=1).gemm_efficiency == 0.5
 

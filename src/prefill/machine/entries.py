@@ -6,13 +6,21 @@ for what no idle machine produces, and merged point by point over several probes
     best_entry(entries)       the point-wise fastest of several probes' entries (other load only slows a probe)
     undisturbed(entry, measure)  an entry, probed again where other processes disturbed it
     curve_points(rows)        a curve's [[size, rate], ...] as a tuple of (int, float)
+    entry_key(device, threads, dtype)  the cache's name of this machine's entry in a dtype
+    stamp(), current(entry)   an entry's probe version and kernels, and whether they are this code's (else
+                              it is measured again)
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable
 
+from prefill.costmodel.costs import canonical_dtype
+from prefill.device.cache import machine_key
+
+PROBE_VERSION = 16  # entries of another version are measured again (its history: `git log -p` of this line)
 PROBE_RETRIES = 2  # probes more when one is disturbed (implausible), their point-wise fastest kept
 
 
@@ -114,3 +122,27 @@ def undisturbed(entry: dict, measure: Callable[[dict], object], echo: Callable[[
     if busy and echo is not None:
         echo(f"warning: {busy}; predictions will be off: run `prefill calibrate` again on an idle machine")
     return best_entry(entries)
+
+
+def entry_key(device: str, threads: int | None, dtype: str) -> str:
+    """The cache's name of this machine's entry (or fit) in `dtype` with `threads` CPU threads."""
+    return f"{machine_key(device, threads)}|{canonical_dtype(dtype)}"
+
+
+@functools.cache
+def kernels() -> str:
+    """The engine's kernel library these sources build (its name carries their digest): the probe timed them, so
+    a measurement of other kernels is measured again. Once per process (it hashes the sources)."""
+    from prefill.model.quant.build import library_name
+
+    return library_name()
+
+
+def stamp() -> dict:
+    """What an entry or a fit is stored with, for current() to check: this probe version and these kernels."""
+    return {"version": PROBE_VERSION, "kernels": kernels()}
+
+
+def current(entry: dict) -> bool:
+    """Was `entry` (a probe's or a fit's) made by this probe version, on these kernels?"""
+    return entry.get("version") == PROBE_VERSION and entry.get("kernels") == kernels()

@@ -8,7 +8,6 @@ per machine, torch version, thread count and dtype, and replaced by a fitted one
     measure_entry(spec, dtype, device)    one fresh probe's measurements, not cached (a benchmark runs several)
     profile_of(entry, spec, dtype)        the profile of an entry (one probe's, or entries.median_entry of several)
     gemm_rates(device, shape, dtypes)     FLOP/s per dtype at one shape (what --dtype auto reads)
-    save_fitted(spec, profile)            remember a fitted profile for this machine, dtype and model
     this_cpu()                            this machine as a Hardware entry (the calculator's `--hardware cpu`)
     get_hardware(name)                    a catalog entry, or "cpu": this machine, measured once per process
 """
@@ -25,18 +24,15 @@ from prefill.costmodel.costs import cache_dtype, canonical_dtype
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.profile import GemmCurve, MachineProfile, shape_key
 from prefill.costmodel.specs import ModelSpec
-from prefill.device.cache import machine_key, read_json, write_json
+from prefill.device.cache import read_json, write_json
 from prefill.machine import attention_probe, elementwise, probe
-from prefill.machine.entries import curve_points, undisturbed
+from prefill.machine.entries import current, curve_points, entry_key, stamp, undisturbed
+from prefill.machine.fits import with_fit
 
 PROFILE_FILE = "machine.json"  # the probe's measurements, per machine key and dtype
-PROBE_VERSION = 16  # entries of another version are measured again (its history: `git log -p` of this line)
-FITTED_FILE = "fitted.json"  # fitted parameters, per machine key, dtype and model
 # The embedded SmolLM2-135M's widest projection: [P, d_model=576] x [576, 2 d_ff=3072] (gate and up in one GEMM).
 DEFAULT_SHAPE = (576, 3072)
 PROBE_M = 512  # the row count --dtype auto compares dtypes at (P = 512 is where the speed targets are set)
-FITTED_FIELDS = ("gemm_efficiency", "attention_efficiency", "bandwidth_bytes_per_s", "cache_bandwidth_bytes_per_s")
-FITTED_FIELDS += ("op_overhead_s", "step_overhead_s", "source", "kind")
 
 
 def gemm_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
@@ -54,10 +50,6 @@ def gemm_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
 def model_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
     """gemm_shapes, each once."""
     return tuple(dict.fromkeys(gemm_shapes(spec)))
-
-
-def _key(device: str, threads: int | None, dtype: str) -> str:
-    return f"{machine_key(device, threads)}|{canonical_dtype(dtype)}"
 
 
 class _Threads:
@@ -132,7 +124,8 @@ def _measure_missing(
 def _store(key: str, entry: dict, merge: bool = True) -> None:
     """Merge `entry` into the disk cache under `key` (another process may have written meanwhile), or replace
     what is there (a stale probe: its other shapes are as old as the rest, measured again on their next need)."""
-    entry["measured"], entry["version"], entry["kernels"] = time.strftime("%Y-%m-%d %H:%M:%S"), PROBE_VERSION, kernels()
+    entry["measured"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    entry |= stamp()
     data = read_json(PROFILE_FILE)
     old = _valid(data.get(key, {})) if merge else {}
     merged = {**old, **entry}
@@ -163,7 +156,7 @@ def probe_profile(
     an engine keeps as blocks at that shape (their GEMMs are timed on those kernels); `kv_dtype`: what its pool
     stores K/V as (None: `dtype`; decode attention is timed reading them so)."""
     dtype, shapes, qtypes = canonical_dtype(dtype), model_shapes(spec), qtypes or {}
-    key = _key(device, threads, dtype)
+    key = entry_key(device, threads, dtype)
     memo = f"{key}|{spec.name}|{shapes}|{sorted(qtypes.items())}|{_heads(spec, dtype, kv_dtype)}"
     if not refresh and max_age_s is None and memo in _MEMO:
         return _MEMO[memo]
@@ -241,27 +234,13 @@ def profile_of(
     n_threads = None if device.startswith("cuda") else threads or _torch_threads()
     dtype = canonical_dtype(dtype)
     profile = _build(entry, spec, model_shapes(spec), dtype, device, n_threads, qtypes or {}, kv_dtype)
-    return _with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
+    return with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
 
 
 def save_probe(entry: dict, dtype: str, device: str = "cpu", threads: int | None = None) -> None:
     """Cache `entry` as this machine's quick probe for `dtype` (the next probe_profile in any process reads it)."""
     _MEMO.clear()
-    _store(_key(device, threads, dtype), dict(entry))
-
-
-@functools.cache
-def kernels() -> str:
-    """The engine's kernel library these sources build (its name carries their digest): the probe timed them, so
-    a measurement of other kernels is measured again. Once per process (it hashes the sources)."""
-    from prefill.model.quant.build import library_name
-
-    return library_name()
-
-
-def current(entry: dict) -> bool:
-    """Was `entry` (a probe's or a fit's) made by this probe version, on these kernels?"""
-    return entry.get("version") == PROBE_VERSION and entry.get("kernels") == kernels()
+    _store(entry_key(device, threads, dtype), dict(entry))
 
 
 def _torch_threads() -> int:
@@ -347,43 +326,7 @@ def profile_for(
     profile = probe_profile(
         spec, dtype, device, threads, echo=echo, qtypes=qtypes, max_age_s=max_age_s, kv_dtype=kv_dtype
     )
-    return _with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
-
-
-def _fit_key(spec: ModelSpec, device: str, threads: int | None, dtype: str, qtypes: dict[str, str]) -> str:
-    """A fit's name: machine, dtype, model, and the weights' GGUF types where blocks are kept (a fit of the
-    dense weights says nothing of the block kernels, nor the other way round)."""
-    blocks = f"|{','.join(sorted(set(qtypes.values())))}" if qtypes else ""
-    return f"{_key(device, threads, dtype)}|{spec.name}{blocks}"
-
-
-def _with_fit(
-    profile: MachineProfile, spec: ModelSpec, device: str, threads: int | None, qtypes: dict[str, str]
-) -> MachineProfile:
-    """`profile` with the parameters a benchmark fitted for this machine, its dtype, `spec` and weights, if any."""
-    saved = read_json(FITTED_FILE).get(_fit_key(spec, device, threads, profile.dtype, qtypes))
-    if not saved or not current(saved):  # a fit of another probe's curves, or of other kernels, does not apply
-        return profile
-    fitted = profile.with_fit(**{k: saved[k] for k in FITTED_FIELDS if k in saved})
-    if saved.get("source", "").endswith(f"({profile.source})"):
-        return fitted  # the probe it was fitted on
-    return fitted.with_fit(source=f"{profile.source}, with the fit of {saved.get('saved', 'a benchmark')}")
-
-
-def save_fitted(
-    spec: ModelSpec,
-    profile: MachineProfile,
-    device: str = "cpu",
-    threads: int | None = None,
-    qtypes: dict[str, str] | None = None,
-) -> None:
-    """Remember `profile`'s fitted parameters for this machine, its dtype, `spec` and weights (`qtypes` as
-    probe_profile's; profile_for applies them)."""
-    data = read_json(FITTED_FILE)
-    row = {k: getattr(profile, k) for k in FITTED_FIELDS}
-    saved = {**row, "saved": time.strftime("%Y-%m-%d %H:%M"), "version": PROBE_VERSION, "kernels": kernels()}
-    data[_fit_key(spec, device, threads, profile.dtype, qtypes or {})] = saved
-    write_json(FITTED_FILE, data)
+    return with_fit(profile, spec, device, threads, qtypes or {}) if fitted else profile
 
 
 def gemm_rates(
@@ -398,7 +341,7 @@ def gemm_rates(
     K, N = shape
     rates = {}
     for dt in dict.fromkeys(canonical_dtype(d) for d in dtypes):
-        key = _key(device, threads, dt)
+        key = entry_key(device, threads, dt)
         entry = read_json(PROFILE_FILE).get(key, {})
         if refresh:
             entry["gemm"] = {name: pts for name, pts in entry.get("gemm", {}).items() if name != shape_key(K, N)}
