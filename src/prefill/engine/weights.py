@@ -86,18 +86,20 @@ def choose_kv_dtype(engine, workload: Workload | None = None, echo: Callable[[st
     probed on first need, a second or so, once per machine)."""
     from prefill.costmodel.costs import request_seconds
 
-    load, options = workload or Workload(), kv_candidates(engine.dtype_name, capability("cpu"))
-    if str(engine.device) != "cpu":
-        options = (engine.dtype_name,)
+    load = workload or Workload()
+    options = kv_candidates(engine.dtype_name, capability("cpu" if engine.device.type == "cpu" else "cuda"))
+    if len(options) == 1:
+        engine.runner.set_kv_dtype(options[0])
+        return options[0]
     times = []
-    for kv in options if len(options) > 1 else ():
+    for kv in options:
         engine.runner.set_kv_dtype(kv)
         engine.profile(echo=echo)
         ttft, itl = engine.predict_prefill(load.P).seconds, engine.predict_decode([load.P + load.n // 2]).seconds
         times.append((kv, request_seconds(ttft, load.n, itl)))
-    kv, line = choose_kv(times, load) if times else (options[0], "")
+    kv, line = choose_kv(times, load)
     engine.runner.set_kv_dtype(kv)
-    if line and echo is not None:
+    if echo is not None:
         echo(line)
     return kv
 
