@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord, one_request, run_load_test
-from prefill.bench.loadtest_report import summarize
+from prefill.loadtest.client import LoadTestConfig, PromptLengths, RequestRecord, one_request, run_load_test
+from prefill.loadtest.report import summarize
 from prefill.server.server import free_port
 
 WORDS = ("the", "river", "runs", "past", "the", "old", "mill", "and", "under", "the", "stone", "bridge", "near", "town")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from prefill.bench.loadtest import LoadTestConfig, RequestRecord, one_request
 from prefill.engine.llm import Engine
+from prefill.loadtest.client import LoadTestConfig, RequestRecord, one_request
 from prefill.server.app import ServeConfig, create_app, model_id_of
 from prefill.server.server import BackgroundServer
 

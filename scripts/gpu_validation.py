@@ -3,7 +3,7 @@
     PYTHONPATH=src python scripts/gpu_validation.py          # rewrite the table between the markers
     PYTHONPATH=src python scripts/gpu_validation.py --check  # exit 1 when the page differs from the model's table
 
-The table is never typed: tests/bench/test_gpu_validation.py checks the page against this script's output.
+The table is never typed: tests/plan/test_gpu_validation.py checks the page against this script's output.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from prefill.bench.gpu_validation import check_all, render_table
+from prefill.plan.gpu_validation import check_all, render_table
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
 BEGIN, END = "<!-- validation table: scripts/gpu_validation.py -->", "<!-- end of validation table -->"

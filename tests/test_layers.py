@@ -1,11 +1,13 @@
 """The house's floors: every import in src/prefill (at module level or inside a function, which is still an
 import) runs one way, bottom to top, and no module reaches itself through others.
 
-    errors < costmodel < device < model < machine < loading < engine < bench | server < lesson < cli
+    errors < costmodel < device < model < machine < loading < engine | loadtest < plan < bench | server < lesson < cli
 
 costmodel is torch-free and takes a machine's numbers as data; device says what the CPU or GPU can do; machine
-probes the model's own kernels; the server knows nothing of the lesson, which mounts itself on it. The package's
-own __init__ (the public API, lazy re-exports) stands above all and is left out."""
+probes the model's own kernels; the server knows nothing of the lesson, which mounts itself on it. The
+load-test client (loadtest) measures any server and knows nothing of the planner; the simulator and the planner
+(plan) read its traces. The package's own __init__ (the public API, lazy re-exports) stands above all and is
+left out."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-FLOORS = [{"errors"}, {"costmodel"}, {"device"}, {"model"}, {"machine"}, {"loading"}, {"engine"},
-          {"bench", "server"}, {"lesson"}, {"cli"}]  # fmt: skip
+FLOORS = [{"errors"}, {"costmodel"}, {"device"}, {"model"}, {"machine"}, {"loading"}, {"engine", "loadtest"},
+          {"plan"}, {"bench", "server"}, {"lesson"}, {"cli"}]  # fmt: skip
 FLOOR = {pkg: i for i, pkgs in enumerate(FLOORS) for pkg in pkgs}
 
 

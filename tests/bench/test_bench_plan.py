@@ -2,7 +2,7 @@
 
 import pytest
 
-from prefill.bench import plan
+from prefill.bench import sweep as plan
 from prefill.costmodel.costs import prefill_flops_exact
 from prefill.costmodel.specs import ModelSpec
 from prefill.machine.native import Capability

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from prefill.bench.capacity import Workload
 from prefill.lesson import load, sweep
 from prefill.lesson.routes import add_lesson
+from prefill.plan.capacity import Workload
 from prefill.server.app import ServeConfig, create_app, model_id_of
 from prefill.server.server import BackgroundServer
 from schemathesis_run import run_schemathesis

@@ -321,8 +321,8 @@ def test_metrics_count_requests_and_tokens(server):
 
 
 def test_loadtest_against_our_server(server, tmp_path):
-    from prefill.bench.loadtest import LoadTestConfig, PromptLengths, run_load_test
-    from prefill.bench.loadtest_report import summarize, write_json
+    from prefill.loadtest.client import LoadTestConfig, PromptLengths, run_load_test
+    from prefill.loadtest.report import summarize, write_json
 
     url, model = server
     cfg = LoadTestConfig(

@@ -4,7 +4,7 @@ For each dtype the engines are loaded once; for each P they run the same token i
 interleaved (ours, ours compiled, transformers, llama.cpp, ours, ...), so drifts and bursts of load hit all of
 them alike. Each point: a cold call, warm-up, `repeats` timed calls, then one untimed call for peak memory.
 The GEMM rate that MFU is measured against is taken in the same run. `prepare` decides the dtypes (native ones
-by default, prefill.bench.plan) and estimates the duration before anything is loaded.
+by default, prefill.bench.sweep) and estimates the duration before anything is loaded.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import replace
 
-from prefill.bench import calibrate, plan
+from prefill.bench import calibrate, sweep
 from prefill.bench.peer_process import PeerRun
 from prefill.bench.peers import (
     alive_peers,
@@ -41,7 +41,7 @@ from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 
 
-def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str]:
+def prepare(config: BenchConfig) -> tuple[BenchConfig, sweep.Plan, ModelSpec, str]:
     """Before loading anything: the model's path and spec, the dtypes (native ones for "auto") and lengths,
     and the estimated duration from the cost model at the probe's GEMM rates. Returns the config with
     concrete dtypes, the plan, the spec and the model path."""
@@ -55,7 +55,7 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     notes: list[str] = []
     lengths = _capped_lengths(config.prompt_lengths, spec, notes)
     cap = capability("cuda" if config.device.startswith("cuda") else "cpu")
-    dtypes, per, dt_notes = plan.dtypes_and_lengths(config.dtypes, lengths, cap, config.force)
+    dtypes, per, dt_notes = sweep.dtypes_and_lengths(config.dtypes, lengths, cap, config.force)
     # A bench re-probes (and re-caches) the rates: it is the command a user runs to measure this machine anew.
     shape = (spec.d_model, 2 * spec.d_ff)
     rates = gemm_rates(config.device, shape=shape, dtypes=dtypes, threads=config.threads, refresh=True)
@@ -64,19 +64,19 @@ def prepare(config: BenchConfig) -> tuple[BenchConfig, plan.Plan, ModelSpec, str
     runs = dict(
         repeats=config.repeats, warmup=config.warmup, chunk_sizes=config.chunk_sizes, calibrate=config.calibrate
     )
-    seconds, per_point = plan.estimate(
+    seconds, per_point = sweep.estimate(
         spec, dtypes, per, rates, peers=config.peers, compile=config.compile, llama_files_per_dtype=llama_files, **runs
     )
     return (
         replace(config, dtypes=dtypes),
-        plan.Plan(dtypes, per, (*notes, *dt_notes), seconds, per_point),
+        sweep.Plan(dtypes, per, (*notes, *dt_notes), seconds, per_point),
         spec,
         model_path,
     )
 
 
 def run_bench(
-    config: BenchConfig, on_step: Callable[[str, float], None] | None = None, prepared: plan.Plan | None = None
+    config: BenchConfig, on_step: Callable[[str, float], None] | None = None, prepared: sweep.Plan | None = None
 ) -> BenchResult:
     """Run the sweep; `on_step(description, estimated seconds of that point)` is called after each timed point."""
     import torch

@@ -114,7 +114,7 @@ def parse_lists(prompt_lengths: str, dtypes: str, peers: str, calibrate_on: str 
 def print_plan(wide: Console, config, plan) -> None:
     """The device, the plan's notes and how long the sweep should take."""
     from prefill.bench import report
-    from prefill.bench.plan import duration_text
+    from prefill.bench.sweep import duration_text
 
     wide.print(report.device_line(config.device), highlight=False)
     for note in plan.notes:

@@ -83,7 +83,7 @@ def loadtest(
     api_key: ApiKey = None,
 ) -> None:
     """Load-test any OpenAI-compatible server: TTFT, ITL, TPOT, E2E percentiles, throughput, goodput."""
-    from prefill.bench.loadtest import LoadTestConfig
+    from prefill.loadtest.client import LoadTestConfig
 
     load = {"concurrency": concurrency, "rate": rate, "duration_s": duration, "max_requests": requests}
     ask = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "ignore_eos": ignore_eos}
@@ -109,7 +109,7 @@ def run(cfg) -> tuple:
     """The load test itself: (records, wall seconds, the server's model id)."""
     import asyncio
 
-    from prefill.bench.loadtest import run_load_test
+    from prefill.loadtest.client import run_load_test
 
     return asyncio.run(run_load_test(cfg))
 
@@ -128,9 +128,9 @@ def prepare_prediction(predict: bool, model: str | None, cfg, hardware: str, eng
 
 def gpu_server(model: str | None, hardware: str, engine: str | None):
     """--predict --hardware [Nx]GPU --engine E[:WEIGHTS]: the deployment the measured server is."""
-    from prefill.bench.gpu_serving import GpuServer
     from prefill.costmodel.specs import load_spec
     from prefill.errors import BadInput
+    from prefill.plan.gpu_serving import GpuServer
 
     if engine is None or model is None:
         raise BadInput("--predict on a GPU needs --engine (vllm, sglang, ...) and --predict-model (e.g. llama-3.1-8b)")
@@ -145,7 +145,7 @@ def predict_gpu(server, records: list, summary: dict, in_flight: int, out: Path)
     """The measured trace on the simulated GPU deployment, beside the measurement, and into the JSON report."""
     import json
 
-    from prefill.bench.engine_fit import predict_load
+    from prefill.plan.engine_fit import predict_load
 
     predicted = predict_load(server, records, in_flight)
     console.print(f"predicted: {server.name}; {server.profile.source}", highlight=False)
@@ -156,8 +156,8 @@ def predict_gpu(server, records: list, summary: dict, in_flight: int, out: Path)
 
 
 def start_prediction(model: str | None, cfg):
-    """--predict's measurements before the load (prefill.bench.load_prediction)."""
-    from prefill.bench.load_prediction import LoadPrediction
+    """--predict's measurements before the load (prefill.plan.load_prediction)."""
+    from prefill.plan.load_prediction import LoadPrediction
 
     return LoadPrediction.start(model, cfg, note)
 
@@ -171,7 +171,7 @@ def finish_prediction(prediction, records: list, summary: dict, in_flight: int, 
 
 
 def summarize(records: list, wall: float, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
-    from prefill.bench import loadtest_report
+    from prefill.loadtest import report as loadtest_report
 
     return loadtest_report.summarize(records, wall, slo_ttft_s, slo_tpot_s)
 
@@ -197,7 +197,7 @@ def print_prediction(measured: dict, predicted: dict) -> None:
 def prompt_fields(prompt_len: str, prompts_file: str | None, system_prompt_file: str | None) -> dict:
     """The LoadTestConfig fields of the prompts: their lengths, the real prompts (the non-empty lines of
     `prompts_file`) and the system prompt."""
-    from prefill.bench.loadtest import PromptLengths
+    from prefill.loadtest.client import PromptLengths
 
     prompts = Path(prompts_file).read_text().splitlines() if prompts_file else []
     system = Path(system_prompt_file).read_text() if system_prompt_file else None
@@ -225,7 +225,7 @@ def print_summary(model_id: str, summary: dict, wall: float, slo_ttft_ms: float 
     """The latency percentiles as a table, then throughput, goodput, errors and the definitions."""
     from rich.table import Table
 
-    from prefill.bench.loadtest_report import DEFINITIONS
+    from prefill.loadtest.report import DEFINITIONS
 
     table = Table(title=f"{model_id}: {summary['successful']}/{summary['requests']} requests ok in {wall:.1f} s")
     for col in ("metric (ms)", "mean", "p50", "p90", "p99", "n"):
@@ -256,7 +256,7 @@ def save(cfg, model_id: str, summary: dict, records: list, out: str, plot: str) 
     """The JSON report (config, summary, every request) and the plot."""
     import dataclasses
 
-    from prefill.bench import loadtest_report as report
+    from prefill.loadtest import report
 
     config = {**dataclasses.asdict(cfg), "model": model_id, "prompts": len(cfg.prompts), "api_key": bool(cfg.api_key)}
     report.write_json(Path(out), config, summary, records)

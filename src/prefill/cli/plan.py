@@ -1,5 +1,5 @@
 """`prefill plan`: the cheapest GPU deployment for a model, a workload and a latency SLO
-(prefill.bench.planner), and the command that launches it."""
+(prefill.plan.planner), and the command that launches it."""
 
 from __future__ import annotations
 
@@ -66,10 +66,10 @@ def plan(
 ) -> None:
     """Which GPU, how many per replica (TP), how many replicas and which engine serve your workload within its
     latency SLO at the lowest cost per million output tokens: each candidate is simulated under the load."""
-    from prefill.bench.capacity import Workload
-    from prefill.bench.loadtest import PromptLengths
-    from prefill.bench.planner import Load, Slo
     from prefill.errors import BadInput
+    from prefill.loadtest.client import PromptLengths
+    from prefill.plan.capacity import Workload
+    from prefill.plan.planner import Load, Slo
 
     if fit is not None and hardware.lower() == "cpu":
         return cpu_fit_report(fit)
@@ -85,13 +85,13 @@ def plan(
 
 
 def run_plan(model: str, workload, load, slo, choices: tuple, json_out: bool, lengths: str) -> None:
-    """The ranked options (prefill.bench.planner.plan_deployments), printed or as JSON."""
+    """The ranked options (prefill.plan.planner.plan_deployments), printed or as JSON."""
     import dataclasses
     import json
 
-    from prefill.bench.planner import plan_deployments
     from prefill.cli.plan_report import print_deployments
     from prefill.costmodel.specs import load_spec
+    from prefill.plan.planner import plan_deployments
 
     spec = load_spec(model)
     options = plan_deployments(spec, workload, load, slo, *choices, echo=None if json_out else note)
@@ -106,9 +106,9 @@ def fit_report(model: str, path: str, hardware: str, engine: str, weights: str, 
     """--fit: the load test's trace simulated before and after refitting the engine's efficiencies."""
     from pathlib import Path
 
-    from prefill.bench.engine_fit import fit_engine, read_records
-    from prefill.bench.gpu_serving import GpuServer
     from prefill.costmodel.specs import load_spec
+    from prefill.plan.engine_fit import fit_engine, read_records
+    from prefill.plan.gpu_serving import GpuServer
 
     records, config = read_records(Path(path))
     server = GpuServer.of(load_spec(model), hardware, engine, weights, kv, tp)
@@ -122,8 +122,8 @@ def cpu_fit_report(path: str) -> None:
     import json
     from pathlib import Path
 
-    from prefill.bench.cpu_fit import fit_cpu, saved_server
-    from prefill.bench.engine_fit import read_records
+    from prefill.plan.cpu_fit import fit_cpu, saved_server
+    from prefill.plan.engine_fit import read_records
 
     records, config = read_records(Path(path))
     server = saved_server(json.loads(Path(path).read_text()), echo=note)

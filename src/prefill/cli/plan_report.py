@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from prefill.bench.capacity import PlanRow, cheapest
 from prefill.cli.common import console, ms
+from prefill.plan.capacity import PlanRow, cheapest
 
 
 def _or_dash(value, fmt) -> str:

@@ -1,5 +1,5 @@
 """`prefill simulate`: a loaded server predicted, the step loop's own policy on a simulated clock
-(prefill.bench.simulate), reported as `prefill loadtest` reports a measured one."""
+(prefill.plan.simulate), reported as `prefill loadtest` reports a measured one."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def simulate(
     kv_dtype: KvDtype = None,
 ) -> None:
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
-    from prefill.bench.loadtest import PromptLengths
-    from prefill.bench.simulate import poisson_trace, simulate_server
+    from prefill.loadtest.client import PromptLengths
+    from prefill.plan.simulate import poisson_trace, simulate_server
 
     prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
     if plan:
@@ -80,10 +80,10 @@ def simulate(
 
 
 def simulate_engine(model, hardware: str, engine: str, weights, kv, tp: int, trace):
-    """--engine: the trace on a catalog GPU deployment run by that engine (prefill.bench.gpu_serving)."""
-    from prefill.bench.gpu_serving import GpuServer
+    """--engine: the trace on a catalog GPU deployment run by that engine (prefill.plan.gpu_serving)."""
     from prefill.costmodel.specs import load_spec
     from prefill.errors import BadInput
+    from prefill.plan.gpu_serving import GpuServer
 
     if model is None:
         raise BadInput("--engine simulates a GPU deployment: give --model (a preset such as llama-3.1-8b)")
@@ -96,7 +96,7 @@ def report_load(result, name: str, label: str, slos: tuple, as_json: bool) -> No
     TPOT SLOs in ms, or None."""
     import json
 
-    from prefill.bench.loadtest_report import summarize
+    from prefill.loadtest.report import summarize
 
     summary = summarize(result.records, result.wall_s, *map(seconds, slos))
     summary["preemptions"], summary["steps"] = result.preemptions, len(result.steps)
@@ -109,17 +109,17 @@ def report_load(result, name: str, label: str, slos: tuple, as_json: bool) -> No
 
 
 def plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, work: tuple, sizes, as_json) -> None:
-    """--plan: prefill.bench.capacity.plan on a catalog GPU, printed (or as JSON); work: the Workload's fields
+    """--plan: prefill.plan.capacity.plan on a catalog GPU, printed (or as JSON); work: the Workload's fields
     (requests, prompt lengths, output lengths, seed); sizes: (chunk size, max running), the scheduler's."""
     import dataclasses
     import json
 
-    from prefill.bench.capacity import Workload, plan
     from prefill.cli.plan_report import print_plan
     from prefill.costmodel.hardware import get_hardware
     from prefill.costmodel.specs import load_spec
     from prefill.errors import BadInput
     from prefill.loading.resolve import default_model_path
+    from prefill.plan.capacity import Workload, plan
 
     if hardware.lower() == "cpu":
         raise BadInput("--plan sizes a GPU deployment: give a catalog GPU, e.g. --hardware h100")

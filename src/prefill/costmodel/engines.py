@@ -1,6 +1,6 @@
 """GPU serving engines as data: each one's scheduling rules, memory fraction and efficiencies, with its defaults
 cited. The time model (prefill.costmodel.timemodel) is the same for every engine and for a CPU; an engine only
-changes the MachineProfile and the Layout it reads, and the scheduler's caps (prefill.bench.simulate drives the
+changes the MachineProfile and the Layout it reads, and the scheduler's caps (prefill.plan.simulate drives the
 one Scheduler with them).
 
     engine = get_engine("vllm")

@@ -4,7 +4,7 @@ The KV pool (prefill.engine.kvcache) owns the tensors; this owns the rules: bloc
 prefix cache and every request reusing a prefix hold the same block), a block returns to the free list when its
 last holder lets go, and a sequence that grows asks for the block right after its last one first, so that its
 positions stay contiguous in the pool and attention reads them as one view (prefill.model.attention). The
-simulator (prefill.bench.simulate) drives the same scheduling policy over a pool on torch's meta device.
+simulator (prefill.plan.simulate) drives the same scheduling policy over a pool on torch's meta device.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class StepLoop:
     ) -> None:
         check_chunk_size(chunk_size)
         self.runner, self.pool, self.prefix_cache, self.observer = runner, pool, prefix_cache, observer
-        self.clock = clock  # seconds: perf_counter, or a simulated clock (prefill.bench.simulate)
+        self.clock = clock  # seconds: perf_counter, or a simulated clock (prefill.plan.simulate)
         self.scheduler = Scheduler(pool, prefix_cache, chunk_size, max_running, kv_tier)
         self.last_step: Step | None = None  # what the latest step ran (the server's metrics read it)
 

@@ -18,7 +18,7 @@ With a KV store (prefill.engine.kv_tier), admission may load a request's stored 
 tail while its head is computed (both from opposite ends): its prefill then stops at the split until the tail
 is in, and a step with nothing else to run waits for it.
 
-The step loop (prefill.engine.loop) runs the schedule on the model; the simulator (prefill.bench.simulate) runs
+The step loop (prefill.engine.loop) runs the schedule on the model; the simulator (prefill.plan.simulate) runs
 the same policy with a simulated clock.
 """
 

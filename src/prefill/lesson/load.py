@@ -1,7 +1,7 @@
 """The lesson page's server under load, simulated: p50 and p99 TTFT at an arrival rate, and why the tail grows.
 
 GET /api/load?rate=2.1: a fixed mix of requests, arriving as a Poisson process of `rate` requests/s, through this
-server's own scheduler (prefill.bench.simulate: the real step loop with the server's chunk size, max_running and
+server's own scheduler (prefill.plan.simulate: the real step loop with the server's chunk size, max_running and
 KV pool, on a simulated clock, each step timed by the time model on this machine's profile). Once per server: the
 capacity (the mix's throughput when every request arrives at once) and p50 / p99 TTFT at fractions of it. The
 simulations run on a thread of their own (pure Python: neither the event loop nor the model's worker thread
@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Query, Request
 
-from prefill.bench.capacity import Workload
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.loadtest_report import summarize
-from prefill.bench.simulate import SimRequest, simulate
 from prefill.costmodel.ops import Row
 from prefill.costmodel.profile import MachineProfile
 from prefill.errors import BadInput
 from prefill.lesson.api import finite
 from prefill.lesson.state import lesson_of
 from prefill.lesson.words import human
+from prefill.loadtest.client import PromptLengths
+from prefill.loadtest.report import summarize
+from prefill.plan.capacity import Workload
+from prefill.plan.simulate import SimRequest, simulate
 
 if TYPE_CHECKING:
     from prefill.lesson.state import LessonState

@@ -9,14 +9,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from prefill.bench.engine_fit import fit_engine, means, read_records
-from prefill.bench.gpu_serving import GpuServer
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.loadtest_report import write_json
-from prefill.bench.simulate import poisson_trace
 from prefill.cli.main import app
 from prefill.costmodel.specs import PRESETS
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths
+from prefill.loadtest.report import write_json
+from prefill.plan.engine_fit import fit_engine, means, read_records
+from prefill.plan.gpu_serving import GpuServer
+from prefill.plan.simulate import poisson_trace
 
 SPEC = PRESETS["llama-3.1-8b"]
 TRUE = {"bandwidth": 0.55, "gemm": 0.45}  # what the "measured" deployment reaches
@@ -88,7 +88,7 @@ def test_a_newton_step_with_one_efficiency_at_its_bound_solves_for_the_other():
     (the joint Newton step would send the second to its joint solution, which needs the first to move)."""
     import math
 
-    from prefill.bench.engine_fit import BOUNDS, _newton_step, _residuals
+    from prefill.plan.engine_fit import BOUNDS, _newton_step, _residuals
 
     truth = (0.01, 0.5)  # the first efficiency below BOUNDS[0] = 0.05
     J = ((1.0, 0.5), (0.3, 1.0))  # rows: residuals; columns: log-efficiencies

@@ -7,14 +7,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.loadtest_report import summarize
-from prefill.bench.simulate import SimRequest, poisson_trace, simulate
 from prefill.costmodel import timemodel
 from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.profile import catalog_profile
 from prefill.costmodel.specs import load_spec
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths
+from prefill.loadtest.report import summarize
+from prefill.plan.simulate import SimRequest, poisson_trace, simulate
 
 
 def fixed_steps(rows) -> float:
@@ -116,8 +116,8 @@ def test_a_steps_intake_is_timed_from_probes_arriving_while_a_burst_decodes():
     """server_calibration.arrival_costs: the burst's step during which a probe arrived less its steps without an
     arrival or a prefill (median over the burst's requests); a step in which a probe's prompt was prefilled is no
     baseline. calibrate() takes the median over the probes of every run."""
-    from prefill.bench.loadtest import RequestRecord
-    from prefill.bench.server_calibration import BURST, arrival_costs, calibrate
+    from prefill.loadtest.client import RequestRecord
+    from prefill.loadtest.server_calibration import BURST, arrival_costs, calibrate
 
     steps = [0.04] * 30  # the burst's steps: 40 ms each, but ...
     steps[5] = steps[15] = 0.046  # ... a probe arrived during these two (+6 ms) ...
@@ -146,9 +146,9 @@ def test_the_servers_own_time_is_timed_on_requests_alone_together_and_prefilled_
     else of the requests alone), and the prefill's scale from prompts prefilled while the burst decoded (the
     server's prefill_s against the time model's step of the prompt beside the burst's rows); a probe after the
     burst ended, or from a server that sends no timings, tells nothing."""
-    from prefill.bench.loadtest import RequestRecord
-    from prefill.bench.server_calibration import BURST, ServingCalibration, calibrate
     from prefill.costmodel.ops import Row
+    from prefill.loadtest.client import RequestRecord
+    from prefill.loadtest.server_calibration import BURST, ServingCalibration, calibrate
 
     def record(i, gap, n=20, prompt=32, timings=None, start=0.0):
         times = [start + 0.1 + gap * k for k in range(n)]
@@ -221,11 +221,11 @@ def test_a_cpu_server_on_native_blocks_is_simulated_with_their_kernels(monkeypat
     """`prefill loadtest --predict` against `prefill serve` (weights auto: the GGUF's blocks on a CPU): the time
     model reads the block kernels' curves (the engine's weight types) and their fused decode, as the server's
     engine predicts itself; it read the dense float32 curves, and predicted ITL 2.7x the measured one."""
-    from prefill.bench import simulate as sim_module
     from prefill.costmodel.profile import MachineProfile
     from prefill.engine.llm import Engine
     from prefill.machine import profiles
     from prefill.model.quant import ops
+    from prefill.plan import simulate as sim_module
 
     asked = {}
 
@@ -247,10 +247,10 @@ def test_a_cpu_server_on_native_blocks_is_simulated_with_their_kernels(monkeypat
 def test_the_step_loops_own_work_is_measured_and_added_to_each_step(monkeypatch):
     """A server's step is its forward and the loop's own work (scheduling, sampling R rows of the vocabulary,
     detokenizing): measured on the real StepLoop with a runner that computes nothing, added as a + b R."""
-    from prefill.bench import simulate as sim_module
-    from prefill.bench.loop_overhead import loop_overhead
     from prefill.costmodel.ops import Row
     from prefill.loading.resolve import default_model_path
+    from prefill.plan import simulate as sim_module
+    from prefill.plan.loop_overhead import loop_overhead
 
     spec = load_spec(default_model_path())
     a, b = loop_overhead(spec, None, rows=(1, 4), steps=6)  # raises unless it decoded 1, then 4, rows a step

@@ -20,13 +20,13 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefill.bench.gpu_serving import GpuServer, closed_trace
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.loadtest_report import tpot, ttft
-from prefill.bench.simulate import SimResult, poisson_trace
 from prefill.costmodel.engines import get_engine
 from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.specs import PRESETS
+from prefill.loadtest.client import PromptLengths
+from prefill.loadtest.report import tpot, ttft
+from prefill.plan.gpu_serving import GpuServer, closed_trace
+from prefill.plan.simulate import SimResult, poisson_trace
 
 DATA = Path(__file__).resolve().parents[3] / "tests" / "data" / "published_gpu.json"
 THROUGHPUT = ("output_tok_s", "input_tok_s", "req_s")

@@ -5,7 +5,7 @@
     summary = summarize(result.records, result.wall_s)
 
 The engine (prefill.costmodel.engines) gives the profile, the layout, the KV cache's positions and the
-scheduler's caps; prefill.bench.simulate drives the one step loop and Scheduler with them, each step timed by
+scheduler's caps; prefill.plan.simulate drives the one step loop and Scheduler with them, each step timed by
 timemodel.predict_step. Nothing of a policy or a formula is written here.
 """
 
@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.simulate import SimRequest, SimResult, simulate
 from prefill.costmodel import costs, timemodel
 from prefill.costmodel.engines import Engine, get_engine
 from prefill.costmodel.hardware import Hardware, get_hardware
@@ -24,6 +22,8 @@ from prefill.costmodel.parallel import tp_head_split_problem
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths
+from prefill.plan.simulate import SimRequest, SimResult, simulate
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class GpuServer:
         return forward + self.engine.row_overhead()[1] * len(rows)
 
     def run(self, trace: Sequence[SimRequest], in_flight: int | None = None) -> SimResult:
-        """The trace through the engine's scheduler caps and rules (see prefill.bench.simulate.simulate)."""
+        """The trace through the engine's scheduler caps and rules (see prefill.plan.simulate.simulate)."""
         e = self.engine
         return simulate(
             self.spec,

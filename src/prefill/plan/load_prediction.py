@@ -1,5 +1,5 @@
 """`prefill loadtest --predict`: the load test's own trace through `prefill serve`'s scheduling on a simulated
-clock (prefill.bench.simulate), timed by the time model on this machine as it was while the load ran.
+clock (prefill.plan.simulate), timed by the time model on this machine as it was while the load ran.
 
     before = LoadPrediction.start(model, cfg, echo)   # a probe, and requests timed on the server
     ... the load test ...
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord
-from prefill.bench.loadtest_report import summarize
-from prefill.bench.server_calibration import ALONE, BURST, PROBES, Timed, timed_requests
-from prefill.bench.simulate import ServerModel, server_model, simulate, trace_of
 from prefill.errors import BadInput
+from prefill.loadtest.client import LoadTestConfig, PromptLengths, RequestRecord
+from prefill.loadtest.report import summarize
+from prefill.loadtest.server_calibration import ALONE, BURST, PROBES, Timed, timed_requests
+from prefill.plan.simulate import ServerModel, server_model, simulate, trace_of
 
 CHUNK, MAX_RUNNING = 256, 32  # `prefill serve`'s scheduling defaults
 PROBE_PROMPTS = PromptLengths(64, 192)  # the prompts prefilled while a burst decodes, where the load's are not known
@@ -139,7 +139,7 @@ class LoadPrediction:
             "machine_profile": self.server.profile.to_json(),  # the numbers the prediction read, to reproduce it
             "loop_s": list(self.server.loop_s),  # the step loop's own seconds per step: a + b R
             "serving": dataclasses.asdict(self.server.serving),  # the server's own time, timed on it
-            "served": self.served,  # what server_model was given (prefill.bench.cpu_fit rebuilds it)
+            "served": self.served,  # what server_model was given (prefill.plan.cpu_fit rebuilds it)
             "timed_on_server": [[dataclasses.asdict(r) for r in a + b] for a, b in self.timed],  # before, after
         }
         out.write_text(json.dumps(report, indent=2, default=str))

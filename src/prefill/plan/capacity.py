@@ -3,7 +3,7 @@
     rows = plan(spec, get_hardware("h100"), "bfloat16", None, rate=20.0, slo_ttft_s=0.5, workload=Workload(...))
 
 For each TP width T that splits the model's heads and leaves room for a KV pool on each GPU, one replica is
-simulated (prefill.bench.simulate: the server's own step loop on a simulated clock, each step timed by the time
+simulated (prefill.plan.simulate: the server's own step loop on a simulated clock, each step timed by the time
 model on the catalog GPU's profile with T-way tensor parallelism). Poisson arrivals split evenly over R replicas
 are Poisson at rate / R, so R replicas meet the SLO when one replica meets it at rate / R. R starts at what the
 saturated replica's throughput says is needed, doubles until p99 TTFT meets the SLO, then is bisected down. A
@@ -17,15 +17,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.loadtest_report import summarize
-from prefill.bench.simulate import SimRequest, poisson_trace, simulate, time_model_steps
 from prefill.costmodel import costs, storage, timemodel
 from prefill.costmodel.hardware import Hardware
 from prefill.costmodel.parallel import tp_head_split_problem, tp_kv_cache_bytes_per_gpu
 from prefill.costmodel.profile import catalog_profile
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths
+from prefill.loadtest.report import summarize
+from prefill.plan.simulate import SimRequest, poisson_trace, simulate, time_model_steps
 
 TPS = (1, 2, 4, 8)  # tensor-parallel widths tried (one node)
 MEMORY_FRACTION = 0.9  # of each GPU's memory a server takes (vLLM's gpu_memory_utilization default)

@@ -2,7 +2,7 @@
 
     trace = poisson_trace(rate=2.0, n=200, prompt_lengths=PromptLengths(64, 512), output_tokens=64)
     result = simulate(spec, trace, step_seconds, pool_tokens=65_536, chunk_size=256, max_running=32)
-    summary = prefill.bench.loadtest_report.summarize(result.records, result.wall_s)
+    summary = prefill.loadtest.report.summarize(result.records, result.wall_s)
 
 Nothing of the policy is written here. The StepLoop and its Scheduler (admission first come first served, the
 decode-first token budget, prefill chunks, one batched forward per step, the KV pool's blocks allocated as tokens
@@ -23,9 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from prefill.bench.loadtest import PromptLengths, RequestRecord
-from prefill.bench.server_calibration import ServingCalibration
-from prefill.bench.sim_runner import SimClock, SimRunner, StepSeconds
 from prefill.costmodel.ops import Row
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVPool
@@ -33,6 +30,9 @@ from prefill.engine.loop import StepLoop
 from prefill.engine.request import Generation, Request, TokenEvent
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths, RequestRecord
+from prefill.loadtest.server_calibration import ServingCalibration
+from prefill.plan.sim_runner import SimClock, SimRunner, StepSeconds
 
 
 @dataclass(frozen=True, order=True)
@@ -192,7 +192,7 @@ class ServerModel:
     """What a simulation of a server needs, resolved once: the model's spec, the machine profile and the layout
     its engine runs, the KV pool's tokens, the step loop's own seconds per step beyond the forward (a + b R for
     R rows: scheduling, sampling, detokenizing; zero unless measured), the serving process's own time beyond
-    both (prefill.bench.server_calibration: HTTP, the event loop; none unless timed on the server) and, on a CPU,
+    both (prefill.loadtest.server_calibration: HTTP, the event loop; none unless timed on the server) and, on a CPU,
     how to probe it again."""
 
     spec: ModelSpec
@@ -236,7 +236,7 @@ class ServerModel:
     def with_serving(self, runs) -> ServerModel:
         """This model with the server's own time timed on it: `runs`, records of server_calibration.timed_requests
         before and after a load (server_calibration.calibrate)."""
-        from prefill.bench.server_calibration import calibrate
+        from prefill.loadtest.server_calibration import calibrate
 
         forward = time_model_steps(self.spec, self.profile, self.layout)
         bare = dataclasses.replace(self, serving=ServingCalibration()).steps()
@@ -255,7 +255,7 @@ def server_model(
 ) -> ServerModel:
     """A server of `model` (a preset, a file, or None: the embedded SmolLM2) on `hardware`: "cpu" runs this
     machine's profile (probed once and cached, prefill.machine.profiles) and measures the step loop's own work
-    per step (prefill.bench.loop_overhead), a catalog GPU its datasheet profile. `weights`: a dtype or GGUF type,
+    per step (prefill.plan.loop_overhead), a catalog GPU its datasheet profile. `weights`: a dtype or GGUF type,
     "native" (the file's blocks, as the engine runs them), "auto" (what `prefill serve` picks here) or None (the
     dtype). Attention reads K/V in place, as the engine does, stored as `kv_dtype` (None: the dtype); the blocks'
     products take `activations` ("f32" / "q8"; None: the engine's default), as the served engine's did."""
@@ -294,7 +294,7 @@ def server_model(
     label = f"({dt}, weights {weights or dt}, {kv} K/V, KV pool {tokens:,} tokens)"
     loop_s = (0.0, 0.0)
     if on_cpu:
-        from prefill.bench.loop_overhead import loop_overhead
+        from prefill.plan.loop_overhead import loop_overhead
 
         loop_s = loop_overhead(spec, tokenizer)
     return ServerModel(spec, profile, layout, tokens, label, qtypes, loop_s, kv_dtype=kv_dtype)

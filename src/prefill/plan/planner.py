@@ -4,7 +4,7 @@
                                Load(rate=20.0), Slo(ttft_p99_s=1.0, tpot_p99_s=0.05), prices={"h100": 2.99})
     best = options[0]  # ranked by dollars per million output tokens; best.command launches it
 
-Each candidate is one replica simulated as its engine runs it (prefill.bench.gpu_serving: the time model on the
+Each candidate is one replica simulated as its engine runs it (prefill.plan.gpu_serving: the time model on the
 engine's profile, the one Scheduler with the engine's caps). At a Poisson rate, R replicas each see rate / R
 (a Poisson stream split evenly stays Poisson); at a fixed concurrency C, each sees ceil(C / R) users. R is the
 fewest replicas whose simulated p99 TTFT and p99 TPOT meet the SLO: doubled until it does, then bisected.
@@ -17,14 +17,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefill.bench.capacity import MAX_REPLICAS, Workload, fewest_replicas
-from prefill.bench.gpu_serving import GpuServer, closed_trace
-from prefill.bench.loadtest_report import tpot, ttft
-from prefill.bench.simulate import SimRequest, SimResult
 from prefill.costmodel import timemodel
 from prefill.costmodel.ops import Row
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
+from prefill.loadtest.report import tpot, ttft
+from prefill.plan.capacity import MAX_REPLICAS, Workload, fewest_replicas
+from prefill.plan.gpu_serving import GpuServer, closed_trace
+from prefill.plan.simulate import SimRequest, SimResult
 
 TPS = (1, 2, 4, 8)
 # $/GPU-hour when none is given: Lambda's on-demand prices as listed by alpha-one-index.github.io/ai-infra-index

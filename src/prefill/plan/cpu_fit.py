@@ -8,7 +8,7 @@ from what the report saved, and the CPU profile's two efficiencies refit to it.
 
 The one time model (prefill.costmodel.timemodel) on the machine's probed profile (prefill.machine.profiles),
 as the load test's prediction read it: the report keeps the profile, the step loop's seconds and the server's own
-time (prefill.bench.load_prediction.LoadPrediction.save), so the fit starts from the prediction that was printed.
+time (prefill.plan.load_prediction.LoadPrediction.save), so the fit starts from the prediction that was printed.
 The profile's own two efficiencies, multipliers on its measured rates: "attention" (attention_efficiency: it
 moves a decode step, which reads every cached K/V, several times more than a prefill; on the embedded SmolLM2
 at 2 in flight, halving it adds 17% to the mean TPOT and 5% to the mean TTFT) and "gemm" (gemm_efficiency: it
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from prefill.bench.engine_fit import Fit, fit_means
-from prefill.bench.load_prediction import server_of, simulate_load
-from prefill.bench.loadtest import RequestRecord
-from prefill.bench.server_calibration import ServingCalibration
-from prefill.bench.simulate import ServerModel
 from prefill.costmodel.profile import MachineProfile
 from prefill.errors import BadInput
+from prefill.loadtest.client import RequestRecord
+from prefill.loadtest.server_calibration import ServingCalibration
+from prefill.plan.engine_fit import Fit, fit_means
+from prefill.plan.load_prediction import server_of, simulate_load
+from prefill.plan.simulate import ServerModel
 
 CPU_BOUNDS = (0.05, 1.5)  # a probe's efficiencies are 1.0; a faster server than ours reaches a little beyond
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from prefill.bench.gpu_validation import DATA, check_all, load_rows, render_table, server_of
+from prefill.plan.gpu_validation import DATA, check_all, load_rows, render_table, server_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,10 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord, run_load_test, synthetic_prompt
-from prefill.bench.loadtest_report import plot, summarize, tpot, write_json
 from prefill.errors import BadInput
 from prefill.loading.resolve import default_model_path
+from prefill.loadtest.client import LoadTestConfig, PromptLengths, RequestRecord, run_load_test, synthetic_prompt
+from prefill.loadtest.report import plot, summarize, tpot, write_json
 from prefill.server.server import BackgroundServer
 
 
@@ -248,8 +248,8 @@ def test_loadtest_command_bad_prompt_length_is_one_line(tmp_path):
 def test_the_prediction_runs_what_the_server_says_it_runs():
     """--predict models the server's own dtype, weights, activations, K/V dtype and KV pool from its /health; a
     server that does not say them (another engine) as `prefill serve` would run by default here."""
-    from prefill.bench.load_prediction import DEFAULT_KV_MB, served_as
     from prefill.engine.weights import resolve_path
+    from prefill.plan.load_prediction import DEFAULT_KV_MB, served_as
 
     app = FastAPI()
     said = {"status": "ok", "dtype": "float32", "weights": "native", "kv_pool_bytes": 512 * 2**20}
@@ -274,8 +274,8 @@ def test_loadtest_predict_probes_the_machine_before_and_after_the_load(tmp_path,
     together, and prints each percentile beside its prediction."""
     from typer.testing import CliRunner
 
-    from prefill.bench import loadtest as loadtest_module
     from prefill.cli.main import app
+    from prefill.loadtest import client as loadtest_module
     from prefill.machine import attention_probe, elementwise, probe
 
     events = []

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prefill.bench.loadtest import RequestRecord
+from prefill.loadtest.client import RequestRecord
 
 DEFINITIONS = {
     "TTFT": "request sent -> first streamed chunk with non-empty text",

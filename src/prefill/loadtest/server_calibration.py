@@ -38,10 +38,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prefill.bench import loadtest
-from prefill.bench.loadtest import LoadTestConfig, PromptLengths, RequestRecord
-from prefill.bench.loadtest_report import itls
 from prefill.costmodel.ops import Row
+from prefill.loadtest import client as loadtest
+from prefill.loadtest.client import LoadTestConfig, PromptLengths, RequestRecord
+from prefill.loadtest.report import itls
 
 ALONE, ALONE_PROMPT, ALONE_TOKENS = 2, 32, 33  # requests timed alone, one after another: 32 gaps each
 BURST, BURST_TOKENS = 8, 49  # requests decoding together (as many as a busy minute's steps hold), and their tokens
@@ -57,7 +57,7 @@ Timed = tuple[list[RequestRecord], list[RequestRecord]]  # timed_requests: (alon
 class ServingCalibration:
     """The server's own seconds: c + e (R - 1) a step of R rows, `latency_s` a request outside its clock, a step
     that prefills at `prefill_scale` times the time model's forward, and `intake_s` more for a step during which
-    a request arrived (prefill.bench.simulate charges it)."""
+    a request arrived (prefill.plan.simulate charges it)."""
 
     c: float = 0.0
     e: float = 0.0

@@ -4,11 +4,11 @@ predicts (a forward is not all a server's step costs: on the Zen 3 about 1.6 ms 
 
     a, b = loop_overhead(spec, tokenizer)      # seconds per step of R rows: a + b R
 
-Measured on the real StepLoop with a runner that computes nothing (prefill.bench.sim_runner.SimRunner returning
+Measured on the real StepLoop with a runner that computes nothing (prefill.plan.sim_runner.SimRunner returning
 fixed random logits of the model's vocabulary), so every second timed is the loop's. A serving process adds its
 own: HTTP and SSE, its event loop, and that thread taking a core from the compute's two (on the Zen 3, native
 weights: 1.4 ms a step at one stream, benchmarks/server_overhead.py): `prefill loadtest --predict` times it on the
-server itself before the load (prefill.bench.server_calibration).
+server itself before the load (prefill.loadtest.server_calibration).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ def loop_overhead(spec: ModelSpec, tokenizer=None, rows: tuple[int, int] = ROWS,
 
 
 def _median_step(spec: ModelSpec, tokenizer, R: int, steps: int) -> float:
-    from prefill.bench.sim_runner import SimClock, SimRunner
     from prefill.engine.kvcache import KVPool
     from prefill.engine.loop import StepLoop
     from prefill.engine.request import Request
     from prefill.engine.sampling import SamplingParams
+    from prefill.plan.sim_runner import SimClock, SimRunner
 
     logits = torch.randn(R, spec.vocab_size, generator=torch.Generator().manual_seed(0))  # [R, vocab]
     runner = SimRunner(spec, lambda rows: 0.0, SimClock(), logits=logits)

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from prefill.bench.cpu_fit import CPU_BOUNDS, fit_cpu, saved_server
-from prefill.bench.engine_fit import TOLERANCE, read_records
 from prefill.cli.main import app
 from prefill.loading.resolve import default_model_path
+from prefill.plan.cpu_fit import CPU_BOUNDS, fit_cpu, saved_server
+from prefill.plan.engine_fit import TOLERANCE, read_records
 
 pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -9,13 +9,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from prefill.bench.capacity import Workload
-from prefill.bench.gpu_serving import GpuServer
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.planner import Load, Slo, fewest_replicas, plan_deployments, replica_run
 from prefill.cli.main import app
 from prefill.costmodel.specs import PRESETS
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths
+from prefill.plan.capacity import Workload
+from prefill.plan.gpu_serving import GpuServer
+from prefill.plan.planner import Load, Slo, fewest_replicas, plan_deployments, replica_run
 
 SPEC = PRESETS["llama-3.1-8b"]
 WORK = Workload(60, PromptLengths(200, 400), PromptLengths(50, 100))

@@ -10,7 +10,7 @@ client's cap on requests in flight. The fit moves the two efficiencies that set 
 HBM bandwidth reached (decode: TPOT) and of the GEMM peak (prefill: TTFT), until the simulated mean TTFT and
 mean TPOT are the measured ones: Newton's method on the two log-errors in log-efficiency, within [0.05, 1], a step
 taken only where it lowers the errors (halved until it does; none does: a minimum, the fit stops there). On this
-CPU the same fit moves the probed profile's attention and GEMM efficiencies (prefill.bench.cpu_fit).
+CPU the same fit moves the probed profile's attention and GEMM efficiencies (prefill.plan.cpu_fit).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefill.bench.gpu_serving import GpuServer
-from prefill.bench.loadtest import RequestRecord
-from prefill.bench.loadtest_report import summarize, tpot, ttft
-from prefill.bench.simulate import trace_of
 from prefill.errors import BadInput
+from prefill.loadtest.client import RequestRecord
+from prefill.loadtest.report import summarize, tpot, ttft
+from prefill.plan.gpu_serving import GpuServer
+from prefill.plan.simulate import trace_of
 
 FITTED = ("bandwidth", "gemm")  # the efficiencies a load test can tell apart (decode, prefill)
 BOUNDS = (0.05, 1.0)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from prefill.bench import capacity
-from prefill.bench.capacity import Workload, plan, pool_tokens
-from prefill.bench.loadtest import PromptLengths
-from prefill.bench.loadtest_report import summarize
-from prefill.bench.simulate import simulate
 from prefill.costmodel import timemodel
 from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.profile import catalog_profile
 from prefill.costmodel.specs import PRESETS
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths
+from prefill.loadtest.report import summarize
+from prefill.plan import capacity
+from prefill.plan.capacity import Workload, plan, pool_tokens
+from prefill.plan.simulate import simulate
 
 SPEC, H100 = PRESETS["llama-3-8b"], get_hardware("h100")
 WORK = Workload(30, PromptLengths(256, 2048), PromptLengths(4, 12))

@@ -1,5 +1,5 @@
 """The simulated runner: the ModelRunner's part the step loop uses, its forwards timed by a step-time model on a
-simulated clock. prefill.bench.simulate drives the real StepLoop and Scheduler over it; prefill.bench.loop_overhead
+simulated clock. prefill.plan.simulate drives the real StepLoop and Scheduler over it; prefill.plan.loop_overhead
 times the loop's own work over it."""
 
 from __future__ import annotations
