@@ -60,8 +60,9 @@ def print_deployments(options, slo_ttft_ms: float | None, slo_tpot_ms: float | N
     slo = ", ".join(x for x in (_slo("TTFT", slo_ttft_ms), _slo("TPOT", slo_tpot_ms)) if x)
     title = f"deployments meeting p99 {slo} (simulated), cheapest first"
     t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    names = {"GPU", "engine"}  # never wrapped: the numbers' cells wrap first where the terminal is narrow
     for col in ("#", "GPU", "TP", "engine", "weights/KV", "replicas", "$/h", "$/M out", "TTFT p99", "TPOT p99"):
-        t.add_column(col, justify="right", overflow="fold")  # a cell too wide wraps, never cut
+        t.add_column(col, justify="right", overflow="fold", no_wrap=col in names)
     for i, o in enumerate(options, 1):
         r = o.run
         t.add_row(
