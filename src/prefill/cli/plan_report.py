@@ -17,12 +17,10 @@ def _ms(s: float) -> str:
 
 
 def print_plan(name: str, rate: float, slo_ttft_ms: float, rows: list[PlanRow]) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"{name}: replicas for p99 TTFT <= {slo_ttft_ms:,.0f} ms at {rate:g} req/s (simulated)")
+    t = _table(f"{name}: replicas for p99 TTFT <= {slo_ttft_ms:,.0f} ms at {rate:g} req/s (simulated)")
     for col in ("TP", "replicas", "GPUs", "KV pool", "max req/s", "TTFT p50", "TTFT p99", "ITL p50"):
-        t.add_column(col, justify="right")
-    t.add_column("note")
+        t.add_column(col, justify="right", overflow="fold")  # a cell too wide wraps, never cut
+    t.add_column("note", overflow="fold")
     for r in rows:
         t.add_row(
             str(r.tp),
@@ -54,12 +52,8 @@ def print_plan(name: str, rate: float, slo_ttft_ms: float, rows: list[PlanRow]) 
 def print_deployments(options, slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> None:
     """`prefill plan`'s ranking: every candidate deployment, cheapest first, why each is bound, and the command
     that launches the best. Narrower than the terminal, a cell wraps; nothing is cut."""
-    from rich import box
-    from rich.table import Table
-
     slo = ", ".join(x for x in (_slo("TTFT", slo_ttft_ms), _slo("TPOT", slo_tpot_ms)) if x)
-    title = f"deployments meeting p99 {slo} (simulated), cheapest first"
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    t = _table(f"deployments meeting p99 {slo} (simulated), cheapest first")
     names = {"GPU", "engine"}  # never wrapped: the numbers' cells wrap first where the terminal is narrow
     for col in ("#", "GPU", "TP", "engine", "weights/KV", "replicas", "$/h", "$/M out", "TTFT p99", "TPOT p99"):
         t.add_column(col, justify="right", overflow="fold", no_wrap=col in names)
@@ -103,6 +97,14 @@ def searching():
             bar.update(task, completed=done, total=total)
 
         yield advance
+
+
+def _table(title: str):
+    """A table that keeps to the terminal: a rule under the header, one space between columns."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
 
 
 def _n(count: int, noun: str) -> str:
