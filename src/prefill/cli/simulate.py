@@ -86,12 +86,11 @@ def simulate(
 def simulate_engine(model, hardware: str, engine: str, weights, kv, tp: int, trace):
     """--engine: the trace on a catalog GPU deployment run by that engine (prefill.plan.gpu_serving)."""
     from prefill.costmodel.specs import load_spec
-    from prefill.errors import BadInput
+    from prefill.loading.resolve import default_model_path
     from prefill.plan.gpu_serving import GpuServer
 
-    if model is None:
-        raise BadInput("--engine simulates a GPU deployment: give --model (a preset such as llama-3.1-8b)")
-    server = GpuServer.of(load_spec(model), hardware, engine, weights or "bfloat16", kv, tp)
+    spec = load_spec(model if model is not None else default_model_path())
+    server = GpuServer.of(spec, hardware, engine, weights or "bfloat16", kv, tp)
     return server.run(trace), server.name
 
 

@@ -201,7 +201,7 @@ def plan_option(server: GpuServer, workload: Workload, load: Load, slo: Slo, usd
     per_m = per_hour / (run.output_tok_s * R * 3600) * 1e6
     launch = launch_for(server)
     cost = {"usd_per_hour": per_hour, "usd_per_m_output": per_m}
-    return replace(base, replicas=R, run=run, command=launch.command, files=launch.files, note=launch.missing, **cost)
+    return replace(base, replicas=R, run=run, command=launch.command, files=launch.files, **cost)
 
 
 def plan_deployments(
@@ -263,6 +263,8 @@ def _candidate(spec, gpu, engine, w, kv, T, workload, load, slo, price, floor, c
     longest = workload.prompts.hi + workload.outputs.hi
     if server.tokens < longest:
         return replace(base, note=f"{server.tokens:,} KV positions, fewer than the longest request's {longest:,}")
+    if launch_for(server).missing:  # what the engine cannot deploy is not a deployment
+        return replace(base, note=f"not deployable: {launch_for(server).missing}")
     if floor > cheapest:
         return replace(base, note=f"not simulated: costs at least ${floor:,.3f}/M out, above the cheapest")
     best = alone(server, workload)
