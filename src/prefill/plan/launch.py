@@ -124,7 +124,7 @@ def launch_for(server) -> Launch:
             why = f"{spec.name}'s BF16 weights ({bf16 / 1e9:,.0f} GB a GPU) do not load on {server.hw.name} to quantize"
             return Launch(missing=f"no pre-quantized {w} checkpoint known; {why}")
     act = "bfloat16" if w in ("fp8", "fp4") else w
-    build = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "prefill": _prefill}[e.name]
+    build = {"vllm": _flags, "sglang": _flags, "trtllm": _trtllm, "prefill": _prefill}[e.name]
     return build(server, repo, act, ONLINE_FP8.get(e.name, "") if online else "")
 
 
@@ -132,22 +132,23 @@ def _kv(engine: str, kv: str) -> str:
     return KV_NAMES[engine].get(kv, "auto")
 
 
-def _vllm(server, repo: str, act: str, quant: str) -> Launch:
-    e, tp = server.engine, server.tp
-    return Launch(
-        f"vllm serve {repo} --tensor-parallel-size {tp} --dtype {act}{' ' + quant if quant else ''} "
-        f"--kv-cache-dtype {_kv('vllm', server.kv)} --gpu-memory-utilization {e.fraction(tp)} "
-        f"--max-num-seqs {e.max_seqs} --max-num-batched-tokens {e.token_budget}"
-    )
+# vLLM's and SGLang's flags, in the order written: the program, the checkpoint's flag ("": positional), TP, the
+# activations' dtype, the KV cache's, the memory fraction, the running requests, the tokens a step.
+FLAGS = {
+    "vllm": ("vllm serve", "", "--tensor-parallel-size", "--dtype", "--kv-cache-dtype", "--gpu-memory-utilization",
+             "--max-num-seqs", "--max-num-batched-tokens"),
+    "sglang": ("python -m sglang.launch_server", "--model-path", "--tp-size", "--dtype", "--kv-cache-dtype",
+               "--mem-fraction-static", "--max-running-requests", "--chunked-prefill-size"),
+}  # fmt: skip
 
 
-def _sglang(server, repo: str, act: str, quant: str) -> Launch:
+def _flags(server, repo: str, act: str, quant: str) -> Launch:
+    """vLLM's or SGLang's line: each simulated setting with the engine's flag (FLAGS)."""
     e, tp = server.engine, server.tp
-    return Launch(
-        f"python -m sglang.launch_server --model-path {repo} --tp-size {tp} --dtype {act}"
-        f"{' ' + quant if quant else ''} --kv-cache-dtype {_kv('sglang', server.kv)} --mem-fraction-static "
-        f"{e.fraction(tp)} --max-running-requests {e.max_seqs} --chunked-prefill-size {e.token_budget}"
-    )
+    program, model, tp_flag, dtype, kv, memory, running, tokens = FLAGS[e.name]
+    words = [program, f"{model} {repo}".strip(), f"{tp_flag} {tp}", f"{dtype} {act}", quant]
+    words += [f"{kv} {_kv(e.name, server.kv)}", f"{memory} {e.fraction(tp)}", f"{running} {e.max_seqs}"]
+    return Launch(" ".join(w for w in [*words, f"{tokens} {e.token_budget}"] if w))
 
 
 def _trtllm(server, repo: str, act: str, quant: str) -> Launch:
