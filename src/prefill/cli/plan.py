@@ -85,21 +85,27 @@ def plan(
 
 
 def run_plan(model: str, workload, load, slo, choices: tuple, json_out: bool, lengths: str) -> None:
-    """The ranked options (prefill.plan.planner.plan_deployments), printed or as JSON."""
+    """The ranked options (prefill.plan.planner.plan_deployments), printed or as JSON, the search's progress on
+    stderr; exit code 1 when no candidate meets the SLO."""
     import dataclasses
     import json
 
-    from prefill.cli.plan_report import print_deployments
+    from prefill.cli.plan_report import print_deployments, searching
     from prefill.costmodel.specs import load_spec
-    from prefill.plan.planner import plan_deployments
+    from prefill.plan.planner import plan_deployments, reachable
 
     spec = load_spec(model)
-    options = plan_deployments(spec, workload, load, slo, *choices, echo=None if json_out else note)
+    with searching() as progress:
+        options = plan_deployments(spec, workload, load, slo, *choices, progress=progress)
+    met = any(o.replicas is not None for o in options)
     if json_out:
         typer.echo(json.dumps([{**dataclasses.asdict(o), "gpus": o.gpus} for o in options], indent=2))
-        return
-    console.print(f"{spec.name}: {_load_text(load)}, {lengths}", highlight=False)
-    print_deployments(options, *(None if x is None else x * 1e3 for x in (slo.ttft_p99_s, slo.tpot_p99_s)))
+    else:
+        console.print(f"{spec.name}: {_load_text(load)}, {lengths}", highlight=False)
+        print_deployments(options, *(None if x is None else x * 1e3 for x in (slo.ttft_p99_s, slo.tpot_p99_s)))
+    if not met:
+        note(f"no candidate meets the SLO; {reachable(options)}")
+        raise typer.Exit(1)
 
 
 def fit_report(model: str, path: str, hardware: str, engine: str, weights: str, kv: str | None, tp: int) -> None:
@@ -138,6 +144,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 def parse_prices(text: str) -> dict[str, float]:
     """'h100=2.99,h200=3.29' -> {"h100": 2.99, "h200": 3.29}; BadInput on anything else."""
+    from prefill.costmodel.hardware import get_hardware, hardware_names
     from prefill.errors import BadInput
 
     out = {}
@@ -149,6 +156,11 @@ def parse_prices(text: str) -> dict[str, float]:
             raise BadInput(f"--usd-per-gpu-hour wants gpu=dollars pairs like h100=2.99, got {item!r}") from None
         if out[gpu.strip().lower()] <= 0:
             raise BadInput(f"a GPU-hour costs more than $0, got {item!r}")
+        try:
+            get_hardware(gpu.strip())
+        except BadInput:
+            gpus = ", ".join(n for n in hardware_names() if n != "cpu")
+            raise BadInput(f"--usd-per-gpu-hour: {gpu.strip()!r} is not in the GPU catalog; known: {gpus}") from None
     if not out:
         raise BadInput("--usd-per-gpu-hour names no GPU; e.g. h100=2.99")
     return out
