@@ -70,6 +70,10 @@ def _gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
+def _rows(n: float) -> str:
+    return f"{n:.0f} row" if round(n) == 1 else f"{n:.0f} rows"
+
+
 def step_facts(meters: list[Meter]) -> dict:
     """What a pool's steps were: how many carried prompt tokens, their mean seconds, prompt tokens and decode rows,
     and the same for the decode-only steps."""
@@ -121,18 +125,18 @@ def aggregated(servers: list[GpuServer], workload: Workload, rate: float, slo: S
     """The fewest GPUs of R replicas x one TP width meeting the SLO, with its steps' facts."""
     best: Side | None = None
     for server in servers:
+        runs = {}  # offered rate -> (result, meter): the chosen size's run is one of them
 
-        def ok(r: float, server=server) -> bool:
-            result, _ = run_metered(server, workload.trace(r))
-            return slo.met(*_p99s(result.records, result.wall_s)[:2])
+        def ok(r: float, server=server, runs=runs) -> bool:
+            runs[r] = run_metered(server, workload.trace(r))
+            return slo.met(*_p99s(runs[r][0].records, runs[r][0].wall_s)[:2])
 
         R = _fewest(ok, rate, workload.burst(), server)
         if R is None or (best is not None and R * server.tp >= best.gpus):
             continue
-        result, meter = run_metered(server, workload.trace(rate / R))
+        result, meter = runs[rate / R]
         ttft, tpot, out = _p99s(result.records, result.wall_s)
-        name = f"aggregated {R} x TP {server.tp}"
-        best = Side(name, R * server.tp, ttft, tpot, out * R, step_facts([meter]))
+        best = Side(f"aggregated {R} x TP {server.tp}", R * server.tp, ttft, tpot, out * R, step_facts([meter]))
     return best or Side("aggregated", None)
 
 
@@ -249,7 +253,7 @@ def explain(agg: Side, dis: Side, winner: str, slo: Slo) -> list[str]:
         why.append(
             f"aggregated: {a['prefill_share']:.0%} of steps carry prompt tokens (mean {a['prefill_tokens']:,.0f}); "
             f"such a step takes {a['prefill_step_s']:.1f} ms against {a['decode_step_s']:.1f} ms for a decode-only "
-            f"step of {a['decode_rows']:.0f} rows, so each of its {a['stalled_rows']:.0f} decode rows waits "
+            f"step of {_rows(a['decode_rows'])}, so each of its {_rows(a['stalled_rows'])} of decode waits "
             f"{stall:.1f} ms more: p99 TPOT {agg.tpot_p99_s * 1e3:.1f} ms"
         )
     if dis.gpus is None:
@@ -257,7 +261,7 @@ def explain(agg: Side, dis: Side, winner: str, slo: Slo) -> list[str]:
     else:
         d = {k: v * 1e3 if k.endswith("_s") else v for k, v in dis.facts.items()}
         why.append(
-            f"disaggregated: a decode step takes {d['decode_step_s']:.1f} ms at {d['decode_rows']:.0f} rows with no "
+            f"disaggregated: a decode step takes {d['decode_step_s']:.1f} ms at {_rows(d['decode_rows'])} with no "
             f"prefill in it; a prompt's K/V ({d['transfer_bytes'] / 1e6:,.0f} MB) takes {d['transfer_s']:.2f} ms over "
             f"{d['link']}; the prefill GPUs run steps {d['prefill_busy']:.0%} of the time (idle the rest), the decode "
             f"GPUs {d['decode_busy']:.0%}: p99 TPOT {dis.tpot_p99_s * 1e3:.1f} ms"

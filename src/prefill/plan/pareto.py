@@ -164,19 +164,22 @@ def write_json(path: str | Path, points: list[Point], slo: Slo) -> Path:
 
 
 def plot(path: str | Path, points: list[Point], slo: Slo, title: str = "") -> Path:
-    """The points (one marker per kind), the frontier, the SLO's line (tokens/s per user = 1 / TPOT SLO) and the
-    cheapest point meeting the SLO, as a PNG (matplotlib, Agg)."""
+    """The points (one marker per kind, hollow where the p99s miss the SLO), the frontier, the SLO's line (tokens/s
+    per user = 1 / TPOT SLO: a point left of it misses; one right of it may still miss at p99) and the cheapest
+    point meeting the SLO, as a PNG (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for kind, marker in (("aggregated", "o"), ("disaggregated", "s")):
-        mine = [p for p in points if p.kind == kind]
-        if mine:
-            ax.scatter([p.tok_s_per_user for p in mine], [p.tok_s_per_gpu for p in mine], marker=marker, alpha=0.45,
-                       label=kind)  # fmt: skip
+    for kind, marker, color in (("aggregated", "o", "tab:blue"), ("disaggregated", "s", "tab:orange")):
+        for meets, face in ((True, color), (False, "none")):  # hollow: misses the SLO's p99 TTFT or TPOT
+            mine = [p for p in points if p.kind == kind and p.meets_slo == meets]
+            if mine:
+                label = f"{kind}{'' if meets else ' (misses the SLO)'}"
+                ax.scatter([p.tok_s_per_user for p in mine], [p.tok_s_per_gpu for p in mine], marker=marker,
+                           facecolors=face, edgecolors=color, alpha=0.6, label=label)  # fmt: skip
     front = frontier(points)
     ax.plot([p.tok_s_per_user for p in front], [p.tok_s_per_gpu for p in front], "k-", lw=1.2, label="Pareto frontier")
     if slo.tpot_p99_s is not None:
