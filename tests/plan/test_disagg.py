@@ -4,14 +4,17 @@ aggregated for short prompts and disaggregated for long ones, with the step mode
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
 from prefill.cli.main import app
 from prefill.costmodel import costs
-from prefill.costmodel.links import get_link, kv_transfer_bytes, kv_transfer_seconds
+from prefill.costmodel.links import Link, get_link, kv_transfer_bytes, kv_transfer_seconds
 from prefill.costmodel.ops import Row
-from prefill.costmodel.specs import PRESETS
+from prefill.costmodel.specs import PRESETS, ModelSpec
 from prefill.errors import BadInput
 from prefill.loadtest.client import PromptLengths
 from prefill.loadtest.report import summarize
@@ -34,7 +37,7 @@ def test_a_prompts_kv_bytes_are_the_kv_formulas_and_its_time_the_links():
     assert kv_transfer_seconds(SPEC, 4000, 2, 1, 1, ib) == pytest.approx(50e-6 + 524_288_000 / 50e9, rel=1e-12)
     # TP 2 prefill to TP 4 decode: each of the 2 pairs of links carries half the heads, at once
     assert kv_transfer_bytes(SPEC, 4000, 2, 2, 4) == 524_288_000 // 2
-    with pytest.raises(BadInput, match="nvlink, ib-ndr"):
+    with pytest.raises(BadInput, match="nvlink, nvlink3, ib-ndr"):
         get_link("carrier-pigeon")
 
 
@@ -108,3 +111,18 @@ def test_the_commands_refuse_bad_input_in_one_line():
     assert closed.exit_code == 2 and "--rate" in closed.output and "Traceback" not in closed.output
     link = runner.invoke(app, [*plan, "--rate", "1", "--link", "smoke"])
     assert link.exit_code == 2 and "unknown link" in link.output
+
+
+PUBLISHED = json.loads((Path(__file__).resolve().parents[1] / "data" / "published_disagg.json").read_text())
+
+
+def test_distserves_kv_transfer_estimate_is_the_kv_formula_over_the_link():
+    """DistServe's blog: OPT-175B, 2,048 tokens at 4.5 MB a token over 8 x 64 GB/s of PCIe 5.0: 17.6 ms."""
+    row = PUBLISHED["distserve_kv_transfer"]
+    shapes = {"hidden_size": 12288, "num_attention_heads": 96, "num_hidden_layers": 96, "vocab_size": 50272}
+    more = {"model_type": "llama", "intermediate_size": 49152, "max_position_embeddings": 2048}
+    opt_175b = ModelSpec.from_hf_config({**shapes, **more}, "opt-175b")
+    assert costs.kv_cache_bytes_for(opt_175b, 1, 2) == 4.5 * 2**20  # 2 x 96 layers x 12,288 x 2 bytes
+    pcie = Link("8 x PCIe 5.0 x16", row["link_bytes_per_s"], 0.0, row["source"])
+    assert kv_transfer_seconds(opt_175b, row["prompt_tokens"], 2, 1, 1, pcie) == pytest.approx(row["seconds"], abs=5e-5)
+    assert "hao-ai-lab.github.io/blogs/distserve" in PUBLISHED["distserve_fig6"]["source"]

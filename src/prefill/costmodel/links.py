@@ -48,6 +48,12 @@ LINKS: dict[str, Link] = {
         20e-6,
         "NVIDIA H100/H200 SXM datasheets: NVLink 900 GB/s per GPU, both directions together (450 GB/s each way)",
     ),
+    "nvlink3": Link(
+        "NVLink 3 (same node, A100)",
+        300 * GB,
+        20e-6,
+        "NVIDIA A100 datasheet: NVLink 600 GB/s per GPU, both directions together (300 GB/s each way)",
+    ),
     "ib-ndr": Link(
         "InfiniBand NDR 400 Gb/s (between nodes)",
         50 * GB,

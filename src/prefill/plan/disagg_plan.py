@@ -253,8 +253,8 @@ def explain(agg: Side, dis: Side, winner: str, slo: Slo) -> list[str]:
         why.append(
             f"aggregated: {a['prefill_share']:.0%} of steps carry prompt tokens (mean {a['prefill_tokens']:,.0f}); "
             f"such a step takes {a['prefill_step_s']:.1f} ms against {a['decode_step_s']:.1f} ms for a decode-only "
-            f"step of {_rows(a['decode_rows'])}, so each of its {_rows(a['stalled_rows'])} of decode waits "
-            f"{stall:.1f} ms more: p99 TPOT {agg.tpot_p99_s * 1e3:.1f} ms"
+            f"step of {_rows(a['decode_rows'])}, so each decode row in it ({a['stalled_rows']:.0f} on average) "
+            f"waits {stall:.1f} ms more: p99 TPOT {agg.tpot_p99_s * 1e3:.1f} ms"
         )
     if dis.gpus is None:
         why.append("disaggregated: no xPyD size tried meets the SLO")
