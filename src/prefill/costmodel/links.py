@@ -81,10 +81,6 @@ LINKS: dict[str, Link] = {
 }
 
 
-def link_names() -> list[str]:
-    return list(LINKS)
-
-
 def get_link(name: str) -> Link:
     """A link by name; BadInput naming the choices otherwise."""
     key = name.lower()
