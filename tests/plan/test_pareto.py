@@ -34,12 +34,15 @@ def test_plan_pareto_writes_the_plot_and_the_json_of_a_real_sweep(tmp_path):
     png = tmp_path / "front.png"
     args = ["plan", "-m", "llama-3.1-8b", "--prompt-len", "200:400", "--output-len", "20:40", "--requests", "20"]
     args += ["--rate", "4", "--slo-ttft-ms", "500", "--slo-tpot-ms", "9", "--usd-per-gpu-hour", "h100=2.99"]
-    r = CliRunner().invoke(app, [*args, "--engines", "vllm", "--tps", "1", "--pareto", str(png), "--splits", "1P1D"])
+    r = CliRunner().invoke(
+        app, [*args, "--engines", "vllm", "--tps", "1", "--pareto", str(png), "--splits", "1P1D", "--max-running", "8"]
+    )
     assert r.exit_code == 0, r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(png.with_suffix(".json").read_text())
     points = data["points"]
-    assert len(points) == 8 and {p["kind"] for p in points} == {"aggregated", "disaggregated"}  # 2 configs x 4 loads
+    assert len(points) == 16 and {p["kind"] for p in points} == {"aggregated", "disaggregated"}  # 4 configs x 4 loads
+    assert {p["max_running"] for p in points} == {1024, 8}  # vLLM's default and the cap asked for
     assert data["slo"] == {"ttft_p99_s": 0.5, "tpot_p99_s": 0.009}
     front = [points[i] for i in data["frontier"]]
     for p in points:  # every point is on the frontier or beaten on both axes by one that is

@@ -54,6 +54,9 @@ Pareto = Annotated[
     typer.Option(help="write the Pareto frontier (tokens/s per GPU against per user) to this PNG, and JSON beside it"),
 ]
 Splits = Annotated[str, typer.Option(help="with --pareto: xPyD splits to sweep as well, e.g. 1P1D,2P1D (none: '')")]
+MaxRunning = Annotated[
+    str, typer.Option(help="with --pareto: caps on running requests to sweep beside each engine's own, e.g. 16,64")
+]
 
 
 def plan(
@@ -79,6 +82,7 @@ def plan(
     link: Link = "nvlink",
     pareto: Pareto = None,
     splits: Splits = "1P1D,2P1D,1P2D",
+    max_running: MaxRunning = "",
 ) -> None:
     """Which GPU, how many per replica (TP), how many replicas and which engine serve your workload within its
     latency SLO at the lowest cost per million output tokens: each candidate is simulated under the load."""
@@ -100,7 +104,8 @@ def plan(
     if disagg:  # prefill.cli.disagg_report
         return disagg_report(model, workload, load, slo, choices, link, json_out)
     if pareto is not None:
-        return pareto_report(model, workload, slo, choices, link, pareto, splits)
+        caps = parse_ints(max_running, "--max-running") if max_running.strip() else ()
+        return pareto_report(model, workload, slo, choices, link, pareto, splits, caps)
     run_plan(model, workload, load, slo, choices, json_out, f"prompts {prompt_len}, outputs {output_len}")
 
 
