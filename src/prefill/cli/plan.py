@@ -47,7 +47,7 @@ Disagg = Annotated[
     bool, typer.Option("--disagg", help="compare aggregated and disaggregated (xPyD) deployments: which wins and why")
 ]
 Link = Annotated[
-    str, typer.Option(help="with --disagg/--pareto: the K/V link, nvlink, ib-ndr, roce-400g, ib-hdr, eth-25g")
+    str, typer.Option(help="with --disagg/--pareto: the K/V link: nvlink, nvlink3, ib-ndr, roce-400g, ib-hdr, eth-25g")
 ]
 Pareto = Annotated[
     str | None,

@@ -38,7 +38,9 @@ Disagg = Annotated[
     str | None,
     typer.Option(help="xPyD: x prefill and y decode instances of --engine on --hardware, K/V shipped over --link"),
 ]
-Link = Annotated[str, typer.Option(help="with --disagg: the K/V link, nvlink, ib-ndr, roce-400g, ib-hdr, eth-25g")]
+Link = Annotated[
+    str, typer.Option(help="with --disagg: the K/V link: nvlink, nvlink3, ib-ndr, roce-400g, ib-hdr, eth-25g")
+]
 DecodeTp = Annotated[int | None, typer.Option(help="with --disagg: the decode instances' TP width (default --tp)")]
 Plan = Annotated[
     bool, typer.Option("--plan", help="a catalog GPU: replicas per TP width for p99 TTFT <= --slo-ttft-ms at --rate")
