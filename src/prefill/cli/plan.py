@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from prefill.cli.common import console, note
+from prefill.cli.disagg_report import disagg_report, pareto_report
 
 Model = Annotated[
     str | None,
@@ -42,6 +43,20 @@ Hardware = Annotated[
     str, typer.Option(help="with --fit: the GPU the load test ran on (h100, h200, ...), or cpu (this machine)")
 ]
 FitEngine = Annotated[str, typer.Option("--engine", help="with --fit: the engine the load test measured")]
+Disagg = Annotated[
+    bool, typer.Option("--disagg", help="compare aggregated and disaggregated (xPyD) deployments: which wins and why")
+]
+Link = Annotated[
+    str, typer.Option(help="with --disagg/--pareto: the K/V link: nvlink, nvlink3, ib-ndr, roce-400g, ib-hdr, eth-25g")
+]
+Pareto = Annotated[
+    str | None,
+    typer.Option(help="write the Pareto frontier (tokens/s per GPU against per user) to this PNG, and JSON beside it"),
+]
+Splits = Annotated[str, typer.Option(help="with --pareto: xPyD splits to sweep as well, e.g. 1P1D,2P1D (none: '')")]
+MaxRunning = Annotated[
+    str, typer.Option(help="with --pareto: caps on running requests to sweep beside each engine's own, e.g. 16,64")
+]
 
 
 def plan(
@@ -63,6 +78,11 @@ def plan(
     fit: Fit = None,
     hardware: Hardware = "h100",
     engine: FitEngine = "vllm",
+    disagg: Disagg = False,
+    link: Link = "nvlink",
+    pareto: Pareto = None,
+    splits: Splits = "1P1D,2P1D,1P2D",
+    max_running: MaxRunning = "",
 ) -> None:
     """Which GPU, how many per replica (TP), how many replicas and which engine serve your workload within its
     latency SLO at the lowest cost per million output tokens: each candidate is simulated under the load."""
@@ -81,6 +101,11 @@ def plan(
     slo = Slo(*(None if x is None else x / 1e3 for x in (slo_ttft_ms, slo_tpot_ms)))
     workload = Workload(requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
     choices = (parse_prices(usd_per_gpu_hour), _names(engines), _names(weights), kv_dtype, parse_ints(tps, "--tps"))
+    if disagg:  # prefill.cli.disagg_report
+        return disagg_report(model, workload, load, slo, choices, link, json_out)
+    if pareto is not None:
+        caps = parse_ints(max_running, "--max-running") if max_running.strip() else ()
+        return pareto_report(model, workload, slo, choices, link, pareto, splits, caps)
     run_plan(model, workload, load, slo, choices, json_out, f"prompts {prompt_len}, outputs {output_len}")
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from prefill.cli.common import console, note
+from prefill.cli.disagg_report import simulate_disagg_engine
 from prefill.cli.loadtest import PromptLen, SloTpotMs, SloTtftMs, print_summary, seconds
 
 SimModel = Annotated[str | None, typer.Option("--model", "-m", help="Preset, .gguf or config.json (default: SmolLM2)")]
@@ -34,6 +35,14 @@ Engine = Annotated[
 Tp = Annotated[int, typer.Option(help="with --engine: GPUs the model is split over (tensor parallelism)")]
 KvDtype = Annotated[str | None, typer.Option("--kv-dtype", help="with --engine: KV cache as bfloat16, float16 or fp8")]
 DEFAULT_GPU_ENGINE = "vllm"  # a catalog GPU without --engine: the engine most deployments run
+Disagg = Annotated[
+    str | None,
+    typer.Option(help="xPyD: x prefill and y decode instances of --engine on --hardware, K/V shipped over --link"),
+]
+Link = Annotated[
+    str, typer.Option(help="with --disagg: the K/V link: nvlink, nvlink3, ib-ndr, roce-400g, ib-hdr, eth-25g")
+]
+DecodeTp = Annotated[int | None, typer.Option(help="with --disagg: the decode instances' TP width (default --tp)")]
 Plan = Annotated[
     bool, typer.Option("--plan", help="a catalog GPU: replicas per TP width for p99 TTFT <= --slo-ttft-ms at --rate")
 ]
@@ -59,6 +68,9 @@ def simulate(
     engine: Engine = None,
     tp: Tp = 1,
     kv_dtype: KvDtype = None,
+    disagg: Disagg = None,
+    link: Link = "nvlink",
+    decode_tp: DecodeTp = None,
 ) -> None:
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
     from prefill.loadtest.client import PromptLengths
@@ -74,7 +86,10 @@ def simulate(
         work = (requests, prompts, outputs, seed)
         return plan_deployment(model, hardware, deployment, rate, slo_ttft_ms, work, json_out)
     trace = poisson_trace(rate, requests, prompts, outputs, seed)
-    if engine is not None:
+    if disagg is not None:  # prefill.cli.disagg_report
+        how = (hardware, engine, weights or dtype, kv_dtype, (tp, decode_tp or tp), disagg, link)
+        result, name = simulate_disagg_engine(model, *how, trace)
+    elif engine is not None:
         result, name = simulate_engine(model, hardware, engine, weights or dtype, kv_dtype, tp, trace)
     else:
         echo, sizes = None if json_out else note, (chunk_size, max_running, kv_cache_mb)
