@@ -7,6 +7,7 @@ import json
 
 import typer
 
+from prefill.bench.results import parse_ints
 from prefill.cli.common import console, note
 
 
@@ -39,10 +40,10 @@ def disagg_report(model: str, workload, load, slo, choices: tuple, link: str, as
         console.print(f"{spec.name} on {gpu} ({engine}), Poisson {load.rate:g} req/s: {v.describe()}", highlight=False)
 
 
-def pareto_report(model: str, workload, slo, choices: tuple, link: str, path: str, splits: str, caps=()) -> None:
+def pareto_report(model: str, workload, slo, choices: tuple, link: str, path: str, splits: str, caps: str = "") -> None:
     """--pareto: the frontier of tokens/s per GPU against tokens/s per user (prefill.plan.pareto), written as a
     PNG at `path` and JSON beside it, the cheapest point meeting the SLO printed; `splits`: xPyD, comma-separated;
-    `caps`: max running requests to sweep beside each engine's default."""
+    `caps`: max running requests to sweep beside each engine's default, comma-separated ("": none)."""
     from pathlib import Path
 
     from prefill.costmodel.links import get_link
@@ -54,7 +55,8 @@ def pareto_report(model: str, workload, slo, choices: tuple, link: str, path: st
     prices, engines, weights, kv, tps = choices
     gpu, price = next(iter(prices.items()))
     xpyd = tuple(parse_xpyd(s) for s in splits.split(",") if s.strip())
-    space = Space(gpu, engines, tps, (None, *caps), xpyd, link=get_link(link), weights=weights[0], kv=kv)
+    caps_n = parse_ints(caps, "--max-running") if caps.strip() else ()
+    space = Space(gpu, engines, tps, (None, *caps_n), xpyd, link=get_link(link), weights=weights[0], kv=kv)
     note(
         f"sweeping {spec.name} on {gpu}: engines {', '.join(engines)}, TP {tps}, splits {splits or 'none'} (simulated)"
     )

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from prefill.bench.results import parse_ints
 from prefill.cli.common import console, note
 from prefill.cli.disagg_report import disagg_report, pareto_report
 
@@ -86,27 +87,42 @@ def plan(
 ) -> None:
     """Which GPU, how many per replica (TP), how many replicas and which engine serve your workload within its
     latency SLO at the lowest cost per million output tokens: each candidate is simulated under the load."""
+    if fit is not None:
+        return fit_command(model, fit, hardware, engine, weights, kv_dtype, tps)
+    lengths = (prompt_len, output_len)
+    workload, load, slo = plan_inputs(model, lengths, requests, seed, (rate, concurrency), (slo_ttft_ms, slo_tpot_ms))
+    choices = (parse_prices(usd_per_gpu_hour), _names(engines), _names(weights), kv_dtype, parse_ints(tps, "--tps"))
+    if disagg:  # prefill.cli.disagg_report
+        return disagg_report(model, workload, load, slo, choices, link, json_out)
+    if pareto is not None:
+        return pareto_report(model, workload, slo, choices, link, pareto, splits, max_running)
+    run_plan(model, workload, load, slo, choices, json_out, f"prompts {prompt_len}, outputs {output_len}")
+
+
+def plan_inputs(model: str | None, lengths: tuple[str, str], requests: int, seed: int, load: tuple, slos: tuple):
+    """(Workload, Load, Slo) of plan's options: `lengths` the prompt and output lengths' texts, `load` (rate,
+    concurrency), `slos` (TTFT, TPOT) in ms or None; BadInput without a model."""
     from prefill.errors import BadInput
     from prefill.loadtest.client import PromptLengths
     from prefill.plan.capacity import Workload
     from prefill.plan.planner import Load, Slo
 
-    if fit is not None and hardware.lower() == "cpu":
-        return cpu_fit_report(fit)
     if model is None:
         raise BadInput("prefill plan needs --model (a preset such as llama-3.1-8b, or a config.json)")
-    if fit is not None:
-        return fit_report(model, fit, hardware, engine, _names(weights)[0], kv_dtype, parse_ints(tps, "--tps")[0])
-    load = Load(rate, concurrency)
-    slo = Slo(*(None if x is None else x / 1e3 for x in (slo_ttft_ms, slo_tpot_ms)))
-    workload = Workload(requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
-    choices = (parse_prices(usd_per_gpu_hour), _names(engines), _names(weights), kv_dtype, parse_ints(tps, "--tps"))
-    if disagg:  # prefill.cli.disagg_report
-        return disagg_report(model, workload, load, slo, choices, link, json_out)
-    if pareto is not None:
-        caps = parse_ints(max_running, "--max-running") if max_running.strip() else ()
-        return pareto_report(model, workload, slo, choices, link, pareto, splits, caps)
-    run_plan(model, workload, load, slo, choices, json_out, f"prompts {prompt_len}, outputs {output_len}")
+    workload = Workload(requests, *(PromptLengths.parse(text) for text in lengths), seed)
+    return workload, Load(*load), Slo(*(None if x is None else x / 1e3 for x in slos))
+
+
+def fit_command(model: str | None, fit: str, hardware: str, engine: str, weights: str, kv_dtype, tps: str) -> None:
+    """--fit: our own CPU server's prediction refit to a load test's records (--hardware cpu), or an engine's
+    efficiencies on a catalog GPU refit to them."""
+    from prefill.errors import BadInput
+
+    if hardware.lower() == "cpu":
+        return cpu_fit_report(fit)
+    if model is None:
+        raise BadInput("prefill plan --fit on a GPU needs --model (a preset such as llama-3.1-8b, or a config.json)")
+    return fit_report(model, fit, hardware, engine, _names(weights)[0], kv_dtype, parse_ints(tps, "--tps")[0])
 
 
 def run_plan(model: str, workload, load, slo, choices: tuple, json_out: bool, lengths: str) -> None:
@@ -189,18 +205,6 @@ def parse_prices(text: str) -> dict[str, float]:
     if not out:
         raise BadInput("--usd-per-gpu-hour names no GPU; e.g. h100=2.99")
     return out
-
-
-def parse_ints(text: str, option: str) -> tuple[int, ...]:
-    from prefill.errors import BadInput
-
-    try:
-        values = tuple(int(x) for x in _names(text))
-    except ValueError:
-        raise BadInput(f"{option} wants whole numbers like 1,2,4,8, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise BadInput(f"{option} wants whole numbers >= 1, got {text!r}")
-    return values
 
 
 def _load_text(load) -> str:

@@ -74,28 +74,45 @@ def simulate(
 ) -> None:
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
     from prefill.loadtest.client import PromptLengths
-    from prefill.plan.simulate import poisson_trace, simulate_server
+    from prefill.plan.simulate import poisson_trace
 
-    prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
-    if hardware.lower() != "cpu" and engine is None:  # a GPU is simulated as an engine runs it
-        engine = DEFAULT_GPU_ENGINE
-        if not json_out:
-            note(f"no --engine: {engine}'s profile and scheduler on {hardware} (--engine sglang, trtllm or prefill)")
+    engine, work = (
+        engine_of(hardware, engine, json_out),
+        (PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)),
+    )
     if plan:
         deployment = (engine or DEFAULT_GPU_ENGINE, weights or dtype or "bfloat16", kv_dtype)
-        work = (requests, prompts, outputs, seed)
-        return plan_deployment(model, hardware, deployment, rate, slo_ttft_ms, work, json_out)
-    trace = poisson_trace(rate, requests, prompts, outputs, seed)
-    if disagg is not None:  # prefill.cli.disagg_report
-        how = (hardware, engine, weights or dtype, kv_dtype, (tp, decode_tp or tp), disagg, link)
-        result, name = simulate_disagg_engine(model, *how, trace)
-    elif engine is not None:
-        result, name = simulate_engine(model, hardware, engine, weights or dtype, kv_dtype, tp, trace)
-    else:
-        echo, sizes = None if json_out else note, (chunk_size, max_running, kv_cache_mb)
-        result, name = simulate_server(model, hardware, dtype, weights, trace, *sizes, echo=echo)
+        return plan_deployment(model, hardware, deployment, rate, slo_ttft_ms, (requests, *work, seed), json_out)
+    path, sizes = (engine, dtype, weights, kv_dtype), (chunk_size, max_running, kv_cache_mb)
+    trace = poisson_trace(rate, requests, *work, seed)
+    result, name = run_trace(model, hardware, path, (tp, decode_tp or tp), (disagg, link), sizes, trace, json_out)
     label = f"simulated: {name}, Poisson {rate} req/s, prompts {prompt_len}, outputs {output_len}"
     report_load(result, name, label, (slo_ttft_ms, slo_tpot_ms), json_out)
+
+
+def engine_of(hardware: str, engine: str | None, quiet: bool) -> str | None:
+    """The engine that runs the simulation: --engine, else on a catalog GPU DEFAULT_GPU_ENGINE (said unless
+    `quiet`: a GPU is simulated as an engine runs it), else None (our own server on the CPU)."""
+    if hardware.lower() == "cpu" or engine is not None:
+        return engine
+    if not quiet:
+        others = "--engine sglang, trtllm or prefill"
+        note(f"no --engine: {DEFAULT_GPU_ENGINE}'s profile and scheduler on {hardware} ({others})")
+    return DEFAULT_GPU_ENGINE
+
+
+def run_trace(model, hardware: str, path: tuple, tps: tuple[int, int], split: tuple, sizes: tuple, trace, quiet: bool):
+    """(the simulated load, its name): the trace on what the options name: x prefill and y decode instances
+    (split: --disagg xPyD and --link), one engine's GPU deployment, or our own server's scheduler (sizes: chunk,
+    max running, KV MiB); path: (engine, dtype, weights, K/V dtype); tps: prefill and decode TP widths."""
+    from prefill.plan.simulate import simulate_server
+
+    engine, dtype, weights, kv_dtype = path
+    if split[0] is not None:  # prefill.cli.disagg_report
+        return simulate_disagg_engine(model, hardware, engine, weights or dtype, kv_dtype, tps, *split, trace)
+    if engine is not None:
+        return simulate_engine(model, hardware, engine, weights or dtype, kv_dtype, tps[0], trace)
+    return simulate_server(model, hardware, dtype, weights, trace, *sizes, echo=None if quiet else note)
 
 
 def simulate_engine(model, hardware: str, engine: str, weights, kv, tp: int, trace):
