@@ -11,7 +11,10 @@ from prefill.costmodel.hardware import HARDWARE, get_hardware
 from prefill.costmodel.specs import PRESETS
 from prefill.costmodel.timemodel import predict_decode
 from prefill.errors import BadInput
+from prefill.loadtest.client import PromptLengths
+from prefill.plan.capacity import Workload
 from prefill.plan.gpu_serving import GpuServer
+from prefill.plan.planner import Load, Slo, plan_deployments
 
 L70 = PRESETS["llama-3-70b"]
 B200 = get_hardware("b200")
@@ -37,9 +40,9 @@ def test_fp4_runs_at_the_fp4_peak_on_blackwell(name):
 
 @pytest.mark.parametrize("name", ["h100", "h200", "h20", "mi300x", "mi325x", "a100"])
 def test_a_gpu_without_fp4_tensor_cores_refuses_fp4_weights_in_one_line(name):
-    with pytest.raises(BadInput, match="no peak for fp4 tensor cores .*b200"):
+    with pytest.raises(BadInput, match="no FP4 tensor cores .*b200"):
         get_hardware(name).peak("nvfp4")
-    with pytest.raises(BadInput, match="fp4"):
+    with pytest.raises(BadInput, match="FP4"):
         GpuServer.of(PRESETS["llama-3.1-8b"], name, "vllm", "nvfp4")
 
 
@@ -103,3 +106,15 @@ def test_aliases_and_name_matching_find_the_right_blackwell_and_h20():
         for dev in ("nvidia gb200", "nvidia b200", "nvidia h20", "nvidia h200")
     }
     assert first == {"nvidia gb200": "gb200", "nvidia b200": "b200", "nvidia h20": "h20", "nvidia h200": "h200"}
+
+
+def test_the_planner_deploys_fp4_on_blackwell_and_says_why_not_on_hopper():
+    work = Workload(60, PromptLengths(200, 400), PromptLengths(50, 100))
+    prices = {"h100": 2.99, "b200": 5.5}
+    options = plan_deployments(
+        PRESETS["llama-3.1-8b"], work, Load(rate=4.0), Slo(2.0, 0.1), prices, ("trtllm",), ("nvfp4",), "fp8", (1,)
+    )
+    (b200,) = [o for o in options if o.gpu == "b200"]
+    (h100,) = [o for o in options if o.gpu == "h100"]
+    assert b200.replicas == 1 and b200.weights == "nvfp4" and options[0] is b200
+    assert h100.replicas is None and "FP4 tensor cores" in h100.note

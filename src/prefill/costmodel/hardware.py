@@ -46,8 +46,9 @@ class Hardware:
         key = canonical_dtype(dtype)
         key = "fp4" if key in FP4_WEIGHTS else key
         if key not in self.peak_flops:
-            fp4 = " tensor cores (FP4 weights need Blackwell: b200, gb200)" if key == "fp4" else ""
-            raise BadInput(f"{self.name} has no peak for {key}{fp4}; choose one of {', '.join(self.peak_flops)}")
+            what = "FP4 tensor cores (nvfp4/mxfp4 weights need Blackwell: b200, gb200)" if key == "fp4" else ""
+            what = what or f"peak for {key}"
+            raise BadInput(f"{self.name} has no {what}; choose one of {', '.join(self.peak_flops)}")
         return self.peak_flops[key]
 
     def gemm_fraction(self, stated: float) -> float:
