@@ -111,8 +111,8 @@ def metrics(result: SimResult, records: list, statistic: str, replicas: int = 1)
     tpots = [t for t in (tpot(r) for r in ok) if t is not None]
     return {
         "ttft_ms": pick([ttft(r) for r in ok]) * 1e3,
-        "itl_ms": pick(tpots) * 1e3 if tpots else float("nan"),
-        "tpot_ms": pick(tpots) * 1e3 if tpots else float("nan"),
+        "itl_ms": pick(tpots) * 1e3,
+        "tpot_ms": pick(tpots) * 1e3,
         "latency_ms": wall * 1e3,
         "output_tok_s": replicas * sum(r.n_out for r in every) / wall,
         "input_tok_s": replicas * sum(r.usage_prompt_tokens or 0 for r in every) / wall,
