@@ -7,7 +7,7 @@ UV := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
 # Where pip is told to find wheels (this machine: PIP_FIND_LINKS, its CPU build of torch), told to uv as well.
 FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 
-.PHONY: install demo test test-quick lint bench clean browser docs docs-regen
+.PHONY: install demo test test-quick lint bench clean browser docs docs-all docs-regen
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -49,11 +49,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
 
-# The documentation site (mkdocs.yml, docs/): a strict build (broken links and anchors fail it), then every
-# example the README and the pages show is run again (scripts/docs_examples.py; `make docs-regen` rewrites them).
+# The documentation site (mkdocs.yml, docs/): a strict build (broken links and anchors fail it), then the
+# examples that need no model, the links and the names (scripts/docs_examples.py --fast: seconds). The examples
+# that load the model or start a server take minutes: `make docs-all` runs them too; the suite's CLI and server
+# tests run the same commands and routes. `make docs-regen` rewrites every example's output.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/python scripts/docs_examples.py --check
+	$(BIN)/python scripts/docs_examples.py --check --fast
+
+docs-all: docs
+	$(BIN)/python scripts/docs_examples.py --check --slow
 
 docs-regen: $(STAMP)
 	$(BIN)/python scripts/docs_examples.py --regenerate

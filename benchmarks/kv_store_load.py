@@ -56,48 +56,33 @@ def closed_loop(engine: Engine, requests: int, P: int, new: int, tier) -> list[f
     return e2e
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--requests", type=int, default=24, help="requests per round (STREAMS in flight)")
-    ap.add_argument("--prompt-tokens", type=int, default=512)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--weights", default="float32")
-    ap.add_argument("--out", type=Path, default=Path("bench-results/kv_store_load.json"))
-    ap.add_argument("--publish", **publish_option())
-    args = ap.parse_args()
-    engine = Engine.load(None, dtype="float32", weights=args.weights, progress=False)
-    engine.warmup()
-    P, new = args.prompt_tokens, args.new_tokens
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        with_store = Engine(engine.runner, engine.tokenizer, engine.source)
-        tier = with_store.attach_kv_store(Path(tmp), 4096.0)
-        closed_loop(engine, STREAMS, P, new, None)  # a warm-up round: the pool's first pages, the threads
-        for r in range(args.rounds):
-            for label, t in (
-                (("no store", None), ("store", tier)) if r % 2 == 0 else (("store", tier), ("no store", None))
-            ):
-                before, t0, cpu0 = tier.store.stats(), time.perf_counter(), time.process_time()
-                e2e = closed_loop(engine, args.requests, P, new, t)
-                if t is not None:
-                    tier.flush()  # this round's writes end inside this round
-                after, wall, cpu = tier.store.stats(), time.perf_counter() - t0, time.process_time() - cpu0
-                row = {
-                    "round": r,
-                    "case": label,
-                    "mean_e2e_s": statistics.fmean(e2e),
-                    "wall_s": wall,
-                    "process_cpu_s": cpu,
-                    "written_blocks": after.written_blocks - before.written_blocks,
-                    "writer_cpu_s": after.writer_cpu_s - before.writer_cpu_s,
-                }
-                rows.append(row)
-                print(
-                    f"round {r} {label:<9} mean E2E {row['mean_e2e_s']:6.3f} s  wall {wall:6.1f} s  "
-                    f"CPU {cpu:6.1f} s  writer CPU {row['writer_cpu_s']:5.2f} s  blocks {row['written_blocks']}"
-                )
-        stats = tier.store.stats()
+def timed_round(engine: Engine, r: int, label: str, tier, args: argparse.Namespace) -> dict:
+    """One round of `args.requests` requests in a closed loop, with the store (`tier`) or without (None)."""
+    before, t0, cpu0 = tier.store.stats(), time.perf_counter(), time.process_time()
+    store = tier if label == "store" else None
+    e2e = closed_loop(engine, args.requests, args.prompt_tokens, args.new_tokens, store)
+    if store is not None:
+        tier.flush()  # this round's writes end inside this round
+    after, wall, cpu = tier.store.stats(), time.perf_counter() - t0, time.process_time() - cpu0
+    row = {
+        "round": r,
+        "case": label,
+        "mean_e2e_s": statistics.fmean(e2e),
+        "wall_s": wall,
+        "process_cpu_s": cpu,
+        "written_blocks": after.written_blocks - before.written_blocks,
+        "writer_cpu_s": after.writer_cpu_s - before.writer_cpu_s,
+    }
+    print(
+        f"round {r} {label:<9} mean E2E {row['mean_e2e_s']:6.3f} s  wall {wall:6.1f} s  "
+        f"CPU {cpu:6.1f} s  writer CPU {row['writer_cpu_s']:5.2f} s  blocks {row['written_blocks']}"
+    )
+    return row
+
+
+def summarized(rows: list[dict], stats, args: argparse.Namespace) -> dict:
+    """The rounds' medians, the store's cost as a ratio and the writer's share of the CPU, printed and returned
+    as the results record."""
     med = {c: statistics.median(x["mean_e2e_s"] for x in rows if x["case"] == c) for c in ("no store", "store")}
     ratio = med["store"] / med["no store"]
     print(f"\nmedian of the rounds' mean E2E: no store {med['no store']:.3f} s, store {med['store']:.3f} s")
@@ -108,7 +93,7 @@ def main() -> None:
     store_rounds = [x for x in rows if x["case"] == "store"]
     share = sum(x["writer_cpu_s"] for x in store_rounds) / sum(x["process_cpu_s"] for x in store_rounds)
     print(f"the writer thread took {share:.2%} of the process's CPU time in the store rounds")
-    out = {
+    return {
         "cpu": platform.processor() or platform.machine(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
@@ -121,6 +106,27 @@ def main() -> None:
         "written_bytes": stats.written_bytes,
         "dropped_blocks": stats.dropped_blocks,
     }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=24, help="requests per round (STREAMS in flight)")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--weights", default="float32")
+    ap.add_argument("--out", type=Path, default=Path("bench-results/kv_store_load.json"))
+    ap.add_argument("--publish", **publish_option())
+    args = ap.parse_args()
+    engine = Engine.load(None, dtype="float32", weights=args.weights, progress=False)
+    engine.warmup()
+    with tempfile.TemporaryDirectory() as tmp:
+        with_store = Engine(engine.runner, engine.tokenizer, engine.source)
+        tier = with_store.attach_kv_store(Path(tmp), 4096.0)
+        closed_loop(engine, STREAMS, args.prompt_tokens, args.new_tokens, None)  # warm-up: the pool's pages, threads
+        order = (("no store", "store"), ("store", "no store"))  # interleaved: each case first every other round
+        rows = [timed_round(engine, r, label, tier, args) for r in range(args.rounds) for label in order[r % 2]]
+        out = summarized(rows, tier.store.stats(), args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

@@ -184,7 +184,7 @@ def profile_line(name: str, p) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="benchmarks/predict.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     ap.add_argument("--repeats", type=int, default=5)
@@ -204,13 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default="bench-results/predict.json")
     ap.add_argument("--publish", **publish_option())
-    args = ap.parse_args(argv)
-    lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
-    dtype = "bfloat16" if args.weights == "bfloat16" else "float32"  # native blocks take float32 activations
-    engine = Engine.load(None, dtype=dtype, weights=args.weights, threads=args.threads, progress=False)
-    engine.warmup()
+    return ap.parse_args(argv)
+
+
+def measure(engine: Engine, args: argparse.Namespace, lengths: list[int], contexts: list[int]) -> tuple:
+    """The interleaved rounds: every workload's median seconds, the quick probe of those rounds (or the cached one),
+    the rows of measured beside predicted, and the fit."""
     cached = engine.profile(fitted=False, echo=print)
-    load = os.getloadavg()[0]
     pool = engine.new_pool(max(lengths) + 8)
     workloads = {("prefill", P): prefill_once(engine, P, pool) for P in lengths}
     workloads |= {("decode", *key): once for key, once in decode_workloads(engine, contexts).items()}
@@ -225,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     if sum(used for _, used in samples) < 5:  # other lengths than the default: fit on every point, and say so
         samples = [(s, True) for s, _ in samples]
     fit = fit_profile(engine.spec, quick, engine.layout(), [s for s, used in samples if used])
-    rows = report(engine, samples, quick, fit.profile)
+    return cached, quick, fit, report(engine, samples, quick, fit.profile)
+
+
+def print_and_keep(engine: Engine, args: argparse.Namespace, cached, quick, fit, rows: list[dict], load: float) -> dict:
+    """The summary and the profiles' lines printed, the fit saved where it predicts the held-out points better;
+    returns the H200 rows from the catalog."""
     print(summary(rows))
     print(profile_line("quick probe", quick))
     print(profile_line("fitted", fit.profile))
@@ -247,6 +252,18 @@ def main(argv: list[str] | None = None) -> int:
         print("saved the fitted profile: `prefill run` and `prefill bench` now predict with it on this machine")
     elif not better:
         print("the fit predicts the held-out points worse than the quick probe: not saved")
+    return h200
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    lengths, contexts = parse_ints(args.prompt_lengths, "--prompt-lengths"), parse_ints(args.contexts, "--contexts")
+    dtype = "bfloat16" if args.weights == "bfloat16" else "float32"  # native blocks take float32 activations
+    engine = Engine.load(None, dtype=dtype, weights=args.weights, threads=args.threads, progress=False)
+    engine.warmup()
+    load = os.getloadavg()[0]
+    cached, quick, fit, rows = measure(engine, args, lengths, contexts)
+    h200 = print_and_keep(engine, args, cached, quick, fit, rows, load)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

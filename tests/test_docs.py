@@ -61,4 +61,4 @@ def test_mkdocs_builds_strictly(tmp_path):
 
 
 # The examples that load the model (demo, run, verify, the curl sessions against `prefill serve`) take minutes:
-# `make docs` runs every one; the CLI and server tests run the same commands and routes in the suite.
+# `make docs-all` runs every one; the CLI and server tests run the same commands and routes in the suite.

@@ -30,6 +30,13 @@ def test_the_pages_are_what_the_results_files_render():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_the_performance_page_states_the_current_state_in_under_32_kb():
+    """A current-state page needs no more: the story of how a figure was reached belongs in commit messages, and a
+    results file that another supersedes is removed, not kept beside it."""
+    size = (ROOT / "docs" / "performance.md").stat().st_size
+    assert size < 32 * 1024, f"docs/performance.md is {size:,} bytes: shorten docs/results/*/why.md or retire a file"
+
+
 def test_the_check_fails_on_a_changed_figure(tmp_path):
     results, page, readme = copies(tmp_path)
     path = results / "zen3-avx2" / "serving_core.json"

@@ -10,7 +10,7 @@ import pytest
 from prefill.costmodel import storage
 from prefill.costmodel.engines import ENGINES, get_engine
 from prefill.costmodel.hardware import get_hardware
-from prefill.costmodel.ops import Row, forward_ops
+from prefill.costmodel.ops import LAUNCHES, Row, forward_ops
 from prefill.costmodel.specs import PRESETS
 from prefill.costmodel.timemodel import predict_decode, predict_step
 from prefill.errors import BadInput
@@ -36,9 +36,23 @@ def test_a_decode_steps_attention_is_one_kernel_a_layer_timed_by_the_kv_bytes_it
     assert long.seconds - short.seconds == pytest.approx(extra / prof.bandwidth_bytes_per_s, rel=1e-6)
 
 
-def test_our_engine_keeps_one_attention_a_row():
+def test_our_engine_on_a_gpu_batches_attention_and_launches_its_eager_kernels():
     lay = get_engine("prefill").layout("bfloat16")
-    assert len([o for o in forward_ops(LLAMA, [Row(1, 200)] * 5, lay) if o.kind == "attention"]) == 5
+    ops = forward_ops(LLAMA, [Row(1, 200)] * 5, lay)
+    assert len([o for o in ops if o.kind == "attention"]) == 1  # one kernel a layer, as vLLM's
+    assert {o.name: o.launches for o in ops}["rotary"] == LAUNCHES["rotary"]  # eager PyTorch: 5 kernels
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_decode_steps_time_grows_with_its_context_on_every_engine(engine):
+    """256 decode rows of Llama 3 8B on an H100, BF16 and FP8: 800 more positions a row read 800 more positions
+    of K/V a row, at the engine's bandwidth; the step grows by that read and by nothing less."""
+    e = get_engine(engine)
+    for weights, kv, kv_bytes in (("bfloat16", "bfloat16", 2), ("fp8", "fp8", 1)):
+        prof, lay = e.profile(H100, weights), e.layout(weights, kv)
+        short, long = (predict_decode(LLAMA, [c] * 256, prof, lay).seconds for c in (200, 1000))
+        extra = kv_bytes_read(256, 1000, kv_bytes) - kv_bytes_read(256, 200, kv_bytes)
+        assert long - short == pytest.approx(extra / prof.bandwidth_bytes_per_s, rel=1e-6), (engine, weights)
 
 
 def test_a_graphed_decode_step_launches_once_and_an_eager_one_per_kernel():
@@ -117,13 +131,12 @@ def test_a_gpu_kernel_takes_at_least_its_floor_and_an_engine_runs_one_kernel_an_
     step = predict_decode(LLAMA, [10], prof, lay).by_op()
     assert step["residual"].seconds == pytest.approx(2 * LLAMA.L * prof.kernel_floor_s)  # 2 a layer, tiny work
     assert step["down"].seconds > LLAMA.L * prof.kernel_floor_s  # a real GEMM is its bytes, above the floor
-    assert get_engine("prefill").profile(H100, "bfloat16").kernel_floor_s == 0.0  # our eager engine: launches
+    assert get_engine("prefill").profile(H100, "bfloat16").kernel_floor_s == prof.kernel_floor_s  # eager too
 
 
-def test_sglangs_memory_fraction_falls_with_the_tp_width_and_its_command_says_so():
+def test_sglangs_memory_fraction_falls_with_the_tp_width():
     sglang, llama70 = get_engine("sglang"), PRESETS["llama-3-70b"]
     assert [sglang.fraction(t) for t in (1, 2, 4, 8)] == [0.88, 0.87, 0.85, 0.81]
     per = 2 * llama70.L * (llama70.H_kv // 4) * llama70.d_head * 2  # one position's K/V on one of 4 GPUs
     free = 0.85 * 80e9 - storage.weight_bytes(llama70, "bfloat16") / 4 - sglang.reserve_bytes
     assert sglang.kv_tokens(llama70, H100, "bfloat16", None, 4) == int(free // per)
-    assert "--tp 4 --mem-fraction-static 0.85" in sglang.command("m", "bfloat16", "bfloat16", 4)

@@ -64,9 +64,8 @@ def test_means_need_requests_with_two_tokens(loadtest_file):
 
 
 def test_loadtest_predict_on_a_gpu_puts_the_simulated_deployment_beside_the_measurement(tmp_path):
-    from test_loadtest import scripted_app  # the scripted OpenAI server of the load test's own tests
-
     from prefill.server.server import BackgroundServer
+    from scripted_server import scripted_app  # the scripted OpenAI server of the load test's own tests
 
     out = tmp_path / "r.json"
     args = ["loadtest", "--requests", "3", "--concurrency", "2", "--prompt-len", "5", "--max-tokens", "4"]

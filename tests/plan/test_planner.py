@@ -15,7 +15,7 @@ from prefill.errors import BadInput
 from prefill.loadtest.client import PromptLengths
 from prefill.plan.capacity import Workload
 from prefill.plan.gpu_serving import GpuServer
-from prefill.plan.planner import Load, Slo, fewest_replicas, plan_deployments, replica_run
+from prefill.plan.planner import Load, Slo, cost_floor, fewest_replicas, plan_deployments, replica_run
 
 SPEC = PRESETS["llama-3.1-8b"]
 WORK = Workload(60, PromptLengths(200, 400), PromptLengths(50, 100))
@@ -26,15 +26,22 @@ def plan(prices, slo=EASY, load=Load(rate=4.0), tps=(1,)):
     return plan_deployments(SPEC, WORK, load, slo, prices, engines=("vllm",), tps=tps)
 
 
-def test_the_cheaper_of_two_that_both_meet_the_slo_comes_first():
+def test_the_cheaper_of_two_that_both_meet_the_slo_comes_first_and_the_dearer_is_not_searched():
+    """The same deployment on two GPUs: the cheaper's price over what its replicas serve comes first; the other,
+    whose cost floor is already above it, is not simulated, and planned alone it indeed costs more."""
     first = plan({"h100": 2.0, "h200": 3.0})
-    assert [o.gpu for o in first] == ["h100", "h200"] and all(o.replicas == 1 for o in first)
+    assert [o.gpu for o in first] == ["h100", "h200"] and first[0].replicas == 1
     flipped = plan({"h100": 3.0, "h200": 2.0})  # the same two deployments, the prices swapped
     assert [o.gpu for o in flipped] == ["h200", "h100"]
-    for o in first:  # dollars per million output tokens: the price over what the replicas serve
-        assert o.usd_per_hour == pytest.approx({"h100": 2.0, "h200": 3.0}[o.gpu])
-        assert o.usd_per_m_output == pytest.approx(o.usd_per_hour / (o.run.output_tok_s * 3600) * 1e6)
-        assert o.command.startswith(f"vllm serve {SPEC.name} --tensor-parallel-size 1")
+    best, skipped = first
+    assert best.usd_per_hour == pytest.approx(2.0)  # dollars per million output tokens: price over what it serves
+    assert best.usd_per_m_output == pytest.approx(best.usd_per_hour / (best.run.output_tok_s * 3600) * 1e6)
+    assert best.command.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct --tensor-parallel-size 1")
+    floor = cost_floor(3.0, 1, WORK, Load(rate=4.0))
+    assert skipped.replicas is None and "not simulated" in skipped.note and floor > best.usd_per_m_output
+    (alone_h200,) = plan({"h200": 3.0})
+    assert alone_h200.usd_per_m_output >= floor  # the floor is a floor
+    assert best.usd_per_m_output >= cost_floor(2.0, 1, WORK, Load(rate=4.0))
 
 
 def test_the_replicas_are_the_fewest_that_meet_the_slo():
@@ -66,7 +73,14 @@ def test_a_width_that_cannot_split_the_heads_says_so_and_comes_last():
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: Load(), lambda: Load(rate=1.0, concurrency=2), lambda: Load(rate=-1.0), lambda: Slo()]
+    "make",
+    [
+        lambda: Load(),
+        lambda: Load(rate=1.0, concurrency=2),
+        lambda: Load(rate=-1.0),
+        lambda: Load(rate=0.0),
+        lambda: Slo(),
+    ],
 )
 def test_bad_load_or_slo_is_refused(make):
     with pytest.raises(BadInput):
@@ -79,7 +93,8 @@ def test_plan_command_ranks_and_prints_the_launch_command_and_refuses_bad_input(
     args += ["--usd-per-gpu-hour", "h100=2", "--engines", "sglang", "--tps", "1"]
     r = runner.invoke(app, [*args, "--rate", "4", "--slo-tpot-ms", "100"])
     assert r.exit_code == 0, r.output
-    assert "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --tp 1" in r.output
+    assert "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --tp-size 1" in r.output
+    assert "(1 GPU," in r.output
     js = runner.invoke(app, [*args, "--concurrency", "8", "--slo-ttft-ms", "2000", "--json"])
     assert js.exit_code == 0 and json.loads(js.stdout)[0]["replicas"] == 1
     no_price = ["--rate", "4", "--slo-tpot-ms", "50", "--usd-per-gpu-hour", "h100"]
@@ -88,3 +103,76 @@ def test_plan_command_ranks_and_prints_the_launch_command_and_refuses_bad_input(
         assert out.exit_code == 2 and words in out.output and "Traceback" not in out.output
     helped = runner.invoke(app, ["plan", "--help"])
     assert "p99 time to first token" in helped.output and "$ per GPU-hour" in helped.output
+
+
+def test_an_impossible_slo_is_ruled_out_by_each_request_alone_without_searching(monkeypatch):
+    """TTFT 5 ms and TPOT 1 ms: no candidate's requests meet it even alone, so no replica count is searched (a
+    search would raise here) and the best reachable p99s are said."""
+    from prefill.plan import planner
+
+    monkeypatch.setattr(planner, "plan_option", lambda *a: pytest.fail("searched an impossible candidate"))
+    options = plan({"h100": 2.0, "h200": 3.0}, Slo(ttft_p99_s=0.005, tpot_p99_s=0.001), tps=(1, 2))
+    assert all(o.replicas is None and "misses the SLO at any load" in o.note for o in options)
+    said = planner.reachable(options)
+    best_tpot = min(o.alone[1] for o in options)
+    assert f"p99 TPOT {best_tpot * 1e3:,.2f} ms" in said and best_tpot > 0.001
+
+
+def test_the_lower_bound_is_each_request_alone_and_below_every_loaded_p99():
+    from prefill.costmodel.ops import Row
+    from prefill.plan.planner import alone, p99
+
+    server = GpuServer.of(SPEC, "h100", "vllm", "bfloat16")
+    ttft_alone, tpot_alone = alone(server, WORK)
+    prompts = sorted(r.prompt_tokens for r in WORK.trace(1.0))
+    (solo,) = server.run(WORK.trace(1.0)[:0] + [planner_request(p99(prompts))]).records
+    assert ttft_alone == pytest.approx(solo.first_content - solo.start, rel=1e-12)
+    assert tpot_alone == server.step_seconds([Row(1, p99(prompts))])  # every output here decodes (50:100)
+    for R in (1, 2):
+        run = replica_run(server, WORK, Load(rate=40.0), R)
+        assert run.ttft_p99_s >= ttft_alone and run.tpot_p99_s >= tpot_alone
+
+
+def planner_request(prompt: int):
+    from prefill.plan.simulate import SimRequest
+
+    return SimRequest(0.0, prompt, 1)
+
+
+def test_progress_counts_every_candidate():
+    seen = []
+    plan_deployments(
+        SPEC, WORK, Load(rate=4.0), EASY, {"h100": 2.0}, ("vllm",), tps=(1, 3), progress=lambda *a: seen.append(a)
+    )
+    assert seen == [(1, 2), (2, 2)]
+
+
+def test_unknown_gpus_engines_models_and_a_zero_rate_are_one_line_errors():
+    runner = CliRunner()
+    args = ["plan", "-m", "llama-3.1-8b", "--rate", "4", "--slo-tpot-ms", "50"]
+    cases = [
+        (["--usd-per-gpu-hour", "b200=5.5"], "'b200' is not in the GPU catalog; known: a100-40gb"),
+        (["--engines", "tgi"], "unknown engine 'tgi'; choose one of: vllm, sglang, trtllm, prefill"),
+        (["-m", "llama-9"], "neither a preset"),
+        (["--rate", "0"], "--rate is requests arriving per second and must be > 0, got 0"),
+    ]
+    for extra, words in cases:
+        out = runner.invoke(app, [*args, *extra])
+        assert out.exit_code == 2 and words in out.output and len(out.output.strip().splitlines()) == 1, out.output
+
+
+def test_an_slo_no_candidate_meets_exits_1_with_the_best_reachable():
+    runner = CliRunner()
+    args = ["plan", "-m", "llama-3.1-8b", "--rate", "4", "--slo-ttft-ms", "5", "--slo-tpot-ms", "1", "--tps", "1"]
+    out = runner.invoke(app, [*args, "--usd-per-gpu-hour", "h100=2"])
+    assert out.exit_code == 1 and "the best reachable, each request alone: p99 TTFT" in out.output
+
+
+def test_a_narrow_table_wraps_and_never_cuts_a_name():
+    runner = CliRunner()
+    args = ["plan", "-m", "llama-3.1-8b", "--prompt-len", "200:400", "--output-len", "50:100", "--requests", "60"]
+    args += ["--usd-per-gpu-hour", "h100=2", "--engines", "sglang,vllm", "--tps", "1", "--rate", "4"]
+    out = runner.invoke(app, [*args, "--slo-tpot-ms", "100"], env={"COLUMNS": "60"})
+    rows = [line for line in out.output.splitlines() if line[:1].isdigit()]
+    assert any(" h100 " in r and " sglang " in r for r in rows), out.output
+    assert any(" h100 " in r and " vllm " in r for r in rows) and "…" not in out.output

@@ -300,3 +300,17 @@ def test_an_engines_rules_shape_each_step_decode_in_the_budget_or_prefill_alone(
     assert not mixed and max(tokens[2]) == 16  # SGLang's: a prefill step runs alone
     for r in (ours, vllm, sglang):
         assert all(rec.n_out == t.output_tokens for rec, t in zip(r.records, trace, strict=True))
+
+
+def test_a_gpu_without_an_engine_is_simulated_as_vllm_runs_it_and_says_so():
+    """No GPU path keeps the per-row attention model: without --engine a catalog GPU runs vLLM's profile (the
+    same numbers as --engine vllm), and stderr says which engine it took."""
+    from prefill.cli.main import app
+
+    runner = CliRunner()
+    args = ["simulate", "-m", "llama-3-8b", "--hardware", "h100", "--requests", "20", "--rate", "8"]
+    default, vllm = (runner.invoke(app, [*args, *extra, "--json"]) for extra in ([], ["--engine", "vllm"]))
+    assert default.exit_code == vllm.exit_code == 0, default.output
+    assert json.loads(default.stdout) == json.loads(vllm.stdout)
+    said = runner.invoke(app, args)
+    assert "no --engine: vllm's profile and scheduler on h100" in said.output and "vllm" in said.output

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from prefill.cli.common import console, note
+from prefill.cli.disagg_report import disagg_report, pareto_report
 
 Model = Annotated[
     str | None,
@@ -42,6 +43,20 @@ Hardware = Annotated[
     str, typer.Option(help="with --fit: the GPU the load test ran on (h100, h200, ...), or cpu (this machine)")
 ]
 FitEngine = Annotated[str, typer.Option("--engine", help="with --fit: the engine the load test measured")]
+Disagg = Annotated[
+    bool, typer.Option("--disagg", help="compare aggregated and disaggregated (xPyD) deployments: which wins and why")
+]
+Link = Annotated[
+    str, typer.Option(help="with --disagg/--pareto: the K/V link: nvlink, nvlink3, ib-ndr, roce-400g, ib-hdr, eth-25g")
+]
+Pareto = Annotated[
+    str | None,
+    typer.Option(help="write the Pareto frontier (tokens/s per GPU against per user) to this PNG, and JSON beside it"),
+]
+Splits = Annotated[str, typer.Option(help="with --pareto: xPyD splits to sweep as well, e.g. 1P1D,2P1D (none: '')")]
+MaxRunning = Annotated[
+    str, typer.Option(help="with --pareto: caps on running requests to sweep beside each engine's own, e.g. 16,64")
+]
 
 
 def plan(
@@ -63,6 +78,11 @@ def plan(
     fit: Fit = None,
     hardware: Hardware = "h100",
     engine: FitEngine = "vllm",
+    disagg: Disagg = False,
+    link: Link = "nvlink",
+    pareto: Pareto = None,
+    splits: Splits = "1P1D,2P1D,1P2D",
+    max_running: MaxRunning = "",
 ) -> None:
     """Which GPU, how many per replica (TP), how many replicas and which engine serve your workload within its
     latency SLO at the lowest cost per million output tokens: each candidate is simulated under the load."""
@@ -81,25 +101,36 @@ def plan(
     slo = Slo(*(None if x is None else x / 1e3 for x in (slo_ttft_ms, slo_tpot_ms)))
     workload = Workload(requests, PromptLengths.parse(prompt_len), PromptLengths.parse(output_len), seed)
     choices = (parse_prices(usd_per_gpu_hour), _names(engines), _names(weights), kv_dtype, parse_ints(tps, "--tps"))
+    if disagg:  # prefill.cli.disagg_report
+        return disagg_report(model, workload, load, slo, choices, link, json_out)
+    if pareto is not None:
+        caps = parse_ints(max_running, "--max-running") if max_running.strip() else ()
+        return pareto_report(model, workload, slo, choices, link, pareto, splits, caps)
     run_plan(model, workload, load, slo, choices, json_out, f"prompts {prompt_len}, outputs {output_len}")
 
 
 def run_plan(model: str, workload, load, slo, choices: tuple, json_out: bool, lengths: str) -> None:
-    """The ranked options (prefill.plan.planner.plan_deployments), printed or as JSON."""
+    """The ranked options (prefill.plan.planner.plan_deployments), printed or as JSON, the search's progress on
+    stderr; exit code 1 when no candidate meets the SLO."""
     import dataclasses
     import json
 
-    from prefill.cli.plan_report import print_deployments
+    from prefill.cli.plan_report import print_deployments, searching
     from prefill.costmodel.specs import load_spec
-    from prefill.plan.planner import plan_deployments
+    from prefill.plan.planner import plan_deployments, reachable
 
     spec = load_spec(model)
-    options = plan_deployments(spec, workload, load, slo, *choices, echo=None if json_out else note)
+    with searching() as progress:
+        options = plan_deployments(spec, workload, load, slo, *choices, progress=progress)
+    met = any(o.replicas is not None for o in options)
     if json_out:
         typer.echo(json.dumps([{**dataclasses.asdict(o), "gpus": o.gpus} for o in options], indent=2))
-        return
-    console.print(f"{spec.name}: {_load_text(load)}, {lengths}", highlight=False)
-    print_deployments(options, *(None if x is None else x * 1e3 for x in (slo.ttft_p99_s, slo.tpot_p99_s)))
+    else:
+        console.print(f"{spec.name}: {_load_text(load)}, {lengths}", highlight=False)
+        print_deployments(options, *(None if x is None else x * 1e3 for x in (slo.ttft_p99_s, slo.tpot_p99_s)))
+    if not met:
+        note(f"no candidate meets the SLO; {reachable(options)}")
+        raise typer.Exit(1)
 
 
 def fit_report(model: str, path: str, hardware: str, engine: str, weights: str, kv: str | None, tp: int) -> None:
@@ -138,6 +169,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 def parse_prices(text: str) -> dict[str, float]:
     """'h100=2.99,h200=3.29' -> {"h100": 2.99, "h200": 3.29}; BadInput on anything else."""
+    from prefill.costmodel.hardware import get_hardware, hardware_names
     from prefill.errors import BadInput
 
     out = {}
@@ -149,6 +181,11 @@ def parse_prices(text: str) -> dict[str, float]:
             raise BadInput(f"--usd-per-gpu-hour wants gpu=dollars pairs like h100=2.99, got {item!r}") from None
         if out[gpu.strip().lower()] <= 0:
             raise BadInput(f"a GPU-hour costs more than $0, got {item!r}")
+        try:
+            get_hardware(gpu.strip())
+        except BadInput:
+            gpus = ", ".join(n for n in hardware_names() if n != "cpu")
+            raise BadInput(f"--usd-per-gpu-hour: {gpu.strip()!r} is not in the GPU catalog; known: {gpus}") from None
     if not out:
         raise BadInput("--usd-per-gpu-hour names no GPU; e.g. h100=2.99")
     return out

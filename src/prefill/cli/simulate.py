@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from prefill.cli.common import console, note
+from prefill.cli.disagg_report import simulate_disagg_engine
 from prefill.cli.loadtest import PromptLen, SloTpotMs, SloTtftMs, print_summary, seconds
 
 SimModel = Annotated[str | None, typer.Option("--model", "-m", help="Preset, .gguf or config.json (default: SmolLM2)")]
@@ -19,20 +20,29 @@ SimWeights = Annotated[str | None, typer.Option(help="weights stored as a dtype 
 Rate = Annotated[float, typer.Option(help="Poisson arrival rate, requests/s")]
 Requests = Annotated[int, typer.Option(help="requests in the trace")]
 OutputLen = Annotated[str, typer.Option(help="output tokens: 64, 16:128 (uniform) or @file")]
-ChunkSize = Annotated[int, typer.Option(help="prefill chunk in tokens (as prefill serve --chunk-size)")]
-MaxRunning = Annotated[int, typer.Option(help="requests running at once (as prefill serve --max-running)")]
-KvCacheMb = Annotated[float, typer.Option(help="the KV pool in MiB (as prefill serve --kv-cache-mb)")]
+ChunkSize = Annotated[int, typer.Option(help="cpu: prefill chunk in tokens (as prefill serve --chunk-size)")]
+MaxRunning = Annotated[int, typer.Option(help="cpu: requests running at once (as prefill serve --max-running)")]
+KvCacheMb = Annotated[float, typer.Option(help="cpu: the KV pool in MiB (as prefill serve --kv-cache-mb)")]
 Seed = Annotated[int, typer.Option(help="seed of arrivals and lengths")]
 JsonOut = Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")]
 Engine = Annotated[
     str | None,
     typer.Option(
-        help="a catalog GPU served by vllm, sglang, trtllm or prefill: that engine's scheduling defaults, memory "
-        "fraction and kernels (overrides --chunk-size, --max-running and --kv-cache-mb)"
+        help="a catalog GPU served by vllm (the default), sglang, trtllm or prefill: that engine's scheduling "
+        "defaults, memory fraction and kernels (on a GPU these replace --chunk-size, --max-running, --kv-cache-mb)"
     ),
 ]
 Tp = Annotated[int, typer.Option(help="with --engine: GPUs the model is split over (tensor parallelism)")]
 KvDtype = Annotated[str | None, typer.Option("--kv-dtype", help="with --engine: KV cache as bfloat16, float16 or fp8")]
+DEFAULT_GPU_ENGINE = "vllm"  # a catalog GPU without --engine: the engine most deployments run
+Disagg = Annotated[
+    str | None,
+    typer.Option(help="xPyD: x prefill and y decode instances of --engine on --hardware, K/V shipped over --link"),
+]
+Link = Annotated[
+    str, typer.Option(help="with --disagg: the K/V link: nvlink, nvlink3, ib-ndr, roce-400g, ib-hdr, eth-25g")
+]
+DecodeTp = Annotated[int | None, typer.Option(help="with --disagg: the decode instances' TP width (default --tp)")]
 Plan = Annotated[
     bool, typer.Option("--plan", help="a catalog GPU: replicas per TP width for p99 TTFT <= --slo-ttft-ms at --rate")
 ]
@@ -58,19 +68,28 @@ def simulate(
     engine: Engine = None,
     tp: Tp = 1,
     kv_dtype: KvDtype = None,
+    disagg: Disagg = None,
+    link: Link = "nvlink",
+    decode_tp: DecodeTp = None,
 ) -> None:
     """Predict TTFT, ITL and E2E percentiles of a server under Poisson load: its own scheduler, the time model."""
     from prefill.loadtest.client import PromptLengths
     from prefill.plan.simulate import poisson_trace, simulate_server
 
     prompts, outputs = PromptLengths.parse(prompt_len), PromptLengths.parse(output_len)
+    if hardware.lower() != "cpu" and engine is None:  # a GPU is simulated as an engine runs it
+        engine = DEFAULT_GPU_ENGINE
+        if not json_out:
+            note(f"no --engine: {engine}'s profile and scheduler on {hardware} (--engine sglang, trtllm or prefill)")
     if plan:
-        sizes = (chunk_size, max_running)
-        return plan_deployment(
-            model, hardware, dtype, weights, rate, slo_ttft_ms, (requests, prompts, outputs, seed), sizes, json_out
-        )
+        deployment = (engine or DEFAULT_GPU_ENGINE, weights or dtype or "bfloat16", kv_dtype)
+        work = (requests, prompts, outputs, seed)
+        return plan_deployment(model, hardware, deployment, rate, slo_ttft_ms, work, json_out)
     trace = poisson_trace(rate, requests, prompts, outputs, seed)
-    if engine is not None:
+    if disagg is not None:  # prefill.cli.disagg_report
+        how = (hardware, engine, weights or dtype, kv_dtype, (tp, decode_tp or tp), disagg, link)
+        result, name = simulate_disagg_engine(model, *how, trace)
+    elif engine is not None:
         result, name = simulate_engine(model, hardware, engine, weights or dtype, kv_dtype, tp, trace)
     else:
         echo, sizes = None if json_out else note, (chunk_size, max_running, kv_cache_mb)
@@ -82,12 +101,11 @@ def simulate(
 def simulate_engine(model, hardware: str, engine: str, weights, kv, tp: int, trace):
     """--engine: the trace on a catalog GPU deployment run by that engine (prefill.plan.gpu_serving)."""
     from prefill.costmodel.specs import load_spec
-    from prefill.errors import BadInput
+    from prefill.loading.resolve import default_model_path
     from prefill.plan.gpu_serving import GpuServer
 
-    if model is None:
-        raise BadInput("--engine simulates a GPU deployment: give --model (a preset such as llama-3.1-8b)")
-    server = GpuServer.of(load_spec(model), hardware, engine, weights or "bfloat16", kv, tp)
+    spec = load_spec(model if model is not None else default_model_path())
+    server = GpuServer.of(spec, hardware, engine, weights or "bfloat16", kv, tp)
     return server.run(trace), server.name
 
 
@@ -108,14 +126,13 @@ def report_load(result, name: str, label: str, slos: tuple, as_json: bool) -> No
     console.print(f"{len(result.steps):,} steps, {result.preemptions} preemptions (simulated time)", highlight=False)
 
 
-def plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, work: tuple, sizes, as_json) -> None:
-    """--plan: prefill.plan.capacity.plan on a catalog GPU, printed (or as JSON); work: the Workload's fields
-    (requests, prompt lengths, output lengths, seed); sizes: (chunk size, max running), the scheduler's."""
+def plan_deployment(model, hardware, deployment: tuple, rate, slo_ttft_ms, work: tuple, as_json) -> None:
+    """--plan: prefill.plan.capacity.plan on a catalog GPU, printed (or as JSON); deployment: (engine, weights,
+    KV dtype); work: the Workload's fields (requests, prompt lengths, output lengths, seed)."""
     import dataclasses
     import json
 
     from prefill.cli.plan_report import print_plan
-    from prefill.costmodel.hardware import get_hardware
     from prefill.costmodel.specs import load_spec
     from prefill.errors import BadInput
     from prefill.loading.resolve import default_model_path
@@ -125,10 +142,10 @@ def plan_deployment(model, hardware, dtype, weights, rate, slo_ttft_ms, work: tu
         raise BadInput("--plan sizes a GPU deployment: give a catalog GPU, e.g. --hardware h100")
     if slo_ttft_ms is None:
         raise BadInput("--plan needs --slo-ttft-ms, the p99 TTFT to keep under")
-    hw, spec = get_hardware(hardware), load_spec(model if model is not None else default_model_path())
+    spec = load_spec(model if model is not None else default_model_path())
     echo = None if as_json else note
-    rows = plan(spec, hw, dtype or "bfloat16", weights, rate, slo_ttft_ms / 1e3, Workload(*work), *sizes, echo=echo)
+    rows = plan(spec, hardware, *deployment, rate, slo_ttft_ms / 1e3, Workload(*work), echo=echo)
     if as_json:
         typer.echo(json.dumps([{**dataclasses.asdict(r), "gpus": r.gpus} for r in rows], indent=2))
         return
-    print_plan(f"{spec.name} on {hw.name}", rate, slo_ttft_ms, rows)
+    print_plan(f"{spec.name} on {hardware.lower()}, {deployment[0]}", rate, slo_ttft_ms, rows)

@@ -67,7 +67,8 @@ class Engine:
     activations and CUDA graphs keep from the KV cache; graph_tokens: decode steps of at most this many rows replay
     a CUDA graph (graph_mixed: any step of at most this many tokens); step_s, row_s: the engine's own CPU seconds
     per step and per row (scheduling, input preparation, sampling) that the GPU waits for; efficiencies: the
-    HOPPER-style fractions this engine reaches; kv_default: the KV cache dtype it picks; launch: its command."""
+    HOPPER-style fractions this engine reaches. Every engine batches attention over the step's rows (one kernel a
+    layer: paged attention reads each row's K/V at its own context); `fused`: one kernel an operation."""
 
     name: str
     max_seqs: int
@@ -81,7 +82,7 @@ class Engine:
     step_s: float
     row_s: float
     efficiencies: tuple[tuple[str, float], ...] = tuple(HOPPER.items())
-    batched: bool = True  # attention one kernel a layer over all rows (paged attention), else one a row
+    fused: bool = True  # one kernel an operation (fused RMSNorm, rotary, ...), else eager PyTorch's (LAUNCHES)
     of_free: bool = False  # memory_fraction is of the memory left after the weights (TensorRT-LLM's rule)
     fraction_by_tp: tuple[tuple[int, float], ...] = ()  # (TP width, memory fraction) where it differs
     source: str = ""
@@ -106,7 +107,7 @@ class Engine:
             graph_tokens=self.graph_tokens,
             graph_mixed=self.graph_mixed,
             graph_launch_s=GRAPH_LAUNCH_S,
-            kernel_floor_s=KERNEL_FLOOR_S if self.batched else 0.0,
+            kernel_floor_s=KERNEL_FLOOR_S,
             step_overhead_s=self.step_s,
             name=f"{hw.name} ({self.name})",
             source=f"{base.source}; engine {self.name}: {self.source}",
@@ -119,7 +120,9 @@ class Engine:
         act = activation_dtype(weights)
         kvb = costs.dtype_bytes(kv or act)
         w = float(costs.dtype_bytes(weights))
-        return Layout(w, int(costs.dtype_bytes(act)), kvb, tp, gathers_kv=False, batched_attention=self.batched)
+        return Layout(
+            w, int(costs.dtype_bytes(act)), kvb, tp, False, batched_attention=True, eager_launches=not self.fused
+        )
 
     def kv_tokens(self, spec: ModelSpec, hw: Hardware, weights: str, kv: str | None, tp: int) -> int:
         """Positions the KV cache holds on each GPU of a TP group: memory_fraction of its memory, less its 1/tp
@@ -133,28 +136,6 @@ class Engine:
     def fraction(self, tp: int) -> float:
         """The memory fraction the engine takes at TP width `tp`."""
         return dict(self.fraction_by_tp).get(tp, self.memory_fraction)
-
-    def command(self, model: str, weights: str, kv: str, tp: int) -> str:
-        """The engine's own launch command for this deployment, its scheduling defaults spelled out."""
-        fp8, kv8 = costs.canonical_dtype(weights) == "fp8", costs.canonical_dtype(kv) == "fp8"
-        if self.name == "vllm":  # vllm serve --help (0.10)
-            extra = " --quantization fp8" * fp8 + " --kv-cache-dtype fp8" * kv8
-            return (
-                f"vllm serve {model} --tensor-parallel-size {tp}{extra} --gpu-memory-utilization "
-                f"{self.fraction(tp)} --max-num-seqs {self.max_seqs} --max-num-batched-tokens {self.token_budget}"
-            )
-        if self.name == "sglang":  # python -m sglang.launch_server --help (0.4)
-            extra = " --quantization fp8" * fp8 + " --kv-cache-dtype fp8_e4m3" * kv8
-            return (
-                f"python -m sglang.launch_server --model-path {model} --tp {tp}{extra} --mem-fraction-static "
-                f"{self.fraction(tp)} --chunked-prefill-size {self.token_budget}"
-            )
-        if self.name == "trtllm":  # trtllm-serve --help (1.0); FP8 needs a pre-quantized checkpoint
-            return (
-                f"trtllm-serve {model} --tp_size {tp} --max_batch_size {self.max_seqs} --max_num_tokens "
-                f"{self.token_budget} --kv_cache_free_gpu_memory_fraction {self.fraction(tp)}"
-            )
-        return f"prefill serve --model {model} --max-running {self.max_seqs} --chunk-size {self.token_budget}"
 
     def row_overhead(self) -> tuple[float, float]:
         """(seconds per step, seconds per row) the engine's CPU adds to each step beyond the GPU's work."""
@@ -229,7 +210,8 @@ ENGINES: dict[str, Engine] = {
     "prefill": Engine(
         "prefill",
         # this project's server (prefill.engine.scheduler): decode first, a 256-token prefill budget, 32 running,
-        # eager kernels (no graphs), attention one kernel a row; prefill serve --chunk-size/--max-running.
+        # eager kernels (no graphs, each operation its PyTorch kernels), the step's decode rows' attention in one
+        # batched call as the other engines'; prefill serve --chunk-size/--max-running.
         max_seqs=32,
         token_budget=256,
         decode_in_budget=False,
@@ -241,7 +223,7 @@ ENGINES: dict[str, Engine] = {
         step_s=0.0,
         row_s=0.0,
         efficiencies=(("gemm", 0.75), ("attention", 0.35), ("bandwidth", 0.80), ("gemm_half_m", 0.0)),
-        batched=False,
+        fused=False,
         source="prefill serve defaults: chunk 256, 32 running, eager PyTorch (costmodel.profile.GPU_EFFICIENCY)",
     ),
 }

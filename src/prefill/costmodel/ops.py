@@ -60,7 +60,9 @@ class Layout:
     `fused_below`: a forward of fewer tokens runs each block's work before and after attention as one operator
     each, and a forward of decode rows the whole block as one (GGUF blocks kept native; 0: never);
     `batched_attention`: attention is one kernel a layer over all the step's rows (a GPU engine's paged
-    attention: FlashInfer, FlashAttention-3), not one a row (our engine's); kv_bytes: 1 for an FP8 KV cache."""
+    attention: FlashInfer, FlashAttention-3), not one a row (our engine's on a CPU); `eager_launches`: every
+    operation launches its eager PyTorch kernels (LAUNCHES) even where attention is batched (our engine on a GPU);
+    kv_bytes: 1 for an FP8 KV cache."""
 
     weight_bytes: float
     act_bytes: int
@@ -69,6 +71,7 @@ class Layout:
     gathers_kv: bool = True
     fused_below: int = 0
     batched_attention: bool = False
+    eager_launches: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,9 @@ def _stream(name: str, elements: float, lay: Layout, count: int) -> Op:
 def _launches(name: str, lay: Layout) -> int:
     """Kernel launches of one instance of operation `name`: LAUNCHES', or one where the engine runs one kernel an
     operation (a GPU engine, batched_attention: fused RMSNorm, rotary, cache write and SiLU x up, as vLLM's
-    csrc/layernorm_kernels.cu, pos_encoding_kernels.cu, cache_kernels.cu, activation_kernels.cu)."""
-    return 1 if lay.batched_attention else LAUNCHES[name]
+    csrc/layernorm_kernels.cu, pos_encoding_kernels.cu, cache_kernels.cu, activation_kernels.cu; not where its
+    launches are eager_launches)."""
+    return 1 if lay.batched_attention and not lay.eager_launches else LAUNCHES[name]
 
 
 def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:

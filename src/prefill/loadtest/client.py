@@ -195,17 +195,9 @@ def _text_of(chunk: dict, chat: bool) -> str:
     return choices[0].get("text") or ""
 
 
-async def one_request(
-    client: httpx.AsyncClient,
-    cfg: LoadTestConfig,
-    model: str,
-    prompt: str,
-    rec: RequestRecord,
-    t0: float,
-    count: Counter | None = None,
-) -> None:
-    """Send one streaming request and fill `rec` with what arrived when; `count` fills its token counts where
-    the server streamed none (token_counter)."""
+def request_body(cfg: LoadTestConfig, model: str, prompt: str) -> tuple[str, dict]:
+    """The route and the JSON body of one streaming request for `prompt`, as the config asks (chat or completion,
+    the system prompt, usage in the stream, ignore_eos)."""
     body: dict = {
         "model": model,
         "max_tokens": cfg.max_tokens,
@@ -218,16 +210,48 @@ async def one_request(
         body["ignore_eos"] = True
     if cfg.chat:
         system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-        path, body["messages"] = "/v1/chat/completions", [*system, {"role": "user", "content": prompt}]
-    else:
-        prefix = f"{cfg.system_prompt}\n\n" if cfg.system_prompt else ""
-        path, body["prompt"] = "/v1/completions", prefix + prompt
+        body["messages"] = [*system, {"role": "user", "content": prompt}]
+        return "/v1/chat/completions", body
+    prefix = f"{cfg.system_prompt}\n\n" if cfg.system_prompt else ""
+    body["prompt"] = prefix + prompt
+    return "/v1/completions", body
+
+
+def take_chunk(rec: RequestRecord, chunk: dict, now: float, chat: bool) -> str:
+    """Record one streamed chunk that arrived `now` seconds into the run: its text's clock, the finish reason, the
+    usage and the server's timings; returns the chunk's text ("" for none)."""
+    if piece := _text_of(chunk, chat):
+        rec.n_chunks += 1
+        rec.chunk_times.append(now)
+        if rec.first_content is None:
+            rec.first_content = now
+    for c in chunk.get("choices") or []:
+        rec.finish_reason = c.get("finish_reason") or rec.finish_reason
+    if usage := chunk.get("usage"):
+        rec.usage_completion_tokens = usage.get("completion_tokens")
+        rec.usage_prompt_tokens = usage.get("prompt_tokens")
+        rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    rec.server_timings = chunk.get("timings") or rec.server_timings
+    return piece
+
+
+async def one_request(
+    client: httpx.AsyncClient,
+    cfg: LoadTestConfig,
+    model: str,
+    prompt: str,
+    rec: RequestRecord,
+    t0: float,
+    count: Counter | None = None,
+) -> None:
+    """Send one streaming request and fill `rec` with what arrived when; `count` fills its token counts where
+    the server streamed none (token_counter)."""
+    path, body = request_body(cfg, model, prompt)
     text: list[str] = []
     try:
         async with client.stream("POST", f"{cfg.url}{path}", json=body) as r:
             if r.status_code != 200:
-                text = (await r.aread()).decode(errors="replace")
-                rec.error = f"HTTP {r.status_code}: {text[:200]}"
+                rec.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
                 return
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
@@ -240,20 +264,7 @@ async def one_request(
                 if "error" in chunk:
                     rec.error = str(chunk["error"])[:200]
                     return
-                if piece := _text_of(chunk, cfg.chat):
-                    text.append(piece)
-                    rec.n_chunks += 1
-                    rec.chunk_times.append(now)
-                    if rec.first_content is None:
-                        rec.first_content = now
-                for c in chunk.get("choices") or []:
-                    rec.finish_reason = c.get("finish_reason") or rec.finish_reason
-                usage = chunk.get("usage")
-                if usage:
-                    rec.usage_completion_tokens = usage.get("completion_tokens")
-                    rec.usage_prompt_tokens = usage.get("prompt_tokens")
-                    rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                rec.server_timings = chunk.get("timings") or rec.server_timings
+                text.append(take_chunk(rec, chunk, now, cfg.chat))
             rec.end = time.perf_counter() - t0
             if rec.first_content is None:
                 rec.error = "stream ended without any content"
@@ -263,64 +274,81 @@ async def one_request(
         rec.error = f"{type(e).__name__}: {e}"[:200]
 
 
+@dataclass
+class _Run:
+    """One load test in flight: its client, the records so far, and its clock (t0 and the deadline, in
+    perf_counter seconds)."""
+
+    client: httpx.AsyncClient
+    cfg: LoadTestConfig
+    model: str
+    count: Counter | None
+    rng: random.Random
+    t0: float
+    deadline: float
+    records: list[RequestRecord] = field(default_factory=list)
+
+    def new_record(self) -> tuple[RequestRecord, str] | None:
+        """The next request's record and prompt, or None once the run's count or duration is reached."""
+        if len(self.records) >= self.cfg.max_requests or time.perf_counter() >= self.deadline:
+            return None
+        if self.cfg.prompts:
+            prompt = self.cfg.prompts[len(self.records) % len(self.cfg.prompts)]
+        else:
+            prompt = synthetic_prompt(self.cfg.prompt_lengths.sample(self.rng), self.rng)
+        rec = RequestRecord(len(self.records), len(prompt), time.perf_counter() - self.t0)
+        self.records.append(rec)
+        return rec, prompt
+
+    async def send(self, rec: RequestRecord, prompt: str) -> None:
+        """One request, bounded by the run's duration: a request still running at the deadline is cancelled and
+        reported as an error rather than holding the run open."""
+        request = one_request(self.client, self.cfg, self.model, prompt, rec, self.t0, self.count)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(request, timeout=max(0.0, self.deadline - time.perf_counter()))
+
+
+async def closed_loop(run: _Run) -> None:
+    """`concurrency` users, each sending its next request when the last one ends (after a think time)."""
+    think = random.Random(run.cfg.seed + 1)  # its own draws: the prompts stay those of the seed
+
+    async def user() -> None:
+        while (item := run.new_record()) is not None:
+            await run.send(*item)
+            if run.cfg.think_s:
+                await asyncio.sleep(think.uniform(0.0, 2 * run.cfg.think_s))
+
+    await asyncio.gather(*(user() for _ in range(run.cfg.concurrency)))
+
+
+async def poisson_arrivals(run: _Run) -> None:
+    """Requests arriving at `rate` a second (exponential gaps, mean 1/rate), at most `concurrency` in flight."""
+    in_flight = asyncio.Semaphore(run.cfg.concurrency)
+
+    async def limited(rec: RequestRecord, prompt: str) -> None:
+        async with in_flight:
+            await run.send(rec, prompt)
+
+    tasks = []
+    while (item := run.new_record()) is not None:
+        tasks.append(asyncio.create_task(limited(*item)))
+        await asyncio.sleep(min(run.rng.expovariate(run.cfg.rate), max(0.0, run.deadline - time.perf_counter())))
+    await asyncio.gather(*tasks)
+
+
 async def run_load_test(cfg: LoadTestConfig) -> tuple[list[RequestRecord], float, str]:
     """Run the load test; returns (records, wall seconds, model id)."""
-    rng = random.Random(cfg.seed)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.concurrency + 4, max_keepalive_connections=cfg.concurrency)
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
         model = cfg.model or await resolve_model(client, cfg.url)
         count = token_counter(cfg.tokenizer) if cfg.tokenizer else None
-        records: list[RequestRecord] = []
         t0 = time.perf_counter()
-        deadline = t0 + cfg.duration_s
-
-        def next_prompt() -> str:
-            if cfg.prompts:
-                return cfg.prompts[len(records) % len(cfg.prompts)]
-            return synthetic_prompt(cfg.prompt_lengths.sample(rng), rng)
-
-        def new_record() -> tuple[RequestRecord, str] | None:
-            if len(records) >= cfg.max_requests or time.perf_counter() >= deadline:
-                return None
-            prompt = next_prompt()
-            rec = RequestRecord(len(records), len(prompt), time.perf_counter() - t0)
-            records.append(rec)
-            return rec, prompt
-
-        async def bounded(coro) -> None:
-            # The run's duration bounds every request too: a request still running at the deadline
-            # is cancelled and reported as an error rather than holding the run open.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(coro, timeout=max(0.0, deadline - time.perf_counter()))
-
-        if cfg.rate is None:
-            think = random.Random(cfg.seed + 1)  # its own draws: the prompts stay those of the seed
-
-            async def worker() -> None:
-                while (item := new_record()) is not None:
-                    rec, prompt = item
-                    await bounded(one_request(client, cfg, model, prompt, rec, t0, count))
-                    if cfg.think_s:
-                        await asyncio.sleep(think.uniform(0.0, 2 * cfg.think_s))
-
-            await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
-        else:
-            in_flight = asyncio.Semaphore(cfg.concurrency)
-            tasks = []
-
-            async def limited(rec: RequestRecord, prompt: str) -> None:
-                async with in_flight:
-                    await bounded(one_request(client, cfg, model, prompt, rec, t0, count))
-
-            while (item := new_record()) is not None:
-                tasks.append(asyncio.create_task(limited(*item)))
-                # Poisson process: exponential gaps between arrivals, mean 1/rate seconds.
-                await asyncio.sleep(min(rng.expovariate(cfg.rate), max(0.0, deadline - time.perf_counter())))
-            await asyncio.gather(*tasks)
+        run = _Run(client, cfg, model, count, random.Random(cfg.seed), t0, t0 + cfg.duration_s)
+        await (closed_loop(run) if cfg.rate is None else poisson_arrivals(run))
         wall = time.perf_counter() - t0
-    for rec in records:
+    for rec in run.records:
         if rec.error is None and rec.end is None:
             rec.error = "not finished before the run's duration"
-    return records, wall, model
+    return run.records, wall, model

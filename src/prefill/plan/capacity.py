@@ -1,14 +1,14 @@
 """A deployment planned: how many replicas, at which tensor-parallel width, keep p99 TTFT under an SLO at a rate.
 
-    rows = plan(spec, get_hardware("h100"), "bfloat16", None, rate=20.0, slo_ttft_s=0.5, workload=Workload(...))
+    rows = plan(spec, "h100", "vllm", "bfloat16", None, rate=20.0, slo_ttft_s=0.5, workload=Workload(...))
 
-For each TP width T that splits the model's heads and leaves room for a KV pool on each GPU, one replica is
-simulated (prefill.plan.simulate: the server's own step loop on a simulated clock, each step timed by the time
-model on the catalog GPU's profile with T-way tensor parallelism). Poisson arrivals split evenly over R replicas
-are Poisson at rate / R, so R replicas meet the SLO when one replica meets it at rate / R. R starts at what the
-saturated replica's throughput says is needed, doubles until p99 TTFT meets the SLO, then is bisected down. A
-replica loaded past its saturated throughput never meets it (its queue grows without end, which a finite trace
-would hide). Nothing is extrapolated: every R reported was simulated.
+For each TP width T that splits the model's heads and leaves room for a KV cache on each GPU, one replica is
+simulated as its engine runs it (prefill.plan.gpu_serving: the engine's profile, batched attention, its KV
+cache and scheduler caps, T-way tensor parallelism). Poisson arrivals split evenly over R replicas are Poisson at
+rate / R, so R replicas meet the SLO when one replica meets it at rate / R. R starts at what the saturated
+replica's throughput says is needed, doubles until p99 TTFT meets the SLO, then is bisected down. A replica
+loaded past its saturated throughput never meets it (its queue grows without end, which a finite trace would
+hide). Nothing is extrapolated: every R reported was simulated.
 """
 
 from __future__ import annotations
@@ -17,18 +17,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prefill.costmodel import costs, storage, timemodel
-from prefill.costmodel.hardware import Hardware
-from prefill.costmodel.parallel import tp_head_split_problem, tp_kv_cache_bytes_per_gpu
-from prefill.costmodel.profile import catalog_profile
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 from prefill.loadtest.client import PromptLengths
 from prefill.loadtest.report import summarize
-from prefill.plan.simulate import SimRequest, poisson_trace, simulate, time_model_steps
+from prefill.plan.gpu_serving import GpuServer
+from prefill.plan.simulate import SimRequest, poisson_trace
 
 TPS = (1, 2, 4, 8)  # tensor-parallel widths tried (one node)
-MEMORY_FRACTION = 0.9  # of each GPU's memory a server takes (vLLM's gpu_memory_utilization default)
 MAX_REPLICAS = 256
 IDLE_UTILISATION = 0.05  # a replica this lightly loaded that still misses the SLO misses it at no load
 
@@ -70,50 +66,40 @@ class PlanRow:
         return None if self.replicas is None else self.replicas * self.tp
 
 
-def pool_tokens(spec: ModelSpec, hw: Hardware, dtype: str, weights: str | None, T: int) -> int:
-    """Positions of the KV pool each replica has: what MEMORY_FRACTION of each GPU's memory leaves after its
-    1/T of the weights, over one position's K/V on one GPU (its share of the KV heads)."""
-    free = MEMORY_FRACTION * hw.memory_bytes - storage.weight_bytes(spec, weights or dtype) / T
-    per_position = tp_kv_cache_bytes_per_gpu(spec, 1, costs.dtype_bytes(dtype), T)
-    return max(0, int(free // per_position))
-
-
 def plan(
     spec: ModelSpec,
-    hw: Hardware,
-    dtype: str,
-    weights: str | None,
+    hardware: str,
+    engine: str,
+    weights: str,
+    kv: str | None,
     rate: float,
     slo_ttft_s: float,
     workload: Workload,
-    chunk_size: int = 256,
-    max_running: int = 32,
     tps: tuple[int, ...] = TPS,
     echo: Callable[[str], None] | None = None,
 ) -> list[PlanRow]:
-    """One PlanRow per TP width in `tps` (see the module docstring)."""
+    """One PlanRow per TP width in `tps` (see the module docstring): `spec` on catalog GPU `hardware`, served by
+    `engine` with weights and K/V stored as `weights` and `kv` (None: the engine's choice)."""
     if rate <= 0 or slo_ttft_s <= 0:
         raise BadInput(f"a plan needs rate > 0 and an SLO > 0, got rate = {rate}, SLO = {slo_ttft_s} s")
-    dt = costs.canonical_dtype(dtype)
-    profile = catalog_profile(hw, dt)
     rows = []
+    longest = workload.prompts.hi + workload.outputs.hi
     for T in tps:
-        problem = tp_head_split_problem(spec.H_q, spec.H_kv, T)
-        tokens = pool_tokens(spec, hw, dt, weights, T)
-        longest = workload.prompts.hi + workload.outputs.hi
-        if problem is None and tokens < longest:
-            problem = f"{tokens:,} positions of KV pool per replica, fewer than the longest request's {longest:,}"
-        if problem is not None:
-            rows.append(PlanRow(T, pool_tokens=tokens, note=problem))
+        try:
+            server = GpuServer.of(spec, hardware, engine, weights, kv, T)
+        except BadInput as e:  # the heads do not split T ways, or the weights leave no KV cache
+            rows.append(PlanRow(T, note=str(e)))
             continue
-        wb = storage.bytes_per_weight(weights) if weights else None
-        step_seconds = time_model_steps(spec, profile, timemodel.layout_for(dt, wb, tp=T, gathers_kv=False))
+        if server.tokens < longest:
+            why = f"{server.tokens:,} positions of KV cache per replica, fewer than the longest request's {longest:,}"
+            rows.append(PlanRow(T, pool_tokens=server.tokens, note=why))
+            continue
 
-        def run(trace, tokens=tokens, step_seconds=step_seconds):
-            result = simulate(spec, trace, step_seconds, tokens, chunk_size, max_running)
+        def run(trace, server=server):
+            result = server.run(trace)
             return summarize(result.records, result.wall_s)
 
-        rows.append(_replicas(T, tokens, rate, slo_ttft_s, workload, run, echo))
+        rows.append(_replicas(T, server.tokens, rate, slo_ttft_s, workload, run, echo))
     return rows
 
 

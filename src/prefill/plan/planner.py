@@ -5,31 +5,38 @@
     best = options[0]  # ranked by dollars per million output tokens; best.command launches it
 
 Each candidate is one replica simulated as its engine runs it (prefill.plan.gpu_serving: the time model on the
-engine's profile, the one Scheduler with the engine's caps). At a Poisson rate, R replicas each see rate / R
-(a Poisson stream split evenly stays Poisson); at a fixed concurrency C, each sees ceil(C / R) users. R is the
-fewest replicas whose simulated p99 TTFT and p99 TPOT meet the SLO: doubled until it does, then bisected.
-Every R reported was simulated; nothing is extrapolated.
+engine's profile, the one Scheduler with the engine's caps). First its lower bound: the workload's requests each
+served alone (no load makes a request faster than alone: every step it shares only grows); a candidate whose p99
+TTFT or TPOT alone misses the SLO misses it at any replica count and is not searched. At a Poisson rate, R
+replicas each see rate / R (a Poisson stream split evenly stays Poisson); at a fixed concurrency C, each sees
+ceil(C / R) users. R is the fewest replicas whose simulated p99 TTFT and p99 TPOT meet the SLO: from what one
+replica's saturated throughput allows, doubled until it does, then bisected; a replica loaded under 5% of its
+throughput that still misses is given up. Every R reported was simulated; nothing is extrapolated.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prefill.costmodel import timemodel
+from prefill.costmodel.engines import get_engine
+from prefill.costmodel.hardware import get_hardware
 from prefill.costmodel.ops import Row
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 from prefill.loadtest.report import tpot, ttft
-from prefill.plan.capacity import MAX_REPLICAS, Workload, fewest_replicas
+from prefill.plan.capacity import IDLE_UTILISATION, MAX_REPLICAS, Workload, fewest_replicas
 from prefill.plan.gpu_serving import GpuServer, closed_trace
+from prefill.plan.launch import launch_for
 from prefill.plan.simulate import SimRequest, SimResult
 
 TPS = (1, 2, 4, 8)
 # $/GPU-hour when none is given: Lambda's on-demand prices as listed by alpha-one-index.github.io/ai-infra-index
 # (specs/inference-benchmarks.html, 2026): H100 $2.99, H200 $3.29. Pass --usd-per-gpu-hour for your own.
 PRICES = {"h100": 2.99, "h200": 3.29}
+Progress = Callable[[int, int], None]  # (candidates done, candidates in all)
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,10 @@ class Load:
     def __post_init__(self) -> None:
         if (self.rate is None) == (self.concurrency is None):
             raise BadInput("give one of --rate (requests/s) or --concurrency (users at once)")
-        if (self.rate is not None and self.rate <= 0) or (self.concurrency is not None and self.concurrency < 1):
-            raise BadInput(f"--rate must be > 0 and --concurrency >= 1, got {self.rate or self.concurrency}")
+        if self.rate is not None and not self.rate > 0:
+            raise BadInput(f"--rate is requests arriving per second and must be > 0, got {self.rate:g}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise BadInput(f"--concurrency is users at once and must be >= 1, got {self.concurrency}")
 
 
 @dataclass(frozen=True)
@@ -78,8 +87,9 @@ class Run:
 @dataclass(frozen=True)
 class Option:
     """One deployment: GPU, TP width, engine, storage; replicas needed (None: none meets the SLO, see note),
-    its cost ($/hour; $ per million output tokens), the chosen replica's run, its launch command, and (at a
-    rate) one replica's saturated throughput in requests/s."""
+    its cost ($/hour; $ per million output tokens), the chosen replica's run, its launch command (and the files
+    it reads), at a rate one replica's saturated throughput in requests/s, and its p99s with every request served
+    alone (the best any replica count reaches)."""
 
     gpu: str
     tp: int
@@ -92,8 +102,10 @@ class Option:
     usd_per_m_output: float | None = None
     run: Run | None = None
     command: str = ""
+    files: tuple[tuple[str, str], ...] = ()
     note: str = ""
     capacity_req_s: float | None = None  # one replica's saturated throughput (at a rate: R >= rate / this)
+    alone: tuple[float, float] | None = None  # (p99 TTFT, p99 TPOT) in seconds, each request alone
 
     @property
     def gpus(self) -> int | None:
@@ -116,11 +128,25 @@ def replica_run(server: GpuServer, workload: Workload, load: Load, R: int) -> Ru
     tpots = sorted(t for t in (tpot(r) for r in ok) if t is not None) or [0.0]
     ttfts = sorted(ttft(r) for r in ok)
     out = sum(r.n_out for r in result.records if r.ok) / result.wall_s
-    return Run(_p99(ttfts), _p99(tpots), out, bound_of(server, result))
+    return Run(p99(ttfts), p99(tpots), out, bound_of(server, result))
 
 
-def _p99(sorted_values: list[float]) -> float:
+def p99(sorted_values: list[float]) -> float:
+    """The 99th percentile of ascending values: the smallest value at or above 99% of them."""
     return sorted_values[min(len(sorted_values) - 1, math.ceil(0.99 * len(sorted_values)) - 1)]
+
+
+def alone(server: GpuServer, workload: Workload) -> tuple[float, float]:
+    """p99 TTFT and p99 TPOT (s) of the workload's requests each served alone: its p99 prompt's TTFT alone (the
+    engine's prefill chunks, simulated), and the first decode step at the p99 context of the requests that decode
+    (each later step reads more K/V). A request alone is TTFT- and TPOT-monotone in its prompt, so these are the
+    p99s of every request's own; under load each is at least as long: a lower bound on any replica's p99s."""
+    trace = workload.trace(1.0)
+    prompt = p99(sorted(r.prompt_tokens for r in trace))
+    (record,) = server.run([SimRequest(0.0, prompt, 1)]).records
+    decoding = sorted(r.prompt_tokens for r in trace if r.output_tokens > 1)
+    step = server.step_seconds([Row(1, p99(decoding))]) if decoding else 0.0
+    return ttft(record), step
 
 
 def bound_of(server: GpuServer, result: SimResult) -> str:
@@ -146,36 +172,36 @@ def plan_option(server: GpuServer, workload: Workload, load: Load, slo: Slo, usd
     runs: dict[int, Run] = {}
     start, most, capacity = 1, MAX_REPLICAS if load.rate is not None else load.concurrency, math.inf
     if load.rate is not None:  # no fewer than the saturated replica's throughput allows
-        burst = [SimRequest(0.0, r.prompt_tokens, r.output_tokens) for r in workload.trace(1.0)]
-        result = server.run(burst)
-        capacity = len(burst) / result.wall_s
+        burst = workload.burst()
+        capacity = len(burst) / server.run(burst).wall_s
         start = min(most, max(1, math.ceil(load.rate / capacity)))
 
     def meets(R: int) -> bool:
-        runs[R] = runs.get(R) or replica_run(server, workload, load, R)
         # beyond its saturated throughput a replica's queue only grows: a finite trace would hide that
-        within = load.rate is None or load.rate / R <= capacity
-        return within and slo.met(runs[R].ttft_p99_s, runs[R].tpot_p99_s)
+        if load.rate is not None and load.rate / R > capacity:
+            return False
+        runs[R] = runs.get(R) or replica_run(server, workload, load, R)
+        return slo.met(runs[R].ttft_p99_s, runs[R].tpot_p99_s)
 
-    R = fewest_replicas(meets, start, most)
-    e = server.engine
+    def idle(R: int) -> bool:  # this lightly loaded and still missing: more replicas will not help
+        return load.rate is not None and load.rate / R / capacity < IDLE_UTILISATION
+
+    R = fewest_replicas(meets, start, most, give_up=idle)
     cap = None if math.isinf(capacity) else capacity
-    base = Option(server.hw.name, server.tp, e.name, server.weights, server.kv, server.tokens, capacity_req_s=cap)
+    base = Option(server.hw.name, server.tp, server.engine.name, server.weights, server.kv, server.tokens)
+    base = replace(base, capacity_req_s=cap)
+    if R is None and not runs:
+        return replace(base, note=f"one replica serves at most {capacity:.3g} req/s: needs over {MAX_REPLICAS}")
     if R is None:
         worst = runs[max(runs)]
         why = f"p99 TTFT {worst.ttft_p99_s * 1e3:,.0f} ms, TPOT {worst.tpot_p99_s * 1e3:,.1f} ms at {max(runs)}"
-        return _with(base, run=worst, note=f"misses the SLO even with {why} replicas ({worst.bound})")
+        return replace(base, run=worst, note=f"misses the SLO even with {why} replica(s) ({worst.bound})")
     run = runs[R]
     per_hour = usd_per_gpu_hour * server.tp * R
     per_m = per_hour / (run.output_tok_s * R * 3600) * 1e6
-    command = e.command(server.spec.name, server.weights, server.kv, server.tp)
-    return _with(base, replicas=R, usd_per_hour=per_hour, usd_per_m_output=per_m, run=run, command=command)
-
-
-def _with(o: Option, **changes) -> Option:
-    from dataclasses import replace
-
-    return replace(o, **changes)
+    launch = launch_for(server)
+    cost = {"usd_per_hour": per_hour, "usd_per_m_output": per_m}
+    return replace(base, replicas=R, run=run, command=launch.command, files=launch.files, **cost)
 
 
 def plan_deployments(
@@ -188,29 +214,76 @@ def plan_deployments(
     weights: tuple[str, ...] = ("bfloat16",),
     kv: str | None = None,
     tps: tuple[int, ...] = TPS,
-    echo: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[Option]:
-    """Every GPU in `prices` x TP width x engine x weights, planned (plan_option); the ones that meet the SLO
-    first, cheapest per million output tokens first, then the ones that do not, with why."""
-    options = []
-    for gpu, price in prices.items():
-        for w in weights:
-            for name in engines:
-                for T in tps:
-                    options.append(_candidate(spec, gpu, name, w, kv, T, workload, load, slo, price, echo))
+    """Every GPU in `prices` x TP width x engine x weights, planned (plan_option) unless its requests alone
+    already miss the SLO, or (at a rate) it cannot cost less than the cheapest found so far (cost_floor): the
+    candidates are searched cheapest floor first. The ones that meet the SLO first, cheapest per million output
+    tokens first, then the others, with why. BadInput, before any simulation, for a GPU or engine not in the
+    catalogs."""
+    for gpu in prices:
+        get_hardware(gpu)
+    for name in engines:
+        get_engine(name)
+    grid = [(gpu, w, name, T) for gpu in prices for w in weights for name in engines for T in tps]
+    floors = [cost_floor(prices[gpu], T, workload, load) for gpu, _, _, T in grid]
+    options: list[Option | None] = [None] * len(grid)
+    cheapest = math.inf
+    for done, i in enumerate(sorted(range(len(grid)), key=floors.__getitem__)):
+        gpu, w, name, T = grid[i]
+        search = (workload, load, slo, prices[gpu], floors[i], cheapest)
+        options[i] = option = _candidate(spec, gpu, name, w, kv, T, *search)
+        if option.usd_per_m_output is not None:
+            cheapest = min(cheapest, option.usd_per_m_output)
+        if progress is not None:
+            progress(done + 1, len(grid))
     return sorted(options, key=lambda o: (o.usd_per_m_output is None, o.usd_per_m_output or 0.0, o.tp))
 
 
-def _candidate(spec, gpu, engine, w, kv, T, workload, load, slo, price, echo) -> Option:
+def cost_floor(usd_per_gpu_hour: float, T: int, workload: Workload, load: Load) -> float:
+    """The least $ per million output tokens any replica count of a TP-T deployment can cost at `load`'s rate
+    (0 at a concurrency). The cost is the price of T GPUs over one replica's simulated output tokens/s at
+    rate / R, and one replica outputs its trace's N tokens in no less time than its last request takes to
+    arrive, S R / rate (S: that arrival at rate 1): at most N rate / (S R) tokens/s, so the cost is at least
+    price T S R / (3600 N rate) per token, least at R = 1."""
+    if load.rate is None:
+        return 0.0
+    trace = workload.trace(1.0)
+    last, tokens = trace[-1].arrival_s, sum(r.output_tokens for r in trace)
+    return usd_per_gpu_hour * T * last / (3600 * tokens * load.rate) * 1e6
+
+
+def _candidate(spec, gpu, engine, w, kv, T, workload, load, slo, price, floor, cheapest) -> Option:
     try:
         server = GpuServer.of(spec, gpu, engine, w, kv, T)
     except BadInput as e:  # the heads do not split T ways, or the weights leave no KV cache
-        return Option(gpu, T, engine, w, kv or "-", note=str(e))
+        why = "the weights leave no room for a KV cache" if "does not fit" in str(e) else str(e)
+        return Option(gpu, T, engine, w, kv or "-", note=why)
+    base = Option(gpu, T, engine, server.weights, server.kv, server.tokens)
     longest = workload.prompts.hi + workload.outputs.hi
     if server.tokens < longest:
-        note = f"{server.tokens:,} KV positions, fewer than the longest request's {longest:,}"
-        return Option(gpu, T, engine, server.weights, server.kv, server.tokens, note=note)
-    option = _with(plan_option(server, workload, load, slo, price), gpu=gpu)
-    if echo is not None:
-        echo(f"{server.name}: {option.replicas or 'no'} replicas")
-    return option
+        return replace(base, note=f"{server.tokens:,} KV positions, fewer than the longest request's {longest:,}")
+    if launch_for(server).missing:  # what the engine cannot deploy is not a deployment
+        return replace(base, note=f"not deployable: {launch_for(server).missing}")
+    if floor > cheapest:
+        return replace(base, note=f"not simulated: costs at least ${floor:,.3f}/M out, above the cheapest")
+    best = alone(server, workload)
+    if not slo.met(*best):
+        why = f"p99 TTFT {best[0] * 1e3:,.0f} ms, TPOT {best[1] * 1e3:,.1f} ms with each request alone"
+        return replace(base, alone=best, note=f"misses the SLO at any load: {why}")
+    return replace(plan_option(server, workload, load, slo, price), gpu=gpu, alone=best)
+
+
+def reachable(options: list[Option]) -> str:
+    """The best p99 TTFT and p99 TPOT any candidate reaches with each request alone, and where: what an SLO
+    that no candidate meets would have to allow."""
+    tried = [o for o in options if o.alone is not None]
+    if not tried:
+        return "no candidate holds the model and the workload's longest request"
+    ttft_best = min(tried, key=lambda o: o.alone[0])
+    tpot_best = min(tried, key=lambda o: o.alone[1])
+    where = lambda o: f"{o.engine}, {o.tp} x {o.gpu}"  # noqa: E731
+    return (
+        f"the best reachable, each request alone: p99 TTFT {ttft_best.alone[0] * 1e3:,.1f} ms ({where(ttft_best)}), "
+        f"p99 TPOT {tpot_best.alone[1] * 1e3:,.2f} ms ({where(tpot_best)})"
+    )
