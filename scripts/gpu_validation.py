@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from prefill.plan.gpu_validation import check_all, render_table
+from prefill.plan.gpu_validation import check_all, load_misses, render_table
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
 BEGIN, END = "<!-- validation table: scripts/gpu_validation.py -->", "<!-- end of validation table -->"
@@ -30,7 +30,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare, do not write")
     args = parser.parse_args()
     text = PAGE.read_text()
-    new = page_with(render_table(check_all()), text)
+    new = page_with(render_table(check_all(), load_misses()), text)
     if args.check:
         if new != text:
             print(f"{PAGE} differs from the model's table: run scripts/gpu_validation.py", file=sys.stderr)

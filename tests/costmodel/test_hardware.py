@@ -18,12 +18,13 @@ from prefill.errors import BadInput
 
 def test_catalog_has_the_required_entries_with_dense_datasheet_figures():
     assert {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4", "rtx-4090", "mi300x"} <= set(HARDWARE)
+    assert {"b200", "gb200", "h20", "mi325x"} <= set(HARDWARE)
     for hw in HARDWARE.values():
         assert {"float32", "bfloat16", "float16"} <= set(hw.peak_flops)
         assert hw.peak_flops["bfloat16"] > hw.peak_flops["float32"] > 0
         assert hw.bandwidth_bytes_per_s > 0 and hw.memory_bytes > 0 and hw.link_bytes_per_s > 0
         assert "datasheet" in hw.source or "whitepaper" in hw.source
-        assert hw.compute_units in (58, 108, 128, 132, 304)  # SMs (MI300X: compute units)
+        assert hw.compute_units in (58, 78, 108, 128, 132, 148, 304)  # SMs (MI300X, MI325X: compute units)
 
 
 @pytest.mark.parametrize(

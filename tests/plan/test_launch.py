@@ -71,7 +71,7 @@ def check_settings(server: GpuServer, launch) -> None:
     assert said["kv"] == table["kv"].get(server.kv, "auto")
     assert said["kv"] != "auto" or server.kv == activations  # auto: K/V in the activations' dtype
     quantized = {c.repo: c.weights for cs in QUANTIZED.values() for c in cs}
-    if server.weights in ("fp8", "fp4") and model in quantized:  # a pre-quantized checkpoint
+    if server.weights in ("fp8", "nvfp4", "mxfp4") and model in quantized:  # a pre-quantized checkpoint
         assert quantized[model] == server.weights and "online_quantization" not in said
     elif server.weights == "fp8":  # a BF16 checkpoint the engine quantizes to FP8 as it loads
         assert said["online_quantization"] == "fp8" and model == INSTRUCT[server.spec.name]

@@ -151,7 +151,7 @@ def test_unknown_gpus_engines_models_and_a_zero_rate_are_one_line_errors():
     runner = CliRunner()
     args = ["plan", "-m", "llama-3.1-8b", "--rate", "4", "--slo-tpot-ms", "50"]
     cases = [
-        (["--usd-per-gpu-hour", "b200=5.5"], "'b200' is not in the GPU catalog; known: a100-40gb"),
+        (["--usd-per-gpu-hour", "b300=5.5"], "'b300' is not in the GPU catalog; known: a100-40gb"),
         (["--engines", "tgi"], "unknown engine 'tgi'; choose one of: vllm, sglang, trtllm, prefill"),
         (["-m", "llama-9"], "neither a preset"),
         (["--rate", "0"], "--rate is requests arriving per second and must be > 0, got 0"),

@@ -14,7 +14,9 @@ Model = Annotated[str | None, typer.Option("--model", "-m", help="Preset (e.g. l
 Params = Annotated[float | None, typer.Option("--params", help="Only a parameter count N, e.g. 7e9 (no shapes).")]
 Config = Annotated[str | None, typer.Option("--config", help="A Hugging Face config.json or its folder.")]
 Gguf = Annotated[str | None, typer.Option("--gguf", help="A GGUF file (metadata only).")]
-HARDWARE_HELP = "h100, h200, a100-40gb, a100-80gb, l4, rtx-4090, mi300x, or cpu (measured now)."
+HARDWARE_HELP = (
+    "h100, h200, h20, b200, gb200, a100-40gb, a100-80gb, l4, rtx-4090, mi300x, mi325x, or cpu (measured now)."
+)
 HardwareName = Annotated[str, typer.Option("--hardware", help=HARDWARE_HELP)]
 PeakFlops = Annotated[float | None, typer.Option("--peak-flops", help="Override the hardware's peak FLOP/s.")]
 MFU_HELP = "Fraction of peak achieved, in (0, 1]. Default 0.5; 1.0 on cpu, whose peak is a measured GEMM."
@@ -56,7 +58,7 @@ def estimate(
     peak_flops: PeakFlops = None,
     mfu: Mfu = None,
     dtype: Annotated[
-        str, typer.Option("--dtype", help="float32, bf16, fp16 or fp8: peak and bytes per element.")
+        str, typer.Option("--dtype", help="float32, bf16, fp16, fp8, nvfp4 or mxfp4: peak and bytes per element.")
     ] = "bf16",
     weights: Annotated[str | None, typer.Option("--weights", help=WEIGHTS_HELP)] = None,
     batch: Annotated[int, typer.Option("--batch", "-b", help="B, sequences prefilled together.")] = 1,

@@ -37,7 +37,13 @@ _DTYPE_ALIASES = {
     "float8": "fp8",
     "int8": "int8",
 }
+# FP4 weights: E2M1 values with their block scales. NVFP4: an FP8 E4M3 scale per 16 values, 4.5 bits (NVIDIA blog
+# "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference", 2025-06; a per-tensor FP32 scale besides);
+# MXFP4: an E8M0 scale per 32 values, 4.25 bits (OCP Microscaling Formats (MX) Specification v1.0, 2023-09).
+FP4_WEIGHTS = {"nvfp4": (16, 9), "mxfp4": (32, 17)}  # format: (values per block, bytes per block, scale included)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
+_DTYPE_BYTES.update({name: nbytes / n for name, (n, nbytes) in FP4_WEIGHTS.items()})
+_DTYPE_ALIASES.update({name: name for name in FP4_WEIGHTS})
 
 
 # ---- checks ------------------------------------------------------------------------------------------
@@ -75,12 +81,12 @@ def canonical_dtype(dtype: str) -> str:
     """The canonical name of a dtype alias: "bf16" -> "bfloat16", "fp32" -> "float32"; BadInput if unknown."""
     key = str(dtype).lower().removeprefix("torch.")
     if key not in _DTYPE_ALIASES:
-        raise BadInput(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16, fp8, int8")
+        raise BadInput(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16, fp8, int8, nvfp4, mxfp4")
     return _DTYPE_ALIASES[key]
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of `dtype`: float32 4, bfloat16/float16 2, fp8/int8 1."""
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of `dtype`: float32 4, bfloat16/float16 2, fp8/int8 1, nvfp4 0.5625, mxfp4 0.53125."""
     return _DTYPE_BYTES[canonical_dtype(dtype)]
 
 

@@ -43,6 +43,15 @@ GiB = 2**30
 # - A kernel's floor: about 2 us from start to finish back to back in a stream or graph however little it does
 #   (NVIDIA, "Getting Started with CUDA Graphs", 2019: 3.4 us a short kernel on a V100 with a graph; an estimate
 #   for Hopper). A decode step of a 70B model runs about 1,000 kernels: 2 ms of floor.
+QUANTIZED_WEIGHTS = ("fp8", "nvfp4", "mxfp4")  # weights a GPU engine runs beside BF16 activations and K/V
+
+
+def activation_dtype(weights: str) -> str:
+    """A GPU engine's activations (and default K/V) beside `weights`: bfloat16 for fp8/nvfp4/mxfp4 weights."""
+    w = costs.canonical_dtype(weights)
+    return "bfloat16" if w in QUANTIZED_WEIGHTS else w
+
+
 HOPPER = {"gemm": 0.70, "attention": 0.50, "bandwidth": 0.80, "gemm_half_m": 128.0}
 GRAPH_LAUNCH_S = 20e-6
 ALLREDUCE_LATENCY_S = 8e-6
@@ -80,14 +89,15 @@ class Engine:
 
     def profile(self, hw: Hardware, dtype: str) -> MachineProfile:
         """The catalog GPU `hw` as this engine runs it in `dtype` (fp8: FP8 GEMMs at the FP8 peak, attention at
-        the BF16 one; bfloat16/float16: both at the BF16 peak), one step's own CPU time included."""
+        the BF16 one; nvfp4/mxfp4: GEMMs at the FP4 peak, W4A4, BadInput on a GPU without FP4 tensor cores;
+        bfloat16/float16: both at the BF16 peak), one step's own CPU time included."""
         dt = costs.canonical_dtype(dtype)
         eff = dict(self.efficiencies)
         base = catalog_profile(hw, dt)
         return dataclasses.replace(
             base,
             bandwidth_bytes_per_s=hw.bandwidth_bytes_per_s * eff["bandwidth"],
-            gemm_efficiency=eff["gemm"],
+            gemm_efficiency=hw.gemm_fraction(eff["gemm"]),
             attention_efficiency=eff["attention"],
             gemm_half_m=eff["gemm_half_m"],
             # the M curve stands for wave quantization too: below a wave cuBLAS picks smaller tiles or split-K
@@ -104,13 +114,14 @@ class Engine:
         )
 
     def layout(self, weights: str, kv: str | None = None, tp: int = 1) -> Layout:
-        """Weights stored as `weights` (fp8 or a 16-bit dtype), activations in BF16, K/V as `kv` (default: the
-        engine's choice, BF16), paged attention batched over the step's rows, reading K/V in place."""
-        w = costs.canonical_dtype(weights)
-        act = costs.dtype_bytes("bfloat16" if w == "fp8" else w)
-        kvb = costs.dtype_bytes(kv or ("bfloat16" if w == "fp8" else w))
+        """Weights stored as `weights` (a 16-bit dtype, fp8, nvfp4 or mxfp4: their bytes with block scales),
+        activations in BF16, K/V as `kv` (default: the engine's choice, BF16), paged attention batched over the
+        step's rows, reading K/V in place."""
+        act = activation_dtype(weights)
+        kvb = costs.dtype_bytes(kv or act)
+        w = float(costs.dtype_bytes(weights))
         return Layout(
-            float(costs.dtype_bytes(w)), act, kvb, tp, False, batched_attention=True, eager_launches=not self.fused
+            w, int(costs.dtype_bytes(act)), kvb, tp, False, batched_attention=True, eager_launches=not self.fused
         )
 
     def kv_tokens(self, spec: ModelSpec, hw: Hardware, weights: str, kv: str | None, tp: int) -> int:

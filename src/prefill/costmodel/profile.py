@@ -234,7 +234,7 @@ def catalog_profile(hw: Hardware, dtype: str, compute_units: int | None = None) 
         source=f"{hw.source}; stated efficiencies: GEMM {eff['gemm']:.0%}, attention {eff['attention']:.0%}, "
         f"bandwidth {eff['bandwidth']:.0%}, launch {GPU_LAUNCH_S * 1e6:.0f} us",
         overlap_launches=True,
-        gemm_efficiency=eff["gemm"],
+        gemm_efficiency=hw.gemm_fraction(eff["gemm"]),
         attention_efficiency=eff["attention"],
         compute_units=compute_units or hw.compute_units,
         link_bytes_per_s=hw.link_bytes_per_s,

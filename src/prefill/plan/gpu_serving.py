@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefill.costmodel import costs, timemodel
-from prefill.costmodel.engines import Engine, get_engine
+from prefill.costmodel.engines import Engine, activation_dtype, get_engine
 from prefill.costmodel.hardware import Hardware, get_hardware
 from prefill.costmodel.ops import Row
 from prefill.costmodel.parallel import tp_head_split_problem
@@ -53,7 +53,9 @@ class GpuServer:
         if problem is not None:
             raise BadInput(problem)
         w = costs.canonical_dtype(weights)
-        kv_dt = costs.canonical_dtype(kv) if kv else ("bfloat16" if w == "fp8" else w)
+        kv_dt = costs.canonical_dtype(kv) if kv else activation_dtype(w)
+        if kv_dt in costs.FP4_WEIGHTS:
+            raise BadInput(f"{kv_dt} is a weight format; the K/V cache is bfloat16, float16 or fp8")
         tokens = eng.kv_tokens(spec, hw, w, kv_dt, tp)
         if tokens <= 0:
             raise BadInput(f"{spec.name} in {w} does not fit {tp} x {hw.name} with room for a KV cache; raise --tp")

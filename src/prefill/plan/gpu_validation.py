@@ -9,7 +9,10 @@ a warm-up left out), at a Poisson rate, or offline (every request at 0 s). Throu
 the data's throughput target (20%), latencies within the latency target (30%); a row the data marks
 `unreached` is not simulated and says why, and one it marks `miss` is simulated and shown missing, with why.
 A row's `engine_args` set the published run's own scheduler flags (max sequences, token budget, memory
-fraction) on its engine's profile; nothing else of an engine can be set per row.
+fraction, CUDA-graph batch sizes) on its engine's profile; nothing else of an engine can be set per row. A row of
+`replicas` identical deployments (MLPerf's 8-GPU systems, one model copy a GPU) is simulated as one: its arrival
+rate shared, its throughput multiplied. A miss names its diagnosis by key (the data's `misses`): each diagnosis is
+written once, under the table, and every row that misses points to it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from prefill.plan.simulate import SimResult, poisson_trace
 DATA = Path(__file__).resolve().parents[3] / "tests" / "data" / "published_gpu.json"
 THROUGHPUT = ("output_tok_s", "input_tok_s", "req_s")
 LABELS = {
+    "latency_ms": "batch latency ms",
     "ttft_ms": "TTFT ms",
     "itl_ms": "ITL ms",
     "tpot_ms": "TPOT ms",
@@ -60,7 +64,12 @@ def load_rows(path: Path = DATA) -> tuple[list[dict], dict[str, float]]:
     return data["rows"], data["targets"]
 
 
-ENGINE_ARGS = ("max_seqs", "token_budget", "memory_fraction")  # the scheduler flags a row may set
+def load_misses(path: Path = DATA) -> dict[str, str]:
+    """Each diagnosed miss by its key: what the rows that name it have in common, with the step model's numbers."""
+    return json.loads(Path(path).read_text())["misses"]
+
+
+ENGINE_ARGS = ("max_seqs", "token_budget", "memory_fraction", "graph_tokens")  # the flags a row may set
 
 
 def server_of(row: dict) -> GpuServer:
@@ -77,7 +86,7 @@ def server_of(row: dict) -> GpuServer:
 
 
 def simulate_row(row: dict) -> tuple[SimResult, list]:
-    """The row's benchmark on its deployment; returns the result and the records its statistics cover."""
+    """The row's benchmark on one of its replicas; returns the result and the records its statistics cover."""
     server = server_of(row)
     w = row["workload"]
     prompts, outputs = PromptLengths.parse(w["prompt"]), PromptLengths.parse(w["output"])
@@ -85,15 +94,16 @@ def simulate_row(row: dict) -> tuple[SimResult, list]:
         result = server.run(closed_trace(w["requests"], prompts, outputs), in_flight=w["concurrency"])
         return result, result.records[w["concurrency"] :]
     if w["kind"] == "rate":
-        result = server.run(poisson_trace(w["rate"], w["requests"], prompts, outputs))
+        result = server.run(poisson_trace(w["rate"] / row.get("replicas", 1), w["requests"], prompts, outputs))
     else:
         result = server.run(closed_trace(w["requests"], prompts, outputs))
     return result, result.records
 
 
-def metrics(result: SimResult, records: list, statistic: str) -> dict[str, float]:
+def metrics(result: SimResult, records: list, statistic: str, replicas: int = 1) -> dict[str, float]:
     """What the benchmark tools report: TTFT and TPOT (AIPerf's "ITL" is each request's TPOT) by `statistic`
-    (mean or median), throughputs over the run's wall time."""
+    (mean or median), throughputs over the run's wall time (times `replicas`), and a batch's end-to-end latency
+    (vLLM's benchmark_latency: one batch submitted at once, until its last token)."""
     ok = [r for r in records if r.ok]
     pick = statistics.fmean if statistic == "mean" else statistics.median
     every = [r for r in result.records if r.ok]
@@ -103,9 +113,10 @@ def metrics(result: SimResult, records: list, statistic: str) -> dict[str, float
         "ttft_ms": pick([ttft(r) for r in ok]) * 1e3,
         "itl_ms": pick(tpots) * 1e3,
         "tpot_ms": pick(tpots) * 1e3,
-        "output_tok_s": sum(r.n_out for r in every) / wall,
-        "input_tok_s": sum(r.usage_prompt_tokens or 0 for r in every) / wall,
-        "req_s": len(every) / wall,
+        "latency_ms": wall * 1e3,
+        "output_tok_s": replicas * sum(r.n_out for r in every) / wall,
+        "input_tok_s": replicas * sum(r.usage_prompt_tokens or 0 for r in every) / wall,
+        "req_s": replicas * len(every) / wall,
     }
 
 
@@ -115,7 +126,7 @@ def check(row: dict, targets: dict[str, float]) -> Checked:
     if row.get("unreached"):
         return out
     result, records = simulate_row(row)
-    got = metrics(result, records, row["statistic"])
+    got = metrics(result, records, row["statistic"], row.get("replicas", 1))
     for m, published in row["published"].items():
         out.predicted[m] = got[m]
         out.errors[m] = got[m] / published - 1
@@ -129,30 +140,77 @@ def check_all(path: Path = DATA) -> list[Checked]:
     return [check(r, targets) for r in rows]
 
 
-def render_table(checked: list[Checked]) -> str:
-    """The validation table in Markdown: one line per row and metric, published beside predicted."""
+def render_table(checked: list[Checked], misses: dict[str, str]) -> str:
+    """The validation table in Markdown (one line per row and metric, published beside predicted), the share of
+    rows within the targets, the error distribution, and each miss's diagnosis once (`misses`, by key)."""
     lines = [
         "| Row | Deployment | Workload | Metric | Published | Predicted | Error | Within target |",
         "| --- | --- | --- | --- | ---: | ---: | ---: | --- |",
     ]
     for c in checked:
-        r = c.row
-        flags = "".join(f", {k} {v}" for k, v in r.get("engine_args", {}).items())
-        where = f"{r['model']}, {r['tp']} x {r['hardware']}, {r['engine']}{flags}, {r['weights']}/{r['kv']} KV"
-        said = False  # a row's reason is written once, at its first miss
-        for m, published in r["published"].items():
-            label = f"{LABELS[m]} ({r['statistic']})" if m not in THROUGHPUT else LABELS[m]
-            if r.get("unreached"):
-                cells = [f"{published:,.2f}", "—", "—", f"not predicted: {r['unreached']}"]
-            else:
-                e, ok = c.errors[m], abs(c.errors[m]) <= c.targets[m]
-                verdict = "yes" if ok else "**no**" + (f" ({r['miss']})" if r.get("miss") and not said else "")
-                said = said or not ok
-                cells = [f"{published:,.2f}", f"{c.predicted[m]:,.2f}", f"{e:+.0%}", verdict]
-            lines.append("| " + " | ".join([r["id"], where, describe(r["workload"]), label, *cells]) + " |")
+        lines += _row_lines(c)
     predicted = [c for c in checked if c.errors]
-    lines += ["", f"{sum(c.passed for c in predicted)} of {len(predicted)} predicted rows within the targets."]
+    within = sum(c.passed for c in predicted)
+    lines += [
+        "",
+        f"{within} of {len(predicted)} predicted rows within the targets ({within / len(predicted):.0%}).",
+        "",
+    ]
+    lines += error_distribution(predicted) + ["", "Misses, each diagnosed once (the rows above name theirs):", ""]
+    lines += _miss_lines(checked, misses)
     return "\n".join(lines)
+
+
+def _row_lines(c: Checked) -> list[str]:
+    r = c.row
+    flags = "".join(f", {k} {v}" for k, v in r.get("engine_args", {}).items())
+    copies = f" ({r['replicas']} copies)" if r.get("replicas", 1) > 1 else ""
+    where = f"{r['model']}, {r['tp']} x {r['hardware']}{copies}, {r['engine']}{flags}, {r['weights']}/{r['kv']} KV"
+    named = ", ".join(f"`{key}`" for key in miss_keys(r))
+    lines = []
+    for m, published in r["published"].items():
+        label = f"{LABELS[m]} ({r['statistic']})" if m not in THROUGHPUT else LABELS[m]
+        if r.get("unreached"):
+            cells = [f"{published:,.2f}", "—", "—", f"not predicted: {r['unreached']}"]
+        else:
+            e, ok = c.errors[m], abs(c.errors[m]) <= c.targets[m]
+            verdict = "yes" if ok else "**no**" + (f", miss {named}" if named else "")
+            cells = [f"{published:,.2f}", f"{c.predicted[m]:,.2f}", f"{e:+.0%}", verdict]
+        lines.append("| " + " | ".join([r["id"], where, describe(r["workload"]), label, *cells]) + " |")
+    return lines
+
+
+def miss_keys(row: dict) -> list[str]:
+    """The keys of the diagnoses a row names (`miss`: one key or a list)."""
+    miss = row.get("miss") or []
+    return [miss] if isinstance(miss, str) else list(miss)
+
+
+def error_distribution(predicted: list[Checked]) -> list[str]:
+    """The median and the worst relative error over every predicted metric, throughput and latency apart."""
+    lines = ["| Metrics | Count | Median error (absolute) | Worst error |", "| --- | ---: | ---: | --- |"]
+    for kind in ("throughput", "latency"):
+        cells = [
+            (e, c.row["id"], m, c.targets[m])
+            for c in predicted
+            for m, e in c.errors.items()
+            if (m in THROUGHPUT) == (kind == "throughput")
+        ]
+        if not cells:
+            continue
+        worst = max(cells, key=lambda cell: abs(cell[0]))
+        median = statistics.median(abs(cell[0]) for cell in cells)
+        where = f"{worst[0]:+.0%} ({worst[1]}, {LABELS[worst[2]]})"
+        lines.append(f"| {kind} (target {cells[0][3]:.0%}) | {len(cells)} | {median:.0%} | {where} |")
+    return lines
+
+
+def _miss_lines(checked: list[Checked], misses: dict[str, str]) -> list[str]:
+    lines = []
+    for key, text in misses.items():
+        rows = [c.row["id"] for c in checked if key in miss_keys(c.row)]
+        lines.append(f"- **`{key}`** ({', '.join(rows)}): {text}")
+    return lines
 
 
 def describe(w: dict) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefill.costmodel import costs, storage
+from prefill.costmodel.engines import QUANTIZED_WEIGHTS, activation_dtype
 
 # The Instruct (chat) checkpoint of each preset's base repo id, as published on the Hugging Face Hub (each id
 # checked there or in the engines' own tests and guides; Qwen3-8B is itself the post-trained model, its base is
@@ -44,7 +45,7 @@ INSTRUCT = {
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A pre-quantized Instruct checkpoint: its repo id, what its linear layers are stored as (fp8, fp4) and its
+    """A pre-quantized Instruct checkpoint: its repo id, what its linear layers are stored as (fp8, nvfp4) and its
     format (the quant_method its config names, which the engines detect without a flag)."""
 
     repo: str
@@ -62,12 +63,12 @@ QUANTIZED = {
     "meta-llama/Llama-3.1-8B": (
         Checkpoint("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8", "fp8", "compressed-tensors"),
         Checkpoint("nvidia/Llama-3.1-8B-Instruct-FP8", "fp8", "modelopt"),
-        Checkpoint("nvidia/Llama-3.1-8B-Instruct-FP4", "fp4", "modelopt"),
+        Checkpoint("nvidia/Llama-3.1-8B-Instruct-FP4", "nvfp4", "modelopt"),
     ),
     "meta-llama/Llama-3.1-70B": (
         Checkpoint("RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", "fp8", "compressed-tensors"),
         Checkpoint("nvidia/Llama-3.1-70B-Instruct-FP8", "fp8", "modelopt"),
-        Checkpoint("RedHatAI/Llama-3.1-70B-Instruct-NVFP4", "fp4", "compressed-tensors"),
+        Checkpoint("RedHatAI/Llama-3.1-70B-Instruct-NVFP4", "nvfp4", "compressed-tensors"),
     ),
     "Qwen/Qwen3-8B": (Checkpoint("Qwen/Qwen3-8B-FP8", "fp8", "fp8"),),
 }
@@ -99,8 +100,8 @@ class Launch:
 def checkpoint(name: str, weights: str, engine: str) -> tuple[str, bool] | None:
     """The repo id an engine loads for model `name` (a base repo id) with `weights`, and whether the engine must
     quantize it online (a BF16 checkpoint for FP8 weights); None when no checkpoint it loads is known."""
-    w = costs.canonical_dtype(weights) if weights != "fp4" else "fp4"
-    if w not in ("fp8", "fp4"):
+    w = costs.canonical_dtype(weights)
+    if w not in QUANTIZED_WEIGHTS:
         return INSTRUCT.get(name, name), False
     for fmt in LOADS.get(engine, ()):
         for c in QUANTIZED.get(name, ()):
@@ -123,7 +124,7 @@ def launch_for(server) -> Launch:
         if bf16 > e.fraction(tp) * server.hw.memory_bytes:
             why = f"{spec.name}'s BF16 weights ({bf16 / 1e9:,.0f} GB a GPU) do not load on {server.hw.name} to quantize"
             return Launch(missing=f"no pre-quantized {w} checkpoint known; {why}")
-    act = "bfloat16" if w in ("fp8", "fp4") else w
+    act = activation_dtype(w)
     build = {"vllm": _flags, "sglang": _flags, "trtllm": _trtllm, "prefill": _prefill}[e.name]
     return build(server, repo, act, ONLINE_FP8.get(e.name, "") if online else "")
 
