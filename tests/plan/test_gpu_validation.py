@@ -11,7 +11,7 @@ import pytest
 from prefill.plan.gpu_validation import (
     DATA,
     Checked,
-    check_all,
+    check,
     load_misses,
     load_rows,
     metrics,
@@ -78,21 +78,36 @@ def test_a_batch_latency_is_its_wall_time_and_replicas_multiply_throughput():
     assert eight["output_tok_s"] == pytest.approx(8 * one["output_tok_s"])
 
 
+ROWS, TARGETS = load_rows(DATA)
+_CHECKED: dict[str, Checked] = {}  # each row simulated once per worker: by its own test, or by the table's
+
+
+def checked_row(row: dict) -> Checked:
+    if row["id"] not in _CHECKED:
+        _CHECKED[row["id"]] = check(row, TARGETS)
+    return _CHECKED[row["id"]]
+
+
 @pytest.fixture(scope="module")
 def checked():
-    return check_all(DATA)
+    return [checked_row(r) for r in ROWS]
 
 
 @pytest.mark.slow
-def test_each_row_is_within_its_targets_or_says_why_not(checked):
-    for c in checked:
-        r = c.row
-        if r.get("unreached"):
-            assert not c.predicted, r["id"]
-        elif r.get("miss"):  # a stated miss must still miss, or its reason has gone stale
-            assert not c.passed, f"{r['id']} now meets its targets: drop its 'miss'"
-        else:
-            assert c.passed, f"{r['id']}: errors {c.errors}"
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_each_row_is_within_its_targets_or_says_why_not(row):
+    """One row a test (each simulates up to 3,000 requests): within its targets, or a stated miss still missing."""
+    c = checked_row(row)
+    if row.get("unreached"):
+        assert not c.predicted, row["id"]
+    elif row.get("miss"):  # a stated miss must still miss, or its reason has gone stale
+        assert not c.passed, f"{row['id']} now meets its targets: drop its 'miss'"
+    else:
+        assert c.passed, f"{row['id']}: errors {c.errors}"
+
+
+@pytest.mark.slow
+def test_the_share_within_targets_does_not_fall_as_rows_come_in(checked):
     predicted = [c for c in checked if c.errors]
     passed = sum(c.passed for c in predicted)
     assert passed >= 18  # the rows that pass today: fewer is a regression
