@@ -40,6 +40,8 @@ def test_a_crashing_llamacpp_is_a_row_and_the_tests_go_on(monkeypatch):
     ]
     assert any("crashed (signal 11, SIGSEGV) at pp 8" in n for n in result.notes)
     assert result.notes.count(EXTRA_BUFTS_WHY) == 1
+    ours = [r for r in result.rows if r.engine.startswith("prefill")]
+    assert all(r.predicted_s is not None and 0 < r.predicted_s < 10 for r in ours)  # the time model beside each
     con = Console(record=True, width=200)
     con.print(versus_table(result))
     assert "crashed (signal 11, SIGSEGV)" in con.export_text()
@@ -54,7 +56,7 @@ def test_a_llamacpp_whose_extra_buffer_types_crash_runs_again_without_them(monke
 
     monkeypatch.setattr(peers, "llamacpp_available", lambda: True)
     monkeypatch.setattr(peers, "load_llamacpp_child", repacking_llamacpp)
-    config = VersusConfig(prompt_lengths=(4, 8), depths=(16,), threads=(1, 2), repeats=1, tg_steps=2)
+    config = VersusConfig(prompt_lengths=(4, 8), depths=(16,), threads=(1, 2), repeats=1, tg_steps=2, predict=False)
     result = run_versus(config)
     llama = [(r.test, r.threads, EXTRA_BUFTS_OFF in r.engine, r.status) for r in result.rows if "llama" in r.engine]
     assert llama == [

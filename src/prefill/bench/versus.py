@@ -41,6 +41,7 @@ class VersusConfig:
     tg_steps: int = 16  # decode steps timed per repeat (the median step is kept)
     clock: str = "wall"  # or "cpu": the calling thread's CPU time, 1 thread only (both engines compute in it),
     # which other processes on a shared machine do not inflate
+    predict: bool = True  # each of our rows beside the time model's prediction (a quick probe per path: seconds)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
         Engine.load(path, threads=threads, progress=False, weights=w, activations=acts or None)
         for w, _, acts in (w.partition(":") for w in config.weights)
     ]
-    contenders = [_ours(e, file_types) for e in ours]
+    contenders = [_ours(e, file_types, config.predict) for e in ours]
     llama = _LlamaSeat({"path": path, "n_ctx": n_ctx, "threads": threads}, file_types, config.clock, result)
     llama.extra_bufts = extra_bufts
     llama.start("load")
@@ -222,7 +223,7 @@ def _label(storage: tuple[str, str]) -> str:
     return storage[0] if storage[0] == storage[1] else f"{storage[0]} + {storage[1]}"
 
 
-def _ours(engine, file_types: tuple[str, str]) -> Contender:
+def _ours(engine, file_types: tuple[str, str], predicts: bool = True) -> Contender:
     import torch
 
     native = engine.weights not in ("float32", "bfloat16", "float16")
@@ -240,7 +241,7 @@ def _ours(engine, file_types: tuple[str, str]) -> Contender:
 
     acts = ", 8-bit activations" if engine.activations == "q8" else ""
     name = f"prefill ({_label(storage)}{acts})"
-    return Contender(name, engine.prefill, fill_then_step, storage, engine.kv_bytes, predict)
+    return Contender(name, engine.prefill, fill_then_step, storage, engine.kv_bytes, predict if predicts else None)
 
 
 def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str) -> Contender:
