@@ -39,7 +39,7 @@ def free_port() -> int:
 def started(args: list[str], url: str, ready: str, log: Path):
     """The server process of `args` once GET url+ready answers; killed if it never does within READY_S. Its output
     goes to `log` (a pipe nobody reads fills up and stops a verbose server, as llama.cpp's is, mid-load)."""
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PREFILL_ACTIVATIONS": "f32"}
     with log.open("w") as f:
         proc = subprocess.Popen(args, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + READY_S
@@ -63,7 +63,11 @@ def stop(proc) -> None:
 
 
 def ours(port: int) -> list[str]:
-    return [sys.executable, "-c", "from prefill.cli.main import main; main()", "serve", "--port", str(port)]
+    """`prefill serve` on a named path (native blocks, float32 activations: PREFILL_ACTIVATIONS in started()):
+    the fit is what is checked, and `auto` would first probe every path it weighs (four on an AVX-512 CPU,
+    minutes on a busy one) within READY_S."""
+    serve = ["serve", "--port", str(port), "--weights", "native", "--dtype", "float32"]
+    return [sys.executable, "-c", "from prefill.cli.main import main; main()", *serve]
 
 
 def llama_cpp(port: int) -> list[str]:
