@@ -107,7 +107,7 @@ def test_a_measured_run_of_prefill_serve_refits_the_cpu_profile_closer(tmp_path)
     # the fit only accepts steps that lower the summed squared log-errors of mean TTFT and TPOT
     cost = [sum(math.log1p(e) ** 2 for e in es) for es in (fit.errors_before, fit.errors_after)]
     assert cost[1] < cost[0] or max(abs(e) for e in fit.errors_before) < TOLERANCE, fit.describe()
-    assert re.search(r"stopped: (tolerance|no descent)", fitted.output), fitted.output
+    assert re.search(r"stopped: (tolerance|no\s+descent)", fitted.output), fitted.output  # the console may wrap
 
 
 @pytest.mark.skipif(not has_llama_cpp_server(), reason="llama_cpp.server needs pip install 'llama-cpp-python[server]'")
