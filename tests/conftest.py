@@ -17,8 +17,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the
 # together instead of one of them alone on a long one. Each file's tests stay together and in their order.
 # The formatter is off for the tables in this file alone: they read better aligned.
 # fmt: off
-HEAVY_FIRST = ("server/test_serve_openapi.py", "cli/test_cli_engine.py", "engine/test_scoring.py",
-               "engine/test_engine.py", "cli/test_cli_score.py", "server/test_lm_eval.py",
+HEAVY_FIRST = ("plan/test_gpu_validation.py", "engine/test_cache_hit_greedy.py", "server/test_serve_openapi.py",
+               "plan/test_fit_live.py", "lesson/test_lesson_openapi.py", "cli/test_cli_engine.py",
+               "engine/test_scoring.py", "engine/test_engine.py", "cli/test_cli_score.py", "server/test_lm_eval.py",
                "engine/test_deterministic.py", "engine/test_kv_tier.py", "bench/test_bench_real.py",
                "lesson/test_lesson_browser.py", "server/test_serve_robust.py")
 # fmt: on

@@ -21,6 +21,12 @@ class CrashingPeer:
             print(f"about to crash at {len(ids)} tokens", flush=True)
             os.kill(os.getpid(), signal.SIGSEGV)
 
+    def fill(self, ids) -> None:  # LlamaCppPeer's: a context to step after
+        self.prefill(ids)
+
+    def step(self) -> None:
+        pass
+
     def peak(self, ids):
         from prefill.bench.timing import measure_peak_memory
 
@@ -40,6 +46,13 @@ def crash_at_load() -> CrashingPeer:
     return CrashingPeer(0)
 
 
-def crashing_llamacpp(path: str, n_ctx: int, threads: int) -> CrashingPeer:
-    """In place of prefill.bench.peers.load_llamacpp_child: segfaults at its first prompt of 8 tokens or more."""
+def crashing_llamacpp(path: str, n_ctx: int, threads: int, extra_bufts: bool = True) -> CrashingPeer:
+    """In place of prefill.bench.peers.load_llamacpp_child: segfaults at its first prompt of 8 tokens or more,
+    with its extra buffer types off too."""
     return CrashingPeer(8)
+
+
+def repacking_llamacpp(path: str, n_ctx: int, threads: int, extra_bufts: bool = True) -> CrashingPeer:
+    """llama.cpp as on an AMX Xeon (llama.cpp#20824): segfaults at its first prompt of 8 tokens or more with its
+    extra buffer types (weight repacking) on, runs with them off."""
+    return CrashingPeer(8 if extra_bufts else 10**9)

@@ -138,23 +138,26 @@ def test_a_bench_json_is_published_with_the_machine_it_names(tmp_path):
 def test_a_llama_bench_run_is_published_with_our_speed_over_llama_cpps(tmp_path):
     from prefill.bench import versus
 
-    def row(test, engine, seconds, tok, step_bytes=None, floor_s=None):
+    def row(test, engine, seconds, tok, step_bytes=None, floor_s=None, predicted_s=None):
         return dict(test=test, threads=1, engine=engine, seconds=seconds, tokens_per_s=tok, step_bytes=step_bytes,
-                    floor_s=floor_s)  # fmt: skip
+                    floor_s=floor_s, predicted_s=predicted_s)  # fmt: skip
 
     machine = dataclasses.asdict(result().machine) | {"slug": "zen3-avx2"}
     config = dict(threads=[1], weights=["native"], repeats=5, clock="cpu")
     data = dict(config=config, machine=machine, bandwidth={"1": 15.0e9}, notes=[], rows=[
-        row("pp 512", "prefill (Q4_1 + Q8_0)", 2.0, 256.0), row("pp 512", "llama.cpp (Q4_1 + Q8_0)", 5.0, 102.4),
-        row("tg @ d64", "prefill (Q4_1 + Q8_0)", 0.02, 50.0, 99_500_000, 0.0066),
+        row("pp 512", "prefill (Q4_1 + Q8_0)", 2.0, 256.0, predicted_s=2.2),
+        row("pp 512", "llama.cpp (Q4_1 + Q8_0)", 5.0, 102.4),
+        row("tg @ d64", "prefill (Q4_1 + Q8_0)", 0.02, 50.0, 99_500_000, 0.0066, 0.017),
         row("tg @ d64", "llama.cpp (Q4_1 + Q8_0)", 0.025, 40.0, 98_100_000, 0.0065)])  # fmt: skip
     r = published.load(versus.publish(data, tmp_path, date="2026-12-02", commit="8826b1c"))
     assert (
         r.kind == "zen3-avx2"
         and r.command == "prefill bench --llama-bench --repeats 5 --threads 1 --cpu-time --weights native"
     )
-    assert [(row[0], row[5], row[8]) for row in r.rows] == [
-        ("pp 512", "2.50x", ""), ("pp 512", "", ""), ("tg @ d64", "1.25x", "33%"), ("tg @ d64", "", "26%")
+    cols = [r.columns.index(c) for c in ("test", "predicted ms", "error", "vs llama.cpp", "of floor")]
+    assert [tuple(row[c] for c in cols) for row in r.rows] == [
+        ("pp 512", "2200.00", "+10%", "2.50x", ""), ("pp 512", "", "", "", ""),
+        ("tg @ d64", "17.00", "-15%", "1.25x", "33%"), ("tg @ d64", "", "", "", "26%"),
     ]  # fmt: skip
     assert r.notes.startswith("thread CPU time, medians; read bandwidth measured in this run: 1 threads 15.0 GB/s")
 

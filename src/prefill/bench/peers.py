@@ -101,10 +101,17 @@ class LlamaCppPeer:
 
     @classmethod
     def load(
-        cls, gguf_path: str | Path, n_ctx: int, threads: int, n_batch: int = 512, logits_all: bool = False
+        cls,
+        gguf_path: str | Path,
+        n_ctx: int,
+        threads: int,
+        n_batch: int = 512,
+        logits_all: bool = False,
+        extra_bufts: bool = True,
     ) -> LlamaCppPeer:
         """Open `gguf_path` with room for `n_ctx` tokens, `threads` threads, micro-batches of `n_batch`; with
-        `logits_all`, every position's logits are kept (logits(), for the quality table)."""
+        `logits_all`, every position's logits are kept (logits(), for the quality table). `extra_bufts` False:
+        llama.cpp's extra buffer types (its weight repacking, AMX's among them) off, as where they crash."""
         if not llamacpp_available():
             raise BadInput("llama-cpp-python is not installed: pip install 'prefill[llamacpp]'")
         if Path(gguf_path).suffix != ".gguf":
@@ -112,16 +119,17 @@ class LlamaCppPeer:
         import llama_cpp
 
         batch = min(n_batch, n_ctx)
-        llm = llama_cpp.Llama(
-            model_path=str(gguf_path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_batch=batch,
-            n_ubatch=batch,
-            logits_all=logits_all,
-            verbose=False,
-        )
+        with contextlib.nullcontext() if extra_bufts else _model_params(use_extra_bufts=False):
+            llm = llama_cpp.Llama(
+                model_path=str(gguf_path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_batch=batch,
+                n_ubatch=batch,
+                logits_all=logits_all,
+                verbose=False,
+            )
         return cls(llm=llm, n_batch=batch, version=llama_cpp.__version__)
 
     def prefill(self, ids: list[int]) -> None:
@@ -153,9 +161,37 @@ class LlamaCppPeer:
         self.llm.eval([self._context[-1]])
 
 
-def load_llamacpp_child(path: str, n_ctx: int, threads: int, name: str = "llamacpp", dtype: str = "gguf"):
+@contextlib.contextmanager
+def _model_params(**fields):
+    """llama-cpp-python's Llama() sets its llama_model_params from llama_model_default_params() and takes no
+    argument for some of their fields (use_extra_bufts, in 0.3.36): within the block, those defaults carry
+    `fields`. Only ever in a peer's own child process, around its one load."""
+    import llama_cpp.llama_cpp as lib
+
+    missing = set(fields) - {name for name, _ in lib.llama_model_params._fields_}
+    if missing:
+        raise BadInput(f"this llama-cpp-python's model params have no {sorted(missing)}: upgrade it")
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        for k, v in fields.items():
+            setattr(p, k, v)
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
+
+
+def load_llamacpp_child(
+    path: str, n_ctx: int, threads: int, name: str = "llamacpp", dtype: str = "gguf", extra_bufts: bool = True
+):
     """A child's LlamaCppPeer (prefill.bench.peer_process builds peers with a module-level function)."""
-    return replace(LlamaCppPeer.load(path, n_ctx=n_ctx, threads=threads), name=name, dtype=dtype)
+    peer = LlamaCppPeer.load(path, n_ctx=n_ctx, threads=threads, extra_bufts=extra_bufts)
+    return replace(peer, name=name, dtype=dtype)
 
 
 def load_llamacpp_scorer(path: str, n_ctx: int, threads: int):

@@ -41,6 +41,7 @@ class VersusConfig:
     tg_steps: int = 16  # decode steps timed per repeat (the median step is kept)
     clock: str = "wall"  # or "cpu": the calling thread's CPU time, 1 thread only (both engines compute in it),
     # which other processes on a shared machine do not inflate
+    predict: bool = True  # each of our rows beside the time model's prediction (a quick probe per path: seconds)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Row:
     step_bytes: int | None = None  # decode rows: bytes read per step
     floor_s: float | None = None  # step_bytes / read bandwidth
     status: str = ""  # "crashed (signal 11)" where the engine's child process died at this test (no figures)
+    predicted_s: float | None = None  # ours: the time model's seconds on this path's probed profile
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Contender:
     fill_then_step: Callable[[list[int]], Callable[[], object]]  # fill the context, return one decode step
     storage: tuple[str, str]  # (projections, embedding), as prefill.costmodel.storage names them
     kv_bytes: float  # bytes per K/V element (costs.kv_bytes_per_element)
+    predict: Callable[[str, int], float] | None = None  # ours: ("pp", P) or ("tg", S) -> predicted seconds
 
 
 def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = None) -> VersusResult:
@@ -112,17 +115,17 @@ def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = Non
         raise BadInput(f"the llama.cpp comparison needs a .gguf file, got {path}")
     if config.clock == "cpu" and set(config.threads) != {1}:
         raise BadInput("CPU time measures one thread: run the comparison with --threads 1")
-    result = VersusResult(config)
-    for threads in config.threads:
-        _versus_at(config, path, threads, result, on_step or (lambda _s: None))
+    result, extra_bufts = VersusResult(config), True
+    for threads in config.threads:  # once llama.cpp's extra buffer types crashed, they stay off
+        extra_bufts = _versus_at(config, path, threads, result, on_step or (lambda _s: None), extra_bufts)
     return result
 
 
-def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResult, say) -> None:
-    """Every test at `threads` threads into `result`."""
+def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResult, say, extra_bufts: bool) -> bool:
+    """Every test at `threads` threads into `result`, llama.cpp starting with its extra buffer types on or off
+    (`extra_bufts`); returns whether they were still on at the end."""
     import torch
 
-    from prefill.bench.peers import load_llamacpp_child
     from prefill.engine.llm import Engine
 
     n_ctx = max(max(config.prompt_lengths), max(config.depths) + config.tg_steps + 8)
@@ -132,15 +135,10 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
         Engine.load(path, threads=threads, progress=False, weights=w, activations=acts or None)
         for w, _, acts in (w.partition(":") for w in config.weights)
     ]
-    contenders = [_ours(e, file_types) for e in ours]
-    llama_name = f"llama.cpp ({_label(file_types)})"
-    try:
-        llama = PeerProcess(load_llamacpp_child, {"path": path, "n_ctx": n_ctx, "threads": threads}, "llamacpp", "gguf")
-        contenders.append(_llama(llama, file_types, config.clock, llama_name))
-    except PeerCrashed as e:
-        llama = None
-        result.rows.append(Row("load", threads, llama_name, float("nan"), float("nan"), status=e.reason))
-        result.notes.append(f"{llama_name} {e.reason} while loading ({threads} threads); its log: {e.log_path}")
+    contenders = [_ours(e, file_types, config.predict) for e in ours]
+    llama = _LlamaSeat({"path": path, "n_ctx": n_ctx, "threads": threads}, file_types, config.clock, result)
+    llama.extra_bufts = extra_bufts
+    llama.start("load")
     for engine in ours:
         engine.warmup()
     spec = ours[0].spec
@@ -149,31 +147,83 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
     tests = [(f"pp {P}", P, _pp) for P in config.prompt_lengths] + [(f"tg @ d{S}", S, _tg) for S in config.depths]
     with torch.inference_mode():
         for test, n, measure in tests:
-            try:
-                medians = measure(contenders, prompt[:n], config)
-            except PeerCrashed as e:  # only the child can die this way: the test again without it
-                contenders = [c for c in contenders if c.name != llama_name]
-                result.rows.append(Row(test, threads, llama_name, float("nan"), float("nan"), status=e.reason))
-                result.notes.append(f"{llama_name} {e.reason} at {test} ({threads} threads); its log: {e.log_path}")
-                medians = measure(contenders, prompt[:n], config)
+            medians = llama.measure(test, measure, contenders, prompt[:n], config)
             for c, seconds in medians.items():
                 row = Row(test, threads, c.name, seconds, (n if measure is _pp else 1) / seconds)
+                if c.predict is not None:
+                    row = replace(row, predicted_s=c.predict("pp" if measure is _pp else "tg", n))
                 if measure is _tg:
                     nbytes = decode_step_bytes(spec, *c.storage, n, c.kv_bytes)
                     row = replace(row, step_bytes=nbytes, floor_s=nbytes / result.bandwidth[threads])
                 result.rows.append(row)
             say(f"{test}, {threads} threads")
-    if llama is not None:
-        llama.close()
+    llama.close()
     del ours, contenders
     gc.collect()
+    return llama.extra_bufts
+
+
+EXTRA_BUFTS_OFF = "extra buffer types off"
+EXTRA_BUFTS_WHY = (
+    "llama.cpp's extra buffer types (its weight repacking, AMX's among them) crash on some CPUs (llama.cpp#20824): "
+    f"the rows marked '{EXTRA_BUFTS_OFF}' ran without them (llama_model_params.use_extra_bufts = false)"
+)
+
+
+class _LlamaSeat:
+    """llama.cpp in its child process, at one thread count. Where the child dies (at load or at a test) it is
+    a row that says so; with its extra buffer types on, it starts again with them off (EXTRA_BUFTS_WHY) and the
+    test is measured again; a second death leaves every later test without it."""
+
+    def __init__(self, kwargs: dict, file_types: tuple[str, str], clock: str, result: VersusResult) -> None:
+        self.kwargs, self.file_types, self.clock, self.result = kwargs, file_types, clock, result
+        self.extra_bufts, self.peer, self.contenders = True, None, []
+
+    @property
+    def name(self) -> str:
+        return f"llama.cpp ({_label(self.file_types)}{'' if self.extra_bufts else '; ' + EXTRA_BUFTS_OFF})"
+
+    def start(self, test: str) -> None:
+        """The child started (its contender in self.contenders); its crash while loading recorded at `test`."""
+        from prefill.bench.peers import load_llamacpp_child
+
+        kwargs = self.kwargs if self.extra_bufts else {**self.kwargs, "extra_bufts": False}
+        try:
+            self.peer = PeerProcess(load_llamacpp_child, kwargs, "llamacpp", "gguf")
+            self.contenders = [_llama(self.peer, self.file_types, self.clock, self.name)]
+        except PeerCrashed as e:
+            self.crashed(test, e, "while loading ")
+
+    def measure(self, test: str, measure: Callable, ours: list[Contender], ids: list[int], config) -> dict:
+        """measure(ours and llama.cpp, ids, config), again after each crash of the child."""
+        while True:
+            try:
+                return measure(ours + self.contenders, ids, config)
+            except PeerCrashed as e:  # only the child can die this way
+                self.close()
+                self.crashed(test, e, "at ")
+
+    def crashed(self, test: str, e: PeerCrashed, when: str) -> None:
+        threads = self.kwargs["threads"]
+        self.result.rows.append(Row(test, threads, self.name, float("nan"), float("nan"), status=e.reason))
+        self.result.notes.append(f"{self.name} {e.reason} {when}{test} ({threads} threads); its log: {e.log_path}")
+        self.peer, self.contenders = None, []
+        if self.extra_bufts:
+            self.extra_bufts = False
+            self.result.notes += [EXTRA_BUFTS_WHY] * (EXTRA_BUFTS_WHY not in self.result.notes)
+            self.start(test)
+
+    def close(self) -> None:
+        if self.peer is not None:
+            self.peer.close()
+        self.peer, self.contenders = None, []
 
 
 def _label(storage: tuple[str, str]) -> str:
     return storage[0] if storage[0] == storage[1] else f"{storage[0]} + {storage[1]}"
 
 
-def _ours(engine, file_types: tuple[str, str]) -> Contender:
+def _ours(engine, file_types: tuple[str, str], predicts: bool = True) -> Contender:
     import torch
 
     native = engine.weights not in ("float32", "bfloat16", "float16")
@@ -184,9 +234,14 @@ def _ours(engine, file_types: tuple[str, str]) -> Contender:
         token = torch.tensor([ids[-1]])
         return lambda: (cache.truncate(len(ids)), engine.decode_step(token, cache))
 
+    def predict(kind: str, n: int) -> float:
+        """The time model on this path's own probed profile (its kernels, its dtype): a whole prefill of n
+        tokens, or one decode step after n cached ones, as each test measures it."""
+        return (engine.predict_prefill(n) if kind == "pp" else engine.predict_decode([n])).seconds
+
     acts = ", 8-bit activations" if engine.activations == "q8" else ""
     name = f"prefill ({_label(storage)}{acts})"
-    return Contender(name, engine.prefill, fill_then_step, storage, engine.kv_bytes)
+    return Contender(name, engine.prefill, fill_then_step, storage, engine.kv_bytes, predict if predicts else None)
 
 
 def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str) -> Contender:
@@ -232,20 +287,25 @@ def _tg(contenders: list[Contender], ids: list[int], config: VersusConfig) -> di
     return {c: statistics.median(samples[c.name]) for c in contenders}
 
 
-COLUMNS = ("test", "threads", "engine", "ms", "tok/s", "vs llama.cpp", "bytes/step", "floor ms", "of floor")
+COLUMNS = ("test", "threads", "engine", "ms", "predicted ms", "error", "tok/s", "vs llama.cpp", "bytes/step",
+           "floor ms", "of floor")  # fmt: skip
 
 
 def versus_cells(data: dict) -> list[list[str]]:
-    """The table's cells of a result as plain data (to_json): each engine's time, our speed over llama.cpp's at
-    the same test and threads, and a decode step's memory floor."""
+    """The table's cells of a result as plain data (to_json): each engine's time, ours beside the time model's
+    prediction on that path's profile (error: predicted / measured - 1), our speed over llama.cpp's at the same
+    test and threads, and a decode step's memory floor."""
     rows, cells = data["rows"], []
     for row in rows:
         if row.get("status"):  # the engine's child died at this test: no figures
-            cells.append([row["test"], str(row["threads"]), row["engine"], row["status"], "", "", "", "", ""])
+            cells.append([row["test"], str(row["threads"]), row["engine"], row["status"], *[""] * (len(COLUMNS) - 4)])
             continue
         same = (row["test"], row["threads"])
-        llama = next((r for r in rows if (r["test"], r["threads"]) == same and "llama" in r["engine"]), None)
-        alive = llama is not None and not llama.get("status") and row is not llama
+        llama = next(
+            (r for r in rows if (r["test"], r["threads"]) == same and "llama" in r["engine"] and not r.get("status")),
+            None,
+        )
+        alive = llama is not None and row is not llama
         ratio = f"{row['tokens_per_s'] / llama['tokens_per_s']:.2f}x" if alive else ""
         floor = (
             ["", "", ""]
@@ -256,7 +316,9 @@ def versus_cells(data: dict) -> list[list[str]]:
                 f"{row['floor_s'] / row['seconds']:.0%}",
             ]
         )
-        cells.append([row["test"], str(row["threads"]), row["engine"], f"{row['seconds'] * 1e3:.2f}",
+        predicted = row.get("predicted_s")
+        guess = ["", ""] if predicted is None else [f"{predicted * 1e3:.2f}", f"{predicted / row['seconds'] - 1:+.0%}"]
+        cells.append([row["test"], str(row["threads"]), row["engine"], f"{row['seconds'] * 1e3:.2f}", *guess,
                       f"{row['tokens_per_s']:,.1f}", ratio, *floor])  # fmt: skip
     return cells
 

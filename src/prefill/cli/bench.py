@@ -82,8 +82,11 @@ def versus_llama(model: str | None, weights: str, threads: int | None, repeats: 
     counts = (threads,) if threads else tuple(sorted({1, os.cpu_count() or 1}))
     storages, said = (check_weights(weights),), []
     if weights == "auto":  # every path auto weighs on a file of blocks, and the line of its choice here
+        from prefill.device.capability import capability
+
         q8 = any(runs_q8("q8", t) for t in quantized_types(model))
-        storages = ("native", *(("native:q8",) if q8 else ()), "float32")
+        bf16 = ("bfloat16",) if capability("cpu").native("bfloat16") else ()  # dense bf16 where it is not emulated
+        storages = ("native", *(("native:q8",) if q8 else ()), *bf16, "float32")
         resolve_path(model, "auto", "auto", echo=said.append, threads=counts[-1])
     config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats, clock=clock)
     with err_console.status("ours vs llama.cpp") as status:

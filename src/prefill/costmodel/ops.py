@@ -11,6 +11,7 @@ Torch-free. prefill.costmodel.timemodel turns these counts into seconds on a Mac
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -173,17 +174,9 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
     for w in spec.windows:
         counts[w] = counts.get(w, 0) + 1
     dh, ops = spec.d_head, []
+    how = (H_q, H_kv, dh, lay.kv_bytes, lay.act_bytes, lay.gathers_kv, lay.batched_attention)
     for window, n_layers in counts.items():
-        each = []  # per row: (pairs, bytes, launches, pool bytes, queries, keys)
-        for row in rows:
-            pairs = attended_pairs(row.new, row.past, window)
-            keys = visible_keys(row.new, row.past, window)
-            kv = 2 * H_kv * keys * dh * lay.kv_bytes
-            gather = lay.gathers_kv and row.past > 0  # a cached context is copied out of the pool, then read
-            nbytes = 2 * H_q * row.new * dh * lay.act_bytes + kv * (3 if gather else 1)
-            launches = _launches("attention", lay) + (_launches("kv_gather", lay) if gather else 0)
-            pool = kv * (keys - row.new) / keys  # the cached keys come from the pool's memory, the new from cache
-            each.append((pairs, nbytes, launches, pool, row.new, keys))
+        each = [_row_attention(row.new, row.past, window, *how) for row in rows]
         together = sum(nbytes - pool for _, nbytes, _, pool, _, _ in each)
         if lay.batched_attention:  # one kernel a layer (a GPU engine's paged attention: FlashInfer, FA3)
             ops.append(batched(each, n_layers, 4.0 * H_q * dh, together))
@@ -204,6 +197,22 @@ def attention_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout, H_q: int, H
             for pairs, nbytes, launches, pool, new, keys in each
         ]
     return ops
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _row_attention(new: int, past: int, window: int | None, H_q: int, H_kv: int, dh: int, kv_bytes: float,
+                   act_bytes: int, gathers_kv: bool, batched_attention: bool) -> tuple:  # fmt: skip
+    """One row's attention in one layer: (pairs, bytes, launches, pool bytes, queries, keys). Remembered: a
+    simulation meets the same (new tokens, past) in row after row, thousands of times."""
+    pairs = attended_pairs(new, past, window)
+    keys = visible_keys(new, past, window)
+    kv = 2 * H_kv * keys * dh * kv_bytes
+    gather = gathers_kv and past > 0  # a cached context is copied out of the pool, then read
+    nbytes = 2 * H_q * new * dh * act_bytes + kv * (3 if gather else 1)
+    one = {"attention": 1, "kv_gather": 1} if batched_attention else LAUNCHES  # as _launches counts them
+    launches = one["attention"] + (one["kv_gather"] if gather else 0)
+    pool = kv * (keys - new) / keys  # the cached keys come from the pool's memory, the new from cache
+    return pairs, nbytes, launches, pool, new, keys
 
 
 def batched(each: list[tuple], count: int, flops_per_pair: float, together: float) -> Op:

@@ -211,15 +211,43 @@ def _values(o: OpTime) -> tuple[float, ...]:
 def predict_step(spec: ModelSpec, rows: Sequence[Row], profile: MachineProfile, layout: Layout) -> Prediction:
     """Seconds of one forward of `rows` on `profile`: the sum over forward_ops of op_time, plus the step overhead.
     A step the profile replays as a CUDA graph (MachineProfile.graphed) pays one graph launch, not one a kernel."""
-    ops = forward_ops(spec, rows, layout)
-    weights = sum(o.weight_bytes * o.count for o in ops)
-    resident = weights <= profile.cache_bytes  # a model small enough to stay in the cache between forwards
-    graphed = profile.graphed(sum(r.new for r in rows), all(r.new == 1 for r in rows))
-    times = tuple(op_time(o, profile, resident, graphed) for o in ops)
-    wait = profile.graph_launch_s if graphed else 0.0
-    if profile.overlap_launches and not graphed:  # the GPU idles only while the CPU's launches outlast the kernels
-        wait = max(0.0, sum(t.overhead_s for t in times) - sum(t.seconds for t in times))
-    return Prediction(times, profile.step_overhead_s, 1, profile.name, wait, profile.overlap_launches)
+    return StepModel(spec, profile, layout).predict(rows)
+
+
+class StepModel:
+    """predict_step of one model on one profile and layout, for the thousands of steps a simulation times: every
+    operation but attention depends on the step's token counts alone, so each distinct one is timed (op_time)
+    once and remembered; attention, which depends on every row's context, is timed at each step."""
+
+    def __init__(self, spec: ModelSpec, profile: MachineProfile, layout: Layout) -> None:
+        self.spec, self.profile, self.layout = spec, profile, layout
+        self._times: dict[tuple[Op, bool, bool], OpTime] = {}
+
+    def predict(self, rows: Sequence[Row]) -> Prediction:
+        """The Prediction of one forward of `rows` (see predict_step)."""
+        profile = self.profile
+        ops = forward_ops(self.spec, rows, self.layout)
+        weights = sum(o.weight_bytes * o.count for o in ops)
+        resident = weights <= profile.cache_bytes  # a model small enough to stay in the cache between forwards
+        graphed = profile.graphed(sum(r.new for r in rows), all(r.new == 1 for r in rows))
+        times = tuple(self._time(o, resident, graphed) for o in ops)
+        wait = profile.graph_launch_s if graphed else 0.0
+        if profile.overlap_launches and not graphed:  # the GPU idles only while the CPU's launches outlast them
+            wait = max(0.0, sum(t.overhead_s for t in times) - sum(t.seconds for t in times))
+        return Prediction(times, profile.step_overhead_s, 1, profile.name, wait, profile.overlap_launches)
+
+    def seconds(self, rows: Sequence[Row]) -> float:
+        """Predicted seconds of one forward of `rows`."""
+        return self.predict(rows).seconds
+
+    def _time(self, op: Op, resident: bool, graphed: bool) -> OpTime:
+        if op.kind == "attention":
+            return op_time(op, self.profile, resident, graphed)
+        key = (op, resident, graphed)
+        known = self._times.get(key)
+        if known is None:
+            known = self._times[key] = op_time(op, self.profile, resident, graphed)
+        return known
 
 
 def prefill_steps(P: int, past: int = 0, B: int = 1, chunk_size: int | None = None, scoring: bool = False):

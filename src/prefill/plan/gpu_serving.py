@@ -11,6 +11,7 @@ timemodel.predict_step. Nothing of a policy or a formula is written here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,10 +77,16 @@ class GpuServer:
             f"KV {self.kv} ({self.tokens:,} positions)"
         )
 
+    @functools.cached_property
+    def _steps(self) -> tuple[timemodel.StepModel, float]:
+        """The time model of this deployment's steps (remembering each distinct operation's time), and the
+        engine's CPU seconds per row."""
+        return timemodel.StepModel(self.spec, self.profile, self.layout), self.engine.row_overhead()[1]
+
     def step_seconds(self, rows: list[Row]) -> float:
         """One step: the forward (the time model, the engine's step overhead in it) plus its CPU time per row."""
-        forward = timemodel.predict_step(self.spec, rows, self.profile, self.layout).seconds
-        return forward + self.engine.row_overhead()[1] * len(rows)
+        model, per_row = self._steps
+        return model.seconds(rows) + per_row * len(rows)
 
     def run(self, trace: Sequence[SimRequest], in_flight: int | None = None) -> SimResult:
         """The trace through the engine's scheduler caps and rules (see prefill.plan.simulate.simulate)."""
