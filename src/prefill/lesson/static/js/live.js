@@ -193,9 +193,9 @@ function templateWords(t) {
 function showCached(pred) {
   paintMask(Infinity, pred.cached);
   $("token-grid").dataset.cached = pred.cached;
-  $("chunk-caption").textContent = `This prompt ran again: the first ${pred.cached.toLocaleString("en-US")} tokens' `
-    + `K/V came from the prefix cache (slate rows: read, not computed), so ${pred.prefill}. Only the blue rows were `
-    + "computed by this request.";
+  $("chunk-caption").textContent = `This prompt ran before: the first ${pred.cached.toLocaleString("en-US")} tokens' `
+    + `K/V came from the prefix cache (slate rows: read, not computed). The prefill: ${pred.prefill}. Only the blue `
+    + "rows were computed by this request.";
 }
 
 // After a chunked prefill: when the server says each chunk's forward ended (ms after the request arrived).
@@ -260,7 +260,7 @@ async function stream(tok, chat, maxTokens) {
     $("answer").textContent = out.text;
     if (latestKV) showKV(tok, latestKV[0], latestKV[1]);
   };
-  prefillKV(tok, 0);
+  prefillKV(tok, 0).catch(() => {}); // a failure here is said by the stream's own
   $("kv-formula-text").textContent = "";
   // The page holds still while the server prefills: where it shares the machine with the server (`prefill lab`
   // on a laptop), its own layout and painting take cores from the forward it is about to measure.
@@ -274,7 +274,7 @@ async function stream(tok, chat, maxTokens) {
   // reports them; the grid's rows fill in as their chunks run.
   const stopProgress = followPrefill(tok, (words) => status(`${words}.${chunkWords(tok)}`), (n) => {
     paintMask(n);
-    if (!out.times.length) prefillKV(tok, n); // the K/V the prefill has written so far
+    if (!out.times.length && Number.isFinite(n)) prefillKV(tok, n).catch(() => {}); // the K/V written so far
   }, body.cache_salt !== undefined);
   try {
     for await (const obj of sseEvents(res)) {
