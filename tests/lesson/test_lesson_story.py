@@ -28,7 +28,6 @@ if CHROMIUM is None:
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
 
 TIMEOUT_MS = 120_000
-HEIGHTS = {1280: 800, 390: 844}
 LONG = " ".join(["the river flows past the old mill"] * 40)  # 280 tokens: 2 chunks of at most 256
 DOT_PX = 10  # the roofline's dots' size (charts.js drawRoofline: points size 10)
 BOUND = re.compile(r"(compute|memory|overhead)-bound")
@@ -40,28 +39,6 @@ def url(smollm_native):
     smollm_native.warmup()  # as `prefill lab` does
     with BackgroundServer(add_lesson(create_app(smollm_native, cfg))) as root:
         yield root
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module", params=sorted(HEIGHTS, reverse=True), ids=lambda w: f"{w}px")
-def page(request, browser, url):
-    pg = browser.new_page(viewport={"width": request.param, "height": HEIGHTS[request.param]})
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.problems = []
-    refused = "status of 400"  # the browser's own line for a refused input (the tests ask for some)
-    pg.on("console", lambda m: pg.problems.append(m.text) if m.type == "error" and refused not in m.text else None)
-    pg.on("pageerror", lambda e: pg.problems.append(f"page error: {e}"))
-    pg.goto(url + "/")
-    pg.wait_for_function("document.getElementById('model-badge').textContent.startsWith('this server runs')")
-    yield pg
-    pg.close()
 
 
 def run_prompt(page, prompt: str, tokens: int = 4, cache: bool = True) -> None:

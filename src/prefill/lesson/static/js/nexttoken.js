@@ -59,20 +59,23 @@ export function explainEmpty(result, next) {
     + `${result.n === 1 ? "" : "s"} (finish: ${result.finish ?? "stop"}). Its end token is never shown as text.`;
 }
 
-// One matrix as a box drawn to scale (rows x cols, d_model = MAT_PX wide), with its shape under it.
+// One matrix as a box drawn to scale (rows x cols, d_model = MAT_PX), with its shape under it; a row is drawn at
+// least ROW_PX high, so that 5 rows are not drawn as thin as decode's one.
+const ROW_PX = 3;
 function matrix([rows, cols], dModel, name) {
   const box = Object.assign(document.createElement("span"), { className: "mat" });
   const fill = Object.assign(document.createElement("span"), { className: `mat-fill ${name}` });
-  fill.style.width = `${Math.max(3, (MAT_PX * cols) / dModel)}px`;
-  fill.style.height = `${Math.min(160, Math.max(3, (MAT_PX * rows) / dModel))}px`;
+  fill.style.width = `${Math.max(ROW_PX, (MAT_PX * cols) / dModel)}px`;
+  fill.style.height = `${Math.min(160, Math.max(ROW_PX * rows, (MAT_PX * rows) / dModel))}px`;
   box.append(fill, Object.assign(document.createElement("span"), { className: "mat-shape mono",
     textContent: `${name} [${rows.toLocaleString("en-US")}, ${cols.toLocaleString("en-US")}]` }));
   return box;
 }
 
 function gemmRow(g, dModel, id) {
-  $(id).replaceChildren(matrix(g.x, dModel, "x"), Object.assign(document.createElement("span"),
-    { className: "mat-op", textContent: "·" }), matrix(g.w, dModel, "W_QKV"));
+  const op = (t) => Object.assign(document.createElement("span"), { className: "mat-op", textContent: t });
+  $(id).replaceChildren(matrix(g.x, dModel, "x"), op("·"), matrix(g.w, dModel, "W_QKV"), op("="),
+    matrix([g.x[0], g.w[1]], dModel, "out"));
   return `x [${g.x.join(", ")}] · W_QKV [${g.w.join(", ")}]: ${g.human.flops} moving ${g.human.bytes} (the weight's `
     + `${g.human.weights} and the rows), ${g.intensity.toFixed(1)} FLOP/B; the time model predicts `
     + `${g.human.seconds} here (${g.bound}-bound)`;
