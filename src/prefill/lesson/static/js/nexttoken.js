@@ -62,12 +62,13 @@ export function explainEmpty(result, next) {
 // One matrix as a box drawn to scale (rows x cols, d_model = MAT_PX), with its shape under it; a row is drawn at
 // least ROW_PX high, so that 5 rows are not drawn as thin as decode's one.
 const ROW_PX = 3;
-const OPS_PX = 60; // the "·" and "=" between the three matrices
-function matrix([rows, cols], dModel, name, px) {
+const OPS_PX = 80; // the "·" and "=" between the three matrices, and the gaps
+function matrix([rows, cols], dModel, name, px, tokens = true) {
   const box = Object.assign(document.createElement("span"), { className: "mat" });
   const fill = Object.assign(document.createElement("span"), { className: `mat-fill ${name}` });
+  const high = (px * rows) / dModel; // to scale; a matrix of token rows (x, out) at least ROW_PX a row
   fill.style.width = `${Math.max(ROW_PX, (px * cols) / dModel)}px`;
-  fill.style.height = `${Math.min(160, Math.max(ROW_PX * rows, (px * rows) / dModel))}px`;
+  fill.style.height = `${Math.min(160, tokens ? Math.max(ROW_PX * rows, high) : high)}px`;
   box.append(fill, Object.assign(document.createElement("span"), { className: "mat-shape mono",
     textContent: `${name} [${rows.toLocaleString("en-US")}, ${cols.toLocaleString("en-US")}]` }));
   return box;
@@ -77,7 +78,7 @@ function gemmRow(g, dModel, id) {
   const op = (t) => Object.assign(document.createElement("span"), { className: "mat-op", textContent: t });
   // d_model drawn MAT_PX wide, or less where the three matrices would not fit side by side (a phone)
   const px = Math.min(MAT_PX, ($(id).clientWidth - OPS_PX) / (1 + (2 * g.w[1]) / dModel));
-  $(id).replaceChildren(matrix(g.x, dModel, "x", px), op("·"), matrix(g.w, dModel, "W_QKV", px), op("="),
+  $(id).replaceChildren(matrix(g.x, dModel, "x", px), op("·"), matrix(g.w, dModel, "W_QKV", px, false), op("="),
     matrix([g.x[0], g.w[1]], dModel, "out", px));
   return `x [${g.x.join(", ")}] · W_QKV [${g.w.join(", ")}]: ${g.human.flops} moving ${g.human.bytes} (the weight's `
     + `${g.human.weights} and the rows), ${g.intensity.toFixed(1)} FLOP/B; the time model predicts `
