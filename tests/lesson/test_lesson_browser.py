@@ -81,6 +81,11 @@ def text(page, selector: str) -> str:
     return page.locator(selector).inner_text()
 
 
+def full(page, selector: str) -> str:
+    """An element's whole text: a "why" text's rest, folded behind its "more" button, included."""
+    return page.locator(selector).text_content()
+
+
 def wait_text(page, selector: str, expected: str) -> None:
     page.wait_for_function(
         "([s, t]) => document.querySelector(s).textContent.includes(t)", arg=[selector, expected], timeout=10_000
@@ -265,7 +270,7 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
     # the prediction beside the measurement: its error, the part that set the time, and why in words
     # (the server's first 3-token forward: cold, and said so)
     assert re.search(r"predicted beside .* measured \([+-]\d+%, cold\); time model", text(page, "#tl-pred-sub"))
-    assert text(page, "#tl-why").endswith("which is cold again).")
+    assert full(page, "#tl-why").endswith("which is cold again).")  # its folded rest ("more") included
     assert re.match(r"Why: 3 tokens, one pass: (compute|memory|overhead)-bound", text(page, "#tl-why"))
     assert "prefill (3 tokens, one pass)" in text(page, "#phase-legend")
     assert re.search(r"ITL p50 .* measured beside .* predicted \([+-]\d+%\)", text(page, "#tl-model-sub"))
@@ -496,7 +501,7 @@ def test_the_load_slider_shows_what_the_simulator_answers(page):
     assert r["utilisation"] > 1 and r["ttft_p99_s"] >= r["ttft_p50_s"]
     assert text(page, "#ld-p50") == r["human"]["ttft_p50"] and text(page, "#ld-p99") == r["human"]["ttft_p99"]
     assert text(page, "#ld-util") == r["human"]["utilisation"] and text(page, "#ld-itl") == r["human"]["itl_p50"]
-    assert text(page, "#load-text") == r["explanation"] and "never drains" in r["explanation"]
+    assert full(page, "#load-text") == r["explanation"] and "never drains" in r["explanation"]
     assert page.locator("#load-chart canvas").count() == 1
     page.locator("#load").screenshot(path=SHOTS / "load-1280.png")
 
@@ -506,7 +511,7 @@ def test_compute_or_load_shows_what_the_api_answers(page):
         page.locator("#tiers").scroll_into_view_if_needed()
     r = answer.value.json()
     page.wait_for_selector("#tiers[data-shown]", timeout=TIMEOUT_MS)
-    assert r["available"] and text(page, "#tiers-text") == r["explanation"]
+    assert r["available"] and full(page, "#tiers-text") == r["explanation"]
     assert text(page, "#tr-token") == r["human"]["per_token"] and text(page, "#tr-ram") == r["human"]["ram"]
     assert text(page, "#tr-disk") == r["human"]["disk"] and text(page, "#tr-even") == r["human"]["break_even"]
     assert page.locator("#tiers-chart canvas").count() == 1

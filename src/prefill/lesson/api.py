@@ -66,6 +66,7 @@ def finite(body: dict) -> dict:
 
 
 DTYPES = ["float32", "bfloat16", "float16", "fp8", "int8"]
+PRESET_DTYPE = "bfloat16"  # the presets' published checkpoints, and the seed's: the calculator's dtype for them
 
 
 # ---- the routes --------------------------------------------------------------------------------------
@@ -157,6 +158,7 @@ def catalog(request: Request) -> dict:
     ]
     models = [
         {"key": k, "name": s.name, "N": s.N, "L": s.L, "H_q": s.H_q, "H_kv": s.H_kv, "d_head": s.d_head}
+        | {"dtype": PRESET_DTYPE}
         for k, s in PRESETS.items()
     ]
     own = {
@@ -192,7 +194,7 @@ def estimate(
         "", description="a preset key, 'loaded', or empty for N only", json_schema_extra={"enum": MODELS}
     ),
     dtype: str = Query(
-        "bfloat16", description="bytes per element of weights and KV cache", json_schema_extra={"enum": DTYPES}
+        PRESET_DTYPE, description="bytes per element of weights and KV cache", json_schema_extra={"enum": DTYPES}
     ),
 ) -> dict:
     """Prefill FLOPs (2·N·P and exact), seconds, KV-cache bytes and the roofline at one setting."""

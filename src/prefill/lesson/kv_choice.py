@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 
 from prefill.engine.kv_store.fingerprint import BLOCK_SIZE
 from prefill.lesson.api import finite
-from prefill.lesson.limits import RANGES, in_range, limits
+from prefill.lesson.limits import at_most_context, in_words, limits
 from prefill.lesson.state import lesson_of
 from prefill.lesson.tiers import decider, store_inputs
 from prefill.lesson.words import human, plural
@@ -60,9 +60,9 @@ async def compute_or_load_at(
 ) -> dict:
     """One stored prefix of P tokens (whole blocks) read at `rate` bytes/s against computing it again: the
     seconds of each, the bytes, and the store's choice; with the kinds of storage the page offers."""
-    RANGES["store_P"].check("P", P)
-    RANGES["store_rate"].check("rate", rate)
-    in_range("P", P, 1, lesson_of(request).spec.context_length)
+    in_words("store_P", P)  # said as the page's boxes say them: tokens, and GB/s
+    in_words("store_rate", rate)
+    at_most_context("the stored prefix", P, lesson_of(request).spec.context_length)
     got = await store_inputs(request)
     if isinstance(got, dict):
         return got

@@ -88,6 +88,8 @@ CALC_WORDS = {
     "bandwidth": ("memory bandwidth", "TB/s", 1e12),
     "ttft": ("TTFT", "s", 1.0),
     "itl": ("ITL", "s", 1.0),
+    "store_P": ("the stored prefix", "tokens", 1.0),  # the KV-store section's inputs
+    "store_rate": ("the read speed", "GB/s", 1e9),
 }
 
 
@@ -100,13 +102,21 @@ def in_words(name: str, value: float) -> float:
     def say(x: float) -> str:
         v = x / size
         number = f"{int(v):,}" if math.isfinite(v) and abs(v) < 1e15 and v == int(v) else f"{v:,.6g}"
-        return number + (f" {unit}" if unit else "")
+        word = "token" if unit == "tokens" and v == 1 else unit
+        return number + (f" {word}" if word else "")
 
     try:
         return r.check(name, value)
     except BadInput:
         low = f"more than {say(r.lo)}" if r.lo_open else f"at least {say(r.lo)}"
         raise BadInput(f"{what} must be {low} and at most {say(r.hi)}; you typed {say(value)}") from None
+
+
+def at_most_context(what: str, value: int, context: int) -> int:
+    """`value` tokens, or BadInput in the page's words where it passes this model's context length."""
+    if value > context:
+        raise BadInput(f"{what} must be at most {context:,} tokens, this model's context length; you typed {value:,}")
+    return value
 
 
 def bounds(lo: float, hi: float, lo_open: bool = False) -> dict:

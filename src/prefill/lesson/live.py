@@ -33,7 +33,12 @@ from prefill.server.openai_schema import int_in
 MAX_TEXT = 20_000  # characters of a prompt the token route reads
 # Token counts bounded by the model's context length: their `maximum` is written into the OpenAPI document
 # once the model is known (document_model), as context + this offset.
-CONTEXT_BOUNDED = {("/api/predict", "P"): 0, ("/api/predict", "cached"): -1, ("/api/compute-or-load/at", "P"): 0}
+CONTEXT_BOUNDED = {
+    ("/api/predict", "P"): 0,
+    ("/api/predict", "cached"): -1,
+    ("/api/compute-or-load/at", "P"): 0,
+    ("/api/gemm", "P"): 0,
+}
 # The attention body's fields bounded by the model's shape (the last layer, the last query head), written there too.
 # /api/predict's measured and guessed numbers, each with its entry of RANGES (the document's and the check's).
 PREDICT_RANGES = {
@@ -106,7 +111,21 @@ def tokens(
         "kv": kv_body(lesson.spec, len(ids), lesson.kv_dtype),
         "prefill": prefill_words(len(ids), 0, len(list(prefill_steps(len(ids), chunk_size=chunk))), chunk),
         "chunk_size": lesson.chunk_size,
+        "template": template_body(lesson.engine, text, len(ids)) if chat else None,
     }
+
+
+def template_body(engine: Engine, text: str, P: int) -> dict | None:
+    """What the chat template wraps around the prompt's text: its own text before and after it, its tokens
+    (P less the text's own), and whether it adds a system turn the student did not write (SmolLM2's does);
+    None where the tokenizer has no template (the prompt is sent raw)."""
+    tok = engine.need_tokenizer()
+    if not tok.chat_template:
+        return None
+    rendered = tok.render_chat([{"role": "user", "content": text}])
+    at = rendered.find(text)
+    before, after = rendered[: max(at, 0)], rendered[at + len(text) :] if at >= 0 else ""
+    return {"before": before, "after": after, "tokens": P - len(tok.encode(text)), "system": "system" in before}
 
 
 @router.post("/attention")

@@ -27,19 +27,26 @@ class LayerQKV:
     v: torch.Tensor
 
 
+def run_layers(model: Transformer, ids: list[int], layers: int) -> tuple[torch.Tensor, list]:
+    """The hidden states x [1, P, d_model] after the first `layers` blocks for the prompt `ids` (positions
+    0..P-1, as a prefill from an empty cache, without one), and every layer's rotary tables."""
+    device = model.embed.weight.device
+    x = model.embed_tokens(torch.tensor([ids], dtype=torch.long, device=device))  # [1, P, d_model]
+    positions = torch.arange(len(ids), device=device)[None]  # [1, P]: 0..P-1
+    tables = model.rope_tables(positions, x.dtype)  # per layer: cos, sin [1, P, 1, d_head]
+    for block, (cos, sin) in zip(model.layers[:layers], tables, strict=False):
+        q, k, v = block.qkv(x, cos, sin)
+        x = block.finish(x, causal_attention(q, k, v, 0, block.window, block.scale))  # [1, P, d_model]
+    return x, tables
+
+
 @torch.inference_mode()
 def layer_qkv(model: Transformer, ids: list[int], layer: int) -> LayerQKV:
     """Q, K, V of `layer` for the prompt `ids` (positions 0..P-1): the layers before it run in full."""
     L = len(model.layers)
     if not 0 <= layer < L:
         raise BadInput(f"layer must be in [0, {L}), got {layer}")
-    device = model.embed.weight.device
-    x = model.embed_tokens(torch.tensor([ids], dtype=torch.long, device=device))  # [1, P, d_model]
-    positions = torch.arange(len(ids), device=device)[None]  # [1, P]: 0..P-1, as a prefill from an empty cache
-    tables = model.rope_tables(positions, x.dtype)  # per layer: cos, sin [1, P, 1, d_head]
-    for block, (cos, sin) in zip(model.layers[:layer], tables, strict=False):
-        q, k, v = block.qkv(x, cos, sin)
-        x = block.finish(x, causal_attention(q, k, v, 0, block.window, block.scale))  # [1, P, d_model]
+    x, tables = run_layers(model, ids, layer)
     return LayerQKV(*model.layers[layer].qkv(x, *tables[layer]))
 
 
@@ -80,3 +87,24 @@ def attention_map(model: Transformer, ids: list[int], layer: int, head: int) -> 
     on another thread, even a small triu, can start a second OpenMP pool; see prefill.machine.openmp)."""
     A = attention_weights(model, ids, layer, head)  # [P, P]
     return AttentionMap(A.tolist(), A.sum(-1).tolist(), float(A.triu(1).abs().max()))
+
+
+@dataclass(frozen=True)
+class NextToken:
+    """The first answer token's distribution, as plain numbers: the `top` most likely (id, probability), and for
+    each id looked up, (id, rank from 1, probability)."""
+
+    top: list[tuple[int, float]]
+    looked: list[tuple[int, int, float]]
+
+
+@torch.inference_mode()
+def next_token(model: Transformer, ids: list[int], top: int, lookup: list[int]) -> NextToken:
+    """softmax of the logits at the prompt's last position (every layer, the final norm and the unembedding, as
+    the model's forward computes them, float32), its `top` most likely tokens, and the rank and probability of
+    each id in `lookup`. Every tensor op on the calling thread (the server's worker)."""
+    x, _ = run_layers(model, ids, len(model.layers))
+    probs = torch.softmax(model.logits(model.norm(x[0, -1])), dim=-1)  # [vocab] float32
+    p, i = probs.topk(top)
+    looked = [(t, int((probs > probs[t]).sum()) + 1, float(probs[t])) for t in lookup]
+    return NextToken(list(zip(i.tolist(), p.tolist(), strict=True)), looked)

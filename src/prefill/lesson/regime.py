@@ -50,27 +50,33 @@ SLOW = 0.5  # a warm prefill measured over 1 / (1 - SLOW) = 2x its prediction is
 
 
 def slow_words(error: float, cold: bool, computed: int, itl_error: float | None) -> str:
-    """Why a warm prefill ran far slower than predicted (error = predicted / measured - 1 below -SLOW; '' else):
-    not cold (its length ran before), not the prefix-cache switch (unchecked, all `computed` tokens are computed
-    and predicted), but the cores shared with other work (the 1-minute load average says how busy they were);
-    `itl_error` is the decode steps' error, which says whether the whole machine was slow."""
-    if cold or error > -SLOW:
+    """Why a prefill ran far slower than predicted (error = predicted / measured - 1 below -SLOW; '' else): cold
+    (its length never ran before) is one cause where it was, never the only one named; not the prefix cache (the
+    prediction counts exactly the `computed` tokens); the cores shared with other work (the 1-minute load average
+    says how busy they were); `itl_error` is the decode steps' error, which says whether the whole machine was slow."""
+    if error > -SLOW:
         return ""
     times = 1 / (1 + error)
+    first = (
+        " Being cold is one cause, and maybe not the only one."
+        if cold
+        else f" Yet it was warm: a forward of {plural(computed, 'token')} had run before on the server's worker, so"
+        " no kernel was built for it."
+    )
     words = (
-        f" It ran {times:.0f} times slower than predicted, yet warm: a forward of {plural(computed, 'token')} had run"
-        " before on the server's worker, so no kernel was built for it. Nor is the prefix-cache switch the cause:"
-        f" unchecked, every prompt token is computed, and the prediction counts all {computed:,} of them. The time"
-        " model takes this machine's cores as free; while other programs run on them, PyTorch's threads wait for"
-        " each other at every operation, so each forward takes many times longer"
-        f"{load_words()}."
+        f" It ran {times:.0f} times slower than predicted.{first} Nor is the prefix cache the cause: the prediction"
+        f" counts exactly the {computed:,} tokens this prefill computed. The time model takes this machine's cores as"
+        " free; while other programs run on them, PyTorch's threads wait for each other at every operation, so each"
+        f" forward takes many times longer{load_words()}."
     )
     if itl_error is not None and itl_error <= -SLOW:
         words += (
             f" The decode steps ran {1 / (1 + itl_error):.0f} times slower than predicted too: the machine was busy,"
             " not this prefill."
         )
-    return words + " Run the prompt again when the machine is quiet: the same length is warm, near the prediction."
+    return words + (
+        "" if cold else " Run the prompt again when the machine is quiet: the same length is warm, near the prediction."
+    )
 
 
 def load_words() -> str:

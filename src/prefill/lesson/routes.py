@@ -14,7 +14,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from prefill.lesson import api, kv_choice, live, load, progress, sweep, tiers
+from prefill.lesson import api, gemm, kv_choice, live, load, nexttoken, progress, sweep, tiers
 from prefill.lesson.live import document_model
 from prefill.lesson.state import LessonState
 from prefill.server.openapi import document
@@ -50,7 +50,7 @@ def add_lesson_routes(app: FastAPI, state: LessonState) -> None:
     """Serve the page at `/` and /static, the calculator API, the live-model API, the P sweep, the simulated
     load and compute-or-load, all reading `state`."""
     app.state.lesson = state
-    for module in (api, live, progress, sweep, load, tiers, kv_choice):
+    for module in (api, live, nexttoken, gemm, progress, sweep, load, tiers, kv_choice):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="lesson-static")
     app.include_router(router)

@@ -115,3 +115,34 @@ export function setStatus(section, text, error = false) {
 export function loadWhenSeen(section, work) {
   onFirstView($(section), () => work().catch((e) => report(e, section)));
 }
+
+// A box that takes a whole number (tokens, answer tokens): null where `text` is one, else the fault in the box's
+// words, "the stored prefix is a whole number of tokens; you typed 2.5" (never the validator's "Input should be a
+// valid integer"). The range itself is the API's to say.
+export function wholeNumber(text, what, unit) {
+  return /^\s*-?\d+\s*$/.test(text) ? null : `${what} is a whole number of ${unit}; you typed ${text.trim() || "nothing"}`;
+}
+
+// A "why" paragraph, short: its first sentence shown, the rest behind a "more" button placed after it (a text
+// of one sentence, or of a few words, is shown whole). The element's textContent stays the whole text.
+const BRIEF_WORDS = 40; // a text longer than this is folded after its first sentence
+export function brief(el, text) {
+  el.nextElementSibling?.classList.contains("more-btn") && el.nextElementSibling.remove();
+  const cut = text.match(/^(.*?[.!?])(\s)(?=[A-Z"'(])/s);
+  if (!cut || text.split(/\s+/).length <= BRIEF_WORDS) {
+    el.textContent = text;
+    return;
+  }
+  const rest = Object.assign(document.createElement("span"), { textContent: text.slice(cut[1].length), hidden: true });
+  rest.className = "more-rest";
+  el.replaceChildren(cut[1], rest);
+  const btn = Object.assign(document.createElement("button"), { type: "button", textContent: "more" });
+  btn.className = "more-btn";
+  btn.setAttribute("aria-expanded", "false");
+  btn.addEventListener("click", () => {
+    rest.hidden = !rest.hidden;
+    btn.textContent = rest.hidden ? "more" : "less";
+    btn.setAttribute("aria-expanded", String(!rest.hidden));
+  });
+  el.after(btn);
+}

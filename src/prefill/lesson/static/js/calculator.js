@@ -1,7 +1,7 @@
 // Part 1's live numbers: the prefill calculator, the causal-mask demo and the worked example.
 // Every number shown comes from the API (prefill.costmodel.costs); this file only moves values between inputs and text.
 
-import { $, ApiError, getJSON, latest, logScale, setStatus } from "./api.js";
+import { $, ApiError, getJSON, latest, logScale, setStatus, wholeNumber } from "./api.js";
 import { drawGrid } from "./grid.js";
 
 const TERA = 1e12;
@@ -86,10 +86,13 @@ export function initCalculator(cat) {
     const m = cat.models.find((x) => x.key === modelSel.value) ?? own;
     N.lock(!!m);
     if (m) N.set(+(m.N / 1e9).toPrecision(4));
-    if (own) dtypeSel.value = own.dtype; // the dtype this server computes and caches in
-    if (own && hwSel.value) applyHardware();
+    // A model brings its dtype too: this server's, the one it computes and caches in; a preset's, the one it is
+    // published in (the lesson's Llama-3-8B at P = 2,048 holds 256 MiB in bfloat16, not float32's 512).
+    if (m) dtypeSel.value = m.dtype;
+    if (m && hwSel.value) applyHardware();
     $("model-lock").textContent = m ? `N = ${(m.N / 1e9).toPrecision(4)} billion is ${m.name}'s own: locked while a `
-      + "model is chosen (choose “only N” to type any N)." + (own ? ` dtype: ${own.dtype}, as this server runs it.` : "") : "";
+      + "model is chosen (choose “only N” to type any N). "
+      + `dtype: ${m.dtype}, ${own ? "as this server runs it" : "as the model is published"} (change it below).` : "";
     update();
   };
   modelSel.addEventListener("change", chooseModel);
@@ -112,6 +115,11 @@ export function initCalculator(cat) {
   });
 
   async function refresh(signal) {
+    const nFault = nOut.value.trim() === "" ? null : wholeNumber(nOut.value, "Output tokens n", "tokens");
+    if (nFault) {
+      stale(`${nFault}. The numbers below are for the last input that could be computed.`);
+      return;
+    }
     let body;
     try {
       body = await getJSON("/api/estimate", {
@@ -208,6 +216,11 @@ function initExample() {
     const [ttft, itl, n] = ids.map((id) => $(id).value);
     if ([ttft, itl, n].some((v) => v === "")) {
       refuse("Type all three: TTFT and ITL in seconds, and the number of output tokens");
+      return;
+    }
+    const whole = wholeNumber(n, "Output tokens n", "tokens");
+    if (whole) {
+      refuse(whole);
       return;
     }
     let r;

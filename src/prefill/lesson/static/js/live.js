@@ -6,6 +6,7 @@ import { maskCell } from "./calculator.js";
 import { cssColor } from "./charts.js";
 import { drawGrid, visible } from "./grid.js";
 import { followPrefill } from "./progress.js";
+import { explainEmpty, initNextToken, showGemm, showNextToken } from "./nexttoken.js";
 import { initSteps, showSteps } from "./steps.js";
 import { showResults } from "./results.js";
 
@@ -18,9 +19,10 @@ const fmtB = (n) => `${Math.round(n).toLocaleString("en-US")} B`;
 const quote = (t) => `'${visible(t)}'`;
 const REPAINT_MS = 100; // the streamed answer's repaints, at most one in this many ms
 const MAX_ANSWER = 256; // the answer-tokens box's max
-const LATER = ["timeline-box", "attn-box", "steps-box", "roof-box"]; // boxes filled only once the prefill has run
+const LATER = ["next-box", "timeline-box", "attn-box", "steps-box", "gemm-box", "roof-box"]; // boxes filled only once the prefill has run
 const CHUNK_SHADE = "#1e3a8a"; // an odd chunk's allowed cells: a darker blue than the even chunks' accent
 const NOT_YET = "#c7d2fe"; // allowed cells of rows whose chunk has not run yet: a pale blue
+const CACHED = "#94a3b8"; // allowed cells of rows whose K/V came from the prefix cache: slate, not computed
 
 function status(text, error = false) {
   $("live-status").textContent = text;
@@ -39,6 +41,7 @@ export function initLive(catalog) {
   for (let h = 0; h < own.H_q; h++) $("head-select").append(new Option(String(h), h));
   $("layer-select").value = Math.floor(own.L / 2);
   initSteps();
+  initNextToken();
   const redraw = latest((signal) => Promise.all([showAttention(signal), stepsOfCurrent(signal)]), 30);
   $("layer-select").addEventListener("change", redraw);
   $("head-select").addEventListener("change", redraw);
@@ -79,7 +82,10 @@ async function run() {
     showChunkTimes(tok, result.timings);
     status(`done: ${tok.P} prompt tokens, ${result.n} answer tokens.`);
     document.dispatchEvent(new CustomEvent("prompt-run", { detail: { P: tok.P, n: result.n } }));
-    await Promise.all([showResults(cat, tok, result, guesses()), showAttention(), stepsOfCurrent()]);
+    const [pred, next] = await Promise.all([showResults(cat, tok, result, guesses()), showNextToken(current),
+      showAttention(), stepsOfCurrent(), showGemm(tok.P)]);
+    if (pred.cached) showCached(pred);
+    if (!result.text) explainEmpty(result, next);
     $("live").dataset.done = "1";
   } catch (e) {
     staleResults(e instanceof ApiError ? e.message : `unexpected: ${e}`);
@@ -98,7 +104,7 @@ function chunkWords(tok) {
   return tok.chunk_size && tok.P > tok.chunk_size
     ? ` The server prefills a long prompt in chunks of ${tok.chunk_size} tokens, one forward each (chunked prefill): `
       + "each chunk attends to the K/V the chunks before it wrote, and other requests' decode steps run between "
-      + "chunks, so one long prompt never stalls the others. The grid above shows the chunks."
+      + "chunks, so one long prompt never stalls the others. The grid below shows the chunks."
     : "";
 }
 
@@ -124,7 +130,8 @@ function staleResults(reason) {
 
 async function showTokens(tok) {
   $("tokens-box").hidden = false;
-  $("tokens-caption").textContent = `${tok.P} tokens (numbered from 0): ${tok.labels.slice(0, 12).map(quote).join(" ")}${tok.P > 12 ? " …" : ""}`;
+  $("tokens-caption").textContent = `${tok.P} tokens (numbered from 0): ${tok.labels.slice(0, 12).map(quote).join(" ")}`
+    + `${tok.P > 12 ? " …" : ""}${templateWords(tok.template)}`;
   const hover = $("token-hover");
   const m = await getJSON("/api/mask", { P: tok.P });  // a long prompt's in cells of m.scale tokens
   // The server's prefill chunks as bands of rows: chunk k computes the rows of its own tokens, attending to all
@@ -137,16 +144,19 @@ async function showTokens(tok) {
     + "the rows not computed yet are pale." : "";
   const base = maskCell(m.rows);
   let done = Infinity; // prompt tokens computed so far (a long prefill's progress); rows past it are pale
+  let cached = 0; // prompt tokens whose K/V the prefix cache held (known once the request has run)
   const banded = (i, j) => {
     const look = base(i, j);
     if (look.cls !== "allowed") return look;
+    if (i * m.scale < cached) return { ...look, color: CACHED };
     if (i * m.scale >= done) return { ...look, color: NOT_YET };
-    return chunkOf(i * m.scale) % 2 ? { ...look, color: CHUNK_SHADE } : look;
+    return !cached && chunkOf(i * m.scale) % 2 ? { ...look, color: CHUNK_SHADE } : look;
   };
   hover.textContent = `${m.caption}. Hover or tap a cell.`;
   let draw;
-  paintMask = (tokens) => {
+  paintMask = (tokens, fromCache = 0) => {
     done = tokens;
+    cached = fromCache;
     $("token-grid").dataset.computed = Number.isFinite(tokens) ? tokens : tok.P;
     draw();
   };
@@ -169,6 +179,25 @@ async function showTokens(tok) {
   paintMask(Infinity);
 }
 
+// What the chat template added to the student's text, said where the tokens are: its tokens, and the system
+// prompt it writes on its own where it does.
+function templateWords(t) {
+  if (!t) return "";
+  const system = t.system ? ` Among them is a system prompt you did not write: the template adds it on its own, `
+    + `before your text: ${quote(t.before.trim())}.` : ` Before your text: ${quote(t.before)}.`;
+  return `. The chat template adds ${t.tokens} tokens of its own around your text.${system} After it: ${quote(t.after)}.`;
+}
+
+// After a rerun whose prompt start came from the prefix cache: its rows are drawn as read, not computed (slate),
+// and the caption says what was computed, in the words of the timeline (one pass, or its chunks).
+function showCached(pred) {
+  paintMask(Infinity, pred.cached);
+  $("token-grid").dataset.cached = pred.cached;
+  $("chunk-caption").textContent = `This prompt ran before: the first ${pred.cached.toLocaleString("en-US")} tokens' `
+    + `K/V came from the prefix cache (slate rows: read, not computed). The prefill: ${pred.prefill}. Only the blue `
+    + "rows were computed by this request.";
+}
+
 // After a chunked prefill: when the server says each chunk's forward ended (ms after the request arrived).
 function showChunkTimes(tok, timings) {
   const chunks = timings?.prefill_chunks;
@@ -183,17 +212,31 @@ function showChunkTimes(tok, timings) {
 
 // The KV cache after prefill (S = P, its formula written out by the API) and as decode grows it (S = P + the
 // tokens generated so far; the newest token's K/V is written by the next step, the last one's never).
+// While the prefill runs, S counts the prompt positions written so far: 0 until the first chunk ends (one pass:
+// until the first token), then each chunk's end as the server reports it.
 function showKV(tok, held, timings) {
   $("kv-box").hidden = false;
   const own = cat.loaded;
+  const prefilling = held < tok.P;
   $("kv-prefill").textContent = tok.kv.text;
   $("kv-prefill-formula").textContent = tok.kv.formula;
   $("kv-shape").textContent = `${own.L} layers × K and V, each [B, H_kv, S, d_head] = [1, ${own.H_kv}, ${held}, `
-    + `${own.d_head}] (${own.dtype}); S = the ${tok.P} prompt positions + ${Math.max(0, held - tok.P)} generated so far`;
-  $("kv-decode-label").textContent = `after decode so far: S = ${tok.P} + ${Math.max(0, held - tok.P)} = ${held} (measured)`;
+    + `${own.d_head}] (${own.dtype}); ` + (prefilling ? `S = ${held} of the ${tok.P} prompt positions, written so `
+      + "far: the prefill is running" : `S = the ${tok.P} prompt positions + ${held - tok.P} generated so far`);
+  $("kv-decode-label").textContent = prefilling ? `during the prefill: S = ${held} written so far`
+    : `after decode so far: S = ${tok.P} + ${held - tok.P} = ${held} (measured)`;
+  $("kv-box").dataset.held = held;
   $("kv-fill").style.width = `${Math.min(100, (100 * held) / (tok.P + +$("max-tokens").value))}%`;
-  $("kv-measured").textContent = timings?.kv_bytes != null ? fmtB(timings.kv_bytes) : "not reported";
+  $("kv-measured").textContent = timings?.kv_bytes != null ? fmtB(timings.kv_bytes)
+    : prefilling ? "prefilling…" : "not reported";
   if (timings?.kv_bytes_formula != null) $("kv-formula").textContent = fmtB(timings.kv_bytes_formula);
+}
+
+// The KV tiles at S positions held during the prefill (a chunk's end), the formula's bytes from /api/kv.
+async function prefillKV(tok, held) {
+  showKV(tok, held, null);
+  const kv = await getJSON("/api/kv", { P: held, symbol: "S" });
+  if (+$("kv-box").dataset.held === held) $("kv-formula").textContent = fmtB(kv.bytes);
 }
 
 async function stream(tok, chat, maxTokens) {
@@ -206,7 +249,8 @@ async function stream(tok, chat, maxTokens) {
   if (!$("use-cache").checked) body.cache_salt = `page-${Date.now()}-${Math.random().toString(36).slice(2)}`;
   $("answer-box").hidden = false;
   $("answer").textContent = "";
-  const out = { times: [], serverTimes: [], text: "", timings: null, usage: null, n: 0 };
+  $("answer-note").textContent = "";
+  const out = { times: [], serverTimes: [], text: "", timings: null, usage: null, n: 0, finish: null };
   // While tokens stream, the answer and the KV cache are repainted every REPAINT_MS at most, not once a token:
   // where the browser shares the server's cores, a repaint a token took 7-8 ms of every ITL (2 cores).
   let pending = null;
@@ -216,7 +260,7 @@ async function stream(tok, chat, maxTokens) {
     $("answer").textContent = out.text;
     if (latestKV) showKV(tok, latestKV[0], latestKV[1]);
   };
-  showKV(tok, tok.P, { kv_bytes_formula: tok.kv.bytes });
+  prefillKV(tok, 0).catch(() => {}); // a failure here is said by the stream's own
   $("kv-formula-text").textContent = "";
   // The page holds still while the server prefills: where it shares the machine with the server (`prefill lab`
   // on a laptop), its own layout and painting take cores from the forward it is about to measure.
@@ -228,8 +272,10 @@ async function stream(tok, chat, maxTokens) {
   if (!res.ok) throw new ApiError((await res.json().catch(() => null))?.error?.message ?? `HTTP ${res.status}`);
   // The request is queued (its headers came back before any token): follow a long prompt's chunks as the server
   // reports them; the grid's rows fill in as their chunks run.
-  const stopProgress = followPrefill(tok, (words) => status(`${words}.${chunkWords(tok)}`), (n) => paintMask(n),
-    body.cache_salt !== undefined);
+  const stopProgress = followPrefill(tok, (words) => status(`${words}.${chunkWords(tok)}`), (n) => {
+    paintMask(n);
+    if (!out.times.length && Number.isFinite(n)) prefillKV(tok, n).catch(() => {}); // the K/V written so far
+  }, body.cache_salt !== undefined);
   try {
     for await (const obj of sseEvents(res)) {
       const now = (performance.now() - t0) / 1e3;
@@ -240,6 +286,7 @@ async function stream(tok, chat, maxTokens) {
       const perToken = obj.timings?.t_s != null;
       if (piece) out.text += piece;
       if (obj.usage) out.usage = obj.usage;
+      if (ch?.finish_reason) out.finish = ch.finish_reason;
       if (obj.timings && !perToken) out.timings = obj.timings;
       if (piece || perToken) {
         if (stopProgress()) paintMask(Infinity); // the first token: every row computed

@@ -3,12 +3,14 @@
 // The slider is a log scale over the curve's own range of the capacity (the API's curve_range: its first and last
 // rate), so every rate it can ask lies on the curve drawn; every number shown comes from the API.
 
-import { $, getJSON, latest, loadWhenSeen, logScale, oneAtATime, setStatus } from "./api.js";
+import { $, brief, getJSON, latest, loadWhenSeen, logScale, oneAtATime, setStatus } from "./api.js";
 import { drawLoad, drawQueue } from "./charts.js";
 
 const STEPS = 1000; // the range input's max
 let capacity = null;
 let track = null; // slider position <-> fraction of the capacity: the input's mapping, no model in it
+let last = null; // the last /api/load answer shown: its curve is what the load question's answer quotes
+export const lastLoad = () => last;
 
 const status = (text, error = false) => setStatus("load", text, error);
 
@@ -41,12 +43,13 @@ async function start() {
 }
 
 async function show(r) {
+  last = r;
   $("load-out").textContent = `${r.human.rate} · ${r.human.utilisation} of capacity`;
   $("ld-p50").textContent = r.human.ttft_p50;
   $("ld-p99").textContent = r.human.ttft_p99;
   $("ld-itl").textContent = r.human.itl_p50;
   $("ld-util").textContent = r.human.utilisation;
-  $("load-text").textContent = r.explanation;
+  brief($("load-text"), r.explanation);
   $("load-workload").textContent = `The mix: ${r.workload}. Capacity: ${r.human.capacity}, its throughput when `
     + "every request arrives at once.";
   $("load").dataset.rate = String(r.rate);

@@ -7,8 +7,10 @@ import { initLoad } from "./load.js";
 import { initQuiz } from "./quiz.js";
 import { initSweep } from "./sweep.js";
 import { initTiers } from "./tiers.js";
+import { initToc } from "./toc.js";
 
 async function main() {
+  initToc();
   initQuiz();
   const cat = await getJSON("/api/catalog");
   const own = cat.loaded;

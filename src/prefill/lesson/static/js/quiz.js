@@ -2,25 +2,47 @@
 // "Predict first" before the mask demo, and three on KV bytes, arithmetic intensity and the load curve.
 
 import { $, getJSON, postJSON, report } from "./api.js";
+import { lastLoad } from "./load.js";
 
-// Each question's right choice and why, in our own words; a wrong choice gets the why without the letter.
+// Each question's right choice, a hint for a wrong one (never the answer: the student tries again), and why the
+// right one is right, shown only once it is chosen. The load question's why quotes the page's own simulation
+// (the "Under load" section's answer) where it has run: how far this server's wait bends is its numbers' to say.
 const QUESTIONS = {
   predict: { right: "B",
-    why: "Prefill computes all positions in the same pass, but each position's attention may only read itself and "
-      + "earlier positions (token i uses tokens 0…i). The mask enforces that inside the parallel pass, which is why "
-      + "the parallel result equals the one-at-a-time result; break it and decode would continue from the wrong cache." },
+    hint: "Which tokens may the last prompt token read, and which may the first? The mask below says; then try again.",
+    why: () => "Prefill computes all positions in the same pass, but each position's attention may only read itself "
+      + "and earlier positions (token i uses tokens 0…i). The mask enforces that inside the parallel pass, which is "
+      + "why the parallel result equals the one-at-a-time result; break it and decode would continue from the "
+      + "wrong cache." },
   kv: { right: "B",
-    why: "2 · L · H_kv · d_head · P · b = 2 · 32 · 8 · 128 · 2,048 · 2 = 268,435,456 B = 256 MiB: K and V (the 2), "
-      + "for every layer, KV head, head dimension and prompt position, at 2 bytes each." },
+    hint: "Write out 2 · L · H_kv · d_head · P · b (K and V, for every layer, KV head, head dimension and prompt "
+      + "position, b bytes each) and multiply it out; then try again.",
+    why: () => "2 · L · H_kv · d_head · P · b = 2 · 32 · 8 · 128 · 2,048 · 2 = 268,435,456 B = 256 MiB: K and V "
+      + "(the 2), for every layer, KV head, head dimension and prompt position, at 2 bytes each." },
   intensity: { right: "A",
-    why: "The FLOPs are about 2 · N · P, while the weights' N · b bytes are read once per forward whatever P is: 100 "
-      + "times the tokens reuse the same bytes 100 times as often, so the FLOPs per byte grow with P until the "
-      + "activations' bytes (which do grow with P) catch up. That is the P sweep below." },
+    hint: "Of the two, the FLOPs and the bytes of the weights, which one grows with P? Then try again.",
+    why: () => "The FLOPs are about 2 · N · P, while the weights' N · b bytes are read once per forward whatever P "
+      + "is: 100 times the tokens reuse the same bytes 100 times as often, so the FLOPs per byte grow with P until "
+      + "the activations' bytes (which do grow with P) catch up. That is the P sweep below." },
   load: { right: "C",
-    why: "With arrivals at a fraction ρ of the capacity, the queue's wait grows like 1 / (1 − ρ): twice the base at "
-      + "ρ = 0.5, ten times at 0.9, and without bound as ρ nears 1, where the server can never catch up. The "
-      + "'Under load' section below shows it." },
+    hint: "Think of the queue when the arrivals nearly match what the server can finish; then try again.",
+    why: () => "For a server that takes one request at a time, the wait in the queue grows like 1 / (1 − ρ): "
+      + "slowly at first, then without bound as ρ nears 1, where the server can never catch up. "
+      + simulated() },
 };
+
+// What the page's own simulation of this server says (the "Under load" section's curve), or where to find it.
+function simulated() {
+  const r = lastLoad();
+  if (!r) return "The 'Under load' section below simulates this server: scroll there to see its numbers.";
+  const at = (u) => r.curve.reduce((a, b) => (Math.abs(b.utilisation - u) < Math.abs(a.utilisation - u) ? b : a));
+  const [low, high, over] = [at(0.1), at(0.9), r.curve.at(-1)];
+  const pct = (p) => `${Math.round(p.utilisation * 100)} %`;
+  const ms = (p) => `${Math.round(p.ttft_p50_s * 1e3).toLocaleString("en-US")} ms`;
+  return `This server, simulated below: p50 TTFT ${ms(low)} at ${pct(low)} of capacity, ${ms(high)} at `
+    + `${pct(high)}, ${ms(over)} at ${pct(over)}. Its TTFT counts the prefill itself, not only the wait, and it runs `
+    + "several requests at once, so how sharply it bends is its own; past capacity its queue never drains.";
+}
 
 export function initQuiz() {
   getJSON("/api/exercise").then((e) => { $("skeleton").textContent = e.skeleton; }).catch((e) => report(e, "code"));
@@ -41,7 +63,7 @@ function initChoice(box, q) {
       }
       const right = btn.dataset.choice === q.right;
       btn.classList.add(right ? "right" : "wrong");
-      feedback.textContent = right ? `Right: ${q.why}` : `Not quite: try again. ${q.why}`;
+      feedback.textContent = right ? `Right: ${q.why()}` : `Not quite. ${q.hint}`;
       feedback.className = `feedback ${right ? "right" : "wrong"}`;
     });
   }

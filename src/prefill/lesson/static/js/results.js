@@ -3,7 +3,7 @@
 // P sweep's roof. One /api/predict answer carries every number and verdict shown here (prefill.lesson.verdict);
 // this file places them and computes none.
 
-import { $, getJSON } from "./api.js";
+import { $, brief, getJSON } from "./api.js";
 import { cssColor, drawRoofline, drawTimeline } from "./charts.js";
 
 const ms = (s) => (s == null ? "–" : s < 1 ? `${(s * 1e3).toFixed(1)} ms` : `${s.toFixed(2)} s`);
@@ -24,6 +24,7 @@ export async function showResults(cat, tok, r, guesses) {
   const [pred, roof] = await Promise.all([getJSON(`/api/predict?${query}`), curve ?? getJSON("/api/sweep/curve")]);
   curve = roof;
   await Promise.all([showTimeline(tok, r, t, ttft, ticks, pred), showRoofline(pred, cached)]);
+  return pred;
 }
 
 function phasesOf(t, ttft, total, pred, n) {
@@ -61,7 +62,7 @@ async function showTimeline(tok, r, t, ttft, ticks, pred) {
   $("tl-pred-sub").textContent = pred.error != null
     ? `prefill ${pred.human.predicted} predicted beside ${ms(t.prefill_s)} measured (${pred.human.error}); ${pred.method}`
     : `prefill ${pred.human.predicted} (${pred.method})`;
-  $("tl-why").textContent = pred.note ? `Why: ${pred.note}` : "";
+  brief($("tl-why"), pred.note ? `Why: ${pred.note}` : "");
   const h = pred.human;
   $("tl-model").textContent = pred.request_model_s != null ? ms(pred.request_model_s) : "–";
   $("tl-model-sub").textContent = pred.itl_mean_s != null
@@ -90,9 +91,9 @@ async function showRoofline(pred, cached) {
   const d = pred.decode;
   const what = cached ? `This prefill (the ${pred.computed} tokens computed; ${cached} came from the prefix cache)` : "This prefill";
   const measured = v.measured_flops_per_s != null ? ` It ran at ${(v.measured_flops_per_s / 1e9).toFixed(1)} GFLOP/s measured.` : "";
-  $("roof-text").textContent = `${what}: ${v.words}.${measured} One decode step: ${d.words}. `
+  brief($("roof-text"), `${what}: ${v.words}.${measured} One decode step: ${d.words}. `
     + `Ridge = peak ${curve.human.peak} / bandwidth ${curve.human.bandwidth} (the sweep's roof, ${curve.profile.kind} `
-    + `profile). Weights: ${v.weights}.` + (v.turn ? ` As the sweep below says, ${v.turn}.` : "");
+    + `profile). Weights: ${v.weights}.` + (v.turn ? ` As the sweep below says, ${v.turn}.` : ""));
   const live = { intensity: v.intensity, measured_flops_per_s: v.measured_flops_per_s ?? v.predicted_flops_per_s,
     label: `your prompt (P=${pred.computed})` };
   const decode = { intensity: d.intensity, flops_per_s: d.predicted_flops_per_s, label: "one decode step" };

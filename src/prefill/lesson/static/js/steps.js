@@ -28,9 +28,11 @@ export async function showSteps(run, layer, head, signal) {
   $("steps-box").hidden = false;
   const room = run.maxAttentionP - run.P;
   if (room < 0) {
-    view = null;
-    $("steps-grid").replaceChildren();
-    $("steps-controls").hidden = true;
+    view = null; // nothing of the last prompt's steps stays: its grid, label, rows and KV strip are emptied
+    for (const id of ["steps-grid", "steps-kv", "steps-label", "steps-row", "steps-kv-text", "steps-hover"]) {
+      $(id).replaceChildren();
+    }
+    $("steps-body").hidden = true;
     $("steps-what").textContent = `The step-through is shown for prompts up to ${run.maxAttentionP} tokens; this one has ${run.P}.`;
     return;
   }
@@ -38,7 +40,7 @@ export async function showSteps(run, layer, head, signal) {
   const a = await postJSON("/api/attention", { text: run.text, chat: run.chat, layer, head,
     answer: answerTokens ? run.answer : "", answer_tokens: answerTokens }, signal);
   view = { a, P: a.prefill_rows, step: 0, kv: {} };
-  $("steps-controls").hidden = false;
+  $("steps-body").hidden = false;
   await go(0);
 }
 

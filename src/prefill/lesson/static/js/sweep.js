@@ -49,6 +49,14 @@ function row(m) {
   }));
   tr.lastChild.className = `bound-${m.dominant}`;
   tr.title = m.explain;
+  // A tap, a click or Enter says the row's reason under the table: a phone has no hover to show a title.
+  tr.tabIndex = 0;
+  const say = () => {
+    for (const r of tr.parentElement.rows) r.setAttribute("aria-selected", String(r === tr));
+    $("sweep-note").textContent = `P = ${m.P.toLocaleString("en-US")}: ${m.explain}`;
+  };
+  tr.addEventListener("click", say);
+  tr.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); say(); } });
   return tr;
 }
 
@@ -74,7 +82,7 @@ async function measureSweep() {
         await drawRoofline($("sweep-chart"), curve, measured);
       }
     });
-    status(`done: ${Ps.length} prompt lengths measured warm on this server's model. Hover a row for the time model's reason.`);
+    status(`done: ${Ps.length} prompt lengths measured warm on this server's model. Tap or click a row for the time model's reason.`);
     $("sweep").dataset.done = "1";
   } catch (e) {
     status(e instanceof ApiError ? e.message : String(e), true);

@@ -1,7 +1,7 @@
 // Part 5: compute or load (GET /api/compute-or-load). Asked once, when the section comes into view: the store's
 // read rates are measured then (once per server, a fraction of a second). Every number shown comes from the API.
 
-import { $, getJSON, loadWhenSeen, oneAtATime, setStatus } from "./api.js";
+import { $, brief, getJSON, loadWhenSeen, oneAtATime, setStatus } from "./api.js";
 import { drawTiers } from "./charts.js";
 import { initKVPick } from "./kvpick.js";
 
@@ -31,7 +31,7 @@ async function show() {
   $("tr-ram").textContent = r.human.ram;
   $("tr-disk").textContent = r.human.disk;
   $("tr-even").textContent = r.human.break_even;
-  $("tiers-text").textContent = r.explanation;
+  brief($("tiers-text"), r.explanation);
   $("tiers-source").textContent = `Read rates ${r.rates_source}. Prefill predicted by the time model on the `
     + `${r.profile} profile, in this server's prefill chunks.`;
   $("tiers-flip-key").hidden = !(r.ram?.flips?.length || r.disk?.flips?.length); // a key only for lines drawn

@@ -1,0 +1,54 @@
+"""What the model weighed before it chose (POST /api/next-token): the first answer token's probabilities.
+
+The prompt's last position gives logits over the whole vocabulary; softmax turns them into probabilities and the
+server, at temperature 0, takes the most likely. The page shows the most likely few beside the token chosen, and
+where a token the student names (" Paris") ranked, with its probability: the real model's numbers, from a
+separate pass on the server's worker (prefill.lesson.probe.next_token), not from the serving path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from prefill.lesson.live import MAX_TEXT, encode, labels
+from prefill.lesson.probe import next_token
+from prefill.lesson.state import lesson_of
+from prefill.server.openai_schema import int_in
+
+router = APIRouter(prefix="/api", tags=["lesson: live model"])
+MAX_LOOKUP = 200  # characters of the token looked up
+
+
+class NextTokenBody(BaseModel):
+    """The prompt (as the live section sends it), how many of the likeliest tokens to list, and a token to find."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: StrictStr = Field(min_length=1, max_length=MAX_TEXT)
+    chat: StrictBool = False
+    top: int_in(ge=1, le=50) = Field(10, description="how many of the most likely tokens to list")
+    lookup: StrictStr = Field(
+        "", max_length=MAX_LOOKUP, description="text whose first token's rank and probability to give (' Paris')"
+    )
+
+
+@router.post("/next-token")
+async def next_token_route(request: Request, body: NextTokenBody) -> dict:
+    """The first answer token's distribution for the prompt: the `top` most likely tokens with their probabilities
+    (the first is the one temperature 0 chooses), and the rank (from 1) and probability of `lookup`'s first token
+    (it may take several tokens: all are listed, the first is ranked)."""
+    lesson = lesson_of(request)
+    engine = lesson.engine
+    ids = await asyncio.to_thread(encode, engine, body.text, body.chat)
+    wanted = await asyncio.to_thread(engine.need_tokenizer().encode, body.lookup) if body.lookup else []
+    got = await lesson.run(partial(next_token, engine.model, ids, body.top, wanted[:1]))
+    words = labels(engine, [i for i, _ in got.top])
+    top = [{"id": i, "token": t, "p": p} for (i, p), t in zip(got.top, words, strict=True)]
+    out: dict = {"P": len(ids), "top": top, "chosen": top[0], "vocab": engine.spec.vocab_size, "lookup": None}
+    if got.looked:
+        ((i, rank, p),) = got.looked
+        out["lookup"] = {"text": body.lookup, "id": i, "rank": rank, "p": p, "tokens": labels(engine, wanted)}
+    return out
