@@ -307,7 +307,7 @@ class StoreTier:
         L, _, H_kv, _, d_head = kv.shape
         per_block = kv.view(L, 2, H_kv, len(keys) - have, self.block_size, d_head)
         blocks = [per_block[:, :, :, i] for i in range(len(keys) - have)]  # views; the writer makes them contiguous
-        return self.store.put(keys[have:], blocks)
+        return self.store.put(keys[have:], blocks, head=keys[:have])
 
     def _save_layers(self, keys: list[BlockKey], seq: SeqKV) -> int:
         """save_seq for a model with windowed layers: block i with the layers whose group still holds it, unless
@@ -318,7 +318,7 @@ class StoreTier:
         if have == len(keys) or not self.store.writable:
             return 0
         blocks = [KVBlock(copy_layers_out(seq, b, held[b]), held[b]) for b in range(have, len(keys))]
-        return self.store.put(keys[have:], blocks)
+        return self.store.put(keys[have:], blocks, head=keys[:have])
 
     def flush(self) -> None:
         """Wait for the queued writes (shutdown, tests, benchmarks)."""

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from prefill.engine.kv_store.blockio import KVBlock, bytes_of, holds, merged, read_block
-from prefill.engine.kv_store.files import BlockFiles
+from prefill.engine.kv_store.files import BlockFiles, chain_stamp
 from prefill.engine.kv_store.fingerprint import Fingerprint
 from prefill.engine.kv_store.format import (
     FORMAT_VERSION,
@@ -49,7 +49,6 @@ from prefill.errors import BadInput
 
 log = logging.getLogger("prefill.kv_store")
 _LOW_WATER = 0.9  # eviction frees down to 90% of max_bytes, so it runs once per tenth of the cap written
-_STAMP_STEP_NS = 1000  # a chain's later blocks look older, so LRU eviction trims chains from their tails
 _MARGIN_SHARE, _MARGIN_MAX = 0.05, 256 << 20  # free space left to others: 5% of the file system, at most 256 MiB
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk: make room and go on (other errors stop the writes)
 
@@ -225,23 +224,30 @@ class KVStore:
             self._stats.bytes_loaded += loaded
         if out and self.writable:  # mark them used, off the caller's path
             hits, stamp = list(keys[: len(out)]), time.time_ns()
-            self._writer.submit(lambda: self._touch(hits, stamp))
+            self._writer.submit(functools.partial(self._touch, hits, stamp))
         return out
 
     # ---- writes ----------------------------------------------------------------------------------------
 
-    def put(self, keys: Sequence[BlockKey], blocks: Sequence[torch.Tensor | KVBlock]) -> int:
+    def put(
+        self, keys: Sequence[BlockKey], blocks: Sequence[torch.Tensor | KVBlock], head: Sequence[BlockKey] = ()
+    ) -> int:
         """Queue `blocks` (a tensor [L, 2, H_kv, block_size, d_head] of all layers, or a KVBlock of some) for
-        writing under `keys`; returns at once. The store keeps references: pass tensors nobody will write to
-        (copies out of the pool). Returns how many were queued: the first ones, up to the writer's bound (the
-        rest are dropped and counted; a chain is only useful from its start)."""
+        writing under `keys`, one chain's consecutive blocks; `head`: that chain's blocks before keys[0], stored
+        already (marked used with them, so eviction takes the new tail first). Returns at once. The store keeps
+        references: pass tensors nobody will write to (copies out of the pool). Returns how many were queued: the
+        first ones, up to the writer's bound (the rest are dropped and counted; a chain is only useful from its
+        start)."""
         if len(keys) != len(blocks):
             raise BadInput(f"{len(keys)} keys for {len(blocks)} blocks")
         items = [self._checked(b) for b in blocks]
         stamp, queued = time.time_ns(), 0
-        for i, (key, block) in enumerate(zip(keys, items, strict=True)):
+        if head and self.writable:
+            self._writer.submit(functools.partial(self._touch, list(head), stamp))
+        parents = [head[-1] if head else None, *keys[:-1]]
+        for key, parent, block in zip(keys, parents, items, strict=True):
             nbytes = block.kv.numel() * block.kv.element_size()
-            job = functools.partial(self._write, key, block, stamp - i * _STAMP_STEP_NS)
+            job = functools.partial(self._write, key, block, chain_stamp(stamp, key.index), parent)
             if not (self.writable and self._writer.submit(job, nbytes)):
                 break
             queued += 1
@@ -309,12 +315,17 @@ class KVStore:
             with contextlib.suppress(OSError):  # the next put of this block writes a good one
                 self.files.remove(key.digest)
 
-    def _write(self, key: BlockKey, block: KVBlock, stamp: int) -> None:
+    def _write(self, key: BlockKey, block: KVBlock, stamp: int, parent: BlockKey | None) -> None:
         """On the writer thread: the block, unless a file with at least its layers is there (a sound file with
-        other layers is merged with it, so what one sequence's window kept and another's did not add up); then
+        other layers is merged with it, so what one sequence's window kept and another's did not add up), or its
+        chain's block before it (`parent`) is gone (evicted since the put: this one could never be used); then
         evict."""
         if not self.writable:
             return  # a write queued before the first failure
+        if parent is not None and not os.path.exists(self.files.path(parent.digest)):
+            with self._lock:
+                self._stats.dropped_blocks += 1
+            return
         try:
             old = self.files.peek(key.digest, PEEK_BYTES)
             if old is not None and holds(old, self.fp, key, block.layers):
@@ -371,8 +382,8 @@ class KVStore:
 
     def _touch(self, keys: list[BlockKey], stamp: int) -> None:
         try:
-            for i, key in enumerate(keys):
-                self.files.touch(key.digest, stamp - i * _STAMP_STEP_NS)
+            for key in keys:
+                self.files.touch(key.digest, chain_stamp(stamp, key.index))
         except OSError as e:
             self._stop_writing(e)
 
