@@ -201,6 +201,7 @@ class StoreTier:
             if windowed:
                 seq.free()  # nothing reserved yet: back to empty tables from position 0
             return use
+        self.store.touch(match.keys)  # used: the whole chain from its first block, newest first (LRU)
         j = decision.split // bs if decision.choice == "both" else 0  # blocks computed from the head
         use.resident_share = self.store.files.resident_share([k.digest for k in keys[j:]])  # RAM tier, or disk
         t0 = time.perf_counter()

@@ -4,6 +4,7 @@
     store.put(store.keys(ids), blocks)        # queued; written by the background thread
     match = store.longest_prefix(ids)         # blocks of ids' longest stored prefix (no payload read)
     blocks = store.get(match.keys)            # verified blocks, stopping at the first bad one
+    store.touch(match.keys)                   # marked used (LRU), the chain from its first block
 
 Nothing here raises on a disk problem. A directory that cannot be created or listed is no store (lookups miss);
 a read-only one is load-only: it serves what it holds and stores nothing (one warning; with nothing to serve,
@@ -222,22 +223,23 @@ class KVStore:
             self._stats.hit_blocks += len(out)
             self._stats.miss_blocks += len(keys) - len(out)
             self._stats.bytes_loaded += loaded
-        if out and self.writable:  # mark them used, off the caller's path
-            hits, stamp = list(keys[: len(out)]), time.time_ns()
-            self._writer.submit(functools.partial(self._touch, hits, stamp))
         return out
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Mark a chain's blocks used now, off the caller's path: `keys` from the chain's first block, so that each
+        stays newer than the blocks after it (a get() of a later batch, stamped alone, would not)."""
+        if keys and keys[0].index == 0 and self.writable:
+            self._writer.submit(functools.partial(self._touch, list(keys), time.time_ns()))
 
     # ---- writes ----------------------------------------------------------------------------------------
 
     def put(
         self, keys: Sequence[BlockKey], blocks: Sequence[torch.Tensor | KVBlock], head: Sequence[BlockKey] = ()
     ) -> int:
-        """Queue `blocks` (a tensor [L, 2, H_kv, block_size, d_head] of all layers, or a KVBlock of some) for
-        writing under `keys`, one chain's consecutive blocks; `head`: that chain's blocks before keys[0], stored
-        already (marked used with them, so eviction takes the new tail first). Returns at once. The store keeps
-        references: pass tensors nobody will write to (copies out of the pool). Returns how many were queued: the
-        first ones, up to the writer's bound (the rest are dropped and counted; a chain is only useful from its
-        start)."""
+        """Queue `blocks` (a tensor [L, 2, H_kv, block_size, d_head] of all layers, or a KVBlock of some) of one
+        chain for writing under `keys`, `head` being the chain's stored blocks before them (touched with them);
+        returns at once. The store keeps references: pass tensors nobody will write to. Returns how many were
+        queued: the first ones, up to the writer's bound (the rest are dropped and counted)."""
         if len(keys) != len(blocks):
             raise BadInput(f"{len(keys)} keys for {len(blocks)} blocks")
         items = [self._checked(b) for b in blocks]
