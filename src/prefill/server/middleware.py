@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from prefill.server.metrics import ServerMetrics, is_generation
 from prefill.server.openai_schema import NOT_JSON, error_body
 
-CLOSE = {"Connection": "close"}  # a reply sent before the body was read whole: the rest of it is never read
+CLOSE = {"Connection": "close"}  # a 408 is sent before the body is whole: the rest of it is never read
 
 
 class BodyLimit:
@@ -54,7 +54,9 @@ class BodyLimit:
             self.metrics.error(scope, 413)
             msg = f"request body is over the limit of {self.max_bytes} bytes; send a shorter prompt"
             body = error_body(msg, "invalid_request_error", None, "request_too_large")
-            return await JSONResponse(body, 413, headers=CLOSE)(scope, receive, send)
+            # the connection stays open: uvicorn reads the rest of the body away (a slow rest is cut off by
+            # prefill.server.server.SlowClientTimeout); closing now would reset a client still sending
+            return await JSONResponse(body, 413)(scope, receive, send)
         body = b"".join(chunks)
         if body and not is_utf8(body):
             self.metrics.error(scope, 400)
