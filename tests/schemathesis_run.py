@@ -1,9 +1,10 @@
 """schemathesis `--checks all` against a running server's /openapi.json, as the suite runs it: an API key, a fixed
 seed, few examples per operation, one worker, a response-time limit of the caller's, the report and the cache in
-`cwd`. Returns the finished process; the caller asserts on it."""
+`cwd`, the hooks of schemathesis_hooks.py. Returns the finished process; the caller asserts on it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,4 +37,5 @@ def run_schemathesis(
         "--report-dir",
         str(cwd),
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=cwd)
+    hooks = {"SCHEMATHESIS_HOOKS": str(Path(__file__).with_name("schemathesis_hooks.py"))}  # rules beyond the schema
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=cwd, env={**os.environ, **hooks})

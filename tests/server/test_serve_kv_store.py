@@ -1,9 +1,11 @@
 """A restart of the real server on a warm KV store: the second app (a fresh engine object, pool and store, the same
 directory) serves the repeated prompt's prefix from the store's files, says so in usage, timings and /metrics, and
-answers the same text."""
+answers the same text; a store smaller than one prompt keeps a usable prefix; a full disk keeps no probe file."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 
 import pytest
@@ -103,3 +105,52 @@ def served_all(smollm, directory, prompts: list[str]) -> list[dict]:
             assert reply.status_code == 200, reply.text
             out.append(reply.json())
         return out
+
+
+def test_a_store_smaller_than_one_prompt_keeps_a_usable_prefix_across_restarts(smollm, tmp_path):
+    """Issue 53: a 5 MiB store (6 blocks of 737 KB) under a prompt of 16 blocks. Every life leaves on disk exactly
+    the first blocks of the prompt's chain (never a block without those before it), and every restart loads the
+    same prefix from it (not 64 tokens, then 0)."""
+    prompt = "The river runs past the mill and the bridge, and on to the sea. " * 16
+    cached, stored = [], []
+    for _ in range(3):
+        engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+        engine.attach_kv_store(tmp_path, 5, force="load")
+        cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=64, prefix_cache_mb=0)
+        with TestClient(create_app(engine, cfg)) as client:
+            body = {"model": cfg.model_id, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            reply = client.post("/v1/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            cached.append(reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        store = engine.kv_store.store
+        keys = store.keys(smollm.tokenizer.encode(prompt, add_special_tokens=True))
+        assert len(keys) >= 16
+        held = [os.path.exists(store.files.path(k.digest)) for k in keys]
+        n = held.index(False)
+        assert held == [True] * n + [False] * (len(keys) - n), held  # a prefix of the chain, nothing after a gap
+        assert len(list((tmp_path / "blocks").rglob("*.kv"))) == n  # and nothing else
+        stored.append(n)
+    assert cached[0] == 0 and stored[0] > 0
+    assert cached[1:] == [stored[0] * 16] * 2, (cached, stored)
+    assert stored == [stored[0]] * 3
+
+
+def test_a_full_disk_leaves_no_probe_file(smollm, tmp_path):
+    """Issue 53: on a full disk the store's writability probe creates its file and cannot write its byte; the file
+    is removed all the same, not left until the next start."""
+    mount_tmpfs(tmp_path / "fs", 4)
+    try:
+        (tmp_path / "fs" / "store" / "blocks").mkdir(parents=True)
+        with open(tmp_path / "fs" / "filler", "wb") as f, contextlib.suppress(OSError):
+            while True:  # until the disk is full
+                f.write(b"\0" * 65536)
+                f.flush()
+        engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+        engine.attach_kv_store(tmp_path / "fs" / "store", 64, force="load")
+        cfg = ServeConfig(model_id_of(engine), kv_cache_mb=64, chunk_size=64)
+        with TestClient(create_app(engine, cfg)) as client:
+            assert client.get("/health").status_code == 200
+        left = [p.name for p in (tmp_path / "fs" / "store").rglob("*") if p.is_file()]
+    finally:
+        unmount(tmp_path / "fs")
+    assert left == [], left

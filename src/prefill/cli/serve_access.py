@@ -22,7 +22,10 @@ ApiKey = Annotated[
 ApiKeyFile = Annotated[str | None, typer.Option(help="read the API key from this file (its first line)")]
 AllowedHosts = Annotated[
     str | None,
-    typer.Option(help="Host header names answered, comma-separated; * for any (default: loopback names and --host)"),
+    typer.Option(
+        help="Host header names answered beside the loopback names and --host, comma-separated; -NAME removes one "
+        "(-localhost), * allows any"
+    ),
 ]
 EXPOSED = "/v1 (generation on this machine's CPU), /api (the lesson's live model), /metrics and /tokenize"
 
@@ -45,15 +48,24 @@ def api_key_of(api_key: str | None, api_key_file: str | None) -> str | None:
 
 
 def hosts_of(allowed_hosts: str | None, host: str) -> tuple[str, ...]:
-    """--allowed-hosts as a tuple, or the loopback names and the bound address."""
+    """The Host names answered: the loopback names and the bound address (default_allowed_hosts), plus the names
+    --allowed-hosts adds, less those it removes with a leading "-" ("a.example,-localhost"); "*" answers any."""
     from prefill.server.security import default_allowed_hosts
 
+    hosts = default_allowed_hosts(host)
     if allowed_hosts is None:
-        return default_allowed_hosts(host)
-    names = tuple(h.strip() for h in allowed_hosts.split(",") if h.strip())
+        return hosts
+    names = [h.strip().lower() for h in allowed_hosts.split(",") if h.strip()]
     if not names:
         fail("--allowed-hosts names no host; give one or more names, or * for any")
-    return names
+    removed = {n[1:].strip().strip("[]") for n in names if n.startswith("-")}
+    if "" in removed:
+        fail("--allowed-hosts: a lone '-' removes nothing; write -NAME, e.g. -localhost")
+    added = [n.strip("[]") for n in names if not n.startswith("-")]
+    kept = tuple(dict.fromkeys(h for h in (*hosts, *added) if h.strip("[]") not in removed))
+    if not kept:
+        fail("--allowed-hosts removes every host; keep at least one name, or give * for any")
+    return kept
 
 
 def warn_if_exposed(host: str, api_key: str | None, hosts: tuple[str, ...]) -> None:

@@ -201,6 +201,7 @@ class StoreTier:
             if windowed:
                 seq.free()  # nothing reserved yet: back to empty tables from position 0
             return use
+        self.store.touch(match.keys)  # used: the whole chain from its first block, newest first (LRU)
         j = decision.split // bs if decision.choice == "both" else 0  # blocks computed from the head
         use.resident_share = self.store.files.resident_share([k.digest for k in keys[j:]])  # RAM tier, or disk
         t0 = time.perf_counter()
@@ -307,7 +308,7 @@ class StoreTier:
         L, _, H_kv, _, d_head = kv.shape
         per_block = kv.view(L, 2, H_kv, len(keys) - have, self.block_size, d_head)
         blocks = [per_block[:, :, :, i] for i in range(len(keys) - have)]  # views; the writer makes them contiguous
-        return self.store.put(keys[have:], blocks)
+        return self.store.put(keys[have:], blocks, head=keys[:have])
 
     def _save_layers(self, keys: list[BlockKey], seq: SeqKV) -> int:
         """save_seq for a model with windowed layers: block i with the layers whose group still holds it, unless
@@ -318,7 +319,7 @@ class StoreTier:
         if have == len(keys) or not self.store.writable:
             return 0
         blocks = [KVBlock(copy_layers_out(seq, b, held[b]), held[b]) for b in range(have, len(keys))]
-        return self.store.put(keys[have:], blocks)
+        return self.store.put(keys[have:], blocks, head=keys[:have])
 
     def flush(self) -> None:
         """Wait for the queued writes (shutdown, tests, benchmarks)."""

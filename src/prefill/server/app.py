@@ -51,7 +51,8 @@ def create_app(engine: Engine, cfg: ServeConfig) -> FastAPI:
     app = FastAPI(title="prefill", lifespan=lifespan)
     app.state.server = state
     app.state.open_paths = OpenPaths()  # what a mounted application (the lesson page) may open beside /health
-    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, metrics=state.metrics)
+    body = {"max_bytes": cfg.max_body_bytes, "timeout_s": cfg.body_timeout_s}
+    app.add_middleware(BodyLimit, metrics=state.metrics, **body)
     # added last, so it runs first: an unknown Host or a missing key is refused before the body is read
     guard = {"api_key": cfg.api_key, "allowed_hosts": cfg.allowed_hosts, "open": app.state.open_paths}
     app.add_middleware(Guard, metrics=state.metrics, **guard)

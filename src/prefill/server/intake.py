@@ -85,15 +85,7 @@ class Intake:
             raise ApiError(400, f"{n} prompts in one request; at most {self.cfg.max_prompts}", param="prompt")
         if body.stream and n > 1:
             raise ApiError(400, "stream one prompt at a time", param="prompt")
-        chars = sum(len(m.text()) for m in body.messages) if chat else _prompt_chars(body.prompt)
-        if chars > self.context * self.max_token_chars:
-            raise ApiError(
-                400,
-                f"the prompt has {chars} characters, more than {self.context} tokens of this "
-                "model's context can hold; shorten it",
-                param="prompt",
-                code="context_length_exceeded",
-            )
+        self.check_chars(sum(len(m.text()) for m in body.messages) if chat else _prompt_chars(body.prompt))
         return SamplingParams(
             temperature=float(body.temperature),
             top_k=body.top_k,
@@ -101,6 +93,17 @@ class Intake:
             seed=body.seed,
             logit_bias=bias,
         )
+
+    def check_chars(self, chars: int, param: str = "prompt") -> None:
+        """A 400 for a text of `chars` characters that cannot fit the context, before anything tokenizes it."""
+        if chars > self.context * self.max_token_chars:
+            raise ApiError(
+                400,
+                f"the prompt has {chars} characters, more than {self.context} tokens of this "
+                "model's context can hold; shorten it",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def prepare(self, body: Body, chat: bool) -> Prepared:
         """Tokenize, check each prompt's length, and compile the grammar (on a worker thread)."""

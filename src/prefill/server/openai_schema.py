@@ -244,14 +244,15 @@ class ToolCall(_Body):
     function: CalledFunction
 
 
-class ChatMessage(BaseModel):
-    """One turn. content may be null only on an assistant turn that made tool calls (Intake.check says so)."""
+class ChatMessage(_Body):
+    """One turn. content may be null only on an assistant turn that made tool calls (Intake.check says so). Any
+    other key is a 400 naming it, as in the request itself."""
 
-    model_config = ConfigDict(extra="ignore")  # e.g. "name": no instruction for the model
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
     tool_call_id: StrictStr | None = None  # a tool turn: the call it answers
+    name: StrictStr | None = None  # OpenAI's name of the turn's participant: accepted, no instruction for the model
 
     def text(self) -> str:
         if self.content is None:
@@ -268,7 +269,9 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(default=None, description="1+ needs logprobs")
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(default=None, max_length=64)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description="a named function must be one of tools (a 400 otherwise)"
+    )
     parallel_tool_calls: StrictBool | None = None  # at most one call either way, which both values allow
     functions: Any = None
     function_call: Any = None
@@ -280,7 +283,8 @@ class ChatCompletionRequest(_Sampling):
 
 
 class ApiError(Exception):
-    """A refusal with an HTTP status and OpenAI's error fields."""
+    """A refusal with an HTTP status and OpenAI's error fields; a 400 without a code of its own is
+    "invalid_value", so a client can always branch on `code`."""
 
     def __init__(
         self,
@@ -292,6 +296,7 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        code = code if code is not None or status != 400 else "invalid_value"
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.headers = headers or {}  # e.g. Retry-After on a 429
 

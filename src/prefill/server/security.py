@@ -1,5 +1,6 @@
 """Who may talk to the server: the Host header (a defence against DNS rebinding, where a web page the user opened
-reaches a loopback server under a name it controls) and the API key (`Authorization: Bearer KEY`).
+reaches a loopback server under a name it controls) and the API key (`Authorization: Bearer KEY`, the scheme in
+any case).
 
 `Guard` stands in front of every route. A request whose Host is not allowed gets a 400; with a key set, a
 request to anything but the open paths (/health, the OpenAPI document and its viewers, and what an application
@@ -61,6 +62,13 @@ def host_name(header: bytes) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+def bearer_token(header: bytes) -> bytes:
+    """The credentials of an `Authorization: Bearer TOKEN` header, the scheme in any case (RFC 7235: "bearer"
+    and "BEARER" are the same scheme); b"" for any other scheme or none."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
 class Guard:
     """ASGI middleware: the Host check (`allowed_hosts`, None or containing "*": any host), then the API key
     (`api_key`, None: none needed)."""
@@ -69,7 +77,7 @@ class Guard:
         self, app, api_key: str | None, allowed_hosts: tuple[str, ...] | None, metrics: ServerMetrics, open: OpenPaths
     ):
         self.app, self.metrics, self.open = app, metrics, open
-        self.key = f"Bearer {api_key}".encode() if api_key else None
+        self.key = api_key.encode() if api_key else None
         any_host = allowed_hosts is None or "*" in allowed_hosts
         self.hosts = None if any_host else frozenset(h.lower().strip("[]") for h in allowed_hosts)
 
@@ -80,12 +88,11 @@ class Guard:
         if self.hosts is not None and host_name(headers.get(b"host", b"")) not in self.hosts:
             msg = "the Host header names a host this server does not answer for; start it with --allowed-hosts NAME"
             return await self.refuse(scope, receive, send, 400, msg, "invalid_host", {})
-        if self.key is not None and scope["path"] not in self.open:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.key):
-                msg = "a valid API key is needed: send the header Authorization: Bearer KEY"
-                challenge = {"WWW-Authenticate": "Bearer"}
-                return await self.refuse(scope, receive, send, 401, msg, "invalid_api_key", challenge)
+        given = bearer_token(headers.get(b"authorization", b""))
+        if self.key is not None and scope["path"] not in self.open and not hmac.compare_digest(given, self.key):
+            msg = "a valid API key is needed: send the header Authorization: Bearer KEY"
+            challenge = {"WWW-Authenticate": "Bearer"}
+            return await self.refuse(scope, receive, send, 401, msg, "invalid_api_key", challenge)
         return await self.app(scope, receive, send)
 
     async def refuse(self, scope, receive, send, status: int, msg: str, code: str, headers: dict) -> None:

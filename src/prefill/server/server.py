@@ -21,14 +21,18 @@ from prefill.machine import openmp
 
 GRACEFUL_SHUTDOWN_S = 5.0
 HEADER_TIMEOUT_S = 10.0  # ServeConfig.header_timeout_s's default
+BODY_TIMEOUT_S = 30.0  # ServeConfig.body_timeout_s's default
 
 
-class HeaderTimeout(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a deadline on each request's headers: a client that opens a connection (or
+class SlowClientTimeout(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with deadlines on what a slow client sends: a client that opens a connection (or
     finishes a response) and then sends partial headers, a byte now and then (slow loris), is cut off
-    `header_timeout_s` later. uvicorn's own keep-alive timer stops at the first byte received."""
+    `header_timeout_s` later (uvicorn's own keep-alive timer stops at the first byte received). While the app
+    answers a request, its body's deadline is the app's (prefill.server.middleware.BodyLimit: a 408); a body still
+    coming after the response (a refusal sent before the body was read) is cut off `body_timeout_s` later."""
 
     header_timeout_s = HEADER_TIMEOUT_S
+    body_timeout_s = BODY_TIMEOUT_S
     _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
@@ -41,8 +45,8 @@ class HeaderTimeout(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE and self._deadline is not None:  # the headers are in
-            self._deadline.cancel()
+        if self._deadline is not None and self.conn.their_state is not h11.IDLE and not self._answered():
+            self._deadline.cancel()  # the headers are in and the app is answering: the body's deadline is its own
             self._deadline = None
 
     def connection_lost(self, exc) -> None:
@@ -50,19 +54,26 @@ class HeaderTimeout(H11Protocol):
             self._deadline.cancel()
         super().connection_lost(exc)
 
+    def _answered(self) -> bool:
+        return self.cycle is not None and self.cycle.response_complete
+
     def _arm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        self._deadline = self.loop.call_later(self.header_timeout_s, self._expire)
+        wait = self.header_timeout_s if self.conn.their_state is h11.IDLE else self.body_timeout_s
+        self._deadline = self.loop.call_later(wait, self._expire)
 
     def _expire(self) -> None:
         self._deadline = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        state = self.conn.their_state
+        unread_body = state is h11.SEND_BODY and self._answered()
+        if (state is h11.IDLE or unread_body) and not self.transport.is_closing():
             self.transport.close()
 
 
-def _protocol(header_timeout_s: float) -> type[HeaderTimeout]:
-    return type("HeaderTimeoutH11", (HeaderTimeout,), {"header_timeout_s": header_timeout_s})
+def _protocol(header_timeout_s: float, body_timeout_s: float) -> type[SlowClientTimeout]:
+    timeouts = {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s}
+    return type("SlowClientTimeoutH11", (SlowClientTimeout,), timeouts)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,7 +100,9 @@ class _Server(uvicorn.Server):
 
 def _server(app, host: str, port: int, log_level: str) -> _Server:
     state = _server_state(app)
-    header_timeout_s = state.cfg.header_timeout_s if state is not None else HEADER_TIMEOUT_S
+    cfg = state.cfg if state is not None else None
+    header_timeout_s = cfg.header_timeout_s if cfg is not None else HEADER_TIMEOUT_S
+    body_timeout_s = cfg.body_timeout_s if cfg is not None else BODY_TIMEOUT_S
     config = uvicorn.Config(
         app,
         host=host,
@@ -97,7 +110,7 @@ def _server(app, host: str, port: int, log_level: str) -> _Server:
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        http=_protocol(header_timeout_s),
+        http=_protocol(header_timeout_s, body_timeout_s),
     )
     server = _Server(config)
     if state is not None:  # the supervisor's way to stop the process when the worker cannot serve

@@ -101,6 +101,9 @@ class Grammars:
         """A grammar for JSON matching `schema`; SchemaError (naming `param`) when the schema cannot be compiled."""
         import llguidance
 
+        if loop := ref_loop(schema):
+            chain = " -> ".join(loop)
+            raise SchemaError(f"{param}: the JSON schema's $ref loops back without describing a value: {chain}", param)
         try:
             bounded = json.dumps(int64_integers(schema))
             text = llguidance.LLMatcher.grammar_from_json_schema(bounded, overrides=_JSON_OPTIONS)
@@ -109,6 +112,8 @@ class Grammars:
         error = llguidance.LLMatcher.validate_grammar(text, self._lltokenizer())
         if error:
             raise SchemaError(f"{param}: the JSON schema is not supported: {error}", param)
+        if llguidance.LLMatcher(self._lltokenizer(), text, log_level=0).is_stopped():  # only the empty answer
+            raise SchemaError(f"{param}: the JSON schema matches no JSON value", param)
         return Grammar(text)
 
     def json_object(self) -> Grammar:
@@ -169,6 +174,53 @@ def _closed(parameters: dict) -> dict:
     if parameters.get("type") == "object" and parameters.get("properties") and "additionalProperties" not in parameters:
         return {**parameters, "additionalProperties": False}
     return parameters
+
+
+# Keywords that describe no value: a schema with a $ref and only these is another name for its target.
+_ANNOTATIONS = frozenset(("$ref", "$defs", "definitions", "$schema", "$id", "$comment", "title", "description"))
+
+
+def ref_loop(schema) -> list[str] | None:
+    """The first chain of local $refs ("#/$defs/a") that comes back to a schema it passed through, each schema on it
+    being a $ref alone (another name, no value described: {"$ref": "#"} at the root, a -> b -> a), or None. A $ref
+    under a property or an item (a tree) is no loop: each turn describes one more level of the value."""
+
+    def target(ref: str):
+        if ref != "#" and not ref.startswith("#/"):
+            return None  # another document, or an anchor: not followed
+        node = schema
+        for part in ref[2:].split("/") if ref != "#" else ():
+            key = part.replace("~1", "/").replace("~0", "~")  # JSON Pointer's escapes
+            if isinstance(node, dict) and key in node:
+                node = node[key]
+            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            else:
+                return None
+        return node
+
+    for ref in _refs(schema):
+        chain, seen, node = [ref], [], target(ref)
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and set(node) <= _ANNOTATIONS:
+            if any(node is s for s in seen):
+                return chain
+            seen.append(node)
+            chain.append(node["$ref"])
+            node = target(node["$ref"])
+    return None
+
+
+def _refs(schema):
+    """Every $ref string in `schema` (not inside the values of const, enum, default or examples)."""
+    if isinstance(schema, list):
+        for s in schema:
+            yield from _refs(s)
+    elif isinstance(schema, dict):
+        if isinstance(schema.get("$ref"), str):
+            yield schema["$ref"]
+        for k, v in schema.items():
+            if k not in ("const", "enum", "default", "examples"):
+                yield from _refs(v)
 
 
 # How most JSON parsers read an integer: int64, at most 19 digits. The lowest 1,024 values are left out because

@@ -2,7 +2,8 @@
 
 Evaluation harnesses (lm-eval's `tokenizer_backend=remote`) count context and continuation tokens with the
 server's own tokenizer through them, so nothing has to be downloaded on the client side. Text is checked as the
-generation routes check it (valid Unicode); tokenizing runs on a worker thread, as theirs does.
+generation routes check it (valid Unicode, and no longer than the context could hold: a 400 before tokenizing);
+tokenizing runs on a worker thread, as theirs does.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class DetokenizeRequest(BaseModel):
 
 @router.post("/tokenize")
 async def tokenize(request: Request, body: TokenizeRequest) -> dict:
-    engine = state_of(request).engine
+    state = state_of(request)
+    state.intake.check_chars(len(body.prompt))  # a text longer than the context can hold is not tokenized
+    engine = state.engine
     tok = engine.need_tokenizer()
     ids = await asyncio.to_thread(tok.encode, body.prompt, add_special_tokens=body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": engine.spec.context_length}

@@ -29,10 +29,18 @@ from pathlib import Path
 from prefill.engine.kv_store.format import MAGIC
 
 _SUFFIX, _TMP = ".kv", ".tmp"
+_STAMP_STEP_NS = 1000  # a chain's later blocks look older (chain_stamp)
 _STALE_TMP_NS = 3600 * 10**9  # a live writer finishes a block in milliseconds; an hour-old temp file is litter
 _BLOCK_NAME = re.compile(r"[0-9a-f]{64}\.kv")
 _SHARD_NAME = re.compile(r"[0-9a-f]{2}")
 _TMP_PID = re.compile(r"\.(\d+)\.\d+(?:\.\d+)?\.tmp$")  # .<name>.<pid>.<thread>.<ns>.tmp, .probe.<pid>.<thread>.tmp
+
+
+def chain_stamp(now_ns: int, index: int) -> int:
+    """The mtime of block `index` of a chain written or hit at `now_ns`: 1 µs older per block from the chain's
+    start. Every write and hit stamps the chain from its first block, so each block is newer than every block after
+    it and LRU eviction trims a chain from its tail: it never leaves a block without the blocks before it."""
+    return now_ns - index * _STAMP_STEP_NS
 
 
 @dataclass(frozen=True)
@@ -62,8 +70,11 @@ class BlockFiles:
     def check_writable(self) -> None:
         """Write and remove a one-byte temporary file; the OSError of a read-only or full file system if not."""
         probe = self.blocks / f".probe.{os.getpid()}.{threading.get_ident()}{_TMP}"
-        probe.write_bytes(b"\0")
-        probe.unlink()
+        try:
+            probe.write_bytes(b"\0")
+        finally:  # a full disk creates the file and refuses its byte: removed all the same
+            with contextlib.suppress(OSError):  # none there (read-only): nothing to remove
+                probe.unlink()
 
     def write(self, key: bytes, parts: list, stamp_ns: int, sync: bool = False) -> int:
         """Write the concatenated buffers `parts` as the block file of `key` (whole, or not at all), its mtime

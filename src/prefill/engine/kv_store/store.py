@@ -4,6 +4,7 @@
     store.put(store.keys(ids), blocks)        # queued; written by the background thread
     match = store.longest_prefix(ids)         # blocks of ids' longest stored prefix (no payload read)
     blocks = store.get(match.keys)            # verified blocks, stopping at the first bad one
+    store.touch(match.keys)                   # marked used (LRU), the chain from its first block
 
 Nothing here raises on a disk problem. A directory that cannot be created or listed is no store (lookups miss);
 a read-only one is load-only: it serves what it holds and stores nothing (one warning; with nothing to serve,
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 from prefill.engine.kv_store.blockio import KVBlock, bytes_of, holds, merged, read_block
-from prefill.engine.kv_store.files import BlockFiles
+from prefill.engine.kv_store.files import BlockFiles, chain_stamp
 from prefill.engine.kv_store.fingerprint import Fingerprint
 from prefill.engine.kv_store.format import (
     FORMAT_VERSION,
@@ -49,7 +50,6 @@ from prefill.errors import BadInput
 
 log = logging.getLogger("prefill.kv_store")
 _LOW_WATER = 0.9  # eviction frees down to 90% of max_bytes, so it runs once per tenth of the cap written
-_STAMP_STEP_NS = 1000  # a chain's later blocks look older, so LRU eviction trims chains from their tails
 _MARGIN_SHARE, _MARGIN_MAX = 0.05, 256 << 20  # free space left to others: 5% of the file system, at most 256 MiB
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk: make room and go on (other errors stop the writes)
 
@@ -223,25 +223,33 @@ class KVStore:
             self._stats.hit_blocks += len(out)
             self._stats.miss_blocks += len(keys) - len(out)
             self._stats.bytes_loaded += loaded
-        if out and self.writable:  # mark them used, off the caller's path
-            hits, stamp = list(keys[: len(out)]), time.time_ns()
-            self._writer.submit(lambda: self._touch(hits, stamp))
         return out
+
+    def touch(self, keys: Sequence[BlockKey]) -> None:
+        """Mark a chain's blocks used now, off the caller's path: `keys` from the chain's first block, so that each
+        stays newer than the blocks after it (a get() of a later batch, stamped alone, would not)."""
+        if keys and keys[0].index == 0 and self.writable:
+            self._writer.submit(functools.partial(self._touch, list(keys), time.time_ns()))
 
     # ---- writes ----------------------------------------------------------------------------------------
 
-    def put(self, keys: Sequence[BlockKey], blocks: Sequence[torch.Tensor | KVBlock]) -> int:
-        """Queue `blocks` (a tensor [L, 2, H_kv, block_size, d_head] of all layers, or a KVBlock of some) for
-        writing under `keys`; returns at once. The store keeps references: pass tensors nobody will write to
-        (copies out of the pool). Returns how many were queued: the first ones, up to the writer's bound (the
-        rest are dropped and counted; a chain is only useful from its start)."""
+    def put(
+        self, keys: Sequence[BlockKey], blocks: Sequence[torch.Tensor | KVBlock], head: Sequence[BlockKey] = ()
+    ) -> int:
+        """Queue `blocks` (a tensor [L, 2, H_kv, block_size, d_head] of all layers, or a KVBlock of some) of one
+        chain for writing under `keys`, `head` being the chain's stored blocks before them (touched with them);
+        returns at once. The store keeps references: pass tensors nobody will write to. Returns how many were
+        queued: the first ones, up to the writer's bound (the rest are dropped and counted)."""
         if len(keys) != len(blocks):
             raise BadInput(f"{len(keys)} keys for {len(blocks)} blocks")
         items = [self._checked(b) for b in blocks]
         stamp, queued = time.time_ns(), 0
-        for i, (key, block) in enumerate(zip(keys, items, strict=True)):
+        if head and self.writable:
+            self._writer.submit(functools.partial(self._touch, list(head), stamp))
+        parents = [head[-1] if head else None, *keys[:-1]]
+        for key, parent, block in zip(keys, parents, items, strict=True):
             nbytes = block.kv.numel() * block.kv.element_size()
-            job = functools.partial(self._write, key, block, stamp - i * _STAMP_STEP_NS)
+            job = functools.partial(self._write, key, block, chain_stamp(stamp, key.index), parent)
             if not (self.writable and self._writer.submit(job, nbytes)):
                 break
             queued += 1
@@ -309,12 +317,17 @@ class KVStore:
             with contextlib.suppress(OSError):  # the next put of this block writes a good one
                 self.files.remove(key.digest)
 
-    def _write(self, key: BlockKey, block: KVBlock, stamp: int) -> None:
+    def _write(self, key: BlockKey, block: KVBlock, stamp: int, parent: BlockKey | None) -> None:
         """On the writer thread: the block, unless a file with at least its layers is there (a sound file with
-        other layers is merged with it, so what one sequence's window kept and another's did not add up); then
+        other layers is merged with it, so what one sequence's window kept and another's did not add up), or its
+        chain's block before it (`parent`) is gone (evicted since the put: this one could never be used); then
         evict."""
         if not self.writable:
             return  # a write queued before the first failure
+        if parent is not None and not os.path.exists(self.files.path(parent.digest)):
+            with self._lock:
+                self._stats.dropped_blocks += 1
+            return
         try:
             old = self.files.peek(key.digest, PEEK_BYTES)
             if old is not None and holds(old, self.fp, key, block.layers):
@@ -371,8 +384,8 @@ class KVStore:
 
     def _touch(self, keys: list[BlockKey], stamp: int) -> None:
         try:
-            for i, key in enumerate(keys):
-                self.files.touch(key.digest, stamp - i * _STAMP_STEP_NS)
+            for key in keys:
+                self.files.touch(key.digest, chain_stamp(stamp, key.index))
         except OSError as e:
             self._stop_writing(e)
 
