@@ -6,9 +6,10 @@ portable torch path that decodes the blocks per call (correct, and slower than f
 
 The library loads once per process, built first if missing or stale (prefill.model.quant.build); either way a
 one-line note says which path runs. PREFILL_ISA (scalar | avx2 | avx512) forces its instruction set at load, as
-set_isa does (the suite runs each kernel so); a CPU without it is a one-line error. Both paths decode exactly as the gguf package does (the products q * d are
-exact in float32), so on the f32 activation path they differ from F.linear on the dequantized weight by
-summation order only; the q8 path (activations.py) rounds the activations first.
+set_isa does (the suite runs each kernel so); a CPU without it is a one-line error. Both paths decode exactly as
+the gguf package does (the products q * d are exact in float32), so on the f32 activation path they differ from
+F.linear on the dequantized weight by summation order only; the q8 path (activations.py) rounds the activations
+first.
 """
 
 from __future__ import annotations
