@@ -201,20 +201,22 @@ def error_bound(x: torch.Tensor, magnitudes: torch.Tensor, isa: str, packed: boo
 
 
 def term_magnitudes(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
-    """[N, K] float64: the magnitudes of the terms the kernels add, |d| q + |m| for Q4_1, |d| (q + 8) for Q4_0 (q
-    the nibble, 0..15), |d sc| q + |dmin m| for Q4_K (each sub-block's sum q x and sum x meet its scale and its
-    min apart), |w| for other types."""
+    """[N, K] float64: the magnitudes of the terms the kernels add, |d| q + |m| for Q4_1 and Q5_1, |d| (q + 8) for
+    Q4_0 (q the integer, 0..15 or 0..31), |d sc| q + |dmin m| for Q4_K (each sub-block's sum q x and sum x meet
+    its scale and its min apart), |w| for other types."""
     block, nbytes = GGUF_BLOCKS[qtype]
-    if qtype == "Q4_K":
-        return _q4k_terms(blocks.reshape(N, K // block, nbytes)).reshape(N, K)
-    if qtype not in ("Q4_0", "Q4_1"):
-        return dequant_portable(blocks, qtype, N, K).double().abs()
     b = blocks.reshape(N, K // block, nbytes)
+    if qtype == "Q4_K":
+        return _q4k_terms(b).reshape(N, K)
+    if qtype not in ("Q4_0", "Q4_1", "Q5_1"):
+        return dequant_portable(blocks, qtype, N, K).double().abs()
     d = b[..., :2].contiguous().view(torch.float16).double().abs()  # [N, nb, 1]
-    off = 2 if qtype == "Q4_0" else 4
-    q = torch.cat([b[..., off:] & 0xF, b[..., off:] >> 4], dim=-1).double()  # [N, nb, 32]
+    off = {"Q4_0": 2, "Q4_1": 4, "Q5_1": 8}[qtype]
+    q = torch.cat([b[..., off:] & 0xF, b[..., off:] >> 4], dim=-1).long()  # [N, nb, 32]
+    if qtype == "Q5_1":  # the fifth bits: bit i of the word at bytes 4..7 is weight i's
+        q = q | ((b[..., 4:8].contiguous().view(torch.int32).long() >> torch.arange(32)) & 1) << 4
     m = 8 * d if qtype == "Q4_0" else b[..., 2:4].contiguous().view(torch.float16).double().abs()
-    return (q * d + m).reshape(N, K)
+    return (q.double() * d + m).reshape(N, K)
 
 
 def _q4k_terms(b: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 // blocks (uint8 [N, row_bytes]), dequantized in registers. out[m][n] = sum_k x[m][k] w[n][k], i.e. F.linear.
 //
 //   gemm(x, w, qtype, N, K) -> [M, N]   M = 1: direct dot per row, or per group of 8 rows in the x8 layout
-//                                        (no weight materialised; in the x8 layout, and Q4_K / Q6_K
+//                                        (no weight materialised; in the x8 layout, and Q4_K / Q6_K / Q5
 //                                        (kquants.cpp), also M = 2-4);
 //                                        else weight panels decoded into L1/L2, reused by all rows.
 //                                        qtype | ACT_Q8 (packed.h): the activations quantised to int8 per
@@ -12,7 +12,7 @@
 //                                                      qtype | PACKED, which every operator here accepts.
 //   set_isa(name) -> name                             "auto", "avx512", "avx2" or "scalar" (tests force each
 //                                                      kernel; avx512 = F, BW, VL, VNNI: the 8-bit activation
-//                                                      kernel, q8.cpp, and the K-quants' few-rows kernel,
+//                                                      kernel, q8.cpp, and the few-rows kernel of Q4_K, Q6_K, Q5,
 //                                                      kquants.cpp; the other float32 kernels run AVX2 code).
 //   pre_attention, post_attention, decode_block       a decoder block's work around attention, or all of it (fused.cpp).
 //
@@ -76,7 +76,7 @@ void dequant_rows(int isa, int64_t t, const uint8_t* w, int64_t row_bytes, int64
       case Q4_0: return avx2::dequant_rows_t<Q4_0>(w, row_bytes, rows, K, y);
       case Q4_1: return avx2::dequant_rows_t<Q4_1>(w, row_bytes, rows, K, y);
       case Q8_0: return avx2::dequant_rows_t<Q8_0>(w, row_bytes, rows, K, y);
-      default: if (dequant_rows_kquant(isa, t, w, row_bytes, rows, K, y)) return;  // Q4_K, Q6_K
+      default: if (dequant_rows_kquant(isa, t, w, row_bytes, rows, K, y)) return;  // Q4_K, Q6_K, Q5_0, Q5_1
     }
   }
 #endif

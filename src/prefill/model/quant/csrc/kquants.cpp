@@ -1,4 +1,4 @@
-// The K-quants' dispatch (Q4_K, Q6_K; kernels in kquants.h): up to FEW_ROWS rows of float32 activations straight
+// The dispatch of the plain-layout types' kernels (Q4_K, Q6_K, Q5_0, Q5_1; kquants.h): up to FEW_ROWS rows of float32 activations straight
 // from the blocks on the instruction set in use (current_isa(): AVX-512 VNNI, AVX2), and the panel path's
 // decoding into float32. The scalar instruction set, and an activation row holding an inf or a NaN, take the
 // portable panel path of gemm.cpp (blocks.h's decoder, then float32 products).
@@ -20,7 +20,7 @@ constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead the weights are asked
 
 template <int64_t T, int R>
 void rows(int isa, const avx2::SplitX* sx, const QMatrix& w, int64_t n0, int64_t n1, float* out) {
-  const int64_t nb = w.K / 256;
+  const int64_t nb = w.K / layout_of(T).block;
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t* row = w.data + n * w.row_bytes;
     for (int64_t c = 0; c < w.row_bytes; c += 64)
@@ -58,8 +58,12 @@ bool matmul_kquant(const float* xp, int64_t M, const QMatrix& w, float* out) {
     if (!avx2::split_x(xp + m * K, K, sx[m])) return false;  // an inf or a NaN: the float path propagates it
   }
   at::parallel_for(0, w.N, ROW_GRAIN, [&](int64_t n0, int64_t n1) {
-    if (t == Q4_K) rows_t<Q4_K>(isa, M, sx, w, n0, n1, out);
-    else rows_t<Q6_K>(isa, M, sx, w, n0, n1, out);
+    switch (t) {
+      case Q4_K: return rows_t<Q4_K>(isa, M, sx, w, n0, n1, out);
+      case Q6_K: return rows_t<Q6_K>(isa, M, sx, w, n0, n1, out);
+      case Q5_0: return rows_t<Q5_0>(isa, M, sx, w, n0, n1, out);
+      default: return rows_t<Q5_1>(isa, M, sx, w, n0, n1, out);
+    }
   });
   return true;
 #else
@@ -70,8 +74,12 @@ bool matmul_kquant(const float* xp, int64_t M, const QMatrix& w, float* out) {
 bool dequant_rows_kquant(int isa, int64_t t, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t K, float* y) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (isa < AVX2 || !kq::kquant(t)) return false;
-  if (t == Q4_K) kq::dequant_rows_avx2<Q4_K>(w, row_bytes, rows, K, y);
-  else kq::dequant_rows_avx2<Q6_K>(w, row_bytes, rows, K, y);
+  switch (t) {
+    case Q4_K: kq::dequant_rows_avx2<Q4_K>(w, row_bytes, rows, K, y); break;
+    case Q6_K: kq::dequant_rows_avx2<Q6_K>(w, row_bytes, rows, K, y); break;
+    case Q5_0: kq::dequant_rows_q5_avx2<Q5_0>(w, row_bytes, rows, K, y); break;
+    default: kq::dequant_rows_q5_avx2<Q5_1>(w, row_bytes, rows, K, y); break;
+  }
   return true;
 #else
   return false;

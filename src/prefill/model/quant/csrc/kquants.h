@@ -1,5 +1,6 @@
-// The K-quants' SIMD kernels (Q4_K, Q6_K: blocks of 256 weights whose sub-blocks carry their own scales;
-// blocks.h has the layouts and the scalar decoding these must agree with).
+// The SIMD kernels of the types read in the plain layout (no x8 kernel): the K-quants Q4_K and Q6_K (blocks of
+// 256 weights whose sub-blocks carry their own scales) and Q5_0 / Q5_1 (Q4's blocks of 32 with a fifth bit a
+// weight); blocks.h has the layouts and the scalar decoding these must agree with.
 //
 // - rows_avx2 / rows_avx512: R <= 4 activation rows (decode, a few rows of a batch) against one weight row,
 //   straight from the blocks, on the arithmetic of simd_avx2.h's M = 1 dot: each 32-block of x split into two
@@ -8,7 +9,8 @@
 //   sum scaled once in float. Q4_K's sub-block of 32 (6-bit scale sc, 6-bit min m): d sc sum q x - dmin m sum x.
 //   Q6_K's sub-blocks of 16 (int8 scale): d sc sum (q - 32) x, the two 16-halves of a 32-block in separate
 //   lanes (an AVX-512 lane sums 2 products, an AVX2 lane 2, within one half), so no integer leaves 2^24 and
-//   every conversion to float is exact: only the float accumulation rounds.
+//   every conversion to float is exact: only the float accumulation rounds. Q5_0: d sum (q - 16) x; Q5_1:
+//   d sum q x + m sum x.
 // - dequant_rows_avx2: rows decoded into float32 for the panel kernel (M >= 5), bit for bit the scalar decoder's
 //   (d sc q is exact in float32; Q4_K's one rounding, d sc q - dmin m, is the same with or without FMA).
 #pragma once
@@ -27,7 +29,7 @@ namespace prefill_quant::kq {
 
 using avx2::SplitX;
 
-inline bool kquant(int64_t t) { return t == Q4_K || t == Q6_K; }
+inline bool kquant(int64_t t) { return t == Q4_K || t == Q6_K || t == Q5_0 || t == Q5_1; }
 
 // A Q4_K block's 12 bytes of packed 6-bit values as bytes: out[0..7] the scales, out[8..15] the mins (what
 // blocks.h's scale_min_k4 gives for j = 0..7, four at a time in 32-bit words; x86 is little-endian).
@@ -134,17 +136,71 @@ PQ_AVX2 inline void q6k_block_avx2(const uint8_t* blk, const SplitX* sx, int64_t
   }
 }
 
+// A Q5 block's 32 weights as int16 (Q5_0: q - 16; Q5_1: q): q[0] weights 0..15, q[1] 16..31. The fifth bits:
+// each lane tests its own bit of the word, and where set adds 16.
+template <int64_t T>
+PQ_AVX2 inline void q5_int16(const uint8_t* blk, __m256i q[2]) {
+  constexpr int OFF = T == Q5_1 ? 4 : 2;
+  uint32_t qh;
+  std::memcpy(&qh, blk + OFF, 4);
+  const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + OFF + 4)));
+  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        (int16_t)0x8000);
+  const __m256i k16 = _mm256_set1_epi16(16);
+  const __m256i lo = _mm256_and_si256(_mm256_set1_epi16((int16_t)(qh & 0xffff)), bit);
+  const __m256i hi = _mm256_and_si256(_mm256_set1_epi16((int16_t)(qh >> 16)), bit);
+  q[0] = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi16(0xf)), _mm256_and_si256(_mm256_cmpeq_epi16(lo, bit), k16));
+  q[1] = _mm256_or_si256(_mm256_srli_epi16(v, 4), _mm256_and_si256(_mm256_cmpeq_epi16(hi, bit), k16));
+  if constexpr (T == Q5_0) q[0] = _mm256_sub_epi16(q[0], k16), q[1] = _mm256_sub_epi16(q[1], k16);
+}
+
+// One Q5 block b (the split's 32-block b) into acc; Q5_1's m sum x into offs (added: w = q d + m).
+template <int64_t T, int R>
+PQ_AVX2 inline void q5_block_avx2(const uint8_t* blk, const SplitX* sx, int64_t b, __m256 acc[2][R], float offs[R]) {
+  __m256i q[2];
+  q5_int16<T>(blk, q);
+  const float d = avx2::half_at(blk);
+  for (int r = 0; r < R; r++) {
+    const int16_t *h = sx[r].h + 32 * b, *l = sx[r].l + 32 * b;
+    const __m256 ds = _mm256_set1_ps(d * sx[r].s[b]);
+    acc[0][r] = _mm256_fmadd_ps(limb_dot(q[0], h, l), ds, acc[0][r]);
+    acc[1][r] = _mm256_fmadd_ps(limb_dot(q[1], h + 16, l + 16), ds, acc[1][r]);
+    if constexpr (T == Q5_1) offs[r] += avx2::half_at(blk + 2) * sx[r].sum[b];
+  }
+}
+
 // out[r * ldo] = sum_k w[k] x_r[k] for one weight row of nb blocks of type T and R split rows of x.
 template <int64_t T, int R>
 PQ_AVX2 inline void rows_avx2(const uint8_t* row, const SplitX* sx, int64_t nb, float* out, int64_t ldo) {
+  constexpr int BYTES = layout_of(T).bytes;
   __m256 acc[2][R], off[R];
+  float offs[R] = {};
   for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = off[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-    if constexpr (T == Q4_K) q4k_block_avx2<R>(row + b * layout_of(T).bytes, sx, b, acc, off);
-    else q6k_block_avx2<R>(row + b * layout_of(T).bytes, sx, b, acc);
+    if constexpr (T == Q4_K) q4k_block_avx2<R>(row + b * BYTES, sx, b, acc, off);
+    else if constexpr (T == Q6_K) q6k_block_avx2<R>(row + b * BYTES, sx, b, acc);
+    else q5_block_avx2<T, R>(row + b * BYTES, sx, b, acc, offs);
   }
   for (int r = 0; r < R; r++)
-    out[r * ldo] = avx2::hsum(_mm256_add_ps(acc[0][r], acc[1][r])) - avx2::hsum(off[r]);
+    out[r * ldo] = avx2::hsum(_mm256_add_ps(acc[0][r], acc[1][r])) - avx2::hsum(off[r]) + offs[r];
+}
+
+// Rows of a Q5 matrix decoded into y[rows][K], as blocks.h decodes them (q d exact; Q5_1's + m one rounding).
+template <int64_t T>
+PQ_AVX2 inline void dequant_rows_q5_avx2(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t K, float* y) {
+  constexpr int BYTES = layout_of(T).bytes;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t b = 0; b < K / 32; b++) {
+      const uint8_t* blk = w + r * row_bytes + b * BYTES;
+      __m256i q[2];
+      q5_int16<T>(blk, q);
+      const __m256 d = _mm256_set1_ps(avx2::half_at(blk)), m = _mm256_set1_ps(T == Q5_1 ? avx2::half_at(blk + 2) : 0.0f);
+      for (int i = 0; i < 4; i++) {
+        const __m128i eight = i % 2 ? _mm256_extracti128_si256(q[i / 2], 1) : _mm256_castsi256_si128(q[i / 2]);
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(eight));
+        _mm256_storeu_ps(y + r * K + 32 * b + 8 * i, T == Q5_1 ? _mm256_fmadd_ps(v, d, m) : _mm256_mul_ps(v, d));
+      }
+    }
 }
 
 // Rows of a Q4_K or Q6_K matrix decoded into y[rows][K], as blocks.h decodes them.
@@ -247,17 +303,50 @@ PQ_K512 inline void q6k_block_avx512(const uint8_t* blk, const SplitX* sx, int64
   }
 }
 
+// A Q5 block's 32 weights as the 32 int16 of a register: the nibbles in weight order, 16 added where the
+// block's word has the weight's bit (the word is the lane mask), less 16 for Q5_0.
+template <int64_t T, int R>
+PQ_K512 inline void q5_block_avx512(const uint8_t* blk, const SplitX* sx, int64_t b, __m512 acc[R], float offs[R]) {
+  constexpr int OFF = T == Q5_1 ? 4 : 2;
+  uint32_t qh;
+  std::memcpy(&qh, blk + OFF, 4);
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + OFF + 4));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m256i nib = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, m4)),
+                                              _mm_and_si128(_mm_srli_epi16(qs, 4), m4), 1);
+  const __m512i k16 = _mm512_set1_epi16(16);
+  __m512i q = _mm512_mask_add_epi16(_mm512_cvtepu8_epi16(nib), (__mmask32)qh, _mm512_cvtepu8_epi16(nib), k16);
+  if constexpr (T == Q5_0) q = _mm512_sub_epi16(q, k16);
+  const float d = avx2::half_at(blk);
+  for (int r = 0; r < R; r++) {
+    const __m512 p = limb_dot512(q, sx[r].h + 32 * b, sx[r].l + 32 * b);
+    acc[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(d * sx[r].s[b]), acc[r]);
+    if constexpr (T == Q5_1) offs[r] += avx2::half_at(blk + 2) * sx[r].sum[b];
+  }
+}
+
 template <int64_t T, int R>
 PQ_K512 inline void rows_avx512(const uint8_t* row, const SplitX* sx, int64_t nb, float* out, int64_t ldo) {
+  constexpr int BYTES = layout_of(T).bytes;
   __m512 acc[2][R];
   __m256 off[R];
+  float offs[R] = {};
   for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps(), off[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; b++) {
-    if constexpr (T == Q4_K) q4k_block_avx512<R>(row + b * layout_of(T).bytes, sx, b, acc, off);
-    else q6k_block_avx512<R>(row + b * layout_of(T).bytes, sx, b, acc);
+  if constexpr (T == Q5_0 || T == Q5_1) {  // even and odd blocks in separate chains
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      q5_block_avx512<T, R>(row + b * BYTES, sx, b, acc[0], offs);
+      q5_block_avx512<T, R>(row + (b + 1) * BYTES, sx, b + 1, acc[1], offs);
+    }
+    if (b < nb) q5_block_avx512<T, R>(row + b * BYTES, sx, b, acc[0], offs);
+  } else {
+    for (int64_t b = 0; b < nb; b++) {
+      if constexpr (T == Q4_K) q4k_block_avx512<R>(row + b * BYTES, sx, b, acc, off);
+      else q6k_block_avx512<R>(row + b * BYTES, sx, b, acc);
+    }
   }
   for (int r = 0; r < R; r++)
-    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r], acc[1][r])) - avx2::hsum(off[r]);
+    out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r], acc[1][r])) - avx2::hsum(off[r]) + offs[r];
 }
 
 }  // namespace prefill_quant::kq
