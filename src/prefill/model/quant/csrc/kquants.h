@@ -81,19 +81,27 @@ PQ_AVX2 inline __m256 limb_dot(__m256i q, const int16_t* h, const int16_t* l) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(L), _mm256_set1_ps(1.0f / 32768.0f), _mm256_cvtepi32_ps(H));
 }
 
+// A Q4_K block's per-row scales ds[r][j] = d sc_j s_r (row_scales) and its mins' part of each row's offset,
+// dmin m_j sum_j x, added to off[r] (both products exact).
 template <int R>
-PQ_AVX2 inline void q4k_block_avx2(const uint8_t* blk, const SplitX* sx, int64_t b, __m256 acc[2][R],
-                                   __m256 off[R]) {
+PQ_AVX2 inline void q4k_scales_rows(const uint8_t* blk, const SplitX* sx, int64_t b, float ds[R][8], __m256 off[R]) {
   alignas(16) uint8_t sm[16];
   q4k_scales(blk + 4, sm);
   const __m128i sm8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
   const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm8));
   const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm8, sm8)));
-  alignas(32) float dsc[8], ds[R][8];
+  alignas(32) float dsc[8];
   _mm256_store_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(avx2::half_at(blk)), sc));
-  const __m256 dmn = _mm256_mul_ps(_mm256_set1_ps(avx2::half_at(blk + 2)), mn);  // dmin m_j, exact
+  const __m256 dmn = _mm256_mul_ps(_mm256_set1_ps(avx2::half_at(blk + 2)), mn);
   row_scales<R, 8>(dsc, sx, 8 * b, 1, ds);
   for (int r = 0; r < R; r++) off[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(sx[r].sum + 8 * b), off[r]);
+}
+
+template <int R>
+PQ_AVX2 inline void q4k_block_avx2(const uint8_t* blk, const SplitX* sx, int64_t b, __m256 acc[2][R],
+                                   __m256 off[R]) {
+  alignas(32) float ds[R][8];
+  q4k_scales_rows<R>(blk, sx, b, ds, off);
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   for (int g = 0; g < 4; g++) {  // 32 bytes: sub-block 2g in the low nibbles, 2g + 1 in the high
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * g));
@@ -257,16 +265,8 @@ PQ_K512 inline __m512 limb_dot512(__m512i q, const int16_t* h, const int16_t* l)
 template <int R>
 PQ_K512 inline void q4k_block_avx512(const uint8_t* blk, const SplitX* sx, int64_t b, __m512 acc[2][R],
                                      __m256 off[R]) {
-  alignas(16) uint8_t sm[16];
-  q4k_scales(blk + 4, sm);
-  const __m128i sm8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
-  alignas(32) float dsc[8], ds[R][8];
-  _mm256_store_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(avx2::half_at(blk)),
-                                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm8))));
-  const __m256 dmn = _mm256_mul_ps(_mm256_set1_ps(avx2::half_at(blk + 2)),
-                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm8, sm8))));
-  row_scales<R, 8>(dsc, sx, 8 * b, 1, ds);
-  for (int r = 0; r < R; r++) off[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(sx[r].sum + 8 * b), off[r]);
+  alignas(32) float ds[R][8];
+  q4k_scales_rows<R>(blk, sx, b, ds, off);
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   for (int g = 0; g < 4; g++) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * g));
