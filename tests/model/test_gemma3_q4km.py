@@ -26,11 +26,12 @@ def gemma_file() -> Path:
 
 @pytest.fixture(scope="module")
 def reference(gemma_file) -> tuple[list[int], list[int]]:
-    """(prompt ids, transformers' greedy continuation ids, up to its EOS) on the same file's weights in float32."""
+    """(prompt ids with the BOS the file asks for, transformers' greedy continuation ids up to its EOS) on the same
+    file's weights in float32."""
     from prefill.engine.proofs import load_reference
     from prefill.loading.resolve import load_tokenizer
 
-    ids = load_tokenizer(gemma_file).encode(PROMPT)
+    ids = load_tokenizer(gemma_file).encode(PROMPT, add_special_tokens=True)  # with its BOS, as `run --raw`
     model = load_reference(str(gemma_file))
     out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)  # [1, P + new]
     new = out[0, len(ids) :].tolist()
