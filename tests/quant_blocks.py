@@ -11,7 +11,31 @@ from gguf.quants import dequantize
 
 from prefill.costmodel.storage import GGUF_BLOCKS
 
-SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # f16 fields
+# The f16 fields of each type's block (every type the loader meets: the kernels' and those decoded at load).
+SCALE_OFFSETS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+ISAS = ("avx512", "avx2", "scalar")  # the kernels' instruction sets, best first
+MISSING = {"avx512": "AVX-512 F/BW/VL/VNNI not on this CPU", "avx2": "AVX2 + FMA + F16C not on this CPU"}
+
+
+def runnable() -> list[str]:
+    """The kernels' instruction sets this CPU runs, best first ([] where the kernels are not built)."""
+    from prefill.model.quant import ops
+
+    if not ops.available():
+        return []
+    best = ops.set_isa("auto")
+    return list(ISAS[ISAS.index(best) :])
 
 
 def random_blocks(qtype: str, N: int, K: int, seed: int = 0, scale: float = 0.05) -> torch.Tensor:

@@ -11,29 +11,9 @@ import torch
 from prefill.errors import BadInput
 from prefill.model.quant import QuantWeight, activations, ops
 from prefill.model.quant.activations import dequantize_q8, q8_error_bound, quantize_q8
-from quant_blocks import gguf_dequant, random_blocks, without_kernels
+from quant_blocks import gguf_dequant, random_blocks, runnable, without_kernels
 
-ISAS = ("avx512", "avx2", "scalar")
-MISSING = {"avx512": "AVX-512 F/BW/VL/VNNI not on this CPU", "avx2": "AVX2 + FMA + F16C not on this CPU"}
 needs_kernels = pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
-
-
-def runnable() -> list[str]:
-    """The kernels' instruction sets this CPU runs, best first."""
-    if not ops.available():
-        return []
-    best = ops.set_isa("auto")
-    return list(ISAS[ISAS.index(best) :])
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    if not ops.available():
-        pytest.skip("the quantized kernels are not built")
-    if request.param not in runnable():
-        pytest.skip(MISSING[request.param])
-    yield ops.set_isa(request.param)
-    ops.set_isa("auto")
 
 
 def test_quantiser_rounds_each_element_within_half_a_step():

@@ -29,20 +29,23 @@ def quantized_types(model: str | Path | None) -> tuple[str, ...]:
 def native_weight_types(model: str | Path | None, spec) -> dict[str, str]:
     """ "KxN" -> GGUF type of each GEMM's weight the engine would keep as blocks, read off the file before loading
     it (Engine.weight_types says the same of a loaded engine): layer 0's Q (for the fused Q/K/V), output, gate
-    (for the fused gate/up) and down projections, and the unembedding (the tied embedding where there is none)."""
+    (for the fused gate/up) and down projections, and the unembedding (the tied embedding where there is none).
+    Their blocks go to the probe (give_blocks): it times the kernels on them where gguf-py cannot make the type."""
     from prefill.costmodel.gguf_file import open_gguf
     from prefill.costmodel.profile import shape_key
     from prefill.loading import default_model_path
+    from prefill.machine.probe import give_blocks
     from prefill.machine.profiles import gemm_shapes
     from prefill.model.quant import KERNEL_TYPES
 
-    types = {t.name: t.tensor_type.name for t in open_gguf(default_model_path() if model is None else model).tensors}
+    tensors = {t.name: t for t in open_gguf(default_model_path() if model is None else model).tensors}
     names = ("blk.0.attn_q", "blk.0.attn_output", "blk.0.ffn_gate", "blk.0.ffn_down", "output")
     found: dict[str, str] = {}
     for name, (K, N) in zip(names, gemm_shapes(spec), strict=True):
-        qtype = types.get(f"{name}.weight") or (types.get("token_embd.weight") if name == "output" else None)
-        if qtype in KERNEL_TYPES:
-            found.setdefault(shape_key(K, N), qtype)
+        t = tensors.get(f"{name}.weight") or (tensors.get("token_embd.weight") if name == "output" else None)
+        if t is not None and t.tensor_type.name in KERNEL_TYPES:
+            found.setdefault(shape_key(K, N), t.tensor_type.name)
+            give_blocks(t.tensor_type.name, t.data)  # the probe times the kernels on the file's own blocks
     return found
 
 

@@ -8,6 +8,7 @@ one rotary implementation (the half-split one of the reference) serves every fil
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -17,6 +18,7 @@ from prefill.costmodel.families import Family, family_of
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import ModelFileError
 
+DENSE_TYPES = ("F32", "F16", "BF16")  # stored as floats: read as they are, nothing to decode
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -50,17 +52,21 @@ def load_gguf_state_dict(
     native: bool = False,
 ) -> dict:
     """Every tensor of an open GGUF file, named as in a Hugging Face checkpoint: dequantized to `dtype`, or with
-    `native`, the matrices whose type has a kernel (prefill.model.quant.KERNEL_TYPES) kept as their blocks."""
+    `native`, the matrices whose type has a kernel (prefill.model.quant.KERNEL_TYPES) kept as their blocks, and
+    the quantized ones of other types dequantized once here, said in one line (stderr)."""
     from gguf.quants import dequantize
 
     family = spec.family
     tensors = reader.tensors
     sd: dict = {}
+    decoded: dict[str, int] = {}  # native: quantized matrices without a kernel, by type
     for i, t in enumerate(tensors):
         name = hf_name(t.name, family)
         if name is not None and native and len(t.shape) == 2 and t.tensor_type.name in _kernel_types():
             sd[name] = _blocks(t, spec, family)
         elif name is not None:
+            if native and len(t.shape) == 2 and t.tensor_type.name not in DENSE_TYPES:
+                decoded[t.tensor_type.name] = decoded.get(t.tensor_type.name, 0) + 1
             try:
                 w = np.array(
                     dequantize(t.data, t.tensor_type), dtype=np.float32
@@ -76,6 +82,9 @@ def load_gguf_state_dict(
             sd[name] = torch.from_numpy(w).to(dtype)
         if progress:
             progress(i + 1, len(tensors))
+    if decoded:
+        which = ", ".join(f"{n} {t}" for t, n in decoded.items())
+        print(f"weights: no kernel here for {which} matrices: dequantized to float32 at load", file=sys.stderr)
     return sd
 
 
@@ -88,9 +97,11 @@ def _kernel_types() -> tuple[str, ...]:
 def _blocks(t, spec: ModelSpec, family: Family):
     """A quantized GGUF matrix as a QuantWeight: its rows of blocks copied out of the mapped file, Q/K rows
     put back in the half-split rotary order (whole rows move, so no weight is decoded)."""
+    from prefill.machine.probe import give_blocks
     from prefill.model.quant import QuantWeight
 
     K, N = (int(d) for d in t.shape.tolist())  # GGUF lists dims innermost first
+    give_blocks(t.tensor_type.name, t.data)  # real blocks for the probe, where gguf-py cannot make the type
     blocks = torch.from_numpy(np.array(t.data).reshape(N, -1))  # uint8 [N, row_bytes], a copy
     w = QuantWeight(blocks, t.tensor_type.name, N, K)
     if family.gguf_permuted_qk and (".attn_q." in t.name or ".attn_k." in t.name):

@@ -126,7 +126,7 @@ def native_blocker(quantized: Sequence[str], device: str, kernels: bool) -> str:
     """Why the GGUF's blocks cannot serve here ("" when they can): `quantized` the file's types with a kernel,
     `device` "cpu" or "cuda...", `kernels` whether the compiled kernels loaded."""
     if not quantized:
-        return "the model file holds no quantized matrix with a kernel here (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)"
+        return "the model file holds no quantized matrix with a kernel here (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)"
     if not device.startswith("cpu"):
         return f"the quantized kernels run on the CPU, not {device}"
     if not kernels:

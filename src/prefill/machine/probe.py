@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from prefill.costmodel.costs import canonical_dtype, dtype_bytes
+from prefill.costmodel.storage import GGUF_BLOCKS
 
 # Row counts the GEMM curve is measured at (while the budget allows); 32 and 64 on both sides of the engine's
 # switch from its own few-rows kernel to MKL on most CPUs (prefill.model.kernels.few_rows: 128 on AVX2).
@@ -121,15 +123,49 @@ def _weight(N: int, K: int, dt, device: str, qtype: str | None):
     return QuantWeight(blocks, qtype, N, K, activations=acts or "f32").pack()
 
 
-@functools.lru_cache(maxsize=4)
 def _random_blocks(N: int, K: int, qtype: str):
-    """GGUF blocks uint8 [N, K / block * bytes] of `qtype` holding random weights (quantized once per shape)."""
+    """GGUF blocks uint8 [N, K / block * bytes] of `qtype` to time its kernels on: random weights quantized by the
+    gguf package, where it can make the type; else a model file's own blocks of that type (give_blocks), repeated
+    to fill the shape; else zero blocks, said in one line (the kernels run the same instructions whatever the
+    values: none branches on a weight)."""
+    import torch
+
+    try:
+        return _quantized(N, K, qtype)
+    except NotImplementedError:  # gguf-py quantizes no K-quant
+        pass
+    block, nbytes = GGUF_BLOCKS[qtype]
+    if (given := _GIVEN.get(qtype)) is not None:
+        return torch.from_numpy(np.resize(given, N * (K // block) * nbytes).reshape(N, -1))
+    if qtype not in _SAID:
+        _SAID.add(qtype)
+        print(f"probe: no {qtype} blocks to time (gguf-py cannot make them): timing zero blocks", file=sys.stderr)
+    return torch.zeros(N, K // block * nbytes, dtype=torch.uint8)
+
+
+@functools.lru_cache(maxsize=4)
+def _quantized(N: int, K: int, qtype: str):
     import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
     w = (np.random.default_rng(0).standard_normal((N, K)) * 0.02).astype(np.float32)
     return torch.from_numpy(quantize(w, GGMLQuantizationType[qtype]))
+
+
+GIVEN_BYTES = 4 * 2**20  # of each type's given blocks kept (repeated to fill a larger shape)
+_GIVEN: dict[str, np.ndarray] = {}  # GGUF type -> a model file's own blocks, flat uint8 (give_blocks)
+_SAID: set[str] = set()
+
+
+def give_blocks(qtype: str, blocks) -> None:
+    """Keep up to GIVEN_BYTES of a model file's blocks of `qtype` (uint8, whole blocks) for the probe to time the
+    kernels on where the gguf package cannot quantize that type; the first ones given per type stay."""
+    if qtype in _GIVEN:
+        return
+    nbytes = GGUF_BLOCKS[qtype][1]
+    flat = np.asarray(blocks, dtype=np.uint8).reshape(-1)
+    _GIVEN[qtype] = flat[: min(flat.size, GIVEN_BYTES) // nbytes * nbytes].copy()
 
 
 def gemm_curve(

@@ -30,6 +30,7 @@ MODEL_CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = (
     CSRC / "gemm.cpp",
     CSRC / "q8.cpp",
+    CSRC / "kquants.cpp",
     CSRC / "fused.cpp",
     MODEL_CSRC / "paged_attention.cpp",
     MODEL_CSRC / "linear.cpp",

@@ -5,20 +5,24 @@ portable torch path that decodes the blocks per call (correct, and slower than f
     dequant(blocks, qtype, N, K) -> [N, K] float32
 
 The library loads once per process, built first if missing or stale (prefill.model.quant.build); either way a
-one-line note says which path runs. Both paths decode exactly as the gguf package does (the products q * d are
-exact in float32), so on the f32 activation path they differ from F.linear on the dequantized weight by
-summation order only; the q8 path (activations.py) rounds the activations first.
+one-line note says which path runs. PREFILL_ISA (scalar | avx2 | avx512) forces its instruction set at load, as
+set_isa does (the suite runs each kernel so); a CPU without it is a one-line error. Both paths decode exactly as
+the gguf package does (the products q * d are exact in float32), so on the f32 activation path they differ from
+F.linear on the dequantized weight by summation order only; the q8 path (activations.py) rounds the activations
+first.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import numpy as np
 import torch
 
 from prefill.costmodel.storage import GGUF_BLOCKS, GGUF_TYPE_IDS
+from prefill.errors import BadInput
 from prefill.model.quant.activations import dequantize_q8, quantize_q8, runs_q8
 
 
@@ -39,6 +43,11 @@ def native_library() -> str | None:
         return None
     torch.ops.load_library(str(path))
     _register_fakes()
+    if forced := os.environ.get(ISA_ENV):
+        try:
+            set_isa(forced)
+        except RuntimeError as e:  # the operator's own message: an unknown name, or one this CPU lacks
+            raise BadInput(f"{ISA_ENV}={forced}: {str(e).splitlines()[0]}") from None
     return str(path)
 
 
@@ -72,6 +81,7 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape)
 
 
+ISA_ENV = "PREFILL_ISA"  # scalar | avx2 | avx512 | auto: the kernels' instruction set, forced at load
 _LOADED: bool | None = (
     None  # native_library() is not None, once asked: a plain global torch.compile reads as a constant
 )
@@ -191,13 +201,32 @@ def error_bound(x: torch.Tensor, magnitudes: torch.Tensor, isa: str, packed: boo
 
 
 def term_magnitudes(blocks: torch.Tensor, qtype: str, N: int, K: int) -> torch.Tensor:
-    """[N, K] float64: |d| q + |m| for Q4_1, |d| (q + 8) for Q4_0 (q the nibble, 0..15), |w| for other types."""
+    """[N, K] float64: the magnitudes of the terms the kernels add, |d| q + |m| for Q4_1 and Q5_1, |d| (q + 8) for
+    Q4_0 (q the integer, 0..15 or 0..31), |d sc| q + |dmin m| for Q4_K (each sub-block's sum q x and sum x meet
+    its scale and its min apart), |w| for other types."""
     block, nbytes = GGUF_BLOCKS[qtype]
-    if qtype not in ("Q4_0", "Q4_1"):
-        return dequant_portable(blocks, qtype, N, K).double().abs()
     b = blocks.reshape(N, K // block, nbytes)
+    if qtype == "Q4_K":
+        return _q4k_terms(b).reshape(N, K)
+    if qtype not in ("Q4_0", "Q4_1", "Q5_1"):
+        return dequant_portable(blocks, qtype, N, K).double().abs()
     d = b[..., :2].contiguous().view(torch.float16).double().abs()  # [N, nb, 1]
-    off = 2 if qtype == "Q4_0" else 4
-    q = torch.cat([b[..., off:] & 0xF, b[..., off:] >> 4], dim=-1).double()  # [N, nb, 32]
+    off = {"Q4_0": 2, "Q4_1": 4, "Q5_1": 8}[qtype]
+    q = torch.cat([b[..., off:] & 0xF, b[..., off:] >> 4], dim=-1).long()  # [N, nb, 32]
+    if qtype == "Q5_1":  # the fifth bits: bit i of the word at bytes 4..7 is weight i's
+        q = q | ((b[..., 4:8].contiguous().view(torch.int32).long() >> torch.arange(32)) & 1) << 4
     m = 8 * d if qtype == "Q4_0" else b[..., 2:4].contiguous().view(torch.float16).double().abs()
-    return (q * d + m).reshape(N, K)
+    return (q.double() * d + m).reshape(N, K)
+
+
+def _q4k_terms(b: torch.Tensor) -> torch.Tensor:
+    """|d sc| q + |dmin m| of Q4_K blocks b [N, nb, 144] -> [N, nb, 8, 32] (csrc/blocks.h's layout)."""
+    N, nb, _ = b.shape
+    d = b[..., 0:2].contiguous().view(torch.float16).double().abs()  # [N, nb, 1]
+    dmin = b[..., 2:4].contiguous().view(torch.float16).double().abs()
+    s = b[..., 4:16].long()  # [N, nb, 12]: 8 six-bit scales and 8 six-bit mins
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], -1)  # [N, nb, 8]
+    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)  # [N, nb, 8]
+    qs = b[..., 16:].reshape(N, nb, 4, 1, 32)  # 32 bytes per 64 weights: low nibbles, then high
+    q = torch.cat([qs & 0xF, qs >> 4], dim=3).reshape(N, nb, 8, 32).double()
+    return q * (d * sc)[..., None] + (dmin * mn)[..., None]

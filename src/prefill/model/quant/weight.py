@@ -18,7 +18,7 @@ from prefill.costmodel.storage import GGUF_BLOCKS
 from prefill.errors import ModelFileError
 from prefill.model.quant import activations, ops
 
-KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the block types csrc/ decodes
+KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")  # the block types csrc/ multiplies
 # From this many rows of x a float32 copy of the weight, made on first need and kept beside the blocks, beats
 # the kernels (MKL's blocking wins once the product is compute-bound): measured on the embedded model, 1 thread,
 # CPU time of a whole prefill: panel kernel 0.52 s vs float32 0.66 s at P = 128, 2.18 vs 2.14 s at 512, 3.63 vs

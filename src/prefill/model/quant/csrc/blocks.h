@@ -10,7 +10,7 @@
 
 namespace prefill_quant {
 
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
 struct Layout {
   int block;  // weights per block
@@ -21,6 +21,8 @@ constexpr Layout layout_of(int64_t t) {
   switch (t) {
     case Q4_0: return {32, 18};   // f16 d, 16 bytes of nibbles: w = (q - 8) d
     case Q4_1: return {32, 20};   // f16 d, f16 m, 16 bytes of nibbles: w = q d + m
+    case Q5_0: return {32, 22};   // f16 d, 32 fifth bits, 16 bytes of nibbles: w = (q - 16) d
+    case Q5_1: return {32, 24};   // f16 d, f16 m, 32 fifth bits, 16 bytes of nibbles: w = q d + m
     case Q8_0: return {32, 34};   // f16 d, 32 int8: w = q d
     case Q4_K: return {256, 144}; // f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
     case Q6_K: return {256, 210}; // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales, f16 d
@@ -69,6 +71,21 @@ inline void dequant_block_q4_1(const uint8_t* b, float* y) {
   for (int i = 0; i < 16; i++) {
     y[i] = (float)(b[4 + i] & 0xf) * d + m;
     y[i + 16] = (float)(b[4 + i] >> 4) * d + m;
+  }
+}
+
+// Q5: weight i's fifth bit is bit i of the 32-bit word after the scales (the nibbles as in Q4).
+inline void dequant_block_q5(const uint8_t* b, bool offset, float* y) {
+  const float d = half_at(b), m = offset ? half_at(b + 2) : 0.0f;
+  const uint8_t* p = b + (offset ? 4 : 2);
+  uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  const int shift = offset ? 0 : 16;
+  for (int i = 0; i < 16; i++) {
+    const int q0 = (int)((p[4 + i] & 0xf) | (((qh >> i) & 1) << 4)) - shift;
+    const int q1 = (int)((p[4 + i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - shift;
+    y[i] = offset ? (float)q0 * d + m : (float)q0 * d;
+    y[i + 16] = offset ? (float)q1 * d + m : (float)q1 * d;
   }
 }
 
@@ -136,6 +153,8 @@ inline void dequant_row_scalar(int64_t t, const uint8_t* row, int64_t K, float* 
     switch (t) {
       case Q4_0: dequant_block_q4_0(row, y); break;
       case Q4_1: dequant_block_q4_1(row, y); break;
+      case Q5_0: dequant_block_q5(row, false, y); break;
+      case Q5_1: dequant_block_q5(row, true, y); break;
       case Q8_0: dequant_block_q8_0(row, y); break;
       case Q4_K: dequant_block_q4_k(row, y); break;
       case Q6_K: dequant_block_q6_k(row, y); break;

@@ -2,7 +2,8 @@
 // blocks (uint8 [N, row_bytes]), dequantized in registers. out[m][n] = sum_k x[m][k] w[n][k], i.e. F.linear.
 //
 //   gemm(x, w, qtype, N, K) -> [M, N]   M = 1: direct dot per row, or per group of 8 rows in the x8 layout
-//                                        (no weight materialised; in the x8 layout also M = 2-4, row by row);
+//                                        (no weight materialised; in the x8 layout, and Q4_K / Q6_K / Q5
+//                                        (kquants.cpp), also M = 2-4);
 //                                        else weight panels decoded into L1/L2, reused by all rows.
 //                                        qtype | ACT_Q8 (packed.h): the activations quantised to int8 per
 //                                        32-block instead (q8.cpp; Q4_0, Q4_1, Q8_0), dispatched in matmul().
@@ -11,7 +12,8 @@
 //                                                      qtype | PACKED, which every operator here accepts.
 //   set_isa(name) -> name                             "auto", "avx512", "avx2" or "scalar" (tests force each
 //                                                      kernel; avx512 = F, BW, VL, VNNI: the 8-bit activation
-//                                                      kernel, q8.cpp; the float32 kernels run their AVX2 code).
+//                                                      kernel, q8.cpp, and the few-rows kernel of Q4_K, Q6_K, Q5,
+//                                                      kquants.cpp; the other float32 kernels run AVX2 code).
 //   pre_attention, post_attention, decode_block       a decoder block's work around attention, or all of it (fused.cpp).
 //
 // Work is split over N with at::parallel_for (torch's own thread pool and thread count).
@@ -74,7 +76,7 @@ void dequant_rows(int isa, int64_t t, const uint8_t* w, int64_t row_bytes, int64
       case Q4_0: return avx2::dequant_rows_t<Q4_0>(w, row_bytes, rows, K, y);
       case Q4_1: return avx2::dequant_rows_t<Q4_1>(w, row_bytes, rows, K, y);
       case Q8_0: return avx2::dequant_rows_t<Q8_0>(w, row_bytes, rows, K, y);
-      default: break;  // K-quants: the scalar decoder (the compiler vectorises its inner loops)
+      default: if (dequant_rows_kquant(isa, t, w, row_bytes, rows, K, y)) return;  // Q4_K, Q6_K, Q5_0, Q5_1
     }
   }
 #endif
@@ -327,6 +329,7 @@ void matmul(const float* xp, int64_t M, const QMatrix& w_in, float* op) {
   const QMatrix w{w_in.data, w_in.type & ~ACT_Q8, N, K, w_in.row_bytes};  // the float32-activation path
   const int isa = g_isa.load();
   if (w.type & PACKED) return matmul_packed(isa, xp, M, w, op);
+  if (matmul_kquant(xp, M, w, op)) return;
 #if defined(__x86_64__) || defined(_M_X64)
   if (M == 1 && isa >= AVX2 && packable(w.type)) {
     const int64_t nb = K / 32;

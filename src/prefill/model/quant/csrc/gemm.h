@@ -26,4 +26,10 @@ void matmul(const float* x, int64_t M, const QMatrix& w, float* out);
 // written, when it does not run (another type, an inf or a NaN in x), and the float path runs instead.
 bool matmul_q8(const float* x, int64_t M, const QMatrix& w, float* out);
 
+// The plain-layout types (kquants.cpp; Q4_K, Q6_K, Q5_0, Q5_1): the same product for M <= 4 rows straight from the blocks, and a
+// panel's decoding into float32, on the instruction set in use; false, with nothing written, where they do not
+// run (another type, the scalar instruction set, more rows, an inf or a NaN in x), and the portable path runs.
+bool matmul_kquant(const float* x, int64_t M, const QMatrix& w, float* out);
+bool dequant_rows_kquant(int isa, int64_t t, const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t K, float* y);
+
 }  // namespace prefill_quant
