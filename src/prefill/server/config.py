@@ -42,6 +42,7 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)  # Authorization: Bearer KEY on all but the open paths
     allowed_hosts: tuple[str, ...] | None = None  # Host header names answered (None: any; `prefill serve`: loopback)
     header_timeout_s: float = 10.0  # a connection whose request headers are not complete by then is closed
+    exact_scoring: bool = True  # echo / logprobs requests run float32 activations (False: --activations named a path)
 
     def kv_pool_bytes(self, engine: Engine) -> int:
         """Bytes of the KV pool shared by every request: kv_cache_mb, or the default for this engine's device."""
