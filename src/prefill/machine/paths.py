@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prefill.costmodel import storage, timemodel
-from prefill.costmodel.costs import canonical_dtype, request_seconds
+from prefill.costmodel.costs import cache_dtype, canonical_dtype, request_seconds
 from prefill.costmodel.specs import ModelSpec
 from prefill.device.capability import Capability
 from prefill.errors import BadInput
@@ -67,7 +67,7 @@ class ServingPath:
 
     def key(self, kv: str | None = None) -> str:
         """The quality gate's name of this path with K/V stored as `kv` (None: as computed)."""
-        return f"{self.weights}|{self.dtype}|{self.activations}|kv {canonical_dtype(kv or self.dtype)}"
+        return f"{self.weights}|{self.dtype}|{self.activations}|kv {cache_dtype(kv or self.dtype)}"
 
     def label(self, qtypes: Sequence[str] = ()) -> str:
         """In words: "native Q4_1/Q8_0 blocks, float32 activations" or "dense bfloat16 weights, bfloat16
