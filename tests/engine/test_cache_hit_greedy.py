@@ -23,8 +23,8 @@ from prefill.model.quant import ops, set_activations
 SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"  # shared/ beside the checkout, as CI lays it
 PROMPT_TOKENS, NEW_TOKENS, CHUNK = 1000, 24, 256  # the server's default chunk: the hit's suffix is one chunk
 ISAS = ("avx512", "avx2", "scalar")  # the kernels' instruction sets (ops.set_isa), best first
-# every path of the registry with each K/V dtype auto may store on it (a 16-bit engine keeps its own)
-CASES = [(p, kv) for p in PATHS for kv in (KV_AUTO if p.dtype == "float32" else (p.dtype,))]
+# every path auto can take (ServingPath.auto: dense bfloat16 only where asked) with each K/V dtype auto may store
+CASES = [(p, kv) for p in PATHS if p.auto for kv in (KV_AUTO if p.dtype == "float32" else (p.dtype,))]
 PARAMS = [
     pytest.param(
         p, kv, isa, id=f"{p.weights}-{p.activations if p.weights == NATIVE else p.dtype}-{kv}-{isa or 'torch'}"
@@ -60,7 +60,7 @@ def greedy(loop: StepLoop, engine, prompts: list[list[int]], salt: str | None = 
 
 @pytest.fixture(scope="module")
 def engines(smollm, smollm_native):
-    """Each path's engine, loaded on first need: the session's native and dense float32 ones, dense bfloat16."""
+    """Each path's engine: the session's native and dense float32 ones (another path is loaded on first need)."""
     from prefill.engine.llm import Engine
 
     made = {(NATIVE, "float32"): smollm_native, ("float32", "float32"): smollm}

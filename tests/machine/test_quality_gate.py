@@ -11,7 +11,7 @@ from prefill.machine.quality_gate import GATE, QualityRecord, file_identity, rec
 
 F32 = ServingPath(NATIVE, "float32")
 Q8 = ServingPath(NATIVE, "float32", "q8")
-BF16 = ServingPath("bfloat16", "bfloat16")
+BF16 = paths.PATHS[2]  # dense bfloat16: auto=False
 DENSE = ServingPath("float32", "float32")
 # SmolLM2-135M's 8-bit activations as measured (docs/weights.md): top-1 97.13%, PPL ratio 1.0033
 Q8_SMOLLM = QualityRecord(top1=0.9713, ppl_ratio=1.0033, mean_kl=2.93e-3, p99_kl=1.37e-2, tokens=10_240)
@@ -59,6 +59,9 @@ def test_gate_note_says_why_a_path_is_left_out():
     )
     assert gate_note("8-bit activations", Q8_SMOLLM).startswith("8-bit activations not near-lossless on this file: ")
     assert gate_note("float16 K/V", NEAR_LOSSLESS) == ""
+    assert gate_note("dense bfloat16", NEAR_LOSSLESS, BF16) == (
+        "dense bfloat16 only where asked: its greedy text changes on a prefix-cache hit"
+    )  # not a path auto takes, whatever its record
 
 
 def test_auto_stays_exact_unless_a_gated_path_is_10_percent_faster():

@@ -91,7 +91,7 @@ def auto_path(
     file = default_model_path() if model is None else Path(model)
     weighed, shut = [], []
     for p in open_paths:
-        note = "" if asked(p, dtype, weights, acts) else gate_note(p.reduced, record_of(file, p.key()))
+        note = "" if asked(p, dtype, weights, acts) else gate_note(p.reduced, record_of(file, p.key()), p)
         (shut if note else weighed).append(note or p)
     spec = load_spec(file)
     qtypes = native_weight_types(model, spec) if quantized else {}

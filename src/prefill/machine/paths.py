@@ -52,6 +52,7 @@ class ServingPath:
     weights: str
     dtype: str
     activations: str = "f32"
+    auto: bool = True  # auto may take it (where the gate admits it); False: only where the options name it
 
     @property
     def exact(self) -> bool:
@@ -83,7 +84,9 @@ class ServingPath:
 PATHS = (
     ServingPath(NATIVE, "float32"),
     ServingPath(NATIVE, "float32", "q8"),
-    ServingPath("bfloat16", "bfloat16"),
+    # dense bfloat16 only where asked: its greedy text changed on a prefix-cache hit (issue 42: 2 of 4 1,000-token
+    # prompts), and a path auto takes must give one text alone, batched and after a hit
+    ServingPath("bfloat16", "bfloat16", auto=False),
     ServingPath("float32", "float32"),
 )
 # A reduced-precision path (or K/V dtype) is taken only where predicted to save this fraction of the exact one's
@@ -189,9 +192,12 @@ def asked(path: ServingPath, dtype: str, weights: str, activations: str = "auto"
     return any(canonical_dtype(n) == path.dtype for n in named if n != NATIVE)
 
 
-def gate_note(what: str, record: QualityRecord | None) -> str:
+def gate_note(what: str, record: QualityRecord | None, path: ServingPath | None = None) -> str:
     """Why `auto` leaves out the reduced precision `what` ("8-bit activations", "float16 K/V") on this file, in
-    words, from its quality record (None: never measured); "" where the record passes the gate."""
+    words, from its quality record (None: never measured); "" where the record passes the gate. A `path` auto
+    never takes unasked (ServingPath.auto) is left out whatever its record."""
+    if path is not None and not path.auto:
+        return f"{what} only where asked: its greedy text changes on a prefix-cache hit"
     if record is None:
         return f"{what} not measured near-lossless on this file; `prefill verify --quality` measures it"
     if broken := record.failures():
