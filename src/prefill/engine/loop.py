@@ -87,7 +87,11 @@ class StepLoop:
     def step(self) -> Step:
         step = self.scheduler.schedule()
         if step.rows:
-            self._run(step)
+            # a step holding an exact request (scoring) runs every row on float32 activations, the prompt's
+            # unembedding (in _after_chunk) included
+            exact = any(req.exact for req, _ in step.rows)
+            with self.runner.exact() if exact else contextlib.nullcontext():
+                self._run(step)
         self.scheduler.release_finished()
         self.last_step = step
         return step
@@ -100,15 +104,12 @@ class StepLoop:
             for (req, n), dec in zip(step.rows, decoding, strict=True)
         ]
         scoring = any(req.prompt_logprobs is not None and not dec for req, dec in zip(reqs, decoding, strict=True))
-        # a step holding an exact request (scoring) runs every row on float32 activations
-        exact = self.runner.exact() if any(req.exact for req in reqs) else contextlib.nullcontext()
         t0 = self.clock()
         try:
-            with exact:
-                out = self.runner.run(rows, "hidden" if scoring else "last")  # [N, d_model] or [R, vocab]
-                if scoring:  # each row's last position among the step's N tokens
-                    last = torch.tensor(list(accumulate(len(ids) for _, ids in rows))) - 1  # [R]
-                logits = self.runner.model.logits(out[last]) if scoring else out  # [R, vocab]
+            out = self.runner.run(rows, "hidden" if scoring else "last")  # [N, d_model] or [R, vocab]
+            if scoring:  # each row's last position among the step's N tokens
+                last = torch.tensor(list(accumulate(len(ids) for _, ids in rows))) - 1  # [R]
+            logits = self.runner.model.logits(out[last]) if scoring else out  # [R, vocab]
             self.runner.sync()
         except Exception as e:  # noqa: BLE001 - these requests fail, the loop goes on
             for req in reqs:
