@@ -50,7 +50,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     w = Workload.parse(args.workload)
     quantized = quantized_types(None)
-    open_paths = candidates("auto", "auto", quantized, capability("cpu"), ops.available(), gated=False)
+    open_paths = candidates("auto", "auto", quantized, capability("cpu"), ops.available())
     chosen = auto_path(None, "auto", "auto", threads=args.threads, workload=w, echo=print)
     print(chosen[2] if chosen else "auto: one path open")
     engines = {

@@ -19,10 +19,15 @@ def cli(*args, timeout=600):
 
 
 def test_demo_answers_and_shows_every_part():
+    """`prefill demo` with its default options answers Paris on float32 activations and float32 K/V (issue 51: the
+    8-bit-activation path answered "L'Étoile" on an AVX-512 Xeon), and says which path ran."""
     r = cli("demo")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "answer: The capital of France is Paris." in out
+    said = [line for line in r.stderr.splitlines() if line.startswith("path auto: ")]
+    assert len(said) == 1 and said[0].split(", predicted")[0].endswith("float32 activations"), r.stderr
+    assert "float32 activations, float32 K/V" in out  # the model table's path row (Engine.path_label)
     for part in (
         "prompt tokens P",
         "37",

@@ -33,9 +33,10 @@ def test_estimate_weights_option_and_bad_storage():
 
 @pytest.mark.slow
 def test_run_with_native_weights_says_so():
-    r = runner.invoke(app, ["run", "What is the capital of France?", "-n", "8", "--weights", "native"])
+    args = ["run", "What is the capital of France?", "-n", "8", "--weights", "native", "--activations", "f32"]
+    r = runner.invoke(app, args)  # the path named whole: the answer is float32 activations' on the blocks
     assert r.exit_code == 0, r.output
-    assert "Paris" in r.output
+    assert "Paris" in r.output and "float32 activations" in r.output
 
 
 def test_run_rejects_a_bad_weights_value():

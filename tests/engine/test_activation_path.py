@@ -50,18 +50,20 @@ def test_verify_runs_its_proofs_on_float32_activations(monkeypatch):
     assert seen == [{"f32"}]
 
 
-def test_auto_takes_8_bit_activations_where_predicted_fastest_unless_they_fail_quality(monkeypatch):
+def test_auto_takes_8_bit_activations_only_where_measured_near_lossless_and_faster(monkeypatch, tmp_path):
     """Made-up profiles (q8 kernels 400 GFLOP/s, float32-activation blocks 50, dense 200, one bandwidth): q8 is
-    predicted fastest and passes the quality rule on this file, so Engine.load(weights="auto") loads the blocks
-    on it, and the engine predicts with the q8 kernels' profile; were q8 to fail the rule, auto would keep
-    float32 activations."""
-    from dataclasses import replace
-
+    predicted fastest by far. Never measured on this file, auto stays on float32 activations; with a record that
+    fails the gate (SmolLM2's own figures) too; with one that passes, auto takes q8, Engine.load puts the blocks on
+    it and the engine predicts with the q8 kernels' profile. An explicit dtype float32 is float32 activations
+    whatever the record says."""
     import prefill.machine.profiles as profiles
     from prefill.costmodel.hardware import Hardware
     from prefill.costmodel.profile import catalog_profile
     from prefill.engine.llm import Engine
+    from prefill.engine.weights import resolve_path
+    from prefill.loading import default_model_path
     from prefill.machine import paths
+    from prefill.machine.quality_gate import QualityRecord, save_records
 
     def profile_for(spec, dtype, device="cpu", threads=None, echo=None, qtypes=None, **kw):
         q8 = any(t.endswith(":q8") for t in (qtypes or {}).values())
@@ -70,11 +72,19 @@ def test_auto_takes_8_bit_activations_where_predicted_fastest_unless_they_fail_q
 
     monkeypatch.setattr(profiles, "profile_for", profile_for)
     monkeypatch.delenv(ENV, raising=False)
-    engine = Engine.load(None, dtype="float32", weights="auto", progress=False)
-    assert engine.weights != "float32" and block_paths(engine) == {"q8"} and engine.activations == "q8"
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
+    key = paths.PATHS[1].key()  # native blocks, 8-bit activations, float32 K/V
+    records = {
+        None: "f32",
+        QualityRecord(top1=0.9713, ppl_ratio=1.0033, mean_kl=2.93e-3, p99_kl=1.37e-2, tokens=10_240): "f32",
+        QualityRecord(top1=0.995, ppl_ratio=1.001, mean_kl=1e-4, p99_kl=5e-3, tokens=10_240): "q8",
+    }
+    for record, want in records.items():
+        if record is not None:
+            save_records(default_model_path(), {key: record})
+        assert resolve_path(None, "auto", "auto", echo=None) == ("float32", "native", want)
+    assert resolve_path(None, "float32", "auto", echo=None)[2] in ("f32", None)  # explicit: float32 activations
+    engine = Engine.load(None, dtype="float32", weights="native", progress=False, activations="q8")
+    assert block_paths(engine) == {"q8"} and engine.activations == "q8"
     assert set(engine.weight_types().values()) == {"Q4_1:q8", "Q8_0:q8"}  # the profile of the kernels it runs
     assert engine.profile().peak_flops_per_s == 400e9
-    gate_shut = tuple(replace(p, passes_quality=p.activations != "q8") for p in paths.PATHS)
-    monkeypatch.setattr(paths, "PATHS", gate_shut)  # were it to fail the rule: float32 activations
-    engine = Engine.load(None, dtype="float32", weights="auto", progress=False)
-    assert engine.weights != "float32" and block_paths(engine) == {"f32"} and engine.activations == "f32"

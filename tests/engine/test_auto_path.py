@@ -35,18 +35,37 @@ def blocks_slow_to_compute(monkeypatch):
     monkeypatch.setattr(profiles, "profile_for", profile_for)
 
 
-def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute):
+def admit(*keys: str) -> None:
+    """Made-up quality records on the embedded file: the paths `keys` near-lossless, as `prefill verify
+    --quality` would cache them (the session's cache folder is a temporary one: never this machine's)."""
+    from prefill.loading import default_model_path
+    from prefill.machine.quality_gate import QualityRecord, save_records
+
+    passing = QualityRecord(top1=0.9994, ppl_ratio=1.0, mean_kl=6e-7, p99_kl=6e-6, tokens=10_240)
+    save_records(default_model_path(), dict.fromkeys(keys, passing))
+
+
+def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute, monkeypatch, tmp_path):
     from prefill.engine.weights import resolve_path
 
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))  # no record: only exact paths are weighed
     lines: list[str] = []
     chat = resolve_path(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))
     assert chat == ("float32", "native", "f32")
     assert len(lines) == 1 and lines[0].startswith("path auto: native Q4_1/Q8_0 blocks, float32 activations, ")
-    assert "for P = 16 + 512 out; vs native Q4_1/Q8_0 blocks, 8-bit activations " in lines[0]  # weighed too:
-    assert "; dense " in lines[0]  # q8 passes the quality rule; here its profile is f32's, and the tie goes to f32
+    assert "for P = 16 + 512 out; vs dense float32 weights, float32 activations " in lines[0]
+    assert (
+        "(8-bit activations not measured near-lossless on this file; `prefill verify --quality` measures it)"
+        in (lines[0])
+    )
     long = resolve_path(None, "auto", "auto", echo=None, workload=Workload(8192, 1))[:2]
-    assert long[1] != "native"  # one long prefill: the dense GEMMs' fourfold rate wins
+    assert long == ("float32", "float32")  # one long prefill: the dense GEMMs' fourfold rate wins, exact
     assert resolve_path(None, "bfloat16", "auto", echo=None)[:2] == ("bfloat16", "bfloat16")  # one path open
+    admit(paths.PATHS[1].key())  # 8-bit activations near-lossless here: weighed, at f32's profile a tie, not taken
+    lines.clear()
+    assert resolve_path(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))[2] == "f32"
+    assert "; vs native Q4_1/Q8_0 blocks, 8-bit activations " in lines[0]
+    assert "8-bit activations not measured" not in lines[0]
 
 
 @pytest.mark.slow
@@ -62,7 +81,10 @@ def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm, monke
     if blocker := path_blocker(path, quantized_types(None), capability("cpu"), ops.available()):
         pytest.skip(blocker)
     monkeypatch.setenv(ENV, path.activations)
-    assert resolve_path(None, path.dtype, path.weights, echo=None)[:2] == (path.dtype, path.weights)
+    assert resolve_path(None, path.dtype, path.weights, echo=None, activations=path.activations)[:2] == (
+        path.dtype,
+        path.weights,
+    )
     shared = {("native", "float32", "f32"): smollm_native, ("float32", "float32", "f32"): smollm}
     engine = shared.get((path.weights, path.dtype, path.activations))
     engine = engine or Engine.load(None, dtype=path.dtype, weights=path.weights, progress=False)
@@ -77,19 +99,29 @@ def test_each_path_forced_runs_on_its_kernels(path, smollm_native, smollm, monke
     assert kl < 1e-2  # not the argmax: bfloat16 keeps ~98% of top-1 tokens, and this prompt's is a near-tie
 
 
-def test_kv_auto_takes_the_k_v_dtype_of_least_predicted_request_time(smollm_native, monkeypatch):
-    """--kv-dtype auto (engine.weights.choose_kv_dtype): each K/V dtype the CPU offers predicted on the engine's
-    profile for it (decode attention timed over such a pool), the least whole-request time taken and said in one
-    line with the others'; the engine's new pools store K/V so. No line where one dtype is open."""
+def test_kv_auto_weighs_float16_only_where_the_gate_admits_it(smollm_native, monkeypatch, tmp_path):
+    """--kv-dtype auto (engine.weights.choose_kv_dtype): float16 K/V unmeasured on this file stay float32, said
+    in one line; measured near-lossless, each K/V dtype the CPU offers is predicted on the engine's profile for it
+    (decode attention timed over such a pool) and choose_kv's rule takes one; the engine's new pools store K/V
+    so. No line where one dtype is open and nothing was left out."""
     from prefill.costmodel.costs import request_seconds
     from prefill.device import capability as cap_module
     from prefill.engine.weights import choose_kv_dtype
     from prefill.machine.paths import kv_candidates
 
+    monkeypatch.setenv("PREFILL_CACHE_DIR", str(tmp_path))
     engine, load = smollm_native, Workload(256, 128)
     options = kv_candidates(engine.dtype_name, capability("cpu"))
     lines: list[str] = []
     try:
+        assert choose_kv_dtype(engine, load, echo=lines.append) == "float32"
+        if len(options) > 1:
+            assert lines == [
+                "kv-dtype auto: float32 K/V (float16 K/V not measured near-lossless on this file; "
+                "`prefill verify --quality` measures it)"
+            ]
+        admit(*(engine.serving_path.key(kv) for kv in options))
+        lines.clear()
         kv = choose_kv_dtype(engine, load, echo=lines.append)
         assert kv in options and engine.kv_dtype_name == kv and engine.new_pool(32).k[0].dtype == kv_torch(kv)
         times = {}

@@ -1,10 +1,10 @@
-"""Answers that do not depend on the cache: on the paths `auto` takes (native GGUF blocks with float32 or 8-bit
-activations, float32 K/V, or 8-bit activations with float16 K/V, which --kv-dtype auto stores for decode-heavy
-workloads), a prompt sent again, now a prefix-cache hit, gets the greedy text of its cold run, for 1,000-token
-prompts cut from the seed lessons (issue 42: on dense bfloat16 two of four such prompts changed their text on the
-hit). Both activation paths treat each row alone (q8 rounds each row's 32-blocks by that row's own scale) and sum in
-one order whatever the rows beside it, and every query reads K/V as the pool stores them, so the suffix's logits on
-a hit are the cold run's."""
+"""Answers that do not depend on the batch or the cache: on every path `auto` can pick (prefill.machine.paths.PATHS
+with each K/V dtype --kv-dtype auto may store), under every instruction set the kernels run here, a request at
+temperature 0 gets the same greedy text alone, batched beside another, and again as a prefix-cache hit.
+The prompts: 1,000-token stretches of the seed lessons, the interactive lesson's among them (issue 51: on an
+AVX-512 Xeon its prefix hit changed the text at token 9 with 8-bit activations and float16 K/V). Each path treats
+each row alone (q8 rounds each row's 32-blocks by that row's own scale) and sums in one order whatever the rows
+beside it, and every query reads K/V as the pool stores them, so a row's logits are the same in any company."""
 
 from __future__ import annotations
 
@@ -12,54 +12,100 @@ from pathlib import Path
 
 import pytest
 
+from prefill.device.capability import capability
 from prefill.engine.loop import StepLoop
 from prefill.engine.prefix_cache import RadixPrefixCache
 from prefill.engine.request import Generation, Request
 from prefill.engine.sampling import SamplingParams
+from prefill.machine.paths import KV_AUTO, NATIVE, PATHS, path_blocker
 from prefill.model.quant import ops, set_activations
 
 SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"  # shared/ beside the checkout, as CI lays it
 PROMPT_TOKENS, NEW_TOKENS, CHUNK = 1000, 24, 256  # the server's default chunk: the hit's suffix is one chunk
+ISAS = ("avx512", "avx2", "scalar")  # the kernels' instruction sets (ops.set_isa), best first
+# every path auto can take (ServingPath.auto: dense bfloat16 only where asked) with each K/V dtype auto may store
+CASES = [(p, kv) for p in PATHS if p.auto for kv in (KV_AUTO if p.dtype == "float32" else (p.dtype,))]
+PARAMS = [
+    pytest.param(
+        p, kv, isa, id=f"{p.weights}-{p.activations if p.weights == NATIVE else p.dtype}-{kv}-{isa or 'torch'}"
+    )
+    for p, kv in CASES
+    for isa in (ISAS if p.weights == NATIVE else (None,))  # dense weights run torch's GEMMs, not the kernels
+]
 
 
 def seed_prompts(tokenizer) -> list[list[int]]:
-    """Every whole 1,000-token stretch of the seed lessons, in file order."""
+    """The first 1,000-token stretch of each seed lesson (the interactive one's is the prompt that flipped)."""
     prompts = []
     for name in ("prefill-lesson.txt", "prefill-interactive-lesson.txt"):
-        ids = tokenizer.encode((SEEDS / name).read_text())
-        prompts += [ids[i : i + PROMPT_TOKENS] for i in range(0, len(ids) - PROMPT_TOKENS + 1, PROMPT_TOKENS)]
+        prompts.append(tokenizer.encode((SEEDS / name).read_text())[:PROMPT_TOKENS])
     return prompts
 
 
-def greedy(loop: StepLoop, engine, ids: list[int]) -> Generation:
+def greedy(loop: StepLoop, engine, prompts: list[list[int]], salt: str | None = None) -> list[Generation]:
+    """The greedy generations of `prompts`, all added to `loop` at once (batched when more than one)."""
     events: list = []
-    req = Request(list(ids), NEW_TOKENS, SamplingParams(), engine.tokenizer, events.append, ignore_eos=True)
-    loop.add(req)
-    while not req.done:
+    reqs = [
+        Request(
+            list(ids), NEW_TOKENS, SamplingParams(), engine.tokenizer, events.append, ignore_eos=True, cache_salt=salt
+        )
+        for ids in prompts
+    ]
+    for req in reqs:
+        loop.add(req)
+    while not all(req.done for req in reqs):
         loop.step()
-    return next(e for e in events if isinstance(e, Generation))
+    return [req.gen for req in reqs]
+
+
+@pytest.fixture(scope="module")
+def engines(smollm, smollm_native):
+    """Each path's engine: the session's native and dense float32 ones (another path is loaded on first need)."""
+    from prefill.engine.llm import Engine
+
+    made = {(NATIVE, "float32"): smollm_native, ("float32", "float32"): smollm}
+
+    def get(weights: str, dtype: str):
+        if (weights, dtype) not in made:
+            made[weights, dtype] = Engine.load(None, dtype=dtype, weights=weights, progress=False)
+        return made[weights, dtype]
+
+    return get
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed lessons are not on this machine")
-@pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
-@pytest.mark.parametrize("activations,kv", [("f32", "float32"), ("q8", "float32"), ("q8", "float16")])
-def test_a_prefix_cache_hit_gives_the_cold_runs_greedy_text(smollm_native, activations, kv):
-    engine = smollm_native
-    set_activations(engine.model, activations)
+@pytest.mark.parametrize("path,kv,isa", PARAMS)
+def test_greedy_text_is_the_same_alone_batched_and_after_a_prefix_hit(engines, path, kv, isa):
+    from prefill.engine.weights import quantized_types
+
+    if blocker := path_blocker(path, quantized_types(None), capability("cpu"), ops.available()):
+        pytest.skip(blocker)
+    if isa is not None and isa not in ISAS[ISAS.index(ops.set_isa("auto")) :]:
+        pytest.skip(f"the kernels' {isa} path needs an instruction set this CPU lacks")
+    engine = engines(path.weights, path.dtype)
+    if path.weights == NATIVE:
+        set_activations(engine.model, path.activations)
+        ops.set_isa(isa)
     try:
-        check_hits(engine, kv)
+        check(engine, kv)
     finally:
-        set_activations(engine.model, "f32")
+        if path.weights == NATIVE:
+            set_activations(engine.model, "f32")
+            ops.set_isa("auto")
 
 
-def check_hits(engine, kv: str) -> None:
+def check(engine, kv: str) -> None:
     prompts = seed_prompts(engine.tokenizer)
-    assert len(prompts) == 5  # 4 of prefill-lesson.txt (4,732 tokens), 1 of the interactive one (1,562)
     pool = engine.new_pool(4 * (PROMPT_TOKENS + NEW_TOKENS), kv)
     loop = StepLoop(engine.runner, pool, RadixPrefixCache(pool, pool.allocated_bytes()), chunk_size=CHUNK)
+    alone = []
     for ids in prompts:
-        cold = greedy(loop, engine, ids)
-        hit = greedy(loop, engine, ids)
+        (cold,) = greedy(loop, engine, [ids])
+        (hit,) = greedy(loop, engine, [ids])
         assert cold.cached_tokens == 0 and hit.cached_tokens >= PROMPT_TOKENS - pool.block_size  # a real hit
-        assert hit.token_ids == cold.token_ids, engine.tokenizer.decode(ids[:20])
+        assert hit.token_ids == cold.token_ids, f"prefix hit: {engine.tokenizer.decode(ids[:20])}"
+        alone.append(cold.token_ids)
+    batched = greedy(loop, engine, prompts, salt="batched")  # both cold again (another salt), side by side
+    for gen, text, ids in zip(batched, alone, prompts, strict=True):
+        assert gen.cached_tokens == 0 and gen.token_ids == text, f"batched: {engine.tokenizer.decode(ids[:20])}"

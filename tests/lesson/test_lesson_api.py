@@ -305,7 +305,8 @@ def test_predict_uses_the_measured_rates_and_gives_one_verdict(url, smollm):
     assert v["intensity"] == pytest.approx(pred.flops / pred.bytes)
     assert v["ridge"] == pytest.approx(profile.peak_flops_per_s / profile.bandwidth_bytes_per_s)
     assert v["measured_flops_per_s"] == pytest.approx(pred.flops / 0.01)
-    assert v["weights"] == f"{human(pred.weights_per_forward, 'B')} of float32 weights, float32 activations"
+    assert v["weights"] == f"{human(pred.weights_per_forward, 'B')} of float32 weights, {smollm.precision}"
+    assert smollm.precision == "float32 activations, float32 K/V"
     assert p["decode"]["bound"] == f"{smollm.predict_decode([3], profile=profile).dominant}-bound"
     cached = ok(url, "/api/predict", P=40, cached=32, prefill_s=0.01)
     assert cached["flops"] == costs.prefill_flops_exact(smollm.spec, 8, 32).total  # only the 8 new tokens run

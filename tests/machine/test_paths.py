@@ -26,13 +26,13 @@ def names(found):
 
 
 def test_the_paths_each_cpu_runs_natively():
-    assert names(candidates("auto", "auto", Q, ZEN5, True, gated=False)) == [
+    assert names(candidates("auto", "auto", Q, ZEN5, True)) == [
         (NATIVE, "float32"),
         Q8,
         ("bfloat16", "bfloat16"),
         ("float32", "float32"),
     ]
-    assert names(candidates("auto", "auto", Q, ZEN3, True, gated=False)) == [
+    assert names(candidates("auto", "auto", Q, ZEN3, True)) == [
         (NATIVE, "float32"),
         Q8,
         ("float32", "float32"),
@@ -41,18 +41,10 @@ def test_the_paths_each_cpu_runs_natively():
     assert names(candidates("auto", "auto", (), ZEN3, True)) == [("float32", "float32")]  # a dense file
 
 
-def test_auto_leaves_out_a_path_failing_the_quality_rule_unless_forced(monkeypatch):
-    failing = ServingPath(NATIVE, "float32", "q8", passes_quality=False)
-    monkeypatch.setattr(paths, "PATHS", (ServingPath(NATIVE, "float32"), failing))
-    assert names(candidates("auto", "auto", Q, ZEN5, True)) == [(NATIVE, "float32")]
-    assert names(candidates("auto", "auto", Q, ZEN5, True, gated=False)) == [(NATIVE, "float32"), Q8]
-    assert names(candidates("auto", "native", Q, ZEN5, True, "q8")) == [Q8]  # forced (PREFILL_ACTIVATIONS=q8)
-
-
 def test_an_explicit_part_narrows_the_paths():
     assert names(candidates("bf16", "auto", Q, ZEN5, True)) == [("bfloat16", "bfloat16")]
-    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), Q8, ("float32", "float32")]
-    assert names(candidates("auto", "native", Q, ZEN5, True, gated=False)) == [(NATIVE, "float32"), Q8]
+    assert names(candidates("float32", "auto", Q, ZEN5, True)) == [(NATIVE, "float32"), ("float32", "float32")]
+    assert names(candidates("auto", "native", Q, ZEN5, True)) == [(NATIVE, "float32"), Q8]
     assert candidates("bfloat16", "auto", Q, ZEN3, True) == []  # emulated: no path runs it natively
     cuda = Capability("cuda", "H100", "CUDA sm_90", cuda_bf16=True)
     assert NATIVE not in {p.weights for p in candidates("auto", "auto", Q, cuda, True)}
@@ -62,7 +54,7 @@ def test_8_bit_activations_need_blocks_they_cover_and_the_kernels():
     q8 = ServingPath(NATIVE, "float32", "q8")
     assert paths.path_blocker(q8, Q, ZEN5, True) == ""
     assert "Q4_0/Q4_1/Q8_0" in paths.path_blocker(q8, ("Q4_K", "Q6_K"), ZEN5, True)  # K-quants: float32 only
-    assert names(candidates("auto", "native", ("Q4_K", "Q6_K"), ZEN5, True, gated=False)) == [(NATIVE, "float32")]
+    assert names(candidates("auto", "native", ("Q4_K", "Q6_K"), ZEN5, True)) == [(NATIVE, "float32")]
     assert "not built" in paths.path_blocker(q8, Q, ZEN5, False)  # no compiled kernels: no native path at all
     assert q8.label(("Q4_1",)) == "native Q4_1 blocks, 8-bit activations"
 
@@ -90,7 +82,7 @@ def test_workload_parses_p_and_n():
 
 
 def _time(label, ttft, itl, w=Workload(100, 11)):
-    return PathTime(ServingPath(label, label), label, ttft, itl, w)
+    return PathTime(ServingPath(label, "float32"), label, ttft, itl, w)  # exact paths: the fastest is taken
 
 
 def test_choose_path_takes_the_least_whole_request_time_and_says_why():
@@ -138,7 +130,7 @@ def test_auto_picks_by_the_workload(made_up_profiles):
 def test_auto_picks_8_bit_activations_where_predicted_fastest(monkeypatch):
     """Made up: the q8 kernels ("KxN:Q4_1:q8" curves) at 400 GFLOP/s, float32-activation blocks at 50, dense at
     200: q8 reads the blocks' bytes and computes fastest, so it wins every workload; at 10 GFLOP/s it loses all.
-    (Over the paths the quality gate leaves open: all of them here, gated=False.)"""
+    (Over every path, as if the quality gate admitted them all.)"""
     import prefill.machine.profiles as profiles
 
     seen = []
@@ -151,7 +143,7 @@ def test_auto_picks_8_bit_activations_where_predicted_fastest(monkeypatch):
     monkeypatch.setattr(profiles, "profile_for", profile_for)
     spec = ModelSpec.from_preset("smollm2-135m")
     qtypes = {"576x960": "Q4_1", "576x49152": "Q6_K"}
-    open_paths = candidates("auto", "auto", Q, ZEN5, True, gated=False)
+    open_paths = candidates("auto", "auto", Q, ZEN5, True)
 
     def best(workload):
         return choose_path([paths.predict_path(spec, p, workload, qtypes) for p in open_paths])[0]

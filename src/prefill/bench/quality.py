@@ -10,8 +10,11 @@ At every scored position, with p the reference's distribution and q the path's:
     top-1 agreement = share of positions where argmax q == argmax p
     perplexity ratio = exp(mean NLL under q) / exp(mean NLL under p), NLL of the text's own next token
 
-The rule (issue 42): ours is no worse than llama.cpp's on every measure, where "worse" is a difference the text
-can tell apart from its own sampling noise: the paired difference (ours less llama.cpp's, on the same positions)
+The gate (issue 51; prefill.machine.quality_gate): a path is near-lossless where top-1 >= 99%, |PPL ratio - 1|
+<= 0.002 and p99 KL <= 0.01 on at least 10,000 tokens; run_quality caches each path's figures per model file,
+and `auto` weighs a reduced-precision path only where they pass. Beside it, a comparison (issue 42), not the
+gate: ours no worse than llama.cpp's on every measure, where "worse" is a difference the text can tell apart
+from its own sampling noise: the paired difference (ours less llama.cpp's, on the same positions)
 exceeds Z_WORSE standard errors, the error bootstrapped over the windows (independent runs of the text, each from
 an empty cache), as llama-perplexity prints its own figures with "±". One window (no spread to measure) compares
 the figures as they are. The held-out text: the Python Language Reference's help topics as CPython ships them
@@ -206,20 +209,26 @@ def engine_logits(engine, kv_dtype: str | None = None) -> Logits:
 
 
 def quality_table(rows: list[QualityRow], reference: str, bound: QualityRow | None, title: str):
-    """A rich Table of the rows, each marked PASS / FAIL against `bound` (llama.cpp's row) when given."""
+    """A rich Table of the rows: each one's figures, whether it is near-lossless (the gate: `auto` may weigh it),
+    and whether it is worse than `bound` (llama.cpp's row, when given) beyond the noise."""
     from rich.table import Table
+
+    from prefill.machine.quality_gate import GATE, QualityRecord
 
     t = Table(title=title, title_justify="left")
     t.caption = (
-        f"against {reference}; KL in nats over the scored positions; rule: no worse than llama.cpp's by more than "
-        f"{Z_WORSE:g} standard errors of the paired difference (bootstrapped over the windows)"
+        f"against {reference}; KL in nats over the scored positions; near-lossless (auto may weigh it): top-1 >= "
+        f"{GATE.top1:.0%}, |PPL ratio - 1| <= {GATE.ppl_drift:g}, p99 KL <= {GATE.p99_kl:g} on >= "
+        f"{GATE.min_tokens:,} tokens; vs llama.cpp: worse means by more than {Z_WORSE:g} standard errors of the "
+        "paired difference (bootstrapped over the windows)"
     )
-    for col in ("path", "mean KL", "p99 KL", "top-1", "PPL", "PPL ratio", "positions", "rule"):
+    for col in ("path", "mean KL", "p99 KL", "top-1", "PPL", "PPL ratio", "positions", "near-lossless", "vs llama.cpp"):
         t.add_column(col, justify="left" if col == "path" else "right")
     for r in rows:
-        broken = worse_than(r, bound) if bound is not None else []
-        verdict = "-" if bound is None else ("[red]FAIL[/]: " + "; ".join(broken) if broken else "[green]PASS[/]")
-        verdict = "the bound" if r.path.startswith(LLAMA) else verdict
+        record = QualityRecord(r.top1, r.ppl_ratio, r.mean_kl, r.p99_kl, 2 * r.positions)  # half of each window scored
+        gate = "; ".join(record.failures())
+        broken = worse_than(r, bound) if bound is not None and not r.path.startswith(LLAMA) else []
+        versus = "-" if bound is None else ("worse: " + "; ".join(broken) if broken else "no worse")
         t.add_row(
             r.path,
             f"{r.mean_kl:.2e}",
@@ -228,7 +237,8 @@ def quality_table(rows: list[QualityRow], reference: str, bound: QualityRow | No
             f"{r.ppl:.3f}",
             f"{r.ppl_ratio:.4f}",
             f"{r.positions:,}",
-            verdict,
+            f"[red]no[/]: {gate}" if gate else "[green]yes[/]",
+            "the peer" if r.path.startswith(LLAMA) else versus,
         )
     return t
 
@@ -254,7 +264,8 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     """The QualityReport of `model` (default: the embedded GGUF): every path open on this CPU against the
     float32-activation reference (native blocks where the file has them, else dense float32, float32 K/V), the
     reference with K/V stored at fewer bytes, the other float32 paths with the K/V --kv-dtype auto may store, and
-    llama.cpp's logits of the same file from a child process."""
+    llama.cpp's logits of the same file from a child process. Each path's figures are cached for the quality
+    gate (prefill.machine.quality_gate.save_records: `auto` reads them)."""
     from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
     from prefill.bench.peers import llamacpp_available, load_llamacpp_scorer
     from prefill.costmodel.costs import KV_DTYPES
@@ -263,12 +274,13 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     from prefill.engine.weights import quantized_types
     from prefill.loading import default_model_path
     from prefill.machine.paths import KV_AUTO, candidates
+    from prefill.machine.quality_gate import QualityRecord, save_records
     from prefill.model.quant import ops
 
     if threads is not None:
         torch.set_num_threads(threads)
     path = str(default_model_path() if model is None else model)
-    open_paths = candidates("auto", "auto", quantized_types(path), capability("cpu"), ops.available(), gated=False)
+    open_paths = candidates("auto", "auto", quantized_types(path), capability("cpu"), ops.available())
     ref_path = next(p for p in open_paths if p.dtype == "float32")  # native blocks first, in the registry
     engines = {
         p: Engine.load(path, dtype=p.dtype, weights=p.weights, progress=False, activations=p.activations)
@@ -278,11 +290,14 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
     ids = held_out_ids(ref.tokenizer, tokens)
     label = lambda p, e: f"{p.label(())} ({e.weights})" if p.weights == "native" else p.label()  # noqa: E731
     paths = {label(p, e): engine_logits(e) for p, e in engines.items()}
+    keys = {label(p, e): p.key() for p, e in engines.items()}  # row -> the gate's name of its path
     for kv in KV_DTYPES[1:]:  # the reference path with K/V stored at fewer bytes (--kv-dtype)
         paths[f"{label(ref_path, ref)}, {kv} K/V"] = engine_logits(ref, kv)
+        keys[f"{label(ref_path, ref)}, {kv} K/V"] = ref_path.key(kv)
     for p, e in engines.items():  # and every other float32 path with what --kv-dtype auto may store
         for kv in KV_AUTO[1:] if p.dtype == "float32" else ():
             paths[f"{label(p, e)}, {kv} K/V"] = engine_logits(e, kv)
+            keys[f"{label(p, e)}, {kv} K/V"] = p.key(kv)
     notes: list[str] = []
     llama = None
     if path.endswith(".gguf") and llamacpp_available():
@@ -307,4 +322,7 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
             llama.close()
     ours = [r for r in rows if not r.path.startswith(LLAMA)]
     theirs = next((r for r in rows if r.path.startswith(LLAMA)), None)
+    cpu = capability("cpu").kind
+    gate = {keys[r.path]: QualityRecord(r.top1, r.ppl_ratio, r.mean_kl, r.p99_kl, len(ids), cpu) for r in ours}
+    save_records(path, gate)
     return QualityReport(label(ref_path, ref), ours, theirs, len(ids), window, notes)

@@ -43,6 +43,7 @@ class BenchConfig:
     force: bool = False  # measure an emulated dtype at every P, not just the smallest
     llama_dense: bool = True  # llama.cpp also on F32 / BF16 GGUFs of the same weights (prefill.bench.dense_gguf)
     weights: str = "auto"  # ours: the GGUF's blocks ("native"), dense, or the faster here (prefill.engine.weights)
+    activations: str = "auto"  # the blocks' products: "f32", "q8", or auto (prefill.engine.weights.auto_path)
 
 
 @dataclass(frozen=True)

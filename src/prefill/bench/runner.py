@@ -97,15 +97,22 @@ def run_bench(
     longest = max(max(v) for v in the_plan.lengths.values())
     for i, dtype in enumerate(config.dtypes):
         weights = config.weights if dtype == "float32" else dtype  # GGUF blocks run with float32 activations
+        acts = None if config.activations == "auto" else config.activations
         engine = Engine.load(
-            model_path, dtype=dtype, device=config.device, threads=threads, progress=False, weights=weights
+            model_path,
+            dtype=dtype,
+            device=config.device,
+            threads=threads,
+            progress=False,
+            weights=weights,
+            activations=acts,
         )
         kernels = _compile_both(engine) if config.compile else None
         if result is None:
             result = _new_result(config, model_path, engine.spec, threads, gemm)
             result.notes.extend(the_plan.notes)
             prompt = _prompt_ids(engine.tokenizer, longest, engine.spec.vocab_size)
-        result.notes.append(f"ours in {dtype}: {engine.weights} weights")
+        result.notes.append(f"ours in {dtype}: {engine.path_label}")
         if kernels is not None:
             result.notes.append(f"ours compiled with torch.compile (Engine.compile) in {kernels[2]:.1f} s ({dtype})")
         peers = load_llamacpp_peers(config, model_path, dtype, i == 0, longest, threads, result.notes)

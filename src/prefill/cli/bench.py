@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from prefill.cli.common import console, err_console, wide_console
+from prefill.cli.common import Activations, check_activations, console, err_console, wide_console
 
 Model = Annotated[str | None, typer.Option("--model", "-m", help=".gguf file or HF folder; default: SmolLM2.")]
 PromptLengths = Annotated[str, typer.Option("--prompt-lengths", help="P values.")]
@@ -51,16 +51,19 @@ def bench(
     weights: Weights = "auto",
     llama_bench: LlamaBench = False,
     cpu_time: CpuTime = False,
+    activations: Activations = "auto",
 ) -> None:
     """Benchmark prefill: our engine and its peers on the same tokens, dtypes and threads, with predictions."""
     from prefill.bench.results import BenchConfig
     from prefill.bench.runner import prepare
 
+    check_activations(activations)
     if llama_bench:
-        return versus_llama(model, weights, threads, repeats, Path(out), "cpu" if cpu_time else "wall")
+        clock = "cpu" if cpu_time else "wall"
+        return versus_llama(model, weights, threads, repeats, Path(out), clock, activations)
     lists = parse_lists(prompt_lengths, dtypes, peers, calibrate_on, chunk_size)
     runs = {"repeats": repeats, "warmup": warmup, "threads": threads, "device": device, "compile": compile}
-    runs["weights"] = weights
+    runs["weights"], runs["activations"] = weights, activations
     config, plan, _, _ = prepare(BenchConfig(model=model, calibrate=calibrate, force=force, **runs, **lists))
     wide = wide_console(140)
     print_plan(wide, config, plan)
@@ -69,8 +72,11 @@ def bench(
     save(result, Path(out))
 
 
-def versus_llama(model: str | None, weights: str, threads: int | None, repeats: int, out: Path, clock: str) -> None:
-    """Ours vs llama.cpp on the same GGUF file (llama-bench's conventions), a table and out/versus.json."""
+def versus_llama(
+    model: str | None, weights: str, threads: int | None, repeats: int, out: Path, clock: str, activations: str = "auto"
+) -> None:
+    """Ours vs llama.cpp on the same GGUF file (llama-bench's conventions), a table and out/versus.json: every
+    path auto weighs, or the blocks on the one `activations` names."""
     import json
     import os
 
@@ -81,13 +87,14 @@ def versus_llama(model: str | None, weights: str, threads: int | None, repeats: 
 
     counts = (threads,) if threads else tuple(sorted({1, os.cpu_count() or 1}))
     storages, said = (check_weights(weights),), []
-    if weights == "auto":  # every path auto weighs on a file of blocks, and the line of its choice here
+    if weights == "auto":  # every path auto may weigh on a file of blocks (dense bfloat16: only if asked), auto's line
         from prefill.device.capability import capability
 
-        q8 = any(runs_q8("q8", t) for t in quantized_types(model))
-        bf16 = ("bfloat16",) if capability("cpu").native("bfloat16") else ()  # dense bf16 where it is not emulated
-        storages = ("native", *(("native:q8",) if q8 else ()), *bf16, "float32")
-        resolve_path(model, "auto", "auto", echo=said.append, threads=counts[-1])
+        q8 = any(runs_q8("q8", t) for t in quantized_types(model)) and activations != "f32"
+        blocks = ("native:q8",) if activations == "q8" else ("native", *(("native:q8",) if q8 else ()))
+        bf16 = ("bfloat16",) if capability("cpu").native("bfloat16") and activations == "auto" else ()  # not emulated
+        storages = (*blocks, *bf16, "float32")
+        resolve_path(model, "auto", "auto", echo=said.append, threads=counts[-1], activations=activations)
     config = VersusConfig(model=model, threads=counts, weights=storages, repeats=repeats, clock=clock)
     with err_console.status("ours vs llama.cpp") as status:
         result = run_versus(config, on_step=lambda s: status.update(f"ours vs llama.cpp: {s}"))

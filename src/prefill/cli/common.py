@@ -42,6 +42,14 @@ WorkloadOpt = Annotated[
     str | None,
     typer.Option("--workload", help="P,n: the request auto optimises for (default 256,128: prompt tokens, out)"),
 ]
+Activations = Annotated[
+    str,
+    typer.Option(
+        "--activations",
+        help="what native blocks' products take: f32 (float32, the reference), q8 (8-bit) or auto (float32 unless "
+        "q8 is measured near-lossless on this file by `prefill verify --quality` and predicted 10% faster)",
+    ),
+]
 KVStoreDir = Annotated[
     str | None, typer.Option("--kv-store", help="a directory keeping K/V of prompts across runs (loaded when faster)")
 ]
@@ -91,14 +99,16 @@ def load_engine(
     kv_store: str | None = None,
     kv_store_mb: float = KV_STORE_MB,
     kv_dtype: str | None = None,
+    activations: str = "auto",
 ):
     """The engine of `model` (None: the embedded SmolLM2), warmed up or compiled, so timings are of the steady
-    state; `dtype` and `weights` as resolve_storage says, K/V stored as `kv_dtype`; with `kv_store`, the KV
-    store attached after the warm-up (so it stores no warm-up prompt)."""
+    state; `dtype`, `weights` and `activations` as resolve_storage says, K/V stored as `kv_dtype`; with
+    `kv_store`, the KV store attached after the warm-up (so it stores no warm-up prompt)."""
     from prefill.machine.native import keep_compile
 
     check_store_size(kv_store, kv_store_mb)
-    engine, dtype, weights = open_engine(model, dtype, weights, device, threads, deterministic, kv_dtype=kv_dtype)
+    how = {"kv_dtype": kv_dtype, "activations": activations}
+    engine, dtype, weights = open_engine(model, dtype, weights, device, threads, deterministic, **how)
     if compile and weights == "native":
         note("native GGUF weights already run fused block operators; not compiling")
         compile = False
@@ -122,10 +132,11 @@ def open_engine(
     deterministic: bool,
     workload: str | None = None,
     kv_dtype: str | None = None,
+    activations: str = "auto",
 ):
-    """(engine, dtype, weights): Engine.load with the dtype and weights resolve_storage chose for `workload`
-    ("P,n"; default: the typical request), said in a line each, the model file parsed once for both; K/V
-    stored as `kv_dtype` (None: the compute dtype; "auto": engine.weights.choose_kv_dtype's for `workload`,
+    """(engine, dtype, weights): Engine.load with the dtype, weights and activations resolve_storage chose for
+    `workload` ("P,n"; default: the typical request), said in a line each, the model file parsed once for both;
+    K/V stored as `kv_dtype` (None: the compute dtype; "auto": engine.weights.choose_kv_dtype's for `workload`,
     said in a line; the compute dtype under `deterministic`)."""
     from prefill.costmodel.gguf_file import reading_once
     from prefill.engine.kvcache import kv_torch_dtype
@@ -137,7 +148,8 @@ def open_engine(
     if kv_dtype is not None and not auto_kv:
         kv_torch_dtype(kv_dtype)  # a bad name is one line before anything loads
     with reading_once():
-        dtype, weights, acts = resolve_storage(model, dtype, weights, device, deterministic, threads, workload)
+        how = (device, deterministic, threads, workload, activations)
+        dtype, weights, acts = resolve_storage(model, dtype, weights, *how)
         load = {"device": device, "threads": threads, "deterministic": deterministic, "weights": weights}
         load["kv_dtype"] = None if auto_kv else kv_dtype
         engine = Engine.load(model, dtype=dtype, activations=acts, **load)
@@ -154,21 +166,35 @@ def resolve_storage(
     deterministic: bool,
     threads: int | None = None,
     workload: str | None = None,
+    activations: str = "auto",
 ) -> tuple[str, str, str | None]:
-    """(dtype, weights, activations) to load `model` with: "auto" takes the path of least predicted time of
-    `workload` ("P,n", default the typical request) among those open here (prefill.engine.weights), said in one
-    line; the batch-invariant mode (`deterministic`) runs dense float32 (activations f32)."""
+    """(dtype, weights, activations) to load `model` with: "auto" takes the path auto_path takes for `workload`
+    ("P,n", default the typical request) among those open here (prefill.engine.weights), said in one line; an
+    explicit `activations` (f32 | q8) is kept; the batch-invariant mode (`deterministic`) runs dense float32
+    (activations f32)."""
     from prefill.engine.weights import resolve_path as resolve
     from prefill.loading.resolve import model_path
     from prefill.machine.paths import Workload
 
     model_path(model)  # a wrong path fails now, before the probe measures this machine
     load = Workload.parse(workload)
+    check_activations(activations)
     if deterministic:
         if weights not in ("auto", "float32"):
             fail(f"--deterministic runs dense float32 weights; drop --weights {weights}")
+        if activations == "q8":
+            fail("--deterministic runs float32 activations; drop --activations q8")
         return deterministic_dtype(dtype), "float32", "f32"
-    return resolve(model, dtype, weights, device, echo=note, threads=threads, workload=load)
+    if activations == "q8" and dtype.lower() not in ("auto", "float32", "fp32", "f32"):
+        fail(f"--activations q8 runs on native blocks computing in float32; drop --dtype {dtype}")
+    return resolve(model, dtype, weights, device, echo=note, threads=threads, workload=load, activations=activations)
+
+
+def check_activations(activations: str) -> str:
+    """--activations must be f32, q8 or auto: one line otherwise, before anything loads."""
+    if activations not in ("auto", "f32", "q8"):
+        fail(f"--activations must be f32, q8 or auto, got {activations!r}")
+    return activations
 
 
 def check_store_size(directory: str | None, max_mb: float) -> None:

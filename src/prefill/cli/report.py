@@ -37,9 +37,8 @@ def model_table(engine: Engine) -> Table:
     t.add_row("architecture", f"{s.arch}: L={s.L}, d_model={s.d_model}, d_ff={s.d_ff}, vocab={s.vocab_size:,}")
     t.add_row("attention", f"H_q={s.H_q}, H_kv={s.H_kv} (GQA {s.H_q // s.H_kv}:1), d_head={s.d_head}")
     t.add_row("parameters N", f"{s.N:,} ({s.N_non_embedding:,} non-embedding)")
-    t.add_row(
-        "dtype / device / threads", f"{str(engine.dtype).removeprefix('torch.')} / {engine.device} / {engine.threads()}"
-    )
+    t.add_row("path", engine.path_label)
+    t.add_row("device / threads", f"{engine.device} / {engine.threads()}")
     return t
 
 

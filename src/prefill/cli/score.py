@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from prefill.cli.common import KV_STORE_MB, KVStoreDir, KVStoreMb, ModelPath, console, fail, load_engine
+from prefill.cli.common import KV_STORE_MB, Activations, KVStoreDir, KVStoreMb, ModelPath, console, fail, load_engine
 
 Window = Annotated[
     int | None, typer.Option(help="Tokens per window (default: the whole text, up to the context length)")
@@ -33,8 +33,10 @@ def score(
     threads: Annotated[int | None, typer.Option(help="CPU threads (default: torch's choice)")] = None,
     kv_store: KVStoreDir = None,
     kv_store_mb: KVStoreMb = KV_STORE_MB,
+    activations: Activations = "f32",
 ) -> None:
     """Perplexity of a text in one prefill per window: every position's log-probability, FLOPs beside time.
+    Exact unless asked otherwise: float32 activations and K/V (`--activations` and `--dtype` name another path).
     With --kv-store, a window's context that it does not score (--stride below --window) is loaded from an
     earlier run of the same text when faster."""
     from prefill.cli import score_report
@@ -44,7 +46,8 @@ def score(
     text = read_text(file)
     if window is not None:
         windows(1, window, stride or window)  # a bad window or stride fails before the model loads
-    engine = load_engine(model, dtype, threads, kv_store=kv_store, kv_store_mb=kv_store_mb)
+    store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb}
+    engine = load_engine(model, dtype, threads, activations=activations, **store)
     ids = engine.need_tokenizer().encode(text, add_special_tokens=True)
     score_tokens(engine, ids[:2])  # warm-up: the all-position unembedding's kernels, not timed
     result = perplexity(engine, ids, window, stride, chunk_size, engine.kv_store)

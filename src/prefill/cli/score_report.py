@@ -36,6 +36,7 @@ def summary(engine: Engine, ids: list[int], result: Perplexity, with_tokens: boo
     out = {
         "model": engine.source,
         "dtype": str(engine.dtype).removeprefix("torch."),
+        "path": engine.path_label,
         "tokens": len(ids),
         "window": result.window,
         "stride": result.stride,
@@ -73,6 +74,7 @@ def summary_table(r: dict) -> Table:
     windows = (
         "one window (the whole text)" if one else f"{r['windows']} windows of {r['window']:,} every {r['stride']:,}"
     )
+    t.add_row("path", r["path"])
     t.add_row("text", f"{r['tokens']:,} tokens, {windows}")
     t.add_row(
         "perplexity",

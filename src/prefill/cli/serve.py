@@ -8,6 +8,7 @@ import typer
 
 from prefill.cli.common import (
     KV_STORE_MB,
+    Activations,
     AutoDtype,
     KVDtype,
     KVStoreDir,
@@ -49,6 +50,7 @@ def serve(
     kv_store_mb: KVStoreMb = KV_STORE_MB,
     workload: WorkloadOpt = None,
     kv_dtype: KVDtype = "auto",
+    activations: Activations = "auto",
     api_key: ApiKey = None,
     api_key_file: ApiKeyFile = None,
     allowed_hosts: AllowedHosts = None,
@@ -62,13 +64,14 @@ def serve(
         fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     check_store_size(kv_store, kv_store_mb)
     access = access_of(host, api_key, api_key_file, allowed_hosts)
-    engine, dtype, _ = open_engine(model, dtype, weights, device, threads, deterministic, workload, kv_dtype)
+    engine, _, _ = open_engine(model, dtype, weights, device, threads, deterministic, workload, kv_dtype, activations)
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
     limits = {"max_queue": max_queue, "max_running": max_running, "probe_max_age_s": SERVE_PROBE_MAX_AGE_S}
-    config = ServeConfig(model_id_of(engine), populate_kv=True, **limits, **sizes, **access)
-    code = serve_engine(engine, config, host, port, dtype)
+    exact = activations == "auto"  # scoring runs float32 activations unless --activations named the path
+    config = ServeConfig(model_id_of(engine), populate_kv=True, exact_scoring=exact, **limits, **sizes, **access)
+    code = serve_engine(engine, config, host, port)
     if code:
         fail("the server stopped because its scheduler could not serve (see the log above)", code)
 
@@ -80,7 +83,7 @@ def access_of(host: str, api_key: str | None, api_key_file: str | None, allowed_
     return {"api_key": key, "allowed_hosts": hosts}
 
 
-def serve_engine(engine, config, host: str, port: int, dtype: str) -> int:
+def serve_engine(engine, config, host: str, port: int) -> int:
     """Serve `engine` with `config` at host:port until SIGTERM / SIGINT, after saying how large its KV pool is
     and where it answers; the exit status (non-zero when the scheduler could not serve)."""
     from prefill.lesson.routes import add_lesson
@@ -95,7 +98,7 @@ def serve_engine(engine, config, host: str, port: int, dtype: str) -> int:
         f"KV pool: {mib:,.0f} MiB = {pool.n_blocks:,} blocks of {pool.block_size} tokens ({tokens:,} tokens)",
         highlight=False,
     )
-    where = f"({engine.weights} weights, {dtype}) at http://{host}:{port}/v1"
+    where = f"({engine.path_label}) at http://{host}:{port}/v1"
     console.print(f"serving [bold]{config.model_id}[/] {where}", highlight=False)
     return run_server(app, host, port)
 
@@ -105,6 +108,7 @@ def lab(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     open_browser: Annotated[bool, typer.Option("--open/--no-open", help="open the page in a browser")] = True,
+    activations: Activations = "auto",
     api_key: ApiKey = None,
     api_key_file: ApiKeyFile = None,
     allowed_hosts: AllowedHosts = None,
@@ -117,11 +121,14 @@ def lab(
     from prefill.server.server import run_server
 
     access = access_of(host, api_key, api_key_file, allowed_hosts)
-    engine = load_engine(model, "float32", None)  # warmed up: the page's timeline shows the steady state
+    engine = load_engine(model, "float32", None, activations=activations)  # warmed up: the timeline's steady state
     # the key travels in the URL's fragment, which the browser never sends; the page keeps it in sessionStorage
     url = f"http://{host}:{port}/" + (f"#key={access['api_key']}" if access["api_key"] else "")
-    console.print(f"the prefill lesson, live on [bold]{model_id_of(engine)}[/]: {url}", highlight=False)
+    console.print(
+        f"the prefill lesson, live on [bold]{model_id_of(engine)}[/] ({engine.path_label}): {url}", highlight=False
+    )
     if open_browser:
         open_when_up(url, lambda ok: None if ok else console.print(f"no browser could be opened: visit {url}"))
-    config = ServeConfig(model_id_of(engine), probe_max_age_s=SERVE_PROBE_MAX_AGE_S, **access)
+    exact = activations == "auto"  # scoring runs float32 activations unless --activations named the path
+    config = ServeConfig(model_id_of(engine), probe_max_age_s=SERVE_PROBE_MAX_AGE_S, exact_scoring=exact, **access)
     run_server(add_lesson(create_app(engine, config)), host, port)

@@ -29,11 +29,12 @@ from prefill.engine.sampling import SamplingParams
 from prefill.engine.weights import storage_of, weights_path
 from prefill.errors import BadInput
 from prefill.loading import load_model_files
+from prefill.loading.resolve import model_path
 from prefill.loading.tokenizer import Tokenizer
 from prefill.machine import heap
-from prefill.machine.weights import NATIVE
+from prefill.machine.paths import NATIVE, ServingPath
 from prefill.model.quant import set_activations
-from prefill.model.quant.activations import default_activations
+from prefill.model.quant.activations import default_activations, words
 from prefill.model.transformer import check_supported
 
 
@@ -50,6 +51,7 @@ class Engine:
         self.cold_prefill_s: float | None = None  # the first prefill after load (warmup), seconds
         self.cold_decode_s: float | None = None  # the first decode step after load, seconds
         self.kv_store: StoreTier | None = None  # attach_kv_store
+        self.model_file: Path | None = None  # the file or folder it was loaded from (Engine.load; the quality gate's)
         heap.keep_freed_memory()  # a forward's freed activations are reused, not unmapped (prefill.machine.heap)
 
     # ---- construction ----
@@ -90,7 +92,8 @@ class Engine:
             weights = "float32"
         with reading_once():  # the weights' choice and the loader read the same GGUF metadata
             dtype_name = str(torch_dtype(dtype)).removeprefix("torch.")
-            storage, chosen = weights_path(weights, model, dtype_name, device, None)  # chosen: auto's activations
+            acts = activations or "auto"  # chosen: auto's activations, where it chose
+            storage, chosen = weights_path(weights, model, dtype_name, device, None, acts)
             dt = torch_dtype("float32" if storage == NATIVE else storage)
             callback = _progress_bar("loading weights") if progress is True else (progress or None)
             try:
@@ -99,6 +102,7 @@ class Engine:
                 if progress is True:
                     callback(-1, -1)
         engine = cls.from_state_dict(files.spec, files.state_dict, files.tokenizer, dt, device, files.source)
+        engine.model_file = model_path(model)
         engine.runner.set_kv_dtype(kv_dtype)
         set_activations(engine.model, "f32" if deterministic else activations or chosen or default_activations())
         if deterministic:
@@ -292,6 +296,25 @@ class Engine:
     def activations(self) -> str:
         """What the blocks' products take: "q8" (8-bit activations) where any of them runs so, else "f32"."""
         return "q8" if any(t.endswith(":q8") for t in self.weight_types().values()) else "f32"
+
+    @property
+    def serving_path(self) -> ServingPath:
+        """The path this engine runs (prefill.machine.paths): its weights' storage, dtype and blocks' activations."""
+        return ServingPath(NATIVE if self.weight_types() else self.dtype_name, self.dtype_name, self.activations)
+
+    @property
+    def precision(self) -> str:
+        """What it computes and stores K/V in: "float32 activations, float32 K/V" ("8-bit activations" where the
+        blocks' products round them so)."""
+        return f"{words(self.activations, self.dtype_name)} activations, {self.kv_dtype_name} K/V"
+
+    @property
+    def path_label(self) -> str:
+        """The one label of the path that runs, as every start-up line, page, result file and prediction names
+        it: "native Q4_1/Q8_0 blocks, float32 activations, float32 K/V" or "dense bfloat16 weights, bfloat16
+        activations, bfloat16 K/V"."""
+        qtypes = tuple(self.weights.split(" + ")) if self.weight_types() else ()
+        return f"{self.serving_path.label(qtypes)}, {self.kv_dtype_name} K/V"
 
     def layout(self) -> Layout:
         """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF

@@ -10,6 +10,7 @@ touched, never the loop.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from itertools import accumulate
@@ -86,7 +87,11 @@ class StepLoop:
     def step(self) -> Step:
         step = self.scheduler.schedule()
         if step.rows:
-            self._run(step)
+            # a step holding an exact request (scoring) runs every row on float32 activations, the prompt's
+            # unembedding (in _after_chunk) included
+            exact = any(req.exact for req, _ in step.rows)
+            with self.runner.exact() if exact else contextlib.nullcontext():
+                self._run(step)
         self.scheduler.release_finished()
         self.last_step = step
         return step

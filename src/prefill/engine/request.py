@@ -134,6 +134,7 @@ class Request:
     prompt_logprobs: int | None = None  # score every prompt position, with this many alternatives (engine.scoring)
     ignore_eos: bool = False  # keep going past EOS to max_tokens (vLLM's benchmark option)
     cache_salt: str | None = None  # vLLM's: cached prefixes are shared only with requests of the same salt
+    exact: bool = False  # run its steps on float32 activations (a scoring request: ModelRunner.exact)
     cancelled: bool = False  # set by the caller (a client went away); the loop drops the request
     clock: Callable[[], float] = time.perf_counter  # seconds; the loop's (a simulation's clock is simulated)
     # ---- state, set by the loop ----

@@ -7,6 +7,7 @@ benchmark and the warm-up call `forward`, its rectangular wrapper, so what they 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -16,7 +17,7 @@ from prefill.costmodel import costs
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine.batch import forward_batch
 from prefill.engine.kvcache import KVPool, SeqKV, kv_torch_dtype
-from prefill.model.quant import fused
+from prefill.model.quant import QuantWeight, fused, set_activations
 from prefill.model.transformer import Transformer
 
 
@@ -68,6 +69,22 @@ class ModelRunner:
         return self.new_pool(capacity).new_seq()
 
     # ---- the forward ----
+    @contextlib.contextmanager
+    def exact(self):
+        """The forwards inside run their blocks' products on float32 activations (the reference), whatever path
+        the engine serves on, and the path is put back after: a scoring request's steps run so (StepLoop)."""
+        paths = {
+            m.weight.activations for m in self.model.modules() if isinstance(getattr(m, "weight", None), QuantWeight)
+        }
+        if paths <= {"f32"}:
+            yield
+            return
+        set_activations(self.model, "f32")
+        try:
+            yield
+        finally:
+            set_activations(self.model, paths.pop() if len(paths) == 1 else "q8")
+
     @torch.inference_mode()
     def run(self, rows: list[tuple[SeqKV, list[int]]], output: str = "last") -> torch.Tensor:
         """One forward over rows [(seq, new token ids)] of any lengths (decode rows and prefill chunks together):

@@ -6,7 +6,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prefill.device.capability import capability
-from prefill.machine.paths import Workload, candidates, choose_kv, choose_path, kv_candidates, predict_path
+from prefill.machine.paths import (
+    NATIVE,
+    Workload,
+    asked,
+    candidates,
+    choose_kv,
+    choose_path,
+    exact_line,
+    gate_note,
+    kv_candidates,
+    predict_path,
+)
+from prefill.machine.quality_gate import record_of
 from prefill.machine.weights import Choice, choose_weights
 
 
@@ -57,12 +69,15 @@ def auto_path(
     threads: int | None = None,
     workload: Workload | None = None,
     echo: Callable[[str], None] | None = print,
+    activations: str = "auto",
 ) -> tuple[str, str, str, str] | None:
-    """(dtype, weights, why, activations) of the path of least predicted time of `workload` (default: the typical
-    request) among those `dtype` and `weights` (each "auto" or given) leave open on this CPU (prefill.machine.paths), or
-    None where fewer than two are open (the per-part choices then decide). A path not yet probed here is probed
-    now (a few seconds each, once per machine; `echo` gets a note). PREFILL_ACTIVATIONS (f32 | q8) narrows
-    native blocks to that activation path."""
+    """(dtype, weights, why, activations) of the path `auto` serves `workload` (default: the typical request) on
+    among those `dtype`, `weights` and `activations` (each "auto" or given; activations "auto" reads
+    PREFILL_ACTIVATIONS) leave open on this CPU (prefill.machine.paths), or None where fewer than two are open
+    (the per-part choices then decide). A reduced-precision path the options did not name is weighed only where
+    the quality gate's record on this file passes (prefill.machine.quality_gate); the exact path is taken unless
+    a weighed one is predicted MIN_GAIN faster (choose_path). A path weighed but not yet probed here is probed
+    now (a few seconds each, once per machine; `echo` gets a note)."""
     from prefill.costmodel.specs import load_spec
     from prefill.loading import default_model_path
     from prefill.model.quant import ops
@@ -72,27 +87,47 @@ def auto_path(
         return None
     quantized = quantized_types(model)
     kernels = ops.available() if quantized else False
-    open_paths = candidates(dtype, weights, quantized, capability("cpu"), kernels, requested_activations())
+    acts = requested_activations() if activations == "auto" else activations
+    open_paths = candidates(dtype, weights, quantized, capability("cpu"), kernels, acts)
     if len(open_paths) < 2:
         return None
-    spec = load_spec(default_model_path() if model is None else model)
+    file = default_model_path() if model is None else Path(model)
+    weighed, shut = [], []
+    for p in open_paths:
+        note = "" if asked(p, dtype, weights, acts) else gate_note(p.reduced, record_of(file, p.key()), p)
+        (shut if note else weighed).append(note or p)
+    spec = load_spec(file)
     qtypes = native_weight_types(model, spec) if quantized else {}
-    times = [predict_path(spec, p, workload or Workload(), qtypes, device, threads, echo) for p in open_paths]
-    best, why = choose_path(times)
+    if len(weighed) == 1:  # the exact path alone: nothing to predict
+        p = weighed[0]
+        label = p.label(tuple(dict.fromkeys(qtypes.values())) if p.weights == NATIVE else ())
+        return p.dtype, p.weights, exact_line(label, shut), p.activations
+    times = [predict_path(spec, p, workload or Workload(), qtypes, device, threads, echo) for p in weighed]
+    best, why = choose_path(times, shut)
     return best.path.dtype, best.path.weights, why, best.path.activations
 
 
 def choose_kv_dtype(engine, workload: Workload | None = None, echo: Callable[[str], None] | None = print) -> str:
-    """Store `engine`'s K/V as the dtype choose_kv takes among kv_candidates for `workload` (default: the typical
-    request), said in one line to `echo` where there were two or more; returns it. Each is predicted
-    on the engine's profile for that K/V dtype (decode attention timed reading K/V as such a pool stores them:
-    probed on first need, a second or so, once per machine)."""
+    """Store `engine`'s K/V as the dtype choose_kv takes for `workload` (default: the typical request) among
+    kv_candidates: the reference (the compute dtype), and each other the quality gate admits for the engine's
+    path on its file; said in one line to `echo` where there were two or more; returns it. Each admitted one is
+    predicted on the engine's profile for that K/V dtype (decode attention timed reading K/V as such a pool
+    stores them: probed on first need, a second or so, once per machine)."""
     from prefill.costmodel.costs import request_seconds
 
     load = workload or Workload()
     options = kv_candidates(engine.dtype_name, capability("cpu" if engine.device.type == "cpu" else "cuda"))
+    shut = []
+    if len(options) > 1 and engine.model_file is not None:
+        path = engine.serving_path
+        notes = {kv: gate_note(f"{kv} K/V", record_of(engine.model_file, path.key(kv))) for kv in options[1:]}
+        options, shut = (options[0], *(kv for kv in options[1:] if not notes[kv])), [n for n in notes.values() if n]
+    elif len(options) > 1:  # weights from memory: no file the gate could have measured
+        options = options[:1]
     if len(options) == 1:
         engine.runner.set_kv_dtype(options[0])
+        if echo is not None and shut:
+            echo(f"kv-dtype auto: {options[0]} K/V" + "".join(f" ({n})" for n in shut))
         return options[0]
     times = []
     for kv in options:
@@ -100,7 +135,7 @@ def choose_kv_dtype(engine, workload: Workload | None = None, echo: Callable[[st
         engine.profile(echo=echo)
         ttft, itl = engine.predict_prefill(load.P).seconds, engine.predict_decode([load.P + load.n // 2]).seconds
         times.append((kv, request_seconds(ttft, load.n, itl)))
-    kv, line = choose_kv(times, load)
+    kv, line = choose_kv(times, load, shut)
     engine.runner.set_kv_dtype(kv)
     if echo is not None:
         echo(line)
@@ -125,12 +160,17 @@ def resolve_weights(
 
 
 def weights_path(
-    requested: str, model, dtype: str, device: str = "cpu", echo: Callable[[str], None] | None = print
+    requested: str,
+    model,
+    dtype: str,
+    device: str = "cpu",
+    echo: Callable[[str], None] | None = print,
+    activations: str = "auto",
 ) -> tuple[str, str | None]:
-    """(storage, activations) for `requested` in activation `dtype`: auto_path's (storage "native" or a dense
-    dtype, the blocks' "f32" or "q8") where it decides, else weights_choice's storage and None; the reason
-    echoed for auto, a warning always."""
-    if (path := auto_path(model, dtype, requested, device, echo=echo)) is not None:
+    """(storage, activations) for `requested` in activation `dtype` (and `activations`, as auto_path): auto_path's
+    (storage "native" or a dense dtype, the blocks' "f32" or "q8") where it decides, else weights_choice's
+    storage and None; the reason echoed for auto, a warning always."""
+    if (path := auto_path(model, dtype, requested, device, echo=echo, activations=activations)) is not None:
         if echo is not None:
             echo(path[2])
         return path[1], path[3]
@@ -151,15 +191,16 @@ def resolve_path(
     echo: Callable[[str], None] | None = print,
     threads: int | None = None,
     workload: Workload | None = None,
+    activations: str = "auto",
 ) -> tuple[str, str, str | None]:
     """(dtype, weights, activations) to load `model` with, as `prefill serve` and `prefill run` do: where "auto"
-    leaves two paths or more open, the one of least predicted time of `workload` (auto_path; its line to `echo`;
-    activations the path's "f32" or "q8"); else activations None (Engine.load's default) and
+    leaves two paths or more open, the one auto_path takes for `workload` (its line to `echo`; activations the
+    path's "f32" or "q8"); else `activations` where given, else None (Engine.load's default) and
     "auto" dtype the fastest dtype native here (float32 under native blocks: their kernels take float32
     activations) and "auto" weights the GGUF's blocks or a dense dtype, each choice said in one line."""
     from prefill.machine.native import resolve_dtype
 
-    if (path := auto_path(model, dtype, weights, device, threads, workload, echo)) is not None:
+    if (path := auto_path(model, dtype, weights, device, threads, workload, echo, activations)) is not None:
         if echo is not None:
             echo(path[2])
         return path[0], path[1], path[3]
@@ -168,7 +209,8 @@ def resolve_path(
             echo("dtype auto: float32 (--weights native runs float32 activations)")
         dtype = "float32"
     dtype = resolve_dtype(dtype, device, echo=echo)
-    return dtype, resolve_weights(weights, model, dtype, device, echo=echo), None
+    storage = weights_path(weights, model, dtype, device, echo, activations)[0]
+    return dtype, storage, None if activations == "auto" else activations
 
 
 def storage_of(model) -> str:

@@ -171,6 +171,7 @@ def catalog(request: Request) -> dict:
         "d_head": loaded.d_head,
         "dtype": lesson.dtype,
         "weights": lesson.engine.weights,
+        "path": lesson.engine.path_label,  # the one label of the path that runs (the header's)
         "model_id": lesson.model_id,
         "context_length": loaded.context_length,
     }

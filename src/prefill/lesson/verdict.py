@@ -16,20 +16,17 @@ from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.timemodel import Prediction
 from prefill.engine.llm import Engine
 from prefill.lesson.words import human
-from prefill.model.quant.activations import words
 
 MAX_TURN_P = 1 << 20  # the longest prompt the turn to compute-bound is looked for up to
 
 
 def weights_words(engine: Engine, pred: Prediction) -> str:
-    """What one forward reads and computes in: '84 MB of Q8_0 + Q4_1 blocks, float32 activations' (GGUF blocks
-    kept native; '8-bit activations' where their products round them so) or '538 MB of float32 weights, float32
-    activations'."""
+    """What one forward reads and computes in: '84 MB of Q8_0 + Q4_1 blocks, float32 activations, float32 K/V'
+    (GGUF blocks kept native; '8-bit activations' where their products round them so) or '538 MB of float32
+    weights, float32 activations, float32 K/V': the precision is Engine.precision, as the header's path label."""
     dense = not engine.weight_types()  # no GEMM weight kept as GGUF blocks
     what = f"{engine.weights} weights" if dense else f"{engine.weights} blocks"
-    return (
-        f"{human(pred.weights_per_forward, 'B')} of {what}, {words(engine.activations, engine.dtype_name)} activations"
-    )
+    return f"{human(pred.weights_per_forward, 'B')} of {what}, {engine.precision}"
 
 
 def compute_bound_from_P(engine: Engine, profile: MachineProfile, chunk_size: int | None = None) -> int | None:

@@ -14,11 +14,17 @@ GEMM probe alone picked dense bfloat16 on a Zen 4, 32 ms a decode step where nat
                                              dense bfloat16, dense float32
     path_blocker(path, ...)                  why this device cannot run a path natively ("" when it can)
     candidates(dtype, weights, ...)          the paths a request (auto or explicit parts) leaves open here
+    asked(path, dtype, weights, activations) whether the options named the path's reduced precision
+    gate_note(what, record)                  why auto leaves a reduced-precision path out ("" when it may weigh it)
     Workload.parse("P,n")                    the typical request: P prompt tokens, n tokens out
     predict_path(spec, path, workload, ...)  its TTFT, ITL and whole-request seconds (PathTime)
-    choose_path(times)                       the fastest, and the start-up line that says why
+    choose_path(times, shut)                 the exact path unless a gated one is MIN_GAIN faster, and its line
     kv_candidates(dtype, cap)                the K/V dtypes --kv-dtype auto weighs (KV_AUTO)
-    choose_kv(times, workload)               the fastest of them, and its start-up line
+    choose_kv(times, workload, shut)         the same rule over K/V dtypes, and its start-up line
+
+The rule (issue 51): an explicit option is honoured; `auto` is exact (float32 activations, float32 K/V) unless a
+reduced-precision path is predicted at least MIN_GAIN faster AND measured near-lossless on this model file
+(prefill.machine.quality_gate). Speed never buys a different answer.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prefill.costmodel import storage, timemodel
-from prefill.costmodel.costs import canonical_dtype, request_seconds
+from prefill.costmodel.costs import cache_dtype, canonical_dtype, request_seconds
 from prefill.costmodel.specs import ModelSpec
 from prefill.device.capability import Capability
 from prefill.errors import BadInput
+from prefill.machine.quality_gate import QualityRecord
 
 NATIVE = "native"
 TYPICAL_P, TYPICAL_N = 256, 128  # a typical request: a 256-token prompt, 128 tokens out
@@ -45,42 +52,55 @@ class ServingPath:
     weights: str
     dtype: str
     activations: str = "f32"
-    passes_quality: bool = True  # `prefill verify --quality`'s rule (docs/weights.md); auto takes no path failing it
+    auto: bool = True  # auto may take it (where the gate admits it); False: only where the options name it
+
+    @property
+    def exact(self) -> bool:
+        """Computes as the float32 reference does (float32 activations, blocks or their float32 decoding)."""
+        return self.dtype == "float32" and self.activations == "f32"
+
+    @property
+    def reduced(self) -> str:
+        """What rounds below float32 on this path, in words ("8-bit activations", "dense bfloat16"; "" exact)."""
+        if self.activations == "q8":
+            return "8-bit activations"
+        return "" if self.exact else f"dense {self.dtype}"
+
+    def key(self, kv: str | None = None) -> str:
+        """The quality gate's name of this path with K/V stored as `kv` (None: as computed)."""
+        return f"{self.weights}|{self.dtype}|{self.activations}|kv {cache_dtype(kv or self.dtype)}"
 
     def label(self, qtypes: Sequence[str] = ()) -> str:
-        """In words: "native Q4_1/Q8_0 blocks, float32 activations" or "dense bfloat16"."""
+        """In words: "native Q4_1/Q8_0 blocks, float32 activations" or "dense bfloat16 weights, bfloat16
+        activations"."""
         if self.weights == NATIVE:
             from prefill.model.quant.activations import words
 
             return f"native {'/'.join(qtypes) or 'GGUF'} blocks, {words(self.activations, self.dtype)} activations"
-        return f"dense {self.weights}" if self.weights == self.dtype else f"dense {self.weights}, {self.dtype}"
+        return f"dense {self.weights} weights, {self.dtype} activations"
 
 
 # The registry: every path the engine can serve on, in the order a tie goes (fewest bytes first).
 PATHS = (
     ServingPath(NATIVE, "float32"),
-    # 8-bit activations pass the rule on the embedded Q4_1 file (AMD EPYC Zen 3, 10,240 tokens: mean KL 2.93e-3,
-    # p99 1.37e-2, top-1 97.13%, perplexity ratio 1.0033 against llama.cpp's own 2.92e-3, 1.31e-2, 96.48%,
-    # 1.0041: no measure worse beyond 2 standard errors; docs/weights.md)
     ServingPath(NATIVE, "float32", "q8"),
-    ServingPath("bfloat16", "bfloat16"),
+    # dense bfloat16 only where asked: its greedy text changed on a prefix-cache hit (issue 42: 2 of 4 1,000-token
+    # prompts), and a path auto takes must give one text alone, batched and after a hit
+    ServingPath("bfloat16", "bfloat16", auto=False),
     ServingPath("float32", "float32"),
 )
+# A reduced-precision path (or K/V dtype) is taken only where predicted to save this fraction of the exact one's
+# time for the workload, and measured near-lossless on the file. At a 256-token prompt float16 K/V are a small
+# part of what a step reads (predicted 3-5% faster on native blocks on the Zen 3), and a probe on a busy machine
+# is a few percent noisy: a smaller margin would round for noise. At 4,096 tokens of context float16 K/V cut the
+# ITL by a third.
+MIN_GAIN = 0.10
 
 
 # What --kv-dtype auto weighs for an engine computing in float32: float32 (the reference) and float16, llama.cpp's
-# default cache type. On the embedded Q4_1 file, K/V stored as float16 move the logits by a mean KL of 6.3e-7 over
-# 10,240 tokens (bfloat16's 3.5e-5: 3 fewer mantissa bits in the same bytes), far inside the quality rule
-# (docs/weights.md), and the pool rounds them once, where written, so a prefix-cache hit reads what the cold run
-# read. Offered where the CPU widens it in hardware (F16C). q8_0 only when asked: the KV store does not take it.
+# default cache type, where the CPU widens it in hardware (F16C). The pool rounds K/V once, where written, so a
+# prefix-cache hit reads what the cold run read. q8_0 only when asked: the KV store does not take it.
 KV_AUTO = ("float32", "float16")
-# float16 is taken only where it saves this fraction of the request's predicted time. At a 256-token prompt the
-# K/V are a small part of what a step reads (predicted 3-5% faster on native blocks on the Zen 3), and rounding
-# them for that flipped a near-tie greedy token ("The capital of France is Paris." became "L'Étoile, la Cité" on
-# the 8-bit-activation path). With a 5% margin, a probe on a busy machine (a CI run) put float16 past it there:
-# the two decode curves are probed minutes apart, and their noise is a few percent of the request. At 4,096
-# tokens of context float16 K/V cut the ITL by a third.
-KV_MIN_GAIN = 0.10
 
 
 def kv_candidates(dtype: str, cap: Capability) -> tuple[str, ...]:
@@ -93,19 +113,20 @@ def kv_candidates(dtype: str, cap: Capability) -> tuple[str, ...]:
     return tuple(kv for kv in KV_AUTO if kv != "float16" or "f16c" in cap.flags)
 
 
-def choose_kv(times: Sequence[tuple[str, float]], workload: Workload) -> tuple[str, str]:
-    """The K/V dtype to store (`times`: (K/V dtype, predicted whole-request seconds) in KV_AUTO's order): the
-    first (the reference) unless another saves KV_MIN_GAIN of its time, then the fastest; and the start-up line
-    that says which, and the predictions that decided it."""
+def choose_kv(times: Sequence[tuple[str, float]], workload: Workload, shut: Sequence[str] = ()) -> tuple[str, str]:
+    """The K/V dtype to store (`times`: (K/V dtype, predicted whole-request seconds) in KV_AUTO's order, of the
+    reference and the dtypes the quality gate admits): the first (the reference) unless another saves MIN_GAIN
+    of its time, then the fastest; and the start-up line that says which, why, and (`shut`: gate_note's)
+    which K/V dtypes the gate left out."""
     if not times:
         raise ValueError("choose_kv needs at least one K/V dtype's prediction")
     reference = times[0][1]
-    kv, seconds = min(times, key=lambda t: t[1] if t[1] <= (1 - KV_MIN_GAIN) * reference else reference)
+    kv, seconds = min(times, key=lambda t: t[1] if t[1] <= (1 - MIN_GAIN) * reference else reference)
     others = "; ".join(f"{k} {s:.2f} s" for k, s in times if k != kv)
     line = f"kv-dtype auto: {kv} K/V, predicted {seconds:.2f} s for {workload}" + (f"; vs {others}" if others else "")
     if any(s < seconds for _, s in times):
-        line += f" (under {KV_MIN_GAIN:.0%} faster: K/V kept as {kv})"
-    return kv, line
+        line += f" (under {MIN_GAIN:.0%} faster: K/V kept as {kv})"
+    return kv, line + "".join(f" ({note})" for note in shut)
 
 
 def path_blocker(path: ServingPath, quantized: Sequence[str], cap: Capability, kernels: bool) -> str:
@@ -141,23 +162,47 @@ def candidates(
     cap: Capability,
     kernels: bool,
     activations: str = "auto",
-    gated: bool = True,
 ) -> list[ServingPath]:
     """The registry's paths that `dtype` ("auto" or a dtype), `weights` ("auto", "native" or a dense dtype) and
     `activations` ("auto", or "f32" / "q8": native blocks on that path only, PREFILL_ACTIVATIONS) leave open and
-    that run natively here, in the registry's order; `gated`: without a path failing the quality rule unless
-    `activations` forces it (the quality table and the benchmarks measure every path: gated=False)."""
+    that run natively here, in the registry's order. An explicit `dtype` means those activations: float32 is
+    float32 activations (8-bit ones only where `activations` says q8). The quality gate is the caller's
+    (auto_path weighs a reduced-precision path only where asked() or gate_note() says it may)."""
     want_dtype = None if dtype.lower() == "auto" else canonical_dtype(dtype)
     want_weights = None if weights.lower() == "auto" else weights.lower()
+    acts = "f32" if activations == "auto" and want_dtype is not None else activations
     return [
         p
         for p in PATHS
         if want_dtype in (None, p.dtype)
         and want_weights in (None, p.weights)
-        and activations in ("auto", p.activations)
-        and (p.passes_quality or not gated or activations == p.activations)
+        and acts in ("auto", p.activations)
         and not path_blocker(p, quantized, cap, kernels)
     ]
+
+
+def asked(path: ServingPath, dtype: str, weights: str, activations: str = "auto") -> bool:
+    """Whether the options named `path`'s reduced precision themselves (an explicit option is honoured without
+    the gate): `activations` q8 for 8-bit activations, a 16-bit `dtype` or `weights` for a dense 16-bit path."""
+    if path.exact:
+        return True
+    if path.activations == "q8":
+        return activations == "q8"
+    named = {dtype.lower(), weights.lower()} - {"auto"}
+    return any(canonical_dtype(n) == path.dtype for n in named if n != NATIVE)
+
+
+def gate_note(what: str, record: QualityRecord | None, path: ServingPath | None = None) -> str:
+    """Why `auto` leaves out the reduced precision `what` ("8-bit activations", "float16 K/V") on this file, in
+    words, from its quality record (None: never measured); "" where the record passes the gate. A `path` auto
+    never takes unasked (ServingPath.auto) is left out whatever its record."""
+    if path is not None and not path.auto:
+        return f"{what} only where asked: its greedy text changes on a prefix-cache hit"
+    if record is None:
+        return f"{what} not measured near-lossless on this file; `prefill verify --quality` measures it"
+    if broken := record.failures():
+        return f"{what} not near-lossless on this file: {'; '.join(broken)}"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -248,12 +293,27 @@ def predict_path(
     return PathTime(path, label, ttft, itl, workload)
 
 
-def choose_path(times: Sequence[PathTime]) -> tuple[PathTime, str]:
-    """The path of least predicted whole-request time (the registry's order breaks a tie), and the line that
-    says which and the predictions that decided it."""
+def choose_path(times: Sequence[PathTime], shut: Sequence[str] = ()) -> tuple[PathTime, str]:
+    """The path `auto` serves on among `times` (the exact paths, and the reduced-precision ones the options
+    named or the quality gate admits): the fastest exact path (the registry's order breaks a tie), unless a
+    reduced-precision one is predicted MIN_GAIN faster than it; and the line that says which, the predictions that
+    decided it, and (`shut`: gate_note's) what the gate left out."""
     if not times:
         raise ValueError("choose_path needs at least one path's prediction")
-    best = min(times, key=lambda t: t.total_s)
+    exact = [t for t in times if t.path.exact]
+    best = min(exact or times, key=lambda t: t.total_s)
+    reduced = [t for t in times if not t.path.exact]
+    fast = min(reduced, key=lambda t: t.total_s) if reduced and exact else None
+    if fast is not None and fast.total_s <= (1 - MIN_GAIN) * best.total_s:
+        best = fast
     others = "; ".join(t.text() for t in times if t is not best)
     line = f"path auto: {best.label}, predicted {best.text().removeprefix(best.label + ' ')} for {best.workload}"
-    return best, line + (f"; vs {others}" if others else "")
+    line += f"; vs {others}" if others else ""
+    if fast is not None and best is not fast and fast.total_s < best.total_s:
+        line += f" (under {MIN_GAIN:.0%} faster: {fast.path.reduced} not taken)"
+    return best, line + "".join(f" ({note})" for note in shut)
+
+
+def exact_line(label: str, shut: Sequence[str]) -> str:
+    """The start-up line where the gate left `auto` one path, the exact one `label`: which, and why."""
+    return f"path auto: {label}" + "".join(f" ({note})" for note in shut)

@@ -51,6 +51,10 @@ def pending_of(state: ServerState, body: Body, prepared: Prepared, sampling: Sam
     aio = asyncio.get_running_loop()
     pending = Pending([], [], stream=body.stream)
     k = prepared.logprobs
+    # Scoring is exact: echo / logprobs run float32 activations, in a prefix cache of their own, unless the server
+    # was started naming its path (--activations)
+    exact = state.cfg.exact_scoring and (k is not None or prepared.scored) and state.engine.activations != "f32"
+    salt = f"exact|{body.cache_salt or ''}" if exact else body.cache_salt
     for ids, max_tokens in zip(prepared.prompts, prepared.max_tokens, strict=True):
         queue: asyncio.Queue = asyncio.Queue()
         emit = partial(aio.call_soon_threadsafe, state.deliver, pending, queue)
@@ -65,9 +69,10 @@ def pending_of(state: ServerState, body: Body, prepared: Prepared, sampling: Sam
             tokenize_s=prepared.tokenize_s,
             constraint=prepared.constraint,
             ignore_eos=body.ignore_eos,
-            cache_salt=body.cache_salt,
+            cache_salt=salt,
             logprobs=k,
             prompt_logprobs=k if prepared.scored else None,
+            exact=exact,
         )
         pending.jobs.append(job)
         pending.queues.append(queue)

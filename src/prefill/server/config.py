@@ -43,6 +43,7 @@ class ServeConfig:
     allowed_hosts: tuple[str, ...] | None = None  # Host header names answered (None: any; `prefill serve`: loopback)
     header_timeout_s: float = 10.0  # a connection whose request headers are not complete by then is closed
     body_timeout_s: float = 30.0  # a request body not complete this long after its headers: 408, connection closed
+    exact_scoring: bool = True  # echo / logprobs requests run float32 activations (False: --activations named a path)
 
     def kv_pool_bytes(self, engine: Engine) -> int:
         """Bytes of the KV pool shared by every request: kv_cache_mb, or the default for this engine's device."""

@@ -29,6 +29,7 @@ async def health(request: Request) -> JSONResponse:
         "weights": "native" if state.engine.weight_types() else state.engine.dtype_name,
         "activations": state.engine.activations,
         "kv_dtype": state.engine.kv_dtype_name,
+        "path": state.engine.path_label,
         **state.worker.pool_state(),
     }
     return JSONResponse(body, 503 if reason else 200)
@@ -42,13 +43,15 @@ async def metrics_route(request: Request) -> Response:
 
 
 def card_of(state: ServerState) -> dict:
-    """The one model this server serves, as OpenAI lists it (with vLLM's max_model_len)."""
+    """The one model this server serves, as OpenAI lists it (with vLLM's max_model_len), and the path it runs on
+    (Engine.path_label)."""
     return {
         "id": state.cfg.model_id,
         "object": "model",
         "created": 0,
         "owned_by": "prefill",
         "max_model_len": state.engine.spec.context_length,
+        "path": state.engine.path_label,
     }
 
 

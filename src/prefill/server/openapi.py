@@ -22,6 +22,7 @@ class HealthBody(BaseModel):
     weights: str  # "native" (the GGUF's blocks) or the dense dtype they are stored in
     activations: str  # what the blocks' products take: "f32", or "q8" (8-bit activations)
     kv_dtype: str  # what the KV pool stores K/V as: float32, bfloat16, float16 or q8_0
+    path: str  # the path in words (Engine.path_label), as the start-up line and /v1/models name it
 
 
 def _error(description: str) -> dict:

@@ -15,7 +15,7 @@ async function main() {
   const cat = await getJSON("/api/catalog");
   const own = cat.loaded;
   $("model-badge").textContent = own
-    ? `this server runs ${own.model_id ?? own.name} (${own.weights} weights, ${own.dtype} activations and KV cache, `
+    ? `this server runs ${own.model_id ?? own.name} (${own.path}, `
       + `L = ${own.L}, H_q = ${own.H_q}, H_kv = ${own.H_kv}, d_head = ${own.d_head})`
     : "this server has no model loaded: the live section is off";
   initCalculator(cat);
