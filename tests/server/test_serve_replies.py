@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prefill.engine.request import Failed, Generation, TokenEvent
-from prefill.server.openai_schema import ApiError
+from prefill.server.api_errors import ApiError
 from prefill.server.replies import outcome_of
 from prefill.server.state import Aborted
 from prefill.server.structured import SchemaError

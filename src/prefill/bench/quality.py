@@ -260,14 +260,31 @@ class QualityReport:
         return {} if bound is None else {r.path: b for r in self.rows if (b := worse_than(r, bound))}
 
 
+def llama_scorer(path: str, window: int, threads: int | None, notes: list[str]):
+    """llama.cpp scoring `path` in a child process (a PeerProcess whose "logits" call gives a window's logits), or
+    None with the reason in `notes` (not a .gguf file, llama-cpp-python missing, or its crash)."""
+    from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
+    from prefill.bench.peers import llamacpp_available, load_llamacpp_scorer
+
+    if not (path.endswith(".gguf") and llamacpp_available()):
+        notes.append(
+            "llama.cpp row left out: it needs a .gguf file and llama-cpp-python (pip install 'prefill[llamacpp]')"
+        )
+        return None
+    args = {"path": path, "n_ctx": window, "threads": threads or torch.get_num_threads()}
+    try:
+        return PeerProcess(load_llamacpp_scorer, args, "llamacpp", "gguf")
+    except (PeerCrashed, PeerFailed) as e:
+        notes.append(f"llama.cpp could not run: {e}")
+        return None
+
+
 def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = WINDOW, threads: int | None = None):
     """The QualityReport of `model` (default: the embedded GGUF): every path open on this CPU against the
     float32-activation reference (native blocks where the file has them, else dense float32, float32 K/V), the
     reference with K/V stored at fewer bytes, the other float32 paths with the K/V --kv-dtype auto may store, and
     llama.cpp's logits of the same file from a child process. Each path's figures are cached for the quality
     gate (prefill.machine.quality_gate.save_records: `auto` reads them)."""
-    from prefill.bench.peer_process import PeerCrashed, PeerFailed, PeerProcess
-    from prefill.bench.peers import llamacpp_available, load_llamacpp_scorer
     from prefill.costmodel.costs import KV_DTYPES
     from prefill.device.capability import capability
     from prefill.engine.llm import Engine
@@ -299,22 +316,9 @@ def run_quality(model: str | None, tokens: int = QUALITY_TOKENS, window: int = W
             paths[f"{label(p, e)}, {kv} K/V"] = engine_logits(e, kv)
             keys[f"{label(p, e)}, {kv} K/V"] = p.key(kv)
     notes: list[str] = []
-    llama = None
-    if path.endswith(".gguf") and llamacpp_available():
-        try:
-            llama = PeerProcess(
-                load_llamacpp_scorer,
-                {"path": path, "n_ctx": window, "threads": threads or torch.get_num_threads()},
-                "llamacpp",
-                "gguf",
-            )
-            paths[f"{LLAMA} {llama.version} (its own kernels)"] = lambda w, lo, hi: llama.call("logits", w, lo, hi)
-        except (PeerCrashed, PeerFailed) as e:
-            notes.append(f"llama.cpp could not run: {e}")
-    else:
-        notes.append(
-            "llama.cpp row left out: it needs a .gguf file and llama-cpp-python (pip install 'prefill[llamacpp]')"
-        )
+    llama = llama_scorer(path, window, threads, notes)
+    if llama is not None:
+        paths[f"{LLAMA} {llama.version} (its own kernels)"] = lambda w, lo, hi: llama.call("logits", w, lo, hi)
     try:
         rows = measure_quality(engine_logits(ref), paths, ids, window)
     finally:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from prefill.bench import calibrate, sweep
+from prefill.bench.contention import rate_again
 from prefill.bench.peer_process import PeerRun
 from prefill.bench.peers import (
     alive_peers,
@@ -99,13 +100,7 @@ def run_bench(
         weights = config.weights if dtype == "float32" else dtype  # GGUF blocks run with float32 activations
         acts = None if config.activations == "auto" else config.activations
         engine = Engine.load(
-            model_path,
-            dtype=dtype,
-            device=config.device,
-            threads=threads,
-            progress=False,
-            weights=weights,
-            activations=acts,
+            model_path, dtype, config.device, threads, progress=False, weights=weights, activations=acts
         )
         kernels = _compile_both(engine) if config.compile else None
         if result is None:
@@ -129,45 +124,8 @@ def run_bench(
         gc.collect()
     assert result is not None  # config.dtypes is never empty
     _save_compile_verdicts(result, config)
-    # Other load on the machine can only lower a GEMM measurement: measure again at the end, keep the higher.
-    result.machine["gemm_flops_per_s_start"] = dict(gemm)
-    result.machine["gemm_flops_per_s_end"] = {
-        dt: measure_gemm_rate(dt, device=config.device, threads=threads) for dt in config.dtypes
-    }
-    for dt, rate in result.machine["gemm_flops_per_s_end"].items():
-        gemm[dt] = max(gemm[dt], rate)
-    result.measurements[:] = [_rated(m, gemm) for m in result.measurements]
-    _note_contention(result)
+    rate_again(result, gemm, threads)
     return result
-
-
-def _rated(m: Measurement, gemm: dict[str, float]) -> Measurement:
-    """`m` with MFU against the final GEMM rates."""
-    rate = gemm.get(m.dtype)
-    return replace(m, mfu=mfu(m.flops, m.median_s, rate) if rate else None)
-
-
-UNSTABLE_P90_OVER_MEDIAN = 1.25  # a point whose p90 exceeds its median by more than this was disturbed
-
-
-def _note_contention(result: BenchResult) -> None:
-    # Other processes on the same cores make every engine's threads wait on each other: say so beside the table.
-    load = os.getloadavg()[1] if hasattr(os, "getloadavg") else 0.0  # 5-minute average
-    result.machine["load_average_5min"] = load
-    cores = result.machine["cores"] or 1
-    if load > cores + 0.5:
-        result.notes.append(
-            f"the 5-minute load average was {load:.1f} on {cores} cores: other processes competed for the CPU "
-            "during this run, so its times are not reliable; rerun on an idle machine"
-        )
-    unstable = [m for m in result.measurements if m.p90_s > UNSTABLE_P90_OVER_MEDIAN * m.median_s]
-    if unstable:
-        names = ", ".join(
-            f"{m.engine} {m.dtype} P={m.P}" + (f" C={m.chunk_size}" if m.chunk_size else "") for m in unstable
-        )
-        result.notes.append(
-            f"unsteady points (p90 > {UNSTABLE_P90_OVER_MEDIAN} x median, the machine was busy): {names}"
-        )
 
 
 def _compile_both(engine) -> tuple[tuple, tuple, float]:

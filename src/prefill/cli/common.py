@@ -197,10 +197,13 @@ def check_activations(activations: str) -> str:
     return activations
 
 
-def check_store_size(directory: str | None, max_mb: float) -> None:
-    """--kv-store-mb, when a store is asked for, must be > 0: checked before the model loads."""
+def check_store_size(directory: str | None, max_mb: float, kv_cache_mb: float | None = None) -> None:
+    """--kv-store-mb, when a store is asked for, and --kv-cache-mb, when given, must be > 0: checked before the
+    model loads."""
     if directory is not None and max_mb <= 0:
         fail(f"--kv-store-mb must be > 0, got {max_mb}")
+    if kv_cache_mb is not None and kv_cache_mb <= 0:
+        fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
 
 
 def attach_store(engine, directory: str, max_mb: float) -> None:

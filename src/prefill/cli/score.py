@@ -46,8 +46,7 @@ def score(
     text = read_text(file)
     if window is not None:
         windows(1, window, stride or window)  # a bad window or stride fails before the model loads
-    store = {"kv_store": kv_store, "kv_store_mb": kv_store_mb}
-    engine = load_engine(model, dtype, threads, activations=activations, **store)
+    engine = load_engine(model, dtype, threads, activations=activations, kv_store=kv_store, kv_store_mb=kv_store_mb)
     ids = engine.need_tokenizer().encode(text, add_special_tokens=True)
     score_tokens(engine, ids[:2])  # warm-up: the all-position unembedding's kernels, not timed
     result = perplexity(engine, ids, window, stride, chunk_size, engine.kv_store)

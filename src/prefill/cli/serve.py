@@ -60,17 +60,15 @@ def serve(
     from prefill.server.app import ServeConfig, model_id_of
     from prefill.server.config import SERVE_PROBE_MAX_AGE_S
 
-    if kv_cache_mb is not None and kv_cache_mb <= 0:
-        fail(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
-    check_store_size(kv_store, kv_store_mb)
+    check_store_size(kv_store, kv_store_mb, kv_cache_mb)
     access = access_of(host, api_key, api_key_file, allowed_hosts)
     engine, _, _ = open_engine(model, dtype, weights, device, threads, deterministic, workload, kv_dtype, activations)
     if kv_store is not None:
         attach_store(engine, kv_store, kv_store_mb)
     sizes = {"prefix_cache_mb": prefix_cache_mb, "kv_cache_mb": kv_cache_mb, "chunk_size": chunk_size}
     limits = {"max_queue": max_queue, "max_running": max_running, "probe_max_age_s": SERVE_PROBE_MAX_AGE_S}
-    exact = activations == "auto"  # scoring runs float32 activations unless --activations named the path
-    config = ServeConfig(model_id_of(engine), populate_kv=True, exact_scoring=exact, **limits, **sizes, **access)
+    limits["exact_scoring"] = activations == "auto"  # scoring: float32 activations unless --activations named one
+    config = ServeConfig(model_id_of(engine), populate_kv=True, **limits, **sizes, **access)
     code = serve_engine(engine, config, host, port)
     if code:
         fail("the server stopped because its scheduler could not serve (see the log above)", code)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prefill.errors import BadInput
-from prefill.server.openai_schema import NOT_JSON, ApiError, error_body
+from prefill.server.api_errors import NOT_JSON, ApiError, error_body
 
 FASTAPI_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's detail when reading the JSON raised
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # pydantic's names of a union's members in `loc`

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from prefill.server.openai_schema import ErrorResponse
+from prefill.server.api_errors import ErrorResponse
 from prefill.server.openapi import HealthBody
 from prefill.server.state import ServerState, state_of
 

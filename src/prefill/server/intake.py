@@ -16,8 +16,9 @@ from prefill.engine.llm import Engine
 from prefill.engine.prompt import check_prompt
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
+from prefill.server.api_errors import ApiError
 from prefill.server.config import ServeConfig
-from prefill.server.openai_schema import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest
+from prefill.server.openai_schema import ChatCompletionRequest, ChatMessage, CompletionRequest
 from prefill.server.structured import Grammar, GrammarConstraint, Grammars
 from prefill.server.tool_parser import GENERIC, template_messages, tool_format
 

@@ -11,8 +11,8 @@ import time
 
 from fastapi.responses import JSONResponse
 
+from prefill.server.api_errors import NOT_JSON, error_body
 from prefill.server.metrics import ServerMetrics, is_generation
-from prefill.server.openai_schema import NOT_JSON, error_body
 
 CLOSE = {"Connection": "close"}  # a 408 is sent before the body is whole: the rest of it is never read
 

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from prefill.server.api_errors import ErrorResponse
 from prefill.server.config import ServeConfig
-from prefill.server.openai_schema import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest, ErrorResponse
+from prefill.server.openai_schema import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest
 from prefill.server.security import OpenPaths
 
 

@@ -19,16 +19,10 @@ from fastapi.responses import Response
 from prefill.costmodel import costs
 from prefill.engine.request import Event, Failed, Generation, TokenEvent
 from prefill.errors import BadInput
+from prefill.server.api_errors import ApiError, error_body
 from prefill.server.intake import Prepared
 from prefill.server.logprobs import CompletionLogprobs, chat_content, generated_entries, prompt_entries
-from prefill.server.openai_schema import (
-    ApiError,
-    ResponseShape,
-    StreamOptions,
-    completion_tokens,
-    error_body,
-    usage_body,
-)
+from prefill.server.openai_schema import ResponseShape, StreamOptions, completion_tokens, usage_body
 from prefill.server.state import Aborted, Pending, ServerState
 from prefill.server.structured import tool_calls_of
 from prefill.server.tool_parser import generic_calls, hermes_calls

@@ -16,8 +16,8 @@ import ipaddress
 
 from fastapi.responses import JSONResponse
 
+from prefill.server.api_errors import error_body
 from prefill.server.metrics import ServerMetrics
-from prefill.server.openai_schema import error_body
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 OPEN_PATHS = ("/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/favicon.ico")

@@ -22,10 +22,10 @@ from prefill.engine.loop import StepLoop
 from prefill.engine.prefix_cache import RadixPrefixCache
 from prefill.engine.request import Event, Failed, Generation, TokenEvent
 from prefill.engine.request import Request as Job  # fastapi's Request is the HTTP one
+from prefill.server.api_errors import ApiError
 from prefill.server.config import ServeConfig
 from prefill.server.intake import Intake
 from prefill.server.metrics import ServerMetrics
-from prefill.server.openai_schema import ApiError
 from prefill.server.supervisor import Supervisor
 from prefill.server.worker import QueueFull, Worker
 
