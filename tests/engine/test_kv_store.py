@@ -339,7 +339,9 @@ def test_lru_cap_holds_and_keeps_the_recently_used(open_store):
     chains = [[c] * (2 * BS) for c in range(8)]  # 8 chains of 2 blocks: 16 blocks for room for 10
     for c in chains[:4]:
         put_all(store, c)
-    assert len(store.get(store.longest_prefix(chains[0]).keys)) == 2  # chain 0 is now the most recent
+    hit = store.longest_prefix(chains[0]).keys
+    assert len(store.get(hit)) == 2
+    store.touch(hit)  # a hit stamps its chain from the first block, as StoreTier.load does: chain 0 is the most recent
     for c in chains[4:]:
         put_all(store, c)
     store.flush()

@@ -13,7 +13,7 @@ from test_lesson_browser import text, wait_text
 from prefill.costmodel import costs
 
 pytestmark = pytest.mark.slow
-url, browser, page = story.url, story.browser, story.page  # the story module's fixtures, for this module too
+url = story.url  # the story module's server for this module too; the browser and the pages are conftest's
 LONG, TIMEOUT_MS, run_prompt = story.LONG, story.TIMEOUT_MS, story.run_prompt
 
 # Every line the status shows and every value of the grid's computed rows, as they change (not sampled).

@@ -16,7 +16,7 @@ def test_tokens_and_the_generation_pass_and_each_failure_is_its_own_error():
     bug = Failed("RuntimeError: the grammar refused token 5", RuntimeError("x"))
     shutdown = Aborted(503, "the server is shutting down; retry on another instance")
     cases = {
-        schema: (400, "invalid_request_error", "response_format", None),
+        schema: (400, "invalid_request_error", "response_format", "invalid_value"),  # a 400 always has a code
         bug: (500, "server_error", None, "generation_failed"),
         shutdown: (503, "server_error", None, "unavailable"),
     }

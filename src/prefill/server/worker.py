@@ -15,7 +15,6 @@ supervisor notice a worker that died or stalls anyway.
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import threading
 import time
@@ -80,25 +79,13 @@ class Worker:
         """Queue a request; QueueFull when --max-queue requests already wait, BadInput when it can never fit."""
         self.loop.check(req)
         with self._cond:
-            queued = self._beyond_slots()
+            queued = len(self._inbox) + len(self.loop.waiting)
             if queued >= self.max_queue:
                 raise QueueFull(f"{queued} requests are queued (--max-queue); retry later")
             req.enqueued = time.perf_counter()  # queue_s counts from here, not from the HTTP arrival
             self._inbox.append(req)
-            self.metrics.queued.set(self._waiting())
+            self.metrics.queued.set(queued + 1)
             self._cond.notify()
-
-    def _waiting(self) -> int:
-        """Requests accepted and not running: in the inbox (not yet handed to the step loop) or its waiting line;
-        the cancelled ones (a client gone) no longer count, though the loop drops them only at its next turn."""
-        return sum(not r.cancelled for r in itertools.chain(self._inbox, self.loop.waiting))
-
-    def _beyond_slots(self) -> int:
-        """The waiting requests that the running slots free now (--max-running less those running) cannot take:
-        what --max-queue bounds. A burst is admitted up to max_running + max_queue requests, not refused while
-        accepted-but-not-started ones stand in the inbox for slots that are free."""
-        running = sum(not r.cancelled for r in self.loop.running)
-        return max(0, self._waiting() - max(0, self.loop.scheduler.max_running - running))
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn()` on the worker thread between two steps (before the next one); its result, or the exception
@@ -125,7 +112,7 @@ class Worker:
             "kv_held_bytes": sum(r.seq.nbytes() for r in running if r.seq is not None and r.seq.blocks),
             "prefix_cache_bytes": prefix.nbytes if prefix is not None else 0,
             "running": len(running),
-            "queued": self._waiting(),
+            "queued": len(self._inbox) + len(self.loop.waiting),
             "preemptions": self.loop.scheduler.preemptions,
         }
 
