@@ -63,7 +63,9 @@ def release_and_count() -> dict:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or openmp._libgomp() is None, reason="needs Linux + libgomp")
 def test_a_background_server_takes_its_callers_pool_away():
     """The thread that starts an in-process server hands its model to the server's worker: its helper threads
-    end (left beside the worker's, they made every forward of the tests' servers 1.5x slower on 2 cores)."""
+    end (left beside the worker's, they made every forward of the tests' servers 1.5x slower on 2 cores). As in
+    the test above, an attempt in which another thread of the worker starts or ends in the same milliseconds is
+    made again, up to three times; a server that leaves the helper beside its thread fails all three."""
     from fastapi import FastAPI
 
     from prefill.server.server import BackgroundServer
@@ -72,9 +74,13 @@ def test_a_background_server_takes_its_callers_pool_away():
     torch.set_num_threads(2)
     try:
         a = torch.randn(512, 512)
-        _ = a @ a  # this thread's pool, with one helper at least
-        with_pool = tasks()
-        with BackgroundServer(FastAPI()):
-            assert tasks() == with_pool  # its helper gone, the server's thread come
+        for attempt in range(3):
+            _ = a @ a  # this thread's pool (again), with one helper at least
+            with_pool = tasks()
+            with BackgroundServer(FastAPI()):
+                inside = tasks()
+            if inside == with_pool or attempt == 2:
+                break
+        assert inside == with_pool  # its helper gone, the server's thread come
     finally:
         torch.set_num_threads(before)
