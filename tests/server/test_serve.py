@@ -246,9 +246,10 @@ def test_openai_client_raises_its_own_errors(server, client):
 
 
 def test_full_queue_answers_429(engine):
-    # One request runs, one waits, the rest are refused. Made deterministic: A streams, so it runs once its first
-    # chunk arrives (and ignore_eos keeps it running); the worker is then held between two steps (Worker.call)
-    # while B is queued and four more arrive; then A is closed (cancelled) and B runs.
+    # One request runs, one waits, the rest are refused (--max-running 1 + --max-queue 1 places). Made
+    # deterministic: A streams, so it runs once its first chunk arrives (and ignore_eos keeps it running); the
+    # worker is then held between two steps (Worker.call) while B is queued and four more arrive; then A is closed
+    # (cancelled) and B runs.
     cfg = ServeConfig(model_id_of(engine), max_queue=1, max_running=1, kv_cache_mb=256)
     app = create_app(engine, cfg)
     body = {"model": cfg.model_id, "prompt": " ".join(["history"] * 200), "max_tokens": 8, "temperature": 0}
@@ -256,7 +257,8 @@ def test_full_queue_answers_429(engine):
     gate = threading.Event()
     with BackgroundServer(app) as url, httpx.Client(timeout=120) as http, ThreadPoolExecutor(1) as pool:
         with http.stream("POST", f"{url}/v1/completions", json=long) as a:
-            assert a.status_code == 200 and next(line for line in a.iter_lines() if line.startswith("data: "))
+            lines = a.iter_lines()  # held: a line iterator let go closes the connection, and A would give its place up
+            assert a.status_code == 200 and next(line for line in lines if line.startswith("data: "))
             held = app.state.server.worker.call(gate.wait)  # A decodes at most one more step, then waits
             b = pool.submit(http.post, f"{url}/v1/completions", json=body)
             for _ in range(600):  # bounded: 30 s
@@ -265,7 +267,7 @@ def test_full_queue_answers_429(engine):
                 time.sleep(0.05)
             else:
                 raise AssertionError("B was not queued")
-            refused = [http.post(f"{url}/v1/completions", json=body) for _ in range(4)]
+            refused = [http.post(f"{url}/v1/completions", json=body, timeout=30) for _ in range(4)]  # a 429 at once
             gate.set()
         assert held.result(60) and b.result(120).status_code == 200
         assert [r.status_code for r in refused] == [429] * 4

@@ -38,8 +38,9 @@ def server(smollm_native):
         body_timeout_s=BODY_TIMEOUT_S,
         **access,
     )
-    with BackgroundServer(create_app(smollm_native, cfg)) as url:
-        yield url, cfg.model_id
+    app = create_app(smollm_native, cfg)
+    with BackgroundServer(app) as url:
+        yield url, cfg.model_id, app
 
 
 def port_of(url: str) -> int:
@@ -50,7 +51,7 @@ def port_of(url: str) -> int:
 
 
 def test_added_hosts_keep_the_loopback_names_unless_one_is_removed(server):
-    url, _ = server
+    url, *_ = server
     port = port_of(url)
     for host in ("127.0.0.1", f"127.0.0.1:{port}", "[::1]", f"[::1]:{port}", "a.example", f"A.EXAMPLE:{port}"):
         assert httpx.get(f"{url}/health", headers={"Host": host}).status_code == 200, host
@@ -95,7 +96,7 @@ def slow_bodies(port: int, head: bytes, n: int, every_s: float, limit_s: float) 
 def test_slow_bodies_get_a_408_and_their_connections_close(server):
     """20 connections sending a body byte every 0.3 s: each gets its 408 (OpenAI's error shape) and is closed at the
     body deadline (1 s here), while /health answers meanwhile."""
-    url, model = server
+    url, model, _ = server
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
         "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
@@ -113,14 +114,14 @@ def test_slow_bodies_get_a_408_and_their_connections_close(server):
 def test_a_body_still_coming_after_a_refusal_is_cut_too(server):
     """A request refused before its body is read (no API key: 401) keeps no connection open by sending its body
     slowly afterwards."""
-    url, _ = server
+    url, *_ = server
     head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n"
     (reply,) = slow_bodies(port_of(url), head, 1, 0.3, 20.0)
     assert reply.startswith(b"HTTP/1.1 401 "), reply[:200]
 
 
 def test_a_body_sent_at_once_is_not_cut(server):
-    url, model = server
+    url, model, _ = server
     with httpx.Client(base_url=url, headers=AUTH, timeout=60) as client:
         for _ in range(2):  # one kept-alive connection, idle less than the deadlines between requests
             body = {"model": model, "prompt": "One, two,", "max_tokens": 2}
@@ -129,6 +130,80 @@ def test_a_body_sent_at_once_is_not_cut(server):
 
 
 # ---- 3. a burst fills the running slots and the queue -------------------------------------------------------------
+
+
+def burst(url: str, body: dict, n: int, then=None) -> list[int]:
+    """`n` streams sent at once (a barrier); the status of each. An admitted stream holds its place until every
+    status is in; then `then()` runs (if given) and each admitted stream is read to its end ([DONE]) or, with
+    `then` None, closed unread (its client disconnects)."""
+    statuses, lock, start, counted = [], threading.Lock(), threading.Barrier(n), threading.Event()
+    ends: list[str] = []
+
+    def one() -> None:
+        with httpx.Client(base_url=url, headers=AUTH, timeout=120) as client:
+            start.wait()
+            with client.stream("POST", "/v1/completions", json=body) as r:
+                with lock:
+                    statuses.append(r.status_code)
+                    if len(statuses) == n:
+                        if then is not None:
+                            then()
+                        counted.set()
+                counted.wait(timeout=120)
+                if r.status_code == 200 and then is not None:
+                    last = [line for line in r.iter_lines() if line.startswith("data: ")][-1]
+                    with lock:
+                        ends.append(last)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a client of the burst did not finish"
+    if then is not None:  # every admitted stream was served to its end
+        assert ends == ["data: [DONE]"] * statuses.count(200)
+    return sorted(statuses)
+
+
+def wait_idle(url: str) -> None:
+    """Until the step loop holds no request (the gauges of /metrics), 10 s at most."""
+    for _ in range(200):
+        gauges = httpx.get(f"{url}/metrics", headers=AUTH).text
+        if "prefill_running_requests 0.0" in gauges and "prefill_queued_requests 0.0" in gauges:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the step loop did not become idle")
+
+
+def held_burst(url: str, worker, body: dict, n: int) -> list[int]:
+    """A burst while the worker is held between two steps (Worker.call), so that none of it has started when
+    the statuses are in; then the worker goes on and serves the admitted streams to their end."""
+    gate = threading.Event()
+    held = worker.call(gate.wait)
+    statuses = burst(url, body, n, then=gate.set)
+    assert held.result(60)
+    return statuses
+
+
+def test_a_burst_is_admitted_up_to_max_running_plus_max_queue(server):
+    """64 streams at once against --max-running 4 --max-queue 8: exactly 12 are admitted, the other 52 get a 429
+    at once. First while none of the burst has started: requests handed over but not started count against the
+    free running slots, not against the queue (main admitted 8); the 12 are served to the end. Then on a free
+    worker, with streams long enough to hold their places until every status is in; their clients close them
+    unread (a disconnect). After each burst every place comes back: the next one gets 12 again."""
+    url, model, app = server
+    n, admitted = 64, [200] * (MAX_RUNNING + MAX_QUEUE) + [429] * (64 - MAX_RUNNING - MAX_QUEUE)
+    short = {"model": model, "prompt": "Count:", "max_tokens": 4, "ignore_eos": True, "stream": True}
+    worker = app.state.server.worker
+    assert held_burst(url, worker, short, n) == admitted
+    wait_idle(url)
+    assert burst(url, {**short, "max_tokens": 400}, n) == admitted  # none ends before every status is in
+    wait_idle(url)
+    assert held_burst(url, worker, short, n) == admitted
+
+
+# ---- 6. validation ------------------------------------------------------------------------------------------------
 
 
 def chat(url: str, model: str, headers: dict = AUTH, **fields) -> httpx.Response:
@@ -140,7 +215,7 @@ TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 
 
 def test_a_tool_choice_outside_tools_is_a_400_with_a_code(server):
-    url, model = server
+    url, model, _ = server
     r = chat(url, model, tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_date"}})
     assert r.status_code == 400
     error = r.json()["error"]
@@ -148,7 +223,7 @@ def test_a_tool_choice_outside_tools_is_a_400_with_a_code(server):
 
 
 def test_an_unknown_key_in_a_message_is_refused_by_name(server):
-    url, model = server
+    url, model, _ = server
     r = chat(url, model, messages=[{"role": "user", "content": "Hi", "colour": "red"}])
     assert r.status_code == 400
     error = r.json()["error"]
@@ -166,7 +241,7 @@ def test_an_unknown_key_in_a_message_is_refused_by_name(server):
     ],
 )  # fmt: skip
 def test_a_ref_loop_in_a_json_schema_is_a_400(server, schema):
-    url, model = server
+    url, model, _ = server
     fmt = {"type": "json_schema", "json_schema": {"name": "loop", "schema": schema}}
     r = chat(url, model, response_format=fmt)
     assert r.status_code == 400, r.text
@@ -175,7 +250,7 @@ def test_a_ref_loop_in_a_json_schema_is_a_400(server, schema):
 
 def test_a_recursive_schema_that_matches_json_is_served(server):
     """A tree (a $ref that can end) is no loop: it is served, and the answer parses."""
-    url, model = server
+    url, model, _ = server
     tree = {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 0}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "tree", "schema": tree}}
     r = chat(url, model, response_format=fmt, max_tokens=8)
@@ -184,13 +259,13 @@ def test_a_recursive_schema_that_matches_json_is_served(server):
 
 @pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer"])
 def test_the_bearer_scheme_is_read_in_any_case(server, scheme):
-    url, _ = server
+    url, *_ = server
     assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200
     assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"{scheme} {KEY}x"}).status_code == 401
 
 
 def test_tokenize_refuses_a_text_longer_than_the_context_can_hold(server, smollm_native):
-    url, _ = server
+    url, *_ = server
     intake_limit = smollm_native.spec.context_length * max(len(t) for t in smollm_native.tokenizer.tok.get_vocab())
     r = httpx.post(f"{url}/tokenize", json={"prompt": "a" * (intake_limit + 1)}, headers=AUTH, timeout=60)
     assert r.status_code == 400, r.text[:300]

@@ -1,13 +1,17 @@
-"""The worker and its step loop, without HTTP: `call(fn)` runs fn on the worker thread between two steps (no
-model needed), and on the real model chunked prefill of a long prompt interleaves with the batched decode steps
-of running streams (an ordering of events, not a timing), and the pool's blocks all come back."""
+"""The worker and its step loop, without HTTP: admission up to --max-running + --max-queue requests not ended,
+`call(fn)` runs fn on the worker thread between two steps (no model needed), and on the real model chunked
+prefill of a long prompt interleaves with the batched decode steps of running streams (an ordering of events,
+not a timing), and the pool's blocks all come back."""
 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from prefill.costmodel.specs import ModelSpec
 from prefill.engine.kvcache import KVPool
 from prefill.engine.loop import StepLoop
 from prefill.engine.prefix_cache import RadixPrefixCache
@@ -15,7 +19,7 @@ from prefill.engine.request import Generation, Request, TokenEvent
 from prefill.engine.sampling import SamplingParams
 from prefill.errors import BadInput
 from prefill.server.metrics import ServerMetrics
-from prefill.server.worker import Worker
+from prefill.server.worker import QueueFull, Worker
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -33,16 +37,35 @@ def worker_of(engine, pool_tokens: int, chunk_size: int = 16, prefix_mb: float =
 
 def idle_worker() -> Worker:
     """A worker over a step loop with no model: enough for calls, never for a request."""
-    import torch
-
-    from prefill.costmodel.specs import ModelSpec
-
     pool = KVPool.for_tokens(ModelSpec.from_preset("smollm2-135m"), 16, torch.float32, "cpu")
     return Worker(StepLoop(None, pool), ServerMetrics())
 
 
 def refuse():
     raise BadInput("no such layer")
+
+
+def test_admission_holds_max_running_plus_max_queue_requests_not_ended():
+    """--max-running 2 + --max-queue 2 places, whether a request waits in the inbox, the waiting line or runs:
+    here a worker not started, so all four sit in its inbox and none has started. A fifth is refused; a place
+    comes back once a request ends, whichever way (cancelled: its client went away; failed; finished), once."""
+    spec = ModelSpec.from_preset("smollm2-135m")
+    pool = KVPool.for_tokens(spec, 64, torch.float32, "cpu")
+    worker = Worker(StepLoop(SimpleNamespace(spec=spec), pool, max_running=2), ServerMetrics(), max_queue=2)
+    reqs = [Request([1, 2, 3], 4, GREEDY, None, lambda ev: None) for _ in range(8)]
+    for req in reqs[:4]:
+        worker.submit(req)
+    with pytest.raises(QueueFull, match=r"4 requests are running or queued \(--max-running 2 \+ --max-queue 2\)"):
+        worker.submit(reqs[4])
+    reqs[0].cancelled = True  # ServerState.settle: answered, disconnected or not read
+    reqs[1].fail(RuntimeError("a step failed"))
+    reqs[2].finish("length")
+    reqs[2].finish("length")  # a second end frees nothing more
+    for req in reqs[4:7]:
+        worker.submit(req)
+    with pytest.raises(QueueFull):
+        worker.submit(reqs[7])
+    assert len(worker._inbox) == 7  # the ended ones stay there until the worker's thread drops them
 
 
 def test_call_runs_on_the_worker_thread_and_hands_back_result_and_exception():

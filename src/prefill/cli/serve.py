@@ -41,7 +41,7 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     kv_cache_mb: Annotated[float | None, typer.Option(help=KV_CACHE_HELP)] = None,
     prefix_cache_mb: Annotated[float, typer.Option(help=PREFIX_CACHE_HELP)] = 256.0,
-    max_queue: Annotated[int, typer.Option(help="requests that may wait; more get HTTP 429")] = 64,
+    max_queue: Annotated[int, typer.Option(help="requests that may wait beyond --max-running; more get HTTP 429")] = 64,
     max_running: MaxRunning = 32,
     chunk_size: Annotated[int, typer.Option(help="prefill chunk in tokens, interleaved with decode steps")] = 256,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,

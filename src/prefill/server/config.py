@@ -28,7 +28,7 @@ class ServeConfig:
     kv_cache_mb: float | None = None  # the shared KV pool; None: default_kv_cache_bytes()
     populate_kv: bool = False  # make the pool's pages resident at start (`prefill serve` does; tests need not)
     probe_max_age_s: float | None = None  # probe again at start when the cached probe is older (None: never)
-    max_queue: int = 64  # requests that may wait; more get a 429
+    max_queue: int = 64  # requests that may wait beyond max_running; more get a 429 (Worker.submit)
     max_running: int = 32  # requests prefilled or decoded at once (their decode steps share one batch)
     chunk_size: int = 256  # prefill chunk, interleaved with decode steps
     max_body_bytes: int = 4 * 1024 * 1024

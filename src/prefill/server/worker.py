@@ -1,6 +1,7 @@
 """The server's worker: a bounded queue in front of the step loop, and the one thread that runs it.
 
-HTTP handlers `submit` requests (prefill.engine.request.Request) from the event loop; the worker thread moves them
+HTTP handlers `submit` requests (prefill.engine.request.Request) from the event loop, up to --max-running +
+--max-queue accepted and not ended at once (the rest get QueueFull, HTTP 429); the worker thread moves them
 into the step loop (prefill.engine.loop.StepLoop: admission against the shared KV pool, one forward a step for
 every running stream's decode row and the next prefill chunks) and steps it while there is work. Anything else
 that computes on the model (the lesson page's attention probe, the GEMM-rate and bandwidth probes) is handed over
@@ -37,7 +38,8 @@ T = TypeVar("T")
 
 
 class QueueFull(PrefillError):
-    """The worker's queue is at --max-queue; the client should retry later (HTTP 429)."""
+    """--max-running + --max-queue requests are accepted and not ended; the client should retry later (HTTP
+    429)."""
 
 
 class Worker:
@@ -49,6 +51,7 @@ class Worker:
         self.loop, self.metrics, self.max_queue = loop, metrics, max_queue
         loop.observer = self._observe  # every request's events pass the metrics on their way out
         self._inbox: collections.deque[Request] = collections.deque()
+        self._accepted: set[Request] = set()  # accepted and maybe not ended yet (see _held)
         self._calls: collections.deque[tuple[Callable[[], object], Future]] = collections.deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -76,16 +79,34 @@ class Worker:
         return self._thread.is_alive() and self.died is None
 
     def submit(self, req: Request) -> None:
-        """Queue a request; QueueFull when --max-queue requests already wait, BadInput when it can never fit."""
+        """Accept a request; QueueFull when --max-running + --max-queue requests are already accepted and not
+        ended, BadInput when it can never fit."""
         self.loop.check(req)
         with self._cond:
-            queued = len(self._inbox) + len(self.loop.waiting)
-            if queued >= self.max_queue:
-                raise QueueFull(f"{queued} requests are queued (--max-queue); retry later")
+            if (held := self._held()) >= self.places:
+                raise QueueFull(
+                    f"{held} requests are running or queued (--max-running {self.loop.scheduler.max_running} "
+                    f"+ --max-queue {self.max_queue}); retry later"
+                )
             req.enqueued = time.perf_counter()  # queue_s counts from here, not from the HTTP arrival
+            self._accepted.add(req)
             self._inbox.append(req)
-            self.metrics.queued.set(queued + 1)
+            self.metrics.queued.set(len(self._inbox) + len(self.loop.waiting))
             self._cond.notify()
+
+    @property
+    def places(self) -> int:
+        """How many requests may be accepted and not ended at once: the running slots, then the queue."""
+        return self.loop.scheduler.max_running + self.max_queue
+
+    def _held(self) -> int:
+        """Requests accepted and not ended (call under the lock). One count wherever a request is (the inbox,
+        the step loop's waiting line, its running set, between them on the worker's thread), so a burst fills
+        the free running slots before the queue. A request gives its place back when it is done (finished or
+        failed: Request.finish / fail) or cancelled (its client went away or was answered: ServerState.settle),
+        at once, even if the step loop lets go of it only at its next step."""
+        self._accepted = {r for r in self._accepted if not (r.done or r.cancelled)}
+        return len(self._accepted)
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn()` on the worker thread between two steps (before the next one); its result, or the exception
