@@ -270,7 +270,11 @@ def test_live_prefill_of_ai_is_fast(page, smollm):
     # the prediction beside the measurement: its error, the part that set the time, and why in words
     # (the server's first 3-token forward: cold, and said so)
     assert re.search(r"predicted beside .* measured \([+-]\d+%, cold\); time model", text(page, "#tl-pred-sub"))
-    assert full(page, "#tl-why").endswith("which is cold again).")  # its folded rest ("more") included
+    why = full(page, "#tl-why")  # its folded rest ("more") included
+    # the cold note, then (only where the forward ran over 2x its prediction: a busy machine) why it was slow
+    assert why.endswith("which is cold again).") or re.search(
+        r"which is cold again\)\. It ran \d+ times slower", why
+    ), why
     assert re.match(r"Why: 3 tokens, one pass: (compute|memory|overhead)-bound", text(page, "#tl-why"))
     assert "prefill (3 tokens, one pass)" in text(page, "#phase-legend")
     assert re.search(r"ITL p50 .* measured beside .* predicted \([+-]\d+%\)", text(page, "#tl-model-sub"))
