@@ -92,6 +92,9 @@ class Engine:
     fused: bool = True  # one kernel an operation (fused RMSNorm, rotary, ...), else eager PyTorch's (LAUNCHES)
     of_free: bool = False  # memory_fraction is of the memory left after the weights (TensorRT-LLM's rule)
     fraction_by_tp: tuple[tuple[int, float], ...] = ()  # (TP width, memory fraction) where it differs
+    # decode steps a scheduling decision runs (vLLM 0.6's --num-scheduler-steps): a request that arrives while
+    # such a window runs waits for its end before its prefill is scheduled; a step with prefill work is one alone
+    scheduler_steps: int = 1
     source: str = ""
 
     def profile(self, hw: Hardware, dtype: str) -> MachineProfile:

@@ -102,6 +102,7 @@ class GpuServer:
             e.max_seqs,
             in_flight=in_flight,
             rules=(e.decode_in_budget, e.mixed),
+            window=e.scheduler_steps,
         )
 
 

@@ -91,6 +91,7 @@ def simulate(
     latency_s: float = 0.0,
     intake_s: float = 0.0,
     rules: tuple[bool, bool] = (False, True),
+    window: int = 1,
 ) -> SimResult:
     """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
     generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
@@ -103,7 +104,9 @@ def simulate(
     the forward's threads), charged to the next step: the same for its TTFT and the others' tokens, one step
     on. `rules`: a GPU engine's (decode_in_budget, mixed) for the Scheduler (prefill.costmodel.engines.Engine);
     the default is our server's. A trace whose arrivals are all 0 under `in_flight` is a closed loop (a
-    benchmark at fixed concurrency): each request's times count from when the client sends it."""
+    benchmark at fixed concurrency): each request's times count from when the client sends it. `window`: decode
+    steps one scheduling decision runs (multi-step scheduling): requests that reach the loop during such a
+    window join it when the window ends (or after a step with prefill work, which ends one)."""
     clock = SimClock()
     runner = SimRunner(spec, step_seconds, clock, model)
     where = ("meta", torch.float32) if model is None else (model.device, model.kv_dtype)
@@ -122,19 +125,23 @@ def simulate(
         sent[:] = [r for r in sent if r.end is None and r.error is None]  # at most in_flight long
         return len(sent) < in_flight
 
+    since = window  # decode-only steps since the scheduler last took new requests (a window: it takes them now)
     with _no_cyclic_gc():  # thousands of steps, each making short-lived objects
         while i < len(pending) or loop.busy:
             if not loop.busy and clock.now < pending[i].arrival_s + latency_s:
                 clock.now = pending[i].arrival_s + latency_s  # idle until the next request reaches the loop
-            busy = loop.busy
-            while i < len(pending) and pending[i].arrival_s + latency_s <= clock.now and room():
+            busy, opened = loop.busy, since >= window or not loop.busy
+            while opened and i < len(pending) and pending[i].arrival_s + latency_s <= clock.now and room():
                 records[i].start = clock.now if closed else records[i].start
                 loop.add(_request(pending[i], records[i], spec, clock.now))
                 runner.owed_s += intake_s if busy else 0.0
                 if in_flight is not None:
                     sent.append(records[i])
                 i += 1
+            ran = len(runner.steps)
             loop.step()
+            decoded = len(runner.steps) > ran and all(new == 1 for new, _ in runner.steps[-1])
+            since = (0 if opened else since) + 1 if decoded else window
     wall = max((r.end or 0.0) for r in records) if records else 0.0
     return SimResult(records, wall, runner.steps, loop.scheduler.preemptions)
 
