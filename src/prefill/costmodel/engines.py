@@ -95,6 +95,7 @@ class Engine:
     # decode steps a scheduling decision runs (vLLM 0.6's --num-scheduler-steps): a request that arrives while
     # such a window runs waits for its end before its prefill is scheduled; a step with prefill work is one alone
     scheduler_steps: int = 1
+    prefill_cap: int | None = None  # one request's prompt tokens a step at most (--long-prefill-token-threshold)
     source: str = ""
 
     def profile(self, hw: Hardware, dtype: str) -> MachineProfile:

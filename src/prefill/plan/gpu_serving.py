@@ -103,6 +103,7 @@ class GpuServer:
             in_flight=in_flight,
             rules=(e.decode_in_budget, e.mixed),
             window=e.scheduler_steps,
+            prefill_cap=e.prefill_cap,
         )
 
 

@@ -76,7 +76,15 @@ def load_misses(path: Path = DATA) -> dict[str, str]:
 
 # the flags a row may set: an Engine field each, and chunked_prefill (false: vLLM V0's rule without chunked
 # prefill, a prefill batch in a step of its own and decode steps outside the token budget)
-ENGINE_ARGS = ("max_seqs", "token_budget", "memory_fraction", "graph_tokens", "scheduler_steps", "chunked_prefill")
+ENGINE_ARGS = (
+    "max_seqs",
+    "token_budget",
+    "memory_fraction",
+    "graph_tokens",
+    "scheduler_steps",
+    "prefill_cap",
+    "chunked_prefill",
+)
 
 
 def server_of(row: dict) -> GpuServer:

@@ -92,6 +92,7 @@ def simulate(
     intake_s: float = 0.0,
     rules: tuple[bool, bool] = (False, True),
     window: int = 1,
+    prefill_cap: int | None = None,
 ) -> SimResult:
     """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
     generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
@@ -106,13 +107,15 @@ def simulate(
     the default is our server's. A trace whose arrivals are all 0 under `in_flight` is a closed loop (a
     benchmark at fixed concurrency): each request's times count from when the client sends it. `window`: decode
     steps one scheduling decision runs (multi-step scheduling): requests that reach the loop during such a
-    window join it when the window ends (or after a step with prefill work, which ends one)."""
+    window join it when the window ends (or after a step with prefill work, which ends one). `prefill_cap`: at
+    most this many of one request's prompt tokens a step (vLLM's --long-prefill-token-threshold)."""
     clock = SimClock()
     runner = SimRunner(spec, step_seconds, clock, model)
     where = ("meta", torch.float32) if model is None else (model.device, model.kv_dtype)
     pool = KVPool.for_tokens(spec, pool_tokens, where[1], where[0])
     loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
     loop.scheduler.decode_in_budget, loop.scheduler.mixed = rules
+    loop.scheduler.prefill_cap = prefill_cap
     pending = sorted(trace)
     closed = in_flight is not None and all(r.arrival_s == 0 for r in pending)
     records = [RequestRecord(i, r.prompt_tokens, r.arrival_s) for i, r in enumerate(pending)]
