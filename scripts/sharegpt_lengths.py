@@ -62,8 +62,10 @@ def main() -> None:
     data = {"about": about, "pairs": pairs}
     OUT.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     p, o = zip(*pairs, strict=True)
-    print(f"{len(pairs):,} of {read:,} conversations kept; prompt mean {statistics.fmean(p):.1f}, "
-          f"output mean {statistics.fmean(o):.1f}, output p99 {sorted(o)[int(0.99 * len(o))]}, max {max(o)}")
+    print(
+        f"{len(pairs):,} of {read:,} conversations kept; prompt mean {statistics.fmean(p):.1f}, "
+        f"output mean {statistics.fmean(o):.1f}, output p99 {sorted(o)[int(0.99 * len(o))]}, max {max(o)}"
+    )
 
 
 if __name__ == "__main__":
