@@ -143,8 +143,9 @@ def simulate(
                 i += 1
             ran = len(runner.steps)
             loop.step()
-            decoded = len(runner.steps) > ran and all(new == 1 for new, _ in runner.steps[-1])
-            since = (0 if opened else since) + 1 if decoded else window
+            if window > 1:  # a step with prefill work ends the window; a decode step counts in it
+                decoded = len(runner.steps) > ran and all(new == 1 for new, _ in runner.steps[-1])
+                since = (0 if opened else since) + 1 if decoded else window
     wall = max((r.end or 0.0) for r in records) if records else 0.0
     return SimResult(records, wall, runner.steps, loop.scheduler.preemptions)
 
