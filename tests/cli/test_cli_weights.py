@@ -43,3 +43,18 @@ def test_run_rejects_a_bad_weights_value():
     r = runner.invoke(app, ["run", "hi", "--weights", "int3"])  # one `error:` line, exit 2, before any loading
     assert r.exit_code == 2
     assert "--weights must be one of auto, native, float32, bfloat16, float16" in r.output
+
+
+def test_plan_and_simulate_help_list_every_gpu_weight_format_and_others_are_refused():
+    import typer
+
+    from prefill.costmodel.engines import GPU_WEIGHTS
+
+    assert {"bfloat16", "fp8", "nvfp4", "mxfp4"} <= set(GPU_WEIGHTS)
+    commands = typer.main.get_command(app).commands
+    for name in ("plan", "simulate"):
+        (option,) = [p for p in commands[name].params if "--weights" in p.opts]
+        assert all(w in option.help for w in GPU_WEIGHTS), (name, option.help)
+        assert "b200" in option.help and "h100" not in option.help  # FP4: the catalog GPUs with FP4 tensor cores
+    r = runner.invoke(app, ["simulate", "-m", "llama-3.1-8b", "--hardware", "h100", "--weights", "int8"])
+    assert r.exit_code == 2 and "nvfp4" in r.output and "Traceback" not in r.output, r.output

@@ -140,3 +140,26 @@ def test_sglangs_memory_fraction_falls_with_the_tp_width():
     per = 2 * llama70.L * (llama70.H_kv // 4) * llama70.d_head * 2  # one position's K/V on one of 4 GPUs
     free = 0.85 * 80e9 - storage.weight_bytes(llama70, "bfloat16") / 4 - sglang.reserve_bytes
     assert sglang.kv_tokens(llama70, H100, "bfloat16", None, 4) == int(free // per)
+
+
+@pytest.mark.parametrize(("model", "tp"), [("llama-3-70b", 4), ("gemma-3-4b", 1)])  # gemma: two windows a step
+def test_a_step_models_seconds_are_predict_steps_exactly_with_each_step_shape_timed_once(model, tp):
+    """StepModel.seconds on a GPU engine remembers every operation but attention by the step's tokens,
+    unembedded positions and decode-only flag, and gives predict_step's seconds to the last bit (the same sum
+    in the same order) for decode steps, mixed steps, chunked prefills and a scoring row."""
+    import random
+
+    from prefill.costmodel.timemodel import StepModel
+
+    spec = PRESETS[model]
+    prof, lay = VLLM.profile(H100, "bfloat16"), VLLM.layout("bfloat16", None, tp)
+    model_ = StepModel(spec, prof, lay)
+    rng = random.Random(0)
+    shapes = [[Row(1, c) for c in (10, 5000)], [Row(1, c) for c in (3000, 20)], [Row(512, 0)], [Row(512, 512)]]
+    shapes += [[Row(1, rng.randint(1, 4000)) for _ in range(rng.randint(1, 80))] for _ in range(40)]
+    shapes += [[Row(1, 900), Row(rng.randint(2, 900), rng.randint(0, 900))] for _ in range(20)]
+    shapes += [[Row(64, 100, logits=64), Row(1, 50)]]
+    for rows in shapes:
+        assert model_.seconds(rows) == predict_step(spec, rows, prof, lay).seconds, rows
+    keys = {(sum(r.new for r in rows), sum(r.logits for r in rows), all(r.new == 1 for r in rows)) for rows in shapes}
+    assert set(model_._steps) == keys  # one entry a distinct (tokens, unembedded, decode only)

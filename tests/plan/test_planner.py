@@ -13,9 +13,9 @@ from prefill.cli.main import app
 from prefill.costmodel.specs import PRESETS
 from prefill.errors import BadInput
 from prefill.loadtest.client import PromptLengths
-from prefill.plan.capacity import Workload
+from prefill.plan.capacity import Workload, fewest_replicas
 from prefill.plan.gpu_serving import GpuServer
-from prefill.plan.planner import Load, Slo, cost_floor, fewest_replicas, plan_deployments, replica_run
+from prefill.plan.planner import Load, Slo, cost_floor, plan_deployments, replica_run
 
 SPEC = PRESETS["llama-3.1-8b"]
 WORK = Workload(60, PromptLengths(200, 400), PromptLengths(50, 100))
@@ -110,7 +110,7 @@ def test_an_impossible_slo_is_ruled_out_by_each_request_alone_without_searching(
     search would raise here) and the best reachable p99s are said."""
     from prefill.plan import planner
 
-    monkeypatch.setattr(planner, "plan_option", lambda *a: pytest.fail("searched an impossible candidate"))
+    monkeypatch.setattr(planner, "option_search", lambda *a: pytest.fail("searched an impossible candidate"))
     options = plan({"h100": 2.0, "h200": 3.0}, Slo(ttft_p99_s=0.005, tpot_p99_s=0.001), tps=(1, 2))
     assert all(o.replicas is None and "misses the SLO at any load" in o.note for o in options)
     said = planner.reachable(options)
@@ -176,3 +176,33 @@ def test_a_narrow_table_wraps_and_never_cuts_a_name():
     rows = [line for line in out.output.splitlines() if line[:1].isdigit()]
     assert any(" h100 " in r and " sglang " in r for r in rows), out.output
     assert any(" h100 " in r and " vllm " in r for r in rows) and "…" not in out.output
+
+
+def test_a_search_waits_and_stops_part_way_once_its_floor_at_the_replicas_it_needs_is_above_the_cheapest(
+    monkeypatch,
+):
+    """h100 at $1 has the lower floor but misses at 1 replica; h200 at $1.9 meets at 1. At 2 replicas the h100's
+    floor ($2 a unit) is above the h200's cost ($1.9 a unit), so its 2-replica run is never simulated, and what
+    it says is that floor; the answer is the one a full search of each gives."""
+    from prefill.plan import planner
+    from prefill.plan.planner import Run, plan_option
+
+    load, prices = Load(rate=4.0), {"h100": 1.0, "h200": 1.9}
+    trace = WORK.trace(1.0)
+    unit = sum(r.output_tokens for r in trace) / trace[-1].arrival_s  # tokens/s at rate 1: the floor's rate
+    asked = []
+
+    def replica_run(server, workload, load, R):  # each replica's output as the floor assumes: the floor is the cost
+        asked.append((server.hw.name.split()[1].lower(), R))
+        ok = server.hw.name.startswith("NVIDIA H200") or R >= 2
+        return Run(0.1, 0.01 if ok else 1.0, unit * load.rate / R, "memory bandwidth")
+
+    monkeypatch.setattr(planner, "replica_run", replica_run)
+    best, stopped = plan(prices, load=load)
+    assert (best.gpu, best.replicas) == ("h200", 1) and ("h100", 1) in asked and ("h100", 2) not in asked
+    floor = cost_floor(1.0, 1, WORK, load)
+    assert best.usd_per_m_output == pytest.approx(1.9 * floor)
+    assert stopped.gpu == "h100" and stopped.replicas is None
+    assert f"costs at least ${2 * floor:,.3f}/M out at 2 replicas (fewer miss the SLO)" in stopped.note
+    full = plan_option(GpuServer.of(SPEC, "h100", "vllm"), WORK, load, EASY, 1.0)  # searched to the end
+    assert full.replicas == 2 and full.usd_per_m_output > best.usd_per_m_output

@@ -314,3 +314,30 @@ def test_a_gpu_without_an_engine_is_simulated_as_vllm_runs_it_and_says_so():
     assert json.loads(default.stdout) == json.loads(vllm.stdout)
     said = runner.invoke(app, args)
     assert "no --engine: vllm's profile and scheduler on h100" in said.output and "vllm" in said.output
+
+
+@pytest.mark.parametrize("window", [1, 10])
+def test_under_multi_step_scheduling_a_request_waits_for_the_running_window(window):
+    """vLLM 0.6's --num-scheduler-steps: B arrives 1 ms into A's first decode step. With windows of 10 decode
+    steps it joins when A's window ends (after A's 11th token: its prefill's, then 10 decode steps), and its prefill
+    runs in a step of its own; with single steps it joins at the next step. Steps: 10 ms + 1 ms a token."""
+    spec = load_spec("llama-3-8b")
+    prefill_a = fixed_steps([timemodel.Row(100, 0)])  # A's prefill step ends at 110 ms
+    trace = [SimRequest(0.0, 100, 40), SimRequest(prefill_a + 0.001, 50, 5)]
+    a, b = simulate(spec, trace, fixed_steps, 8192, 512, 8, rules=(False, False), window=window).records
+    joins = a.chunk_times[1 if window == 1 else 10]  # the end of the step B arrived in, or of A's window
+    assert b.first_content == pytest.approx(joins + fixed_steps([timemodel.Row(50, 0)]), abs=1e-9)
+    assert b.first_content - b.start > (0.100 if window == 10 else 0.0)
+
+
+def test_a_prefill_cap_spreads_one_prompt_over_steps_within_the_budget():
+    """vLLM's --long-prefill-token-threshold 256: a 600-token prompt under a 1,024-token budget runs as 256, 256
+    and 88 tokens in three steps (without the cap, in one); two prompts share a step, 256 each."""
+    spec = load_spec("llama-3-8b")
+    capped = simulate(spec, [SimRequest(0.0, 600, 2)], fixed_steps, 8192, 1024, 8, prefill_cap=256)
+    assert capped.steps[:3] == [[(256, 0)], [(256, 256)], [(88, 512)]]
+    assert simulate(spec, [SimRequest(0.0, 600, 2)], fixed_steps, 8192, 1024, 8).steps[0] == [(600, 0)]
+    two = simulate(
+        spec, [SimRequest(0.0, 600, 2), SimRequest(0.0, 300, 2)], fixed_steps, 8192, 1024, 8, prefill_cap=256
+    )
+    assert two.steps[0] == [(256, 0), (256, 0)]

@@ -10,6 +10,7 @@ import typer
 from prefill.bench.results import parse_ints
 from prefill.cli.common import console, note
 from prefill.cli.disagg_report import disagg_report, pareto_report
+from prefill.costmodel.engines import gpu_weights_help
 
 Model = Annotated[
     str | None,
@@ -27,7 +28,7 @@ Prices = Annotated[
     str, typer.Option(help="$ per GPU-hour of each GPU to consider, e.g. h100=2.99,h200=3.29 (the GPUs tried)")
 ]
 Engines = Annotated[str, typer.Option(help="engines to consider: vllm, sglang, trtllm, prefill (comma-separated)")]
-Weights = Annotated[str, typer.Option(help="weight precisions to consider: bfloat16, fp8 (comma-separated)")]
+Weights = Annotated[str, typer.Option(help=f"weight precisions to consider, comma-separated: {gpu_weights_help()}")]
 KvDtype = Annotated[str | None, typer.Option("--kv-dtype", help="KV cache precision: bfloat16, float16 or fp8")]
 Tps = Annotated[str, typer.Option(help="tensor-parallel widths to consider (GPUs per replica), e.g. 1,2,4,8")]
 Requests = Annotated[int, typer.Option(help="requests simulated per candidate (more: steadier p99s, slower)")]

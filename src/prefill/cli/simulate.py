@@ -10,13 +10,19 @@ import typer
 from prefill.cli.common import console, note
 from prefill.cli.disagg_report import simulate_disagg_engine
 from prefill.cli.loadtest import PromptLen, SloTpotMs, SloTtftMs, print_summary, seconds
+from prefill.costmodel.engines import gpu_weights_help
 
 SimModel = Annotated[str | None, typer.Option("--model", "-m", help="Preset, .gguf or config.json (default: SmolLM2)")]
 SimHardware = Annotated[
     str, typer.Option(help="cpu (this machine's profile, probed once) or a catalog GPU (h100, ...)")
 ]
 SimDtype = Annotated[str | None, typer.Option(help="compute dtype (default: float32 on cpu, bfloat16 on a GPU)")]
-SimWeights = Annotated[str | None, typer.Option(help="weights stored as a dtype or GGUF type (default: the dtype)")]
+SimWeights = Annotated[
+    str | None,
+    typer.Option(
+        help=f"weights stored as: on cpu a dtype or GGUF type, on a GPU {gpu_weights_help()} (default: the dtype)"
+    ),
+]
 Rate = Annotated[float, typer.Option(help="Poisson arrival rate, requests/s")]
 Requests = Annotated[int, typer.Option(help="requests in the trace")]
 OutputLen = Annotated[str, typer.Option(help="output tokens: 64, 16:128 (uniform) or @file")]

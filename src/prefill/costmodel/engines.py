@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from prefill.costmodel import costs, storage
-from prefill.costmodel.hardware import Hardware
+from prefill.costmodel.hardware import HARDWARE, Hardware
 from prefill.costmodel.ops import Layout
 from prefill.costmodel.parallel import tp_kv_cache_bytes_per_gpu
 from prefill.costmodel.profile import MachineProfile, catalog_profile
@@ -43,7 +43,14 @@ GiB = 2**30
 # - A kernel's floor: about 2 us from start to finish back to back in a stream or graph however little it does
 #   (NVIDIA, "Getting Started with CUDA Graphs", 2019: 3.4 us a short kernel on a V100 with a graph; an estimate
 #   for Hopper). A decode step of a 70B model runs about 1,000 kernels: 2 ms of floor.
-QUANTIZED_WEIGHTS = ("fp8", "nvfp4", "mxfp4")  # weights a GPU engine runs beside BF16 activations and K/V
+QUANTIZED_WEIGHTS = ("fp8", *costs.FP4_WEIGHTS)  # weights a GPU engine runs beside BF16 activations and K/V
+GPU_WEIGHTS = ("bfloat16", "float16", "float32", *QUANTIZED_WEIGHTS)  # what a GPU engine stores weights as
+
+
+def gpu_weights_help() -> str:
+    """The GPU weight formats, as the CLI's --weights help lists them (FP4 needs Blackwell's FP4 tensor cores)."""
+    fp4_gpus = ", ".join(name for name, hw in HARDWARE.items() if "fp4" in hw.peak_flops)
+    return f"{', '.join(GPU_WEIGHTS)} ({'/'.join(costs.FP4_WEIGHTS)} only where FP4 tensor cores are: {fp4_gpus})"
 
 
 def activation_dtype(weights: str) -> str:
@@ -85,6 +92,10 @@ class Engine:
     fused: bool = True  # one kernel an operation (fused RMSNorm, rotary, ...), else eager PyTorch's (LAUNCHES)
     of_free: bool = False  # memory_fraction is of the memory left after the weights (TensorRT-LLM's rule)
     fraction_by_tp: tuple[tuple[int, float], ...] = ()  # (TP width, memory fraction) where it differs
+    # decode steps a scheduling decision runs (vLLM 0.6's --num-scheduler-steps): a request that arrives while
+    # such a window runs waits for its end before its prefill is scheduled; a step with prefill work is one alone
+    scheduler_steps: int = 1
+    prefill_cap: int | None = None  # one request's prompt tokens a step at most (--long-prefill-token-threshold)
     source: str = ""
 
     def profile(self, hw: Hardware, dtype: str) -> MachineProfile:

@@ -128,7 +128,7 @@ def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
     attention once per (row, window) group (each layer reads its own context: windowed layers read less)."""
     T = lay.tp
     M, L, d, dh = sum(r.new for r in rows), spec.L, spec.d_model, spec.d_head
-    H_q, H_kv = spec.H_q // T, math.ceil(spec.H_kv / T)  # heads on one GPU (KV heads replicated past H_kv)
+    H_q, H_kv = gpu_heads(spec, T)
     qkv_out = (H_q + 2 * H_kv) * dh
     ops = [
         _stream("norm", M * d, lay, L * (2 if not spec.family.post_norms else 4)),
@@ -144,12 +144,22 @@ def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
     if spec.qk_norm:
         ops.append(_stream("norm", M * (H_q + H_kv) * dh, lay, L))
     ops += attention_ops(spec, rows, lay, H_q, H_kv)
-    if 0 < M < lay.fused_below and spec.family.llama_block:
+    if fuses(spec, rows, lay):
         ops = fused_launches(ops, decode=all(r.new == 1 for r in rows))
     if T > 1:  # two all-reduces of the [M, d_model] activations per layer (after attention, after the MLP)
         ring = 2 * (T - 1) / T * M * d * lay.act_bytes
         ops.append(Op("allreduce", "comm", 0.0, ring, _launches("allreduce", lay), 2 * L))
     return ops
+
+
+def gpu_heads(spec: ModelSpec, T: int) -> tuple[int, int]:
+    """Query and K/V heads on one of T GPUs (K/V heads replicated past H_kv)."""
+    return spec.H_q // T, math.ceil(spec.H_kv / T)
+
+
+def fuses(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> bool:
+    """Whether a forward of `rows` runs each block as the fused operators (fused_launches)."""
+    return 0 < sum(r.new for r in rows) < lay.fused_below and spec.family.llama_block
 
 
 # The layer's operations inside the fused operators (prefill.model.quant.fused): pre_attention holds the norm,

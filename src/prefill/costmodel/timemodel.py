@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefill.costmodel.costs import canonical_dtype, dtype_bytes, kv_bytes_per_element
-from prefill.costmodel.ops import Layout, Op, Row, forward_ops
+from prefill.costmodel.ops import Layout, Op, Row, attention_ops, forward_ops, fuses, gpu_heads
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.specs import ModelSpec
 
@@ -222,23 +222,47 @@ class StepModel:
     def __init__(self, spec: ModelSpec, profile: MachineProfile, layout: Layout) -> None:
         self.spec, self.profile, self.layout = spec, profile, layout
         self._times: dict[tuple[Op, bool, bool], OpTime] = {}
+        # (tokens, unembedded, decode only) -> the times before and after attention, weights resident, graphed
+        self._steps: dict[tuple[int, int, bool], tuple] = {}
 
     def predict(self, rows: Sequence[Row]) -> Prediction:
         """The Prediction of one forward of `rows` (see predict_step)."""
-        profile = self.profile
         ops = forward_ops(self.spec, rows, self.layout)
-        weights = sum(o.weight_bytes * o.count for o in ops)
-        resident = weights <= profile.cache_bytes  # a model small enough to stay in the cache between forwards
-        graphed = profile.graphed(sum(r.new for r in rows), all(r.new == 1 for r in rows))
-        times = tuple(self._time(o, resident, graphed) for o in ops)
+        resident, graphed = self._how(ops, rows)
+        return self._prediction(tuple(self._time(o, resident, graphed) for o in ops), graphed)
+
+    def _how(self, ops: list[Op], rows: Sequence[Row]) -> tuple[bool, bool]:
+        """Whether the weights stay resident (a model small enough to stay in the cache between forwards), and
+        whether the step replays a CUDA graph."""
+        resident = sum(o.weight_bytes * o.count for o in ops) <= self.profile.cache_bytes
+        return resident, self.profile.graphed(sum(r.new for r in rows), all(r.new == 1 for r in rows))
+
+    def _prediction(self, times: tuple[OpTime, ...], graphed: bool) -> Prediction:
+        profile = self.profile
         wait = profile.graph_launch_s if graphed else 0.0
         if profile.overlap_launches and not graphed:  # the GPU idles only while the CPU's launches outlast them
             wait = max(0.0, sum(t.overhead_s for t in times) - sum(t.seconds for t in times))
         return Prediction(times, profile.step_overhead_s, 1, profile.name, wait, profile.overlap_launches)
 
     def seconds(self, rows: Sequence[Row]) -> float:
-        """Predicted seconds of one forward of `rows`."""
-        return self.predict(rows).seconds
+        """Predicted seconds of one forward of `rows`: predict's, the same sum in the same order. Where attention
+        is one batched operation a layer (a GPU engine's layout) every other operation depends on the step's
+        tokens, unembedded positions and whether it decodes only: those are timed once per such step and
+        remembered, and only attention is built and timed at each step."""
+        if not self.layout.batched_attention or fuses(self.spec, rows, self.layout):
+            return self.predict(rows).seconds
+        key = (sum(r.new for r in rows), sum(r.logits for r in rows), all(r.new == 1 for r in rows))
+        if key not in self._steps:
+            ops = forward_ops(self.spec, rows, self.layout)
+            resident, graphed = self._how(ops, rows)
+            times = [self._time(o, resident, graphed) for o in ops]
+            at = next(i for i, o in enumerate(ops) if o.kind == "attention")
+            n = sum(o.kind == "attention" for o in ops)  # one a window
+            self._steps[key] = (times[:at], times[at + n :], resident, graphed)
+        before, after, resident, graphed = self._steps[key]
+        attention = attention_ops(self.spec, rows, self.layout, *gpu_heads(self.spec, self.layout.tp))
+        times = (*before, *(op_time(o, self.profile, resident, graphed) for o in attention), *after)
+        return self._prediction(times, graphed).seconds
 
     def _time(self, op: Op, resident: bool, graphed: bool) -> OpTime:
         if op.kind == "attention":

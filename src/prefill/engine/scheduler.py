@@ -67,6 +67,8 @@ class Scheduler:
         # decode_in_budget: decode rows count against chunk_size (vLLM's max_num_batched_tokens); mixed: prefill
         # chunks share a step with decode rows (False: a step with prefill work runs only that, as SGLang's).
         self.decode_in_budget, self.mixed = False, True
+        # prefill_cap: at most this many of one request's prompt tokens a step (vLLM's long_prefill_token_threshold)
+        self.prefill_cap: int | None = None
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.preemptions = 0  # since the start
@@ -122,7 +124,7 @@ class Scheduler:
         target = req.cached_target
         if self.kv_tier is not None:  # stops at the split while its stored tail loads
             target = self.kv_tier.prefill_target(req, target)
-        n = int(min(target - req.seq.length, budget))
+        n = int(min(target - req.seq.length, budget, self.prefill_cap or budget))
         if n > 0 and self._grow(req, req.seq.length + n, step):
             step.rows.append((req, n))
             return n
@@ -133,7 +135,10 @@ class Scheduler:
         no blocks for its first chunk even after evicting unheld cached prefixes (it waits; nobody is preempted
         for a newcomer)."""
         seq = self._new_seq(req)
-        first = min(req.cached_target, seq.length + (self.chunk_size or req.cached_target))
+        first = min(
+            req.cached_target,
+            seq.length + min(self.chunk_size or req.cached_target, self.prefill_cap or req.cached_target),
+        )
         if not self._fits(seq.reserve_needs(first)):
             seq.free()
             return False

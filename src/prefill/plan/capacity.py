@@ -14,7 +14,7 @@ hide). Nothing is extrapolated: every R reported was simulated.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from prefill.costmodel.specs import ModelSpec
@@ -144,15 +144,29 @@ def _replicas(T, tokens, rate, slo_ttft_s, workload: Workload, run, echo) -> Pla
 def fewest_replicas(meets: Callable[[int], bool], start: int, most: int, give_up=lambda R: False) -> int | None:
     """The fewest R in [start, most] with meets(R) (assumed monotone in R), by doubling from `start` then
     bisecting; None when `most` misses, or when give_up(R) says a missing R is hopeless."""
+    search = replica_search(start, most, give_up)
+    R, _ = next(search)
+    while True:
+        try:
+            R, _ = search.send(meets(R))
+        except StopIteration as found:
+            return found.value
+
+
+def replica_search(start: int, most: int, give_up=lambda R: False) -> Generator[tuple[int, int], bool, int | None]:
+    """fewest_replicas one question at a time: yields (R, lo), the R to try and the most replicas known to miss
+    (start - 1 before any: the answer is above lo), is sent whether R meets; returns fewest_replicas' answer. A
+    caller that can stop a search part way (the planner: lo + 1 replicas already cost more than its best) drives
+    this."""
     lo, R = start - 1, start
-    while not meets(R):
+    while not (yield R, lo):
         if most <= R or give_up(R):
             return None
         lo, R = R, min(most, 2 * R)
     hi = R
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+        lo, hi = (lo, mid) if (yield mid, lo) else (mid, hi)
     return hi
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefill.costmodel import costs, timemodel
-from prefill.costmodel.engines import Engine, activation_dtype, get_engine
+from prefill.costmodel.engines import GPU_WEIGHTS, Engine, activation_dtype, get_engine, gpu_weights_help
 from prefill.costmodel.hardware import Hardware, get_hardware
 from prefill.costmodel.ops import Row
 from prefill.costmodel.parallel import tp_head_split_problem
@@ -54,6 +54,8 @@ class GpuServer:
         if problem is not None:
             raise BadInput(problem)
         w = costs.canonical_dtype(weights)
+        if w not in GPU_WEIGHTS:
+            raise BadInput(f"a GPU engine stores weights as {gpu_weights_help()}, not {w}")
         kv_dt = costs.canonical_dtype(kv) if kv else activation_dtype(w)
         if kv_dt in costs.FP4_WEIGHTS:
             raise BadInput(f"{kv_dt} is a weight format; the K/V cache is bfloat16, float16 or fp8")
@@ -100,6 +102,8 @@ class GpuServer:
             e.max_seqs,
             in_flight=in_flight,
             rules=(e.decode_in_budget, e.mixed),
+            window=e.scheduler_steps,
+            prefill_cap=e.prefill_cap,
         )
 
 

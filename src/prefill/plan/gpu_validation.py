@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +31,12 @@ from prefill.costmodel.specs import PRESETS
 from prefill.loadtest.client import PromptLengths
 from prefill.loadtest.report import tpot, ttft
 from prefill.plan.gpu_serving import GpuServer, closed_trace
-from prefill.plan.simulate import SimResult, poisson_trace
+from prefill.plan.simulate import SimRequest, SimResult, poisson_trace
 
 DATA = Path(__file__).resolve().parents[3] / "tests" / "data" / "published_gpu.json"
+# a workload's `dataset`: its requests' (prompt, output) token counts, sampled without replacement as the serving
+# benchmarks do (scripts/sharegpt_lengths.py writes the file, with its source)
+DATASETS = {"sharegpt": DATA.parent / "sharegpt_lengths.json"}
 THROUGHPUT = ("output_tok_s", "input_tok_s", "req_s")
 LABELS = {
     "latency_ms": "batch latency ms",
@@ -69,26 +74,57 @@ def load_misses(path: Path = DATA) -> dict[str, str]:
     return json.loads(Path(path).read_text())["misses"]
 
 
-ENGINE_ARGS = ("max_seqs", "token_budget", "memory_fraction", "graph_tokens")  # the flags a row may set
+# the flags a row may set: an Engine field each, and chunked_prefill (false: vLLM V0's rule without chunked
+# prefill, a prefill batch in a step of its own and decode steps outside the token budget)
+ENGINE_ARGS = (
+    "max_seqs",
+    "token_budget",
+    "memory_fraction",
+    "graph_tokens",
+    "scheduler_steps",
+    "prefill_cap",
+    "chunked_prefill",
+)
 
 
 def server_of(row: dict) -> GpuServer:
     """The row's deployment: its engine's profile with the published run's own flags (`engine_args`), if any."""
-    args = row.get("engine_args", {})
+    args = dict(row.get("engine_args", {}))
     unknown = set(args) - set(ENGINE_ARGS)
     if unknown:
         raise ValueError(f"{row['id']}: engine_args may set {ENGINE_ARGS}, not {sorted(unknown)}")
     if "memory_fraction" in args:  # the run's own fraction wins over the engine's by TP width
         args = {**args, "fraction_by_tp": ()}
+    if "chunked_prefill" in args:
+        chunked = args.pop("chunked_prefill")
+        args = {**args, "mixed": chunked, "decode_in_budget": chunked}
     engine = dataclasses.replace(get_engine(row["engine"]), **args)
     spec, hw = PRESETS[row["model"]], get_hardware(row["hardware"])
     return GpuServer.on(spec, hw, engine, row["weights"], row["kv"], row["tp"])
 
 
-def simulate_row(row: dict) -> tuple[SimResult, list]:
-    """The row's benchmark on one of its replicas; returns the result and the records its statistics cover."""
+DRAWN_REQUESTS = 1000  # a dataset workload's runs draw at least this many requests in all
+
+
+def row_metrics(row: dict) -> dict[str, float]:
+    """The row's metrics (see metrics). A dataset workload of n requests is drawn ceil(DRAWN_REQUESTS / n) times
+    (seeds 0, 1, ...), each draw simulated, and each metric is the median over the draws: the benchmark ran one
+    draw of the dataset that cannot be reproduced, and an offline run of a few hundred requests lasts as long as
+    its longest, so one simulated draw would stand for its own longest request rather than for the dataset."""
+    w = row["workload"]
+    draws = math.ceil(DRAWN_REQUESTS / w["requests"]) if "dataset" in w else 1
+    runs = [metrics(*simulate_row(row, seed), row["statistic"], row.get("replicas", 1)) for seed in range(draws)]
+    return {m: statistics.median(run[m] for run in runs) for m in runs[0]}
+
+
+def simulate_row(row: dict, seed: int = 0) -> tuple[SimResult, list]:
+    """The row's benchmark on one of its replicas (a dataset workload: its draw `seed`); returns the result and
+    the records its statistics cover."""
     server = server_of(row)
     w = row["workload"]
+    if "dataset" in w:
+        result = server.run(dataset_trace(w, w.get("rate", 0.0) / row.get("replicas", 1), seed))
+        return result, result.records
     prompts, outputs = PromptLengths.parse(w["prompt"]), PromptLengths.parse(w["output"])
     if w["kind"] == "concurrency":
         result = server.run(closed_trace(w["requests"], prompts, outputs), in_flight=w["concurrency"])
@@ -98,6 +134,27 @@ def simulate_row(row: dict) -> tuple[SimResult, list]:
     else:
         result = server.run(closed_trace(w["requests"], prompts, outputs))
     return result, result.records
+
+
+def dataset_pairs(name: str) -> list[tuple[int, int]]:
+    """The (prompt tokens, output tokens) of every request of dataset `name` (DATASETS)."""
+    return [tuple(pair) for pair in json.loads(DATASETS[name].read_text())["pairs"]]
+
+
+def dataset_trace(w: dict, rate: float, seed: int = 0) -> list[SimRequest]:
+    """`w["requests"]` requests of `w["dataset"]`, drawn without replacement (the benchmarks shuffle the dataset
+    and take requests in turn), all at 0 s offline or as a Poisson process of `rate` requests/s."""
+    rng = random.Random(seed)
+    pairs = rng.sample(dataset_pairs(w["dataset"]), w["requests"])
+    if w["kind"] == "offline":
+        return [SimRequest(0.0, p, o) for p, o in pairs]
+    if w["kind"] != "rate":
+        raise ValueError(f"a dataset workload runs offline or at a rate, not {w['kind']!r}")
+    t, trace = 0.0, []
+    for p, o in pairs:
+        t += rng.expovariate(rate)
+        trace.append(SimRequest(t, p, o))
+    return trace
 
 
 def metrics(result: SimResult, records: list, statistic: str, replicas: int = 1) -> dict[str, float]:
@@ -125,8 +182,7 @@ def check(row: dict, targets: dict[str, float]) -> Checked:
     out = Checked(row)
     if row.get("unreached"):
         return out
-    result, records = simulate_row(row)
-    got = metrics(result, records, row["statistic"], row.get("replicas", 1))
+    got = row_metrics(row)
     for m, published in row["published"].items():
         out.predicted[m] = got[m]
         out.errors[m] = got[m] / published - 1
@@ -217,4 +273,5 @@ def describe(w: dict) -> str:
     if not w.get("requests"):
         return "—"
     how = {"concurrency": f"concurrency {w.get('concurrency')}", "rate": f"Poisson {w.get('rate')} req/s"}
-    return f"{how.get(w['kind'], 'offline')}, {w['requests']} requests, prompts {w['prompt']}, outputs {w['output']}"
+    lengths = f"{w['dataset']}'s lengths" if "dataset" in w else f"prompts {w['prompt']}, outputs {w['output']}"
+    return f"{how.get(w['kind'], 'offline')}, {w['requests']} requests, {lengths}"

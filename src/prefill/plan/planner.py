@@ -16,6 +16,7 @@ throughput that still misses is given up. Every R reported was simulated; nothin
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -27,7 +28,7 @@ from prefill.costmodel.ops import Row
 from prefill.costmodel.specs import ModelSpec
 from prefill.errors import BadInput
 from prefill.loadtest.report import tpot, ttft
-from prefill.plan.capacity import IDLE_UTILISATION, MAX_REPLICAS, Workload, fewest_replicas
+from prefill.plan.capacity import IDLE_UTILISATION, MAX_REPLICAS, Workload, replica_search
 from prefill.plan.gpu_serving import GpuServer, closed_trace
 from prefill.plan.launch import launch_for
 from prefill.plan.simulate import SimRequest, SimResult
@@ -169,6 +170,18 @@ def bound_of(server: GpuServer, result: SimResult) -> str:
 
 def plan_option(server: GpuServer, workload: Workload, load: Load, slo: Slo, usd_per_gpu_hour: float) -> Option:
     """The fewest replicas of `server` meeting `slo` under `load`, and what they cost."""
+    search = option_search(server, workload, load, slo, usd_per_gpu_hour)
+    while True:
+        try:
+            next(search)
+        except StopIteration as done:
+            return done.value
+
+
+def option_search(server: GpuServer, workload: Workload, load: Load, slo: Slo, usd_per_gpu_hour: float):
+    """plan_option one simulated run at a time: before each replica count it simulates, yields the fewest
+    replicas the deployment can still need (a caller may stop there: at a rate its cost floor grows with them);
+    returns the Option."""
     runs: dict[int, Run] = {}
     start, most, capacity = 1, MAX_REPLICAS if load.rate is not None else load.concurrency, math.inf
     if load.rate is not None:  # no fewer than the saturated replica's throughput allows
@@ -186,7 +199,19 @@ def plan_option(server: GpuServer, workload: Workload, load: Load, slo: Slo, usd
     def idle(R: int) -> bool:  # this lightly loaded and still missing: more replicas will not help
         return load.rate is not None and load.rate / R / capacity < IDLE_UTILISATION
 
-    R = fewest_replicas(meets, start, most, give_up=idle)
+    search = replica_search(start, most, give_up=idle)
+    R, lo = next(search)
+    while True:
+        if R not in runs and not (load.rate is not None and load.rate / R > capacity):
+            yield lo + 1
+        try:
+            R, lo = search.send(meets(R))
+        except StopIteration as found:
+            return priced(server, found.value, runs, capacity, usd_per_gpu_hour)
+
+
+def priced(server: GpuServer, R: int | None, runs: dict[int, Run], capacity: float, usd_per_gpu_hour: float):
+    """The Option of R replicas of `server` (None: none found; why, from the runs), with its cost and launch."""
     cap = None if math.isinf(capacity) else capacity
     base = Option(server.hw.name, server.tp, server.engine.name, server.weights, server.kv, server.tokens)
     base = replace(base, capacity_req_s=cap)
@@ -217,10 +242,12 @@ def plan_deployments(
     progress: Progress | None = None,
 ) -> list[Option]:
     """Every GPU in `prices` x TP width x engine x weights, planned (plan_option) unless its requests alone
-    already miss the SLO, or (at a rate) it cannot cost less than the cheapest found so far (cost_floor): the
-    candidates are searched cheapest floor first. The ones that meet the SLO first, cheapest per million output
-    tokens first, then the others, with why. BadInput, before any simulation, for a GPU or engine not in the
-    catalogs."""
+    already miss the SLO, or (at a rate) it cannot cost less than the cheapest found: best first by cost floor.
+    A candidate's floor is cost_floor times the fewest replicas it can still need (each count below missed), so
+    its search waits while another's floor is lower, and stops, before or part way, once its floor is above the
+    cheapest found: what is not simulated cannot be cheaper. The ones that meet the SLO first, cheapest per
+    million output tokens first, then the others, with why. BadInput, before any simulation, for a GPU or engine
+    not in the catalogs."""
     for gpu in prices:
         get_hardware(gpu)
     for name in engines:
@@ -228,15 +255,37 @@ def plan_deployments(
     grid = [(gpu, w, name, T) for gpu in prices for w in weights for name in engines for T in tps]
     floors = [cost_floor(prices[gpu], T, workload, load) for gpu, _, _, T in grid]
     options: list[Option | None] = [None] * len(grid)
+    searches: dict[int, tuple] = {}  # index -> (its Option so far, its search, the fewest replicas it may need)
+    queue = [(floor, i) for i, floor in enumerate(floors)]  # (the least $/M out it can still cost, index)
+    heapq.heapify(queue)
     cheapest = math.inf
-    for done, i in enumerate(sorted(range(len(grid)), key=floors.__getitem__)):
-        gpu, w, name, T = grid[i]
-        search = (workload, load, slo, prices[gpu], floors[i], cheapest)
-        options[i] = option = _candidate(spec, gpu, name, w, kv, T, *search)
-        if option.usd_per_m_output is not None:
-            cheapest = min(cheapest, option.usd_per_m_output)
+    while queue:
+        bound, i = heapq.heappop(queue)
+        if i not in searches:
+            gpu, w, name, T = grid[i]
+            pruned = bound if bound > cheapest else None
+            started = _candidate(spec, gpu, name, w, kv, T, workload, load, slo, prices[gpu], pruned)
+            if isinstance(started, Option):
+                options[i] = started
+            else:
+                searches[i] = (*started, 1)
+                heapq.heappush(queue, (bound, i))
+                continue
+        else:
+            base, search, need = searches[i]
+            if bound > cheapest:
+                options[i] = _not_simulated(base, bound, need)
+            else:
+                try:
+                    searches[i] = (base, search, next(search))
+                    heapq.heappush(queue, (floors[i] * searches[i][2], i))
+                    continue
+                except StopIteration as done:
+                    options[i] = done.value
+        if options[i].usd_per_m_output is not None:
+            cheapest = min(cheapest, options[i].usd_per_m_output)
         if progress is not None:
-            progress(done + 1, len(grid))
+            progress(sum(o is not None for o in options), len(grid))
     return sorted(options, key=lambda o: (o.usd_per_m_output is None, o.usd_per_m_output or 0.0, o.tp))
 
 
@@ -245,7 +294,7 @@ def cost_floor(usd_per_gpu_hour: float, T: int, workload: Workload, load: Load) 
     (0 at a concurrency). The cost is the price of T GPUs over one replica's simulated output tokens/s at
     rate / R, and one replica outputs its trace's N tokens in no less time than its last request takes to
     arrive, S R / rate (S: that arrival at rate 1): at most N rate / (S R) tokens/s, so the cost is at least
-    price T S R / (3600 N rate) per token, least at R = 1."""
+    price T S R / (3600 N rate) per token, least at R = 1 (R times this at R replicas)."""
     if load.rate is None:
         return 0.0
     trace = workload.trace(1.0)
@@ -253,7 +302,14 @@ def cost_floor(usd_per_gpu_hour: float, T: int, workload: Workload, load: Load) 
     return usd_per_gpu_hour * T * last / (3600 * tokens * load.rate) * 1e6
 
 
-def _candidate(spec, gpu, engine, w, kv, T, workload, load, slo, price, floor, cheapest) -> Option:
+def _not_simulated(base: Option, floor: float, need: int) -> Option:
+    at = "" if need == 1 else f" at {need} replicas (fewer miss the SLO)"
+    return replace(base, note=f"not simulated: costs at least ${floor:,.3f}/M out{at}, above the cheapest")
+
+
+def _candidate(spec, gpu, engine, w, kv, T, workload, load, slo, price, pruned: float | None):
+    """(its Option so far, its search: option_search once its lower bound is met), or its Option where it cannot
+    be searched, or need not be (`pruned`: its cost floor, above the cheapest found)."""
     try:
         server = GpuServer.of(spec, gpu, engine, w, kv, T)
     except BadInput as e:  # the heads do not split T ways, or the weights leave no KV cache
@@ -265,13 +321,19 @@ def _candidate(spec, gpu, engine, w, kv, T, workload, load, slo, price, floor, c
         return replace(base, note=f"{server.tokens:,} KV positions, fewer than the longest request's {longest:,}")
     if launch_for(server).missing:  # what the engine cannot deploy is not a deployment
         return replace(base, note=f"not deployable: {launch_for(server).missing}")
-    if floor > cheapest:
-        return replace(base, note=f"not simulated: costs at least ${floor:,.3f}/M out, above the cheapest")
+    if pruned is not None:
+        return _not_simulated(base, pruned, 1)
     best = alone(server, workload)
+    base = replace(base, alone=best)
     if not slo.met(*best):
         why = f"p99 TTFT {best[0] * 1e3:,.0f} ms, TPOT {best[1] * 1e3:,.1f} ms with each request alone"
-        return replace(base, alone=best, note=f"misses the SLO at any load: {why}")
-    return replace(plan_option(server, workload, load, slo, price), gpu=gpu, alone=best)
+        return replace(base, note=f"misses the SLO at any load: {why}")
+    return base, _with_alone(option_search(server, workload, load, slo, price), gpu, best)
+
+
+def _with_alone(search, gpu: str, best: tuple[float, float]):
+    option = yield from search
+    return replace(option, gpu=gpu, alone=best)
 
 
 def reachable(options: list[Option]) -> str:

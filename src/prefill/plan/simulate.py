@@ -91,6 +91,8 @@ def simulate(
     latency_s: float = 0.0,
     intake_s: float = 0.0,
     rules: tuple[bool, bool] = (False, True),
+    window: int = 1,
+    prefill_cap: int | None = None,
 ) -> SimResult:
     """Run `trace` through the step loop of a server with a KV pool of `pool_tokens` positions; every request
     generates exactly its output tokens (as loadtest --ignore-eos asks). `model`: a ModelRunner to run each
@@ -103,12 +105,11 @@ def simulate(
     the forward's threads), charged to the next step: the same for its TTFT and the others' tokens, one step
     on. `rules`: a GPU engine's (decode_in_budget, mixed) for the Scheduler (prefill.costmodel.engines.Engine);
     the default is our server's. A trace whose arrivals are all 0 under `in_flight` is a closed loop (a
-    benchmark at fixed concurrency): each request's times count from when the client sends it."""
-    clock = SimClock()
-    runner = SimRunner(spec, step_seconds, clock, model)
-    where = ("meta", torch.float32) if model is None else (model.device, model.kv_dtype)
-    pool = KVPool.for_tokens(spec, pool_tokens, where[1], where[0])
-    loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
+    benchmark at fixed concurrency): each request's times count from when the client sends it. `window`: decode
+    steps one scheduling decision runs (multi-step scheduling): requests that reach the loop during such a
+    window join it when the window ends (or after a step with prefill work, which ends one). `prefill_cap`: at
+    most this many of one request's prompt tokens a step (vLLM's --long-prefill-token-threshold)."""
+    loop, runner, clock = _step_loop(spec, step_seconds, pool_tokens, (chunk_size, max_running, prefill_cap), model)
     loop.scheduler.decode_in_budget, loop.scheduler.mixed = rules
     pending = sorted(trace)
     closed = in_flight is not None and all(r.arrival_s == 0 for r in pending)
@@ -122,21 +123,51 @@ def simulate(
         sent[:] = [r for r in sent if r.end is None and r.error is None]  # at most in_flight long
         return len(sent) < in_flight
 
+    windows = _Windows(window)
     with _no_cyclic_gc():  # thousands of steps, each making short-lived objects
         while i < len(pending) or loop.busy:
             if not loop.busy and clock.now < pending[i].arrival_s + latency_s:
                 clock.now = pending[i].arrival_s + latency_s  # idle until the next request reaches the loop
-            busy = loop.busy
-            while i < len(pending) and pending[i].arrival_s + latency_s <= clock.now and room():
+            busy, opened = loop.busy, windows.open(loop.busy)
+            while opened and i < len(pending) and pending[i].arrival_s + latency_s <= clock.now and room():
                 records[i].start = clock.now if closed else records[i].start
                 loop.add(_request(pending[i], records[i], spec, clock.now))
                 runner.owed_s += intake_s if busy else 0.0
                 if in_flight is not None:
                     sent.append(records[i])
                 i += 1
-            loop.step()
+            windows.ran(loop.step(), opened)
     wall = max((r.end or 0.0) for r in records) if records else 0.0
     return SimResult(records, wall, runner.steps, loop.scheduler.preemptions)
+
+
+def _step_loop(spec: ModelSpec, step_seconds: StepSeconds, pool_tokens: int, caps: tuple, model):
+    """The real StepLoop over a SimRunner on a simulated clock, its K/V pool on the meta device (a model's own
+    where one runs); caps: (chunk size, max running, prefill cap)."""
+    chunk_size, max_running, prefill_cap = caps
+    clock = SimClock()
+    runner = SimRunner(spec, step_seconds, clock, model)
+    where = ("meta", torch.float32) if model is None else (model.device, model.kv_dtype)
+    pool = KVPool.for_tokens(spec, pool_tokens, where[1], where[0])
+    loop = StepLoop(runner, pool, None, chunk_size, max_running, clock=clock)
+    loop.scheduler.prefill_cap = prefill_cap
+    return loop, runner, clock
+
+
+class _Windows:
+    """Multi-step scheduling (vLLM 0.6's --num-scheduler-steps): the scheduler takes new requests once a window of
+    `steps` decode steps has run, or after a step with prefill work (which runs alone and ends one), or idle."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = self.since = steps  # decode steps since it last took requests (a full window: it takes them)
+
+    def open(self, busy: bool) -> bool:
+        return self.since >= self.steps or not busy
+
+    def ran(self, step, opened: bool) -> None:
+        if self.steps > 1:  # every row one token: a decode step, counted in the window
+            decoded = bool(step.rows) and all(n == 1 for _, n in step.rows)
+            self.since = (0 if opened else self.since) + 1 if decoded else self.steps
 
 
 @contextlib.contextmanager
