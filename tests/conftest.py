@@ -111,11 +111,17 @@ def smollm_reference_tokenizer(smollm, tmp_path_factory):
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache_dir(tmp_path_factory):
-    """Probe rates and compile verdicts go to a per-session folder, not the user's ~/.cache/prefill."""
+    """Probe rates and compile verdicts go to the run's own folder, not the user's ~/.cache/prefill: one folder for
+    both xdist workers (the run's shared temporary folder), so a path probed by one is read by the other, as two
+    processes of one user share ~/.cache/prefill. Its files are written whole (prefill.device.cache.write_json);
+    a test that needs an empty cache sets PREFILL_CACHE_DIR to its own tmp_path."""
     import os
 
     old = os.environ.get("PREFILL_CACHE_DIR")
-    os.environ["PREFILL_CACHE_DIR"] = str(tmp_path_factory.mktemp("prefill-cache"))
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "prefill-cache"
+    folder.mkdir(exist_ok=True)
+    os.environ["PREFILL_CACHE_DIR"] = str(folder)
     yield
     if old is None:
         os.environ.pop("PREFILL_CACHE_DIR", None)

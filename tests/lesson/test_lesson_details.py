@@ -237,6 +237,23 @@ def test_prefill_is_one_gemm_against_decodes_thin_one(page, smollm):
     shot(page, "#gemm-box", "gemm")
 
 
+def test_a_prompt_too_long_for_the_next_token_view_still_runs_and_says_why(page):
+    """A prompt longer than /api/next-token reads (a 1,000-token prompt is ~5,000 characters): the live section
+    still finishes, and the next-token box says why it is empty in the lesson's words, not a validator's."""
+    from prefill.lesson.nexttoken import MAX_NEXT_TEXT
+
+    prompt = " ".join(["tokens"] * 300)  # 2,099 characters, 300 tokens: two chunks
+    assert len(prompt) > MAX_NEXT_TEXT
+    run_prompt(page, prompt, 2)
+    said = full(page, "#next-chosen")
+    assert said == (
+        f"The next token is shown for prompts of at most {MAX_NEXT_TEXT:,} characters (so that any text that long"
+        f" fits the model's context, whatever its tokens); this one has {len(prompt):,}."
+    ), said
+    assert page.locator("#next-list li").count() == 0 and full(page, "#next-lookup-line") == ""
+    assert full(page, "#answer") != "" and shown(page, "#tl-ttft") not in ("…", "–", "")
+
+
 def test_the_phone_needs_no_hover_and_no_sideways_scrolling(page):
     """Item 7: a sweep row says its reason when tapped; the shell block wraps."""
     wide = page.locator("pre.shell").evaluate("p => p.scrollWidth - p.clientWidth")

@@ -10,6 +10,7 @@ import math
 import httpx
 import pytest
 
+from prefill.lesson.nexttoken import MAX_NEXT_TEXT
 from prefill.lesson.regime import slow_words
 from prefill.server.app import model_id_of
 
@@ -35,6 +36,8 @@ def test_next_token_probabilities_agree_with_the_servers_logprobs(url, smollm):
         assert top[t["token"]] == pytest.approx(math.log(t["p"]), abs=1e-4), t
     too_long = httpx.post(f"{url}/api/next-token", json={"text": PARIS, "top": 51})
     assert too_long.status_code == 400
+    long = httpx.post(f"{url}/api/next-token", json={"text": "x" * (MAX_NEXT_TEXT + 1)})  # over the document's bound
+    assert long.status_code == 400 and f"at most {MAX_NEXT_TEXT:,} characters" in long.json()["error"]["message"]
 
 
 def test_the_gemm_of_prefill_and_of_a_decode_step(url, smollm):

@@ -14,6 +14,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from prefill.errors import BadInput
 from prefill.lesson.live import encode, labels
 from prefill.lesson.probe import next_token
 from prefill.lesson.state import lesson_of
@@ -30,7 +31,9 @@ class NextTokenBody(BaseModel):
     """The prompt (as the live section sends it), how many of the likeliest tokens to list, and a token to find."""
 
     model_config = ConfigDict(extra="forbid")
-    text: StrictStr = Field(min_length=1, max_length=MAX_NEXT_TEXT)
+    # The bound is the document's (so a request it allows always fits) and the route's own check, which says it in
+    # the lesson's words where the page sends a longer prompt (a 1,000-token prompt is ~5,000 characters).
+    text: StrictStr = Field(min_length=1, json_schema_extra={"maxLength": MAX_NEXT_TEXT})
     chat: StrictBool = False
     top: int_in(ge=1, le=50) = Field(10, description="how many of the most likely tokens to list")
     lookup: StrictStr = Field(
@@ -43,6 +46,11 @@ async def next_token_route(request: Request, body: NextTokenBody) -> dict:
     """The first answer token's distribution for the prompt: the `top` most likely tokens with their probabilities
     (the first is the one temperature 0 chooses), and the rank (from 1) and probability of `lookup`'s first token
     (it may take several tokens: all are listed, the first is ranked)."""
+    if len(body.text) > MAX_NEXT_TEXT:
+        raise BadInput(
+            f"the next token is shown for prompts of at most {MAX_NEXT_TEXT:,} characters (so that any text that long"
+            f" fits the model's context, whatever its tokens); this one has {len(body.text):,}"
+        )
     lesson = lesson_of(request)
     engine = lesson.engine
     ids = await asyncio.to_thread(encode, engine, body.text, body.chat)

@@ -20,12 +20,23 @@ export function initNextToken() {
 }
 
 // The distribution of the first answer token, the token chosen, and the looked-up token's rank. Returns the
-// API's answer (the live section reads the chosen token to explain an empty answer).
+// API's answer (the live section reads the chosen token to explain an empty answer), or null where the server
+// refused this prompt (a prompt longer than the route reads): said in the box, the rest of the section drawn.
 export async function showNextToken(current) {
   run = current;
   $("next-box").hidden = false;
-  const r = await postJSON("/api/next-token", { text: current.text, chat: current.chat, top: 10,
-    lookup: $("next-lookup").value });
+  let r;
+  try {
+    r = await postJSON("/api/next-token", { text: current.text, chat: current.chat, top: 10,
+      lookup: $("next-lookup").value });
+  } catch (e) {
+    if (!(e instanceof ApiError)) throw e;
+    $("next-list").replaceChildren();
+    $("next-chosen").textContent = `${e.message.charAt(0).toUpperCase()}${e.message.slice(1)}.`;
+    $("next-lookup-line").textContent = "";
+    $("next-box").dataset.rank = "";
+    return null;
+  }
   const best = r.top[0].p;
   $("next-list").replaceChildren(...r.top.map((t, k) => {
     const li = document.createElement("li");
