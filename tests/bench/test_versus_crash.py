@@ -72,3 +72,33 @@ def test_a_llamacpp_whose_extra_buffer_types_crash_runs_again_without_them(monke
     cells = versus_cells(to_json(result))
     ours_at = {(c[0], c[1]): c[COLUMNS.index("vs llama.cpp")] for c in cells if c[2].startswith("prefill")}
     assert all(ratio.endswith("x") for ratio in ours_at.values()), cells  # beside the live llama.cpp row
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
+def test_each_path_is_probed_before_llamacpps_child_starts(monkeypatch):
+    """llama.cpp's threads spin on the cores after each of its evals: a probe of our paths beside them measured a
+    machine 3x slower (the native path's decode predicted 25 ms for 8.6 measured on a Zen 4), and `auto` then took
+    the slower path. So every path is probed first, then the child starts."""
+    import prefill.bench.peers as peers
+    import prefill.bench.versus as versus
+    from prefill.bench.peer_process import PeerCrashed
+    from prefill.engine.llm import Engine
+
+    events: list[str] = []
+    real_profile = Engine.profile
+    monkeypatch.setattr(
+        Engine, "profile", lambda self, *a, **kw: events.append("probe") or real_profile(self, *a, **kw)
+    )
+
+    def child(*args, **kwargs):
+        events.append("llama.cpp")
+        raise PeerCrashed("llamacpp", "exited with status 1", "", "-")
+
+    monkeypatch.setattr(peers, "llamacpp_available", lambda: True)
+    monkeypatch.setattr(versus, "PeerProcess", child)
+    weights = ("native:f32", "float32")
+    config = VersusConfig(prompt_lengths=(4,), depths=(8,), threads=(1,), repeats=1, tg_steps=1, weights=weights)
+    run_versus(config)
+    first = events.index("llama.cpp")
+    assert events[:first] == ["probe"] * len(weights), events

@@ -135,6 +135,8 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
         Engine.load(path, threads=threads, progress=False, weights=w, activations=acts or None)
         for w, _, acts in (w.partition(":") for w in config.weights)
     ]
+    for engine in ours:  # each path probed (once per machine) before llama.cpp's child runs: its threads spin
+        engine.profile()  # on the cores after each eval, and a probe beside them measured a machine 3x slower
     contenders = [_ours(e, file_types, config.predict) for e in ours]
     llama = _LlamaSeat({"path": path, "n_ctx": n_ctx, "threads": threads}, file_types, config.clock, result)
     llama.extra_bufts = extra_bufts
