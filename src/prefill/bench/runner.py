@@ -102,6 +102,7 @@ def run_bench(
         engine = Engine.load(
             model_path, dtype, config.device, threads, progress=False, weights=weights, activations=acts
         )
+        engine.profile()  # the time model's probe before the peers' children start (see bench.versus._versus_at)
         kernels = _compile_both(engine) if config.compile else None
         if result is None:
             result = _new_result(config, model_path, engine.spec, threads, gemm)
