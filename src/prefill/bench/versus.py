@@ -126,6 +126,7 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
     (`extra_bufts`); returns whether they were still on at the end."""
     import torch
 
+    from prefill.bench.runner import _prompt_ids
     from prefill.engine.llm import Engine
 
     n_ctx = max(max(config.prompt_lengths), max(config.depths) + config.tg_steps + 8)
@@ -135,8 +136,8 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
         Engine.load(path, threads=threads, progress=False, weights=w, activations=acts or None)
         for w, _, acts in (w.partition(":") for w in config.weights)
     ]
-    for engine in ours:  # each path probed (once per machine) before llama.cpp's child runs: its threads spin
-        engine.profile()  # on the cores after each eval, and a probe beside them measured a machine 3x slower
+    for engine in ours:  # probed before llama.cpp's child runs: its threads spin after each eval (3x slow probes)
+        engine.profile()
     contenders = [_ours(e, file_types, config.predict) for e in ours]
     llama = _LlamaSeat({"path": path, "n_ctx": n_ctx, "threads": threads}, file_types, config.clock, result)
     llama.extra_bufts = extra_bufts
@@ -257,12 +258,6 @@ def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str
         return peer.prefill(ids, clock)
 
     return Contender(name, prefill, fill_then_step, file_types, LLAMA_KV_BYTES)
-
-
-def _prompt_ids(tokenizer, n: int, vocab_size: int) -> list[int]:
-    from prefill.bench.runner import _prompt_ids as ids
-
-    return ids(tokenizer, n, vocab_size)
 
 
 def _pp(contenders: list[Contender], ids: list[int], config: VersusConfig) -> dict[Contender, float]:
