@@ -136,7 +136,7 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
         Engine.load(path, threads=threads, progress=False, weights=w, activations=acts or None)
         for w, _, acts in (w.partition(":") for w in config.weights)
     ]
-    for engine in ours:  # probed before llama.cpp's child runs: its threads spin after each eval (3x slow probes)
+    for engine in ours if config.predict else ():  # probed before llama.cpp's child: its threads spin after evals
         engine.profile()
     contenders = [_ours(e, file_types, config.predict) for e in ours]
     llama = _LlamaSeat({"path": path, "n_ctx": n_ctx, "threads": threads}, file_types, config.clock, result)
