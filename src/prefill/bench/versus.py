@@ -136,8 +136,9 @@ def _versus_at(config: VersusConfig, path: str, threads: int, result: VersusResu
         Engine.load(path, threads=threads, progress=False, weights=w, activations=acts or None)
         for w, _, acts in (w.partition(":") for w in config.weights)
     ]
-    for engine in ours if config.predict else ():  # probed before llama.cpp's child: its threads spin after evals
-        engine.profile()
+    if config.predict:  # each path probed before llama.cpp's child starts: its threads spin after each eval
+        for engine in ours:
+            engine.profile()
     contenders = [_ours(e, file_types, config.predict) for e in ours]
     llama = _LlamaSeat({"path": path, "n_ctx": n_ctx, "threads": threads}, file_types, config.clock, result)
     llama.extra_bufts = extra_bufts

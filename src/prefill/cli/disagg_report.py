@@ -63,15 +63,15 @@ def pareto_report(model: str, workload, slo, choices: tuple, link: str, path: st
     points = sweep(spec, workload, space, slo)
     png = plot(path, points, slo, f"{spec.name} on {gpu}: output tokens/s per GPU against per user (simulated)")
     data = write_json(Path(path).with_suffix(".json"), points, slo)
-    console.print(f"{len(points)} points, {len(frontier(points))} on the frontier: {png}, {data}", highlight=False)
-    for p in frontier(points):
-        mark = " <- cheapest meeting the SLO" if p == cheapest(points) else ""
+    front, best = frontier(points), cheapest(points)
+    console.print(f"{len(points)} points, {len(front)} on the frontier: {png}, {data}", highlight=False)
+    for p in front:
+        mark = " <- cheapest meeting the SLO" if p == best else ""
         console.print(
             f"  {p.config} at {p.rate:.3g} req/s: {p.tok_s_per_gpu:,.0f} tok/s per GPU, {p.tok_s_per_user:,.1f} tok/s "
             f"per user, p99 TTFT {p.ttft_p99_s * 1e3:,.0f} ms, TPOT {p.tpot_p99_s * 1e3:,.1f} ms{mark}",
             highlight=False,
         )
-    best = cheapest(points)
     if best is None:
         console.print("no point meets the SLO", highlight=False)
     else:
