@@ -35,8 +35,9 @@ from prefill.plan.simulate import SimRequest, SimResult, poisson_trace
 
 DATA = Path(__file__).resolve().parents[3] / "tests" / "data" / "published_gpu.json"
 # a workload's `dataset`: its requests' (prompt, output) token counts, sampled without replacement as the serving
-# benchmarks do (scripts/sharegpt_lengths.py writes the file, with its source)
-DATASETS = {"sharegpt": DATA.parent / "sharegpt_lengths.json"}
+# benchmarks do, or its prompts' alone (outputs then from the workload's `output`); scripts/sharegpt_lengths.py and
+# scripts/openorca_lengths.py write the files, with their sources
+DATASETS = {"sharegpt": DATA.parent / "sharegpt_lengths.json", "openorca": DATA.parent / "openorca_lengths.json"}
 THROUGHPUT = ("output_tok_s", "input_tok_s", "req_s")
 LABELS = {
     "latency_ms": "batch latency ms",
@@ -141,11 +142,23 @@ def dataset_pairs(name: str) -> list[tuple[int, int]]:
     return [tuple(pair) for pair in json.loads(DATASETS[name].read_text())["pairs"]]
 
 
+def dataset_prompts(name: str) -> list[int]:
+    """The prompt tokens of every request of dataset `name`, a dataset of prompt lengths alone (`prompt_counts`:
+    [tokens, requests] pairs), in increasing order."""
+    counts = json.loads(DATASETS[name].read_text())["prompt_counts"]
+    return [tokens for tokens, n in counts for _ in range(n)]
+
+
 def dataset_trace(w: dict, rate: float, seed: int = 0) -> list[SimRequest]:
     """`w["requests"]` requests of `w["dataset"]`, drawn without replacement (the benchmarks shuffle the dataset
-    and take requests in turn), all at 0 s offline or as a Poisson process of `rate` requests/s."""
+    and take requests in turn), all at 0 s offline or as a Poisson process of `rate` requests/s. A dataset of
+    prompts alone takes each request's output tokens from the workload's `output` lengths."""
     rng = random.Random(seed)
-    pairs = rng.sample(dataset_pairs(w["dataset"]), w["requests"])
+    if "output" in w:
+        outputs = PromptLengths.parse(w["output"])
+        pairs = [(p, outputs.sample(rng)) for p in rng.sample(dataset_prompts(w["dataset"]), w["requests"])]
+    else:
+        pairs = rng.sample(dataset_pairs(w["dataset"]), w["requests"])
     if w["kind"] == "offline":
         return [SimRequest(0.0, p, o) for p, o in pairs]
     if w["kind"] != "rate":
@@ -273,5 +286,8 @@ def describe(w: dict) -> str:
     if not w.get("requests"):
         return "—"
     how = {"concurrency": f"concurrency {w.get('concurrency')}", "rate": f"Poisson {w.get('rate')} req/s"}
-    lengths = f"{w['dataset']}'s lengths" if "dataset" in w else f"prompts {w['prompt']}, outputs {w['output']}"
+    if "dataset" in w:
+        lengths = f"{w['dataset']}'s prompts, outputs {w['output']}" if "output" in w else f"{w['dataset']}'s lengths"
+    else:
+        lengths = f"prompts {w['prompt']}, outputs {w['output']}"
     return f"{how.get(w['kind'], 'offline')}, {w['requests']} requests, {lengths}"
