@@ -35,17 +35,18 @@ def main(path: str) -> None:
     # processorca.py --seqlen_limit=1024 keeps inputs and reference outputs under 1,024 tokens, outputs >= 3
     if len(prompts) != 24_576 or max(prompts) >= 1024 or max(outputs) >= 1024 or min(outputs) < 3:
         raise SystemExit(f"{path} is not MLPerf's 24,576 OpenOrca samples as processorca.py filters them")
+    mean, median = statistics.fmean(prompts), statistics.median(prompts)
     about = (
-        f"MLPerf Inference's Llama 2 70B dataset (open_orca_gpt4_tokenized_llama.sampled_24576.pkl, mlcommons/inference "
-        f"language/llama2-70b/processorca.py --seqlen_limit=1024): each sample's input tokens (tok_input_length, "
-        f"Llama 2 tokenizer), as {SOURCE} lists them, counted by length: [tokens, samples]. Inputs average "
-        f"{statistics.fmean(prompts):.1f} tokens (median {statistics.median(prompts):g}, {min(prompts)}..{max(prompts)}); "
-        f"the GPT-4 reference answers in the same file ({statistics.fmean(outputs):.1f} tokens on average) are not "
-        f"kept, not being what Llama 2 generates. Written by scripts/openorca_lengths.py."
+        "MLPerf Inference's Llama 2 70B dataset (open_orca_gpt4_tokenized_llama.sampled_24576.pkl, "
+        "mlcommons/inference language/llama2-70b/processorca.py --seqlen_limit=1024): each sample's input tokens "
+        f"(tok_input_length, Llama 2 tokenizer), as {SOURCE} lists them, counted by length: [tokens, samples]. "
+        f"Inputs average {mean:.1f} tokens (median {median:g}, {min(prompts)}..{max(prompts)}); the GPT-4 reference "
+        f"answers in the same file ({statistics.fmean(outputs):.1f} tokens on average) are not kept, not being what "
+        "Llama 2 generates. Written by scripts/openorca_lengths.py."
     )
     counts = sorted(collections.Counter(prompts).items())
     OUT.write_text(json.dumps({"about": about, "prompt_counts": counts}, separators=(",", ":")) + "\n")
-    print(f"{len(prompts):,} samples, {len(counts)} lengths; input mean {statistics.fmean(prompts):.1f}")
+    print(f"{len(prompts):,} samples, {len(counts)} lengths; input mean {mean:.1f}")
 
 
 if __name__ == "__main__":
