@@ -107,6 +107,16 @@ def test_openorca_prompts_are_mlperfs_24576_samples_under_processorcas_cap():
     assert statistics.fmean(prompts) == pytest.approx(222.3, abs=0.05)
 
 
+def test_cnndm_prompts_are_mlperfs_13368_samples_with_the_harness_runs_mean_and_longest():
+    """The MLPerf Llama 3.1 8B rows' inputs: the 13,368 CNN/DailyMail prompts, whose mean (870) and longest
+    (2,540) a harness run on the same cnn_eval.json gives independently (ssaketh-ch/llama31b-benchmark)."""
+    import statistics
+
+    prompts = dataset_prompts("cnndm")
+    assert len(prompts) == 13_368 and max(prompts) == 2540
+    assert statistics.fmean(prompts) == pytest.approx(870, abs=1)
+
+
 def test_a_dataset_of_prompts_alone_takes_its_outputs_from_the_workload():
     from prefill.plan import gpu_validation as gv
 

@@ -36,8 +36,8 @@ from prefill.plan.simulate import SimRequest, SimResult, poisson_trace
 DATA = Path(__file__).resolve().parents[3] / "tests" / "data" / "published_gpu.json"
 # a workload's `dataset`: its requests' (prompt, output) token counts, sampled without replacement as the serving
 # benchmarks do, or its prompts' alone (outputs then from the workload's `output`); scripts/sharegpt_lengths.py and
-# scripts/openorca_lengths.py write the files, with their sources
-DATASETS = {"sharegpt": DATA.parent / "sharegpt_lengths.json", "openorca": DATA.parent / "openorca_lengths.json"}
+# scripts/mlperf_lengths.py write the files, with their sources
+DATASETS = {name: DATA.parent / f"{name}_lengths.json" for name in ("sharegpt", "openorca", "cnndm")}
 THROUGHPUT = ("output_tok_s", "input_tok_s", "req_s")
 LABELS = {
     "latency_ms": "batch latency ms",
