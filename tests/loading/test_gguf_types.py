@@ -81,3 +81,21 @@ def test_the_probe_times_given_blocks_of_types_gguf_cannot_make(qtype, capsys):
     tiled = probe._random_blocks(4, 512, qtype)  # 8 blocks from the 2 given, in turn
     assert torch.equal(tiled.reshape(8, -1), given.reshape(2, -1).repeat(4, 1))
     probe._GIVEN.pop(qtype, None)
+
+
+def test_the_probe_asks_gguf_once_for_a_type_it_cannot_make(monkeypatch):
+    # gguf-py draws the weights before it refuses a K-quant: asked for every copy of every shape, that was 9 s of
+    # a Q4_K_M file's probe
+    from prefill.machine import probe
+
+    asked = []
+
+    def cannot(N, K, qtype):
+        asked.append(qtype)
+        raise NotImplementedError(qtype)
+
+    monkeypatch.setattr(probe, "_quantized", cannot)
+    monkeypatch.setattr(probe, "_UNMADE", set())
+    for _ in range(3):
+        probe._random_blocks(4, 512, "Q6_K")
+    assert asked == ["Q6_K"]

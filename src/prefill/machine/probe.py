@@ -130,10 +130,11 @@ def _random_blocks(N: int, K: int, qtype: str):
     values: none branches on a weight)."""
     import torch
 
-    try:
-        return _quantized(N, K, qtype)
-    except NotImplementedError:  # gguf-py quantizes no K-quant
-        pass
+    if qtype not in _UNMADE:
+        try:
+            return _quantized(N, K, qtype)
+        except NotImplementedError:  # gguf-py quantizes no K-quant (after drawing the weights: ask it once)
+            _UNMADE.add(qtype)
     block, nbytes = GGUF_BLOCKS[qtype]
     if (given := _GIVEN.get(qtype)) is not None:
         return torch.from_numpy(np.resize(given, N * (K // block) * nbytes).reshape(N, -1))
@@ -143,7 +144,7 @@ def _random_blocks(N: int, K: int, qtype: str):
     return torch.zeros(N, K // block * nbytes, dtype=torch.uint8)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _quantized(N: int, K: int, qtype: str):
     import torch
     from gguf import GGMLQuantizationType
@@ -156,6 +157,7 @@ def _quantized(N: int, K: int, qtype: str):
 GIVEN_BYTES = 4 * 2**20  # of each type's given blocks kept (repeated to fill a larger shape)
 _GIVEN: dict[str, np.ndarray] = {}  # GGUF type -> a model file's own blocks, flat uint8 (give_blocks)
 _SAID: set[str] = set()
+_UNMADE: set[str] = set()  # the types gguf-py cannot quantize
 
 
 def give_blocks(qtype: str, blocks) -> None:
