@@ -1,8 +1,9 @@
 """Answers that do not depend on the batch or the cache: on every path `auto` can pick (prefill.machine.paths.PATHS
 with each K/V dtype --kv-dtype auto may store), under every instruction set the kernels run here, a request at
 temperature 0 gets the same greedy text alone, batched beside another, and again as a prefix-cache hit.
-The prompts: 1,000-token stretches of the seed lessons, the interactive lesson's among them (issue 51: on an
-AVX-512 Xeon its prefix hit changed the text at token 9 with 8-bit activations and float16 K/V). Each path treats
+The prompts: 612-token stretches of the seed lessons, the interactive lesson's among them (issue 51: on an
+AVX-512 Xeon its prefix hit changed the text at token 9 with 8-bit activations and float16 K/V): a cold run
+prefills them in three chunks, the last one partial, and a hit in one. Each path treats
 each row alone (q8 rounds each row's 32-blocks by that row's own scale) and sums in one order whatever the rows
 beside it, and every query reads K/V as the pool stores them, so a row's logits are the same in any company."""
 
@@ -21,9 +22,10 @@ from prefill.machine.paths import KV_AUTO, NATIVE, PATHS, path_blocker
 from prefill.model.quant import ops, set_activations
 
 SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"  # shared/ beside the checkout, as CI lays it
-PROMPT_TOKENS, NEW_TOKENS, CHUNK = 1000, 24, 256  # the server's default chunk: the hit's suffix is one chunk
-# The kernels' vector instruction sets (ops.set_isa), best first. The scalar kernels take 5-8 minutes a case on
-# these 1,000-token prompts; tests/model/test_quant.py checks them against both of these on every block type.
+CHUNK, NEW_TOKENS = 256, 24  # the server's default chunk: the hit's suffix is one chunk
+PROMPT_TOKENS = 2 * CHUNK + 100  # two whole chunks and a partial one, so chunk and block boundaries differ
+# The kernels' vector instruction sets (ops.set_isa), best first. The scalar kernels take minutes a case on
+# these prompts; tests/model/test_quant.py checks them against both of these on every block type.
 ISAS = ("avx512", "avx2")
 # Every path auto can take on the embedded model (ServingPath.auto: dense bfloat16 only where asked), with each
 # K/V dtype auto may store. 8-bit activations are taken only where a quality record of the file admits them, and
@@ -45,7 +47,7 @@ PARAMS = [
 
 
 def seed_prompts(tokenizer) -> list[list[int]]:
-    """The first 1,000-token stretch of each seed lesson (the interactive one's is the prompt that flipped)."""
+    """The first PROMPT_TOKENS-token stretch of each seed lesson (the interactive one's is the prompt that flipped)."""
     prompts = []
     for name in ("prefill-lesson.txt", "prefill-interactive-lesson.txt"):
         prompts.append(tokenizer.encode((SEEDS / name).read_text())[:PROMPT_TOKENS])
