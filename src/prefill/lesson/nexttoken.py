@@ -31,14 +31,20 @@ class NextTokenBody(BaseModel):
     """The prompt (as the live section sends it), how many of the likeliest tokens to list, and a token to find."""
 
     model_config = ConfigDict(extra="forbid")
-    # The bound is the document's (so a request it allows always fits) and the route's own check, which says it in
-    # the lesson's words where the page sends a longer prompt (a 1,000-token prompt is ~5,000 characters).
-    text: StrictStr = Field(min_length=1, json_schema_extra={"maxLength": MAX_NEXT_TEXT})
+    # The bound is the document's (document_next_text: so a request it allows always fits) and the route's own
+    # check, which says it in the lesson's words where the page sends a longer prompt (a 1,000-token prompt is
+    # ~5,000 characters).
+    text: StrictStr = Field(min_length=1)
     chat: StrictBool = False
     top: int_in(ge=1, le=50) = Field(10, description="how many of the most likely tokens to list")
     lookup: StrictStr = Field(
         "", max_length=MAX_LOOKUP, description="text whose first token's rank and probability to give (' Paris')"
     )
+
+
+def document_next_text(doc: dict) -> None:
+    """Write MAX_NEXT_TEXT into the OpenAPI document as the bound of NextTokenBody's text (the route checks it)."""
+    doc["components"]["schemas"][NextTokenBody.__name__]["properties"]["text"]["maxLength"] = MAX_NEXT_TEXT
 
 
 @router.post("/next-token")

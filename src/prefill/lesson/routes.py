@@ -42,7 +42,8 @@ def add_lesson(app: FastAPI) -> FastAPI:
     )
     add_lesson_routes(app, lesson)
     app.state.open_paths.add("/", prefix="/static/")  # the page and its files: it asks for the key, then sends it
-    document(app, partial(document_model, spec=engine.spec), partial(sweep.document_measure, spec=engine.spec))
+    documents = (partial(document_model, spec=engine.spec), partial(sweep.document_measure, spec=engine.spec))
+    document(app, *documents, nexttoken.document_next_text)
     return app
 
 
