@@ -215,8 +215,8 @@ class SeqKV:
 
     def reserve_needs(self, end: int) -> list[int]:
         """Fresh blocks each group would need for positions up to `end` - 1 (what `reserve(end)` allocates)."""
-        bs = self.pool.block_size
-        return [max(0, math.ceil(end / bs) - self.first[g] - len(t)) for g, t in enumerate(self.tables)]
+        blocks = -(-end // self.pool.block_size)  # ceil: each running row asks at every step
+        return [max(0, blocks - first - len(t)) for first, t in zip(self.first, self.tables, strict=True)]
 
     def trim(self) -> None:
         """Give back the blocks of windowed groups that no later query can see, nor a continuation of a stored
@@ -298,7 +298,8 @@ class SeqKV:
         """Bytes of K and V of the filled positions the sequence still holds, all layers (sizes read off the
         pool's tensors): every position in a full-attention layer; in a windowed layer, those of the blocks not
         yet trimmed (prefill.costmodel.costs.kv_cache_bytes_held is the formula)."""
-        return sum(b * self.held_in_group(g) for g, b in enumerate(self.pool.group_position_bytes))
+        n, bs = self.length, self.pool.block_size  # held_in_group(g), written out: each token's accept asks
+        return sum(b * (n - min(n, self.first[g] * bs)) for g, b in enumerate(self.pool.group_position_bytes))
 
     def reserved_bytes(self) -> int:
         """Bytes of the blocks this sequence holds (filled or not)."""

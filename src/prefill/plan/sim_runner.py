@@ -40,6 +40,7 @@ class SimRunner:
         self.steps: list[list[tuple[int, int]]] = []  # each forward's rows: (new tokens, past)
         self.owed_s = 0.0  # the next step runs this much longer (requests that arrived during the last one)
         self.first_of_shape = False  # a simulated step is never cold
+        self._token_1 = torch.tensor([[0.0, 1.0]])  # [1, 2]: every row's logits when no model runs
 
     def run(self, rows: list[tuple[SeqKV, list[int]]], output: str = "last") -> torch.Tensor:
         if output != "last":
@@ -55,7 +56,7 @@ class SimRunner:
             seq.trim()
         if self.logits is not None:
             return self.logits[: len(rows)]  # [R, vocab]
-        return torch.tensor([[0.0, 1.0]]).expand(len(rows), self.VOCAB)
+        return self._token_1.expand(len(rows), self.VOCAB)  # [R, 2]
 
     def sync(self) -> None:
         pass
