@@ -13,6 +13,9 @@ import threading
 import httpx
 import pytest
 
+from prefill.lesson import load
+from prefill.plan.capacity import Workload
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts the process's threads in /proc"),
@@ -49,7 +52,8 @@ ROUTES = [
 ]
 
 
-def test_no_route_starts_a_second_openmp_pool(url, smollm):
+def test_no_route_starts_a_second_openmp_pool(url, smollm, monkeypatch):
+    monkeypatch.setattr(load, "MIX", Workload(16, load.MIX.prompts, load.MIX.outputs, seed=0))  # threads, not sizes
     model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     completion(url, model)  # the worker's own pool, and everything made on first use
     httpx.get(f"{url}/api/tokens", params={"text": TEXT, "chat": 0}, timeout=60).raise_for_status()
