@@ -50,12 +50,13 @@ def test_verify_runs_its_proofs_on_float32_activations(monkeypatch):
     assert seen == [{"f32"}]
 
 
-def test_auto_takes_8_bit_activations_only_where_measured_near_lossless_and_faster(monkeypatch, tmp_path):
+def test_auto_never_takes_8_bit_activations_unasked_and_an_explicit_option_runs_them(monkeypatch, tmp_path):
     """Made-up profiles (q8 kernels 400 GFLOP/s, float32-activation blocks 50, dense 200, one bandwidth): q8 is
     predicted fastest by far. Never measured on this file, auto stays on float32 activations; with a record that
-    fails the gate (SmolLM2's own figures) too; with one that passes, auto takes q8, Engine.load puts the blocks on
-    it and the engine predicts with the q8 kernels' profile. An explicit dtype float32 is float32 activations
-    whatever the record says."""
+    fails the gate (SmolLM2's own figures) too; and with one that passes as well: a batched row's greedy text on
+    8-bit activations differs from its text alone, so auto never takes them unasked. An explicit dtype float32 is
+    float32 activations whatever the record says; --activations q8 puts the blocks on q8, and the engine predicts
+    with the q8 kernels' profile."""
     import prefill.machine.profiles as profiles
     from prefill.costmodel.hardware import Hardware
     from prefill.costmodel.profile import catalog_profile
@@ -77,7 +78,7 @@ def test_auto_takes_8_bit_activations_only_where_measured_near_lossless_and_fast
     records = {
         None: "f32",
         QualityRecord(top1=0.9713, ppl_ratio=1.0033, mean_kl=2.93e-3, p99_kl=1.37e-2, tokens=10_240): "f32",
-        QualityRecord(top1=0.995, ppl_ratio=1.001, mean_kl=1e-4, p99_kl=5e-3, tokens=10_240): "q8",
+        QualityRecord(top1=0.995, ppl_ratio=1.001, mean_kl=1e-4, p99_kl=5e-3, tokens=10_240): "f32",
     }
     for record, want in records.items():
         if record is not None:

@@ -3,9 +3,9 @@ with each K/V dtype --kv-dtype auto may store), under every instruction set the 
 temperature 0 gets the same greedy text alone, batched beside another, and again as a prefix-cache hit.
 The prompts: 612-token stretches of the seed lessons, the interactive lesson's among them (issue 51: on an
 AVX-512 Xeon its prefix hit changed the text at token 9 with 8-bit activations and float16 K/V): a cold run
-prefills them in three chunks, the last one partial, and a hit in one. Each path treats
-each row alone (q8 rounds each row's 32-blocks by that row's own scale) and sums in one order whatever the rows
-beside it, and every query reads K/V as the pool stores them, so a row's logits are the same in any company."""
+prefills them in three chunks, the last one partial, and a hit in one. Each path treats each row alone and sums
+in one order whatever the rows beside it, and every query reads K/V as the pool stores them, so a row's logits
+are the same in any company."""
 
 from __future__ import annotations
 
@@ -27,16 +27,9 @@ PROMPT_TOKENS = 2 * CHUNK + 100  # two whole chunks and a partial one, so chunk 
 # The kernels' vector instruction sets (ops.set_isa), best first. The scalar kernels take minutes a case on
 # these prompts; tests/model/test_quant.py checks them against both of these on every block type.
 ISAS = ("avx512", "avx2")
-# Every path auto can take on the embedded model (ServingPath.auto: dense bfloat16 only where asked), with each
-# K/V dtype auto may store. 8-bit activations are taken only where a quality record of the file admits them, and
-# the embedded file's does not (top-1 97%, docs/weights.md); they are also not batch-invariant (a batched row's
-# text differs from its text alone here), which a path must be before the gate may ever admit it.
-CASES = [
-    (p, kv)
-    for p in PATHS
-    if p.auto and p.activations == "f32"
-    for kv in (KV_AUTO if p.dtype == "float32" else (p.dtype,))
-]
+# Every path auto can take (ServingPath.auto: 8-bit activations and dense bfloat16 only where asked, their text
+# changing when batched or on a hit), with each K/V dtype auto may store.
+CASES = [(p, kv) for p in PATHS if p.auto for kv in (KV_AUTO if p.dtype == "float32" else (p.dtype,))]
 PARAMS = [
     pytest.param(
         p, kv, isa, id=f"{p.weights}-{p.activations if p.weights == NATIVE else p.dtype}-{kv}-{isa or 'torch'}"

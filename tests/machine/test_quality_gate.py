@@ -1,7 +1,8 @@
 """The rule `auto` follows (issue 51), on made-up quality records and predictions, never one machine's outcome:
 an explicit option is honoured; a reduced-precision path is weighed only where measured near-lossless on the
 file, and taken only where predicted at least MIN_GAIN faster than the exact path; unmeasured, auto stays exact
-and says so."""
+and says so. A path whose greedy text depends on the batch or the cache is never taken unasked (only_asked). The
+choice among weighed paths is checked on a made-up 8-bit path auto could take (GATED_Q8)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from prefill.machine.paths import MIN_GAIN, NATIVE, PathTime, ServingPath, Workl
 from prefill.machine.quality_gate import GATE, QualityRecord, file_identity, record_of, save_records
 
 F32 = ServingPath(NATIVE, "float32")
-Q8 = ServingPath(NATIVE, "float32", "q8")
-BF16 = paths.PATHS[2]  # dense bfloat16: auto=False
+Q8 = paths.PATHS[1]  # 8-bit activations: only where asked
+GATED_Q8 = ServingPath(NATIVE, "float32", "q8")  # the rule's case: a reduced path auto may weigh
+BF16 = paths.PATHS[2]  # dense bfloat16: only where asked
 DENSE = ServingPath("float32", "float32")
 # SmolLM2-135M's 8-bit activations as measured (docs/weights.md): top-1 97.13%, PPL ratio 1.0033
 Q8_SMOLLM = QualityRecord(top1=0.9713, ppl_ratio=1.0033, mean_kl=2.93e-3, p99_kl=1.37e-2, tokens=10_240)
@@ -62,19 +64,23 @@ def test_gate_note_says_why_a_path_is_left_out():
     assert gate_note("dense bfloat16", NEAR_LOSSLESS, BF16) == (
         "dense bfloat16 only where asked: its greedy text changes on a prefix-cache hit"
     )  # not a path auto takes, whatever its record
+    assert gate_note("8-bit activations", NEAR_LOSSLESS, Q8) == (
+        "8-bit activations only where asked: its greedy text changes when the row is batched"
+    )
+    assert [p for p in paths.PATHS if p.auto] == [F32, DENSE]  # auto takes only batch- and cache-invariant paths
 
 
 def test_auto_stays_exact_unless_a_gated_path_is_10_percent_faster():
-    best, line = choose_path([t(F32, 1.00), t(Q8, 0.95)])  # 5% faster: speed under the margin buys nothing
+    best, line = choose_path([t(F32, 1.00), t(GATED_Q8, 0.95)])  # 5% faster: speed under the margin buys nothing
     assert best.path == F32
     assert line.endswith(f"(under {MIN_GAIN:.0%} faster: 8-bit activations not taken)")
-    assert choose_path([t(F32, 1.00), t(Q8, 0.90)])[0].path == Q8  # exactly 10% faster
-    assert choose_path([t(F32, 1.00), t(Q8, 0.91)])[0].path == F32
+    assert choose_path([t(F32, 1.00), t(GATED_Q8, 0.90)])[0].path == GATED_Q8  # exactly 10% faster
+    assert choose_path([t(F32, 1.00), t(GATED_Q8, 0.91)])[0].path == F32
     # the exact paths among themselves: the fastest, whatever the margin
     assert choose_path([t(F32, 1.00), t(DENSE, 0.99)])[0].path == DENSE
     # the reduced path is measured against the fastest exact path, not the first: 1.0 <= 0.9 x 1.2, > 0.9 x 1.05
-    assert choose_path([t(F32, 2.00), t(Q8, 1.00), t(DENSE, 1.20)])[0].path == Q8
-    assert choose_path([t(F32, 2.00), t(Q8, 1.00), t(DENSE, 1.05)])[0].path == DENSE
+    assert choose_path([t(F32, 2.00), t(GATED_Q8, 1.00), t(DENSE, 1.20)])[0].path == GATED_Q8
+    assert choose_path([t(F32, 2.00), t(GATED_Q8, 1.00), t(DENSE, 1.05)])[0].path == DENSE
     assert choose_path([t(BF16, 1.0)])[0].path == BF16  # asked for, alone: honoured
 
 

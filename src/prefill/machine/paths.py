@@ -52,7 +52,12 @@ class ServingPath:
     weights: str
     dtype: str
     activations: str = "f32"
-    auto: bool = True  # auto may take it (where the gate admits it); False: only where the options name it
+    only_asked: str = ""  # why auto never takes it unasked ("": auto may, where the gate admits it)
+
+    @property
+    def auto(self) -> bool:
+        """Whether auto may take it (where the gate admits it); else only where the options name it."""
+        return not self.only_asked
 
     @property
     def exact(self) -> bool:
@@ -81,12 +86,12 @@ class ServingPath:
 
 
 # The registry: every path the engine can serve on, in the order a tie goes (fewest bytes first).
+# A path auto takes must give one text alone, batched and after a prefix-cache hit (issue 51): two are run only
+# where asked, whatever their quality record says.
 PATHS = (
     ServingPath(NATIVE, "float32"),
-    ServingPath(NATIVE, "float32", "q8"),
-    # dense bfloat16 only where asked: its greedy text changed on a prefix-cache hit (issue 42: 2 of 4 1,000-token
-    # prompts), and a path auto takes must give one text alone, batched and after a hit
-    ServingPath("bfloat16", "bfloat16", auto=False),
+    ServingPath(NATIVE, "float32", "q8", only_asked="its greedy text changes when the row is batched"),
+    ServingPath("bfloat16", "bfloat16", only_asked="its greedy text changes on a prefix-cache hit"),  # issue 42
     ServingPath("float32", "float32"),
 )
 # A reduced-precision path (or K/V dtype) is taken only where predicted to save this fraction of the exact one's
@@ -197,7 +202,7 @@ def gate_note(what: str, record: QualityRecord | None, path: ServingPath | None 
     words, from its quality record (None: never measured); "" where the record passes the gate. A `path` auto
     never takes unasked (ServingPath.auto) is left out whatever its record."""
     if path is not None and not path.auto:
-        return f"{what} only where asked: its greedy text changes on a prefix-cache hit"
+        return f"{what} only where asked: {path.only_asked}"
     if record is None:
         return f"{what} not measured near-lossless on this file; `prefill verify --quality` measures it"
     if broken := record.failures():
