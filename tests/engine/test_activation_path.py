@@ -53,8 +53,8 @@ def test_verify_runs_its_proofs_on_float32_activations(monkeypatch):
 def test_auto_never_takes_8_bit_activations_unasked_and_an_explicit_option_runs_them(monkeypatch, tmp_path):
     """Made-up profiles (q8 kernels 400 GFLOP/s, float32-activation blocks 50, dense 200, one bandwidth): q8 is
     predicted fastest by far. Never measured on this file, auto stays on float32 activations; with a record that
-    fails the gate (SmolLM2's own figures) too; and with one that passes as well: a batched row's greedy text on
-    8-bit activations differs from its text alone, so auto never takes them unasked. An explicit dtype float32 is
+    fails the gate (SmolLM2's own figures) too; and with one that passes as well: the greedy text on 8-bit
+    activations changes on a prefix-cache hit, so auto never takes them unasked. An explicit dtype float32 is
     float32 activations whatever the record says; --activations q8 puts the blocks on q8, and the engine predicts
     with the q8 kernels' profile."""
     import prefill.machine.profiles as profiles

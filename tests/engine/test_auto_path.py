@@ -54,15 +54,15 @@ def test_auto_path_decides_dtype_and_weights_together(blocks_slow_to_compute, mo
     assert chat == ("float32", "native", "f32")
     assert len(lines) == 1 and lines[0].startswith("path auto: native Q4_1/Q8_0 blocks, float32 activations, ")
     assert "for P = 16 + 512 out; vs dense float32 weights, float32 activations " in lines[0]
-    assert "(8-bit activations only where asked: its greedy text changes when the row is batched)" in lines[0]
+    assert "(8-bit activations only where asked: its greedy text changes on a prefix-cache hit)" in lines[0]
     long = resolve_path(None, "auto", "auto", echo=None, workload=Workload(8192, 1))[:2]
     assert long == ("float32", "float32")  # one long prefill: the dense GEMMs' fourfold rate wins, exact
     assert resolve_path(None, "bfloat16", "auto", echo=None)[:2] == ("bfloat16", "bfloat16")  # one path open
-    admit(paths.PATHS[1].key())  # 8-bit activations near-lossless here: still not weighed (not batch-invariant)
+    admit(paths.PATHS[1].key())  # 8-bit activations near-lossless here: still not weighed (its text changes on a hit)
     lines.clear()
     assert resolve_path(None, "auto", "auto", echo=lines.append, workload=Workload(16, 512))[2] == "f32"
     assert "; vs native Q4_1/Q8_0 blocks, 8-bit activations " not in lines[0]
-    assert "(8-bit activations only where asked: its greedy text changes when the row is batched)" in lines[0]
+    assert "(8-bit activations only where asked: its greedy text changes on a prefix-cache hit)" in lines[0]
 
 
 @pytest.mark.slow

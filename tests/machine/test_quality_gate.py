@@ -65,7 +65,7 @@ def test_gate_note_says_why_a_path_is_left_out():
         "dense bfloat16 only where asked: its greedy text changes on a prefix-cache hit"
     )  # not a path auto takes, whatever its record
     assert gate_note("8-bit activations", NEAR_LOSSLESS, Q8) == (
-        "8-bit activations only where asked: its greedy text changes when the row is batched"
+        "8-bit activations only where asked: its greedy text changes on a prefix-cache hit"
     )
     assert [p for p in paths.PATHS if p.auto] == [F32, DENSE]  # auto takes only batch- and cache-invariant paths
 
