@@ -187,7 +187,7 @@ def test_the_share_within_targets_does_not_fall_as_rows_come_in(checked):
     predicted = [c for c in checked if c.errors]
     passed = sum(c.passed for c in predicted)
     assert passed >= 24  # the rows that pass today: fewer is a regression
-    assert passed / len(predicted) >= 9 / 16  # and the share may not fall as rows come in (9 of the first 16)
+    assert passed / len(predicted) >= 0.75  # issue 52: at least 75% of all rows, however many come in
 
 
 @pytest.mark.slow
