@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from prefill.costmodel.storage import GGUF_BLOCKS
-from prefill.model.quant import KERNEL_TYPES, QuantWeight, cat_rows, linear, ops
+from prefill.model.quant import KERNEL_TYPES, QuantRows, QuantWeight, cat_rows, linear, ops
 from quant_blocks import gguf_dequant, random_blocks, runnable, without_kernels
 
 
@@ -254,3 +254,22 @@ def test_operators_pass_torch_opcheck():
         (qo.gemm.default, (torch.randn(1, D), ops.pack(w_gu, "Q4_1", 2 * F_, D), 3 | ops.PACKED, 2 * F_, D)),
     ):
         torch.library.opcheck(op, args)
+
+
+def test_cat_rows_keeps_q_k_v_of_two_types_as_blocks_part_by_part():
+    """A Q4_K_M file's Q, K (Q5_0) and V (Q8_0) stay blocks, part by part (QuantRows), not one float32 matrix:
+    its bytes are the parts', its product each part's in its columns (within the kernels' bound of the float64
+    product on the gguf package's decoding), and an activation path set on it reaches every part."""
+    shapes = (("Q5_0", 64), ("Q5_0", 32), ("Q8_0", 32))
+    parts = [QuantWeight(random_blocks(t, N, 96, seed), t, N, 96) for seed, (t, N) in enumerate(shapes)]
+    w = cat_rows(parts)
+    assert isinstance(w, QuantRows) and w.shape == (128, 96) and w.nbytes == sum(p.nbytes for p in parts)
+    ref_w = torch.cat([gguf_dequant(p.blocks, p.qtype, p.N, p.K) for p in parts])  # [128, 96]
+    assert torch.equal(w.dequantize(), ref_w)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(4))
+    got = linear(x, w)  # [3, 128]
+    magnitudes = torch.cat([ops.term_magnitudes(p.blocks, p.qtype, p.N, p.K) for p in parts])
+    bound = ops.error_bound(x, magnitudes, ops.isa() if ops.available() else "scalar")
+    assert ((got.double() - x.double() @ ref_w.double().T).abs() <= bound).all()
+    w.activations = "q8"
+    assert [p.activations for p in parts] == ["q8"] * 3

@@ -26,7 +26,7 @@ from prefill.engine.prompt import check_prompt, check_text
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
 from prefill.engine.runner import ModelRunner, torch_dtype
 from prefill.engine.sampling import SamplingParams
-from prefill.engine.weights import storage_of, stored_bytes_per_weight, weights_path
+from prefill.engine.weights import main_type, storage_of, stored_bytes_per_weight, weights_path
 from prefill.errors import BadInput
 from prefill.loading import load_model_files
 from prefill.loading.resolve import model_path
@@ -290,7 +290,7 @@ class Engine:
 
         b = self.model.layers[0]
         weights = (b.wqkv.weight, b.wo.weight, b.w_gate_up.weight, b.w_down.weight, self.model.unembed_weight())
-        return {shape_key(w.K, w.N): kernel_name(w.qtype, w.activations) for w in weights if hasattr(w, "qtype")}
+        return {shape_key(w.K, w.N): kernel_name(main_type(w), w.activations) for w in weights if main_type(w)}
 
     @property
     def activations(self) -> str:

@@ -240,3 +240,14 @@ def stored_bytes_per_weight(model) -> float | None:
         return None
     nbytes = sum(w.nbytes if isinstance(w, QuantWeight | QuantRows) else w.numel() * w.element_size() for w in mats)
     return nbytes / sum(w.shape[0] * w.shape[1] for w in mats)
+
+
+def main_type(w) -> str | None:
+    """The GGUF type whose kernel times a weight's product in the profile: a QuantWeight's own; QuantRows' type
+    of the most rows (a Q4_K_M file's Q/K/V: Q5_0 for Q and K, 1,280 of 1,536 rows, beside a Q8_0 V); None for a
+    dense weight."""
+    rows: dict[str, int] = {}
+    for part in getattr(w, "parts", (w,)):
+        if (qtype := getattr(part, "qtype", None)) is not None:
+            rows[qtype] = rows.get(qtype, 0) + part.N
+    return max(rows, key=rows.__getitem__) if rows else None
