@@ -244,10 +244,14 @@ def test_operators_pass_torch_opcheck():
     cos, sin = torch.randn(2, 3, 1, d), torch.randn(2, 3, 1, d)
     w_qkv, w_o = random_blocks("Q8_0", (H_q + 2 * H_kv) * d, D), random_blocks("Q4_1", D, H_q * d)
     w_gu, w_d = random_blocks("Q4_1", 2 * F_, D), random_blocks("Q4_0", D, F_)
+    qk, v = random_blocks("Q5_0", (H_q + H_kv) * d, D), random_blocks("Q8_0", H_kv * d, D)  # Q/K/V of two types
+    o, dn = torch.randn(6, H_q * d), torch.ones(d)
     qo = torch.ops.prefill_quant
     for op, args in (
-        (qo.pre_attention.default, (x, norm, 1e-5, w_qkv, 8, None, cos, sin, H_q, H_kv)),
-        (qo.post_attention.default, (x.view(6, D), torch.randn(6, H_q * d), w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2)),
+        (qo.pre_attention.default, (x, norm, 1e-5, [w_qkv], [8], None, cos, sin, H_q, H_kv, None, None)),
+        (qo.pre_attention.default, (x, norm, 1e-5, [qk, v], [6, 8], None, cos, sin, H_q, H_kv, dn, dn)),
+        (qo.post_attention.default, (x.view(6, D), o, w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2, None, None, False)),
+        (qo.post_attention.default, (x.view(6, D), o, w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2, norm, norm, True)),
         (qo.gemm.default, (torch.randn(5, D), w_gu, 3, 2 * F_, D)),
         (qo.dequant.default, (w_d, 2, D, F_)),
         (qo.pack.default, (w_gu, 3, 2 * F_, D)),
@@ -264,6 +268,7 @@ def test_cat_rows_keeps_q_k_v_of_two_types_as_blocks_part_by_part():
     parts = [QuantWeight(random_blocks(t, N, 96, seed), t, N, 96) for seed, (t, N) in enumerate(shapes)]
     w = cat_rows(parts)
     assert isinstance(w, QuantRows) and w.shape == (128, 96) and w.nbytes == sum(p.nbytes for p in parts)
+    assert [(p.qtype, p.N) for p in w.parts] == [("Q5_0", 96), ("Q8_0", 32)]  # Q and K one matrix
     ref_w = torch.cat([gguf_dequant(p.blocks, p.qtype, p.N, p.K) for p in parts])  # [128, 96]
     assert torch.equal(w.dequantize(), ref_w)
     x = torch.randn(3, 96, generator=torch.Generator().manual_seed(4))
@@ -272,4 +277,4 @@ def test_cat_rows_keeps_q_k_v_of_two_types_as_blocks_part_by_part():
     bound = ops.error_bound(x, magnitudes, ops.isa() if ops.available() else "scalar")
     assert ((got.double() - x.double() @ ref_w.double().T).abs() <= bound).all()
     w.activations = "q8"
-    assert [p.activations for p in parts] == ["q8"] * 3
+    assert [p.activations for p in w.parts] == ["q8"] * 2

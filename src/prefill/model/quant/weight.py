@@ -228,9 +228,15 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
 
 def cat_rows(parts: list) -> torch.Tensor | QuantWeight | QuantRows:
     """Fuse projections by rows: quantized parts of one type stay one matrix of blocks; quantized parts of
-    several types (Q4_K_M files: Q/K Q5_0, V Q8_0) stay blocks part by part (QuantRows); dense parts, or dense
-    and quantized together, are one float32 matrix."""
+    several types (Q4_K_M files: Q/K Q5_0, V Q8_0) stay blocks, neighbours of one type fused (QuantRows: Q and K
+    one matrix, V another); dense parts, or dense and quantized together, are one float32 matrix."""
     if all(isinstance(p, QuantWeight) for p in parts):
-        one_type = len({(p.qtype, p.K) for p in parts}) == 1
-        return QuantWeight.cat(parts) if one_type else QuantRows(tuple(parts))
+        runs: list[list[QuantWeight]] = []  # neighbours of one type fused: Q and K of Q5_0, then V of Q8_0
+        for p in parts:
+            if runs and (runs[-1][0].qtype, runs[-1][0].K) == (p.qtype, p.K):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        fused = [QuantWeight.cat(run) for run in runs]
+        return fused[0] if len(fused) == 1 else QuantRows(tuple(fused))
     return torch.cat([p.dequantize() if isinstance(p, QuantWeight) else p for p in parts])
