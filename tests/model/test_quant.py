@@ -195,7 +195,9 @@ def test_fused_rows_and_permuted_rows_stay_blocks():
     order = torch.randperm(16, generator=torch.Generator().manual_seed(0))
     assert torch.equal(fused.permute_rows(order).dequantize(), fused.dequantize()[order])
     mixed = cat_rows([a, QuantWeight(random_blocks("Q8_0", 6, K, 3), "Q8_0", 6, K)])  # Q4_K_M-style mixed types
-    assert isinstance(mixed, torch.Tensor) and mixed.shape == (16, K)
+    assert isinstance(mixed, QuantRows) and mixed.shape == (16, K)  # blocks still, part by part
+    with_dense = cat_rows([a, torch.zeros(6, K)])  # a dense part: one float32 matrix
+    assert isinstance(with_dense, torch.Tensor) and torch.equal(with_dense[:10], a.dequantize())
 
 
 def test_linear_on_quant_weight_keeps_leading_dims_and_bias():
