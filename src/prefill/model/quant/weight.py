@@ -161,18 +161,14 @@ class QuantRows:
     part into its columns, and the fused operators take the parts as a list (csrc/fused.cpp)."""
 
     parts: tuple[QuantWeight, ...]
+    N: int = field(init=False)  # the parts' rows together
+    K: int = field(init=False)
+    dtype = torch.float32  # what its products come out in
 
     def __post_init__(self) -> None:
         if len({p.K for p in self.parts}) != 1:
             raise ValueError("QuantRows needs parts of one width K")
-
-    @property
-    def N(self) -> int:
-        return sum(p.N for p in self.parts)
-
-    @property
-    def K(self) -> int:
-        return self.parts[0].K
+        self.N, self.K = sum(p.N for p in self.parts), self.parts[0].K
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -181,10 +177,6 @@ class QuantRows:
     @property
     def device(self) -> torch.device:
         return self.parts[0].device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float32
 
     @property
     def nbytes(self) -> int:
