@@ -83,7 +83,8 @@ def test_launch_overhead_dominates_a_tiny_model():
 def test_fused_blocks_launch_once_a_layer_for_decode_and_twice_plus_attention_for_a_short_prefill():
     """Blocks kept as GGUF blocks run as fused operators below `fused_below` tokens (prefill.model.quant.fused):
     a decode forward launches one operator a layer; a prefill one before attention and one after, plus the K/V
-    write's and attention's own; past fused_below, or for a family the operators do not cover, every launch."""
+    write's and attention's own; past fused_below, every launch. Every family's block: Gemma 3's q/k norms, its
+    norms after attention and the MLP and its GELU gate run inside the operators too."""
     fused = layout_for("float32", 0.625, gathers_kv=False, fused_below=1024)
     plain = layout_for("float32", 0.625, gathers_kv=False)
 
@@ -95,7 +96,7 @@ def test_fused_blocks_launch_once_a_layer_for_decode_and_twice_plus_attention_fo
     attention_and_kv_write = L * (1 + 4)
     assert launches(SMOLLM2, [Row(64)], fused) == 2 * L + attention_and_kv_write
     assert launches(SMOLLM2, [Row(2000)], fused) == launches(SMOLLM2, [Row(2000)], plain)
-    assert launches(GEMMA3, [Row(1, 64)], fused) == launches(GEMMA3, [Row(1, 64)], plain) > GEMMA3.L
+    assert launches(GEMMA3, [Row(1, 64)], fused) == GEMMA3.L < launches(GEMMA3, [Row(1, 64)], plain)
     # An operation inside another's launch costs no launch of its own, never a negative one (attention's rate
     # is measured here with its dispatch included): the fused decode step pays the L block launches, the
     # embedding's, the final norm's and the unembedding's.

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from prefill.costmodel.storage import GGUF_BLOCKS
-from prefill.model.quant import KERNEL_TYPES, QuantWeight, cat_rows, linear, ops
+from prefill.model.quant import KERNEL_TYPES, QuantRows, QuantWeight, cat_rows, linear, ops
 from quant_blocks import gguf_dequant, random_blocks, runnable, without_kernels
 
 
@@ -195,7 +195,9 @@ def test_fused_rows_and_permuted_rows_stay_blocks():
     order = torch.randperm(16, generator=torch.Generator().manual_seed(0))
     assert torch.equal(fused.permute_rows(order).dequantize(), fused.dequantize()[order])
     mixed = cat_rows([a, QuantWeight(random_blocks("Q8_0", 6, K, 3), "Q8_0", 6, K)])  # Q4_K_M-style mixed types
-    assert isinstance(mixed, torch.Tensor) and mixed.shape == (16, K)
+    assert isinstance(mixed, QuantRows) and mixed.shape == (16, K)  # blocks still, part by part
+    with_dense = cat_rows([a, torch.zeros(6, K)])  # a dense part: one float32 matrix
+    assert isinstance(with_dense, torch.Tensor) and torch.equal(with_dense[:10], a.dequantize())
 
 
 def test_linear_on_quant_weight_keeps_leading_dims_and_bias():
@@ -244,13 +246,37 @@ def test_operators_pass_torch_opcheck():
     cos, sin = torch.randn(2, 3, 1, d), torch.randn(2, 3, 1, d)
     w_qkv, w_o = random_blocks("Q8_0", (H_q + 2 * H_kv) * d, D), random_blocks("Q4_1", D, H_q * d)
     w_gu, w_d = random_blocks("Q4_1", 2 * F_, D), random_blocks("Q4_0", D, F_)
+    qk, v = random_blocks("Q5_0", (H_q + H_kv) * d, D), random_blocks("Q8_0", H_kv * d, D)  # Q/K/V of two types
+    o, dn = torch.randn(6, H_q * d), torch.ones(d)
     qo = torch.ops.prefill_quant
     for op, args in (
-        (qo.pre_attention.default, (x, norm, 1e-5, w_qkv, 8, None, cos, sin, H_q, H_kv)),
-        (qo.post_attention.default, (x.view(6, D), torch.randn(6, H_q * d), w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2)),
+        (qo.pre_attention.default, (x, norm, 1e-5, [w_qkv], [8], None, cos, sin, H_q, H_kv, None, None)),
+        (qo.pre_attention.default, (x, norm, 1e-5, [qk, v], [6, 8], None, cos, sin, H_q, H_kv, dn, dn)),
+        (qo.post_attention.default, (x.view(6, D), o, w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2, None, None, False)),
+        (qo.post_attention.default, (x.view(6, D), o, w_o, 3, norm, 1e-5, w_gu, 3, w_d, 2, norm, norm, True)),
         (qo.gemm.default, (torch.randn(5, D), w_gu, 3, 2 * F_, D)),
         (qo.dequant.default, (w_d, 2, D, F_)),
         (qo.pack.default, (w_gu, 3, 2 * F_, D)),
         (qo.gemm.default, (torch.randn(1, D), ops.pack(w_gu, "Q4_1", 2 * F_, D), 3 | ops.PACKED, 2 * F_, D)),
     ):
         torch.library.opcheck(op, args)
+
+
+def test_cat_rows_keeps_q_k_v_of_two_types_as_blocks_part_by_part():
+    """A Q4_K_M file's Q, K (Q5_0) and V (Q8_0) stay blocks, part by part (QuantRows), not one float32 matrix:
+    its bytes are the parts', its product each part's in its columns (within the kernels' bound of the float64
+    product on the gguf package's decoding), and an activation path set on it reaches every part."""
+    shapes = (("Q5_0", 64), ("Q5_0", 32), ("Q8_0", 32))
+    parts = [QuantWeight(random_blocks(t, N, 96, seed), t, N, 96) for seed, (t, N) in enumerate(shapes)]
+    w = cat_rows(parts)
+    assert isinstance(w, QuantRows) and w.shape == (128, 96) and w.nbytes == sum(p.nbytes for p in parts)
+    assert [(p.qtype, p.N) for p in w.parts] == [("Q5_0", 96), ("Q8_0", 32)]  # Q and K one matrix
+    ref_w = torch.cat([gguf_dequant(p.blocks, p.qtype, p.N, p.K) for p in parts])  # [128, 96]
+    assert torch.equal(w.dequantize(), ref_w)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(4))
+    got = linear(x, w)  # [3, 128]
+    magnitudes = torch.cat([ops.term_magnitudes(p.blocks, p.qtype, p.N, p.K) for p in parts])
+    bound = ops.error_bound(x, magnitudes, ops.isa() if ops.available() else "scalar")
+    assert ((got.double() - x.double() @ ref_w.double().T).abs() <= bound).all()
+    w.activations = "q8"
+    assert [p.activations for p in w.parts] == ["q8"] * 2

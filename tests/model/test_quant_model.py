@@ -1,6 +1,7 @@
-"""Whole models on GGUF blocks: a tiny Llama and a tiny Qwen2 (QKV bias) built from random blocks, through
-the fused block operators, the unfused functions and dense weights; and the embedded SmolLM2 file, native
-against float32."""
+"""Whole models on GGUF blocks: a tiny Llama, a tiny Qwen2 (QKV bias) and a tiny Gemma 3 (q/k norms, norms after
+attention and the MLP, GELU gate, a windowed layer; Q/K/V of two types as a Q4_K_M file holds them) built from
+random blocks, through the fused block operators, the unfused functions and dense weights; and the embedded
+SmolLM2 file, native against float32."""
 
 from __future__ import annotations
 
@@ -12,13 +13,20 @@ import torch
 from prefill.costmodel.specs import ModelSpec
 from prefill.engine import proofs
 from prefill.engine.llm import Engine
-from prefill.model.quant import QuantWeight, ops, set_activations
+from prefill.model.quant import QuantRows, QuantWeight, ops, set_activations
 from quant_blocks import random_blocks
 
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.")
 
 
 def tiny_spec(arch: str) -> ModelSpec:
+    spec = _tiny_llama(arch)
+    if arch == "gemma3":  # one windowed layer with its own rotary base, one global
+        return replace(spec, qk_norm=True, windows=(6, None), rope_local_theta=1_000.0, query_pre_attn_scalar=24.0)
+    return spec
+
+
+def _tiny_llama(arch: str) -> ModelSpec:
     return ModelSpec(
         f"tiny-{arch}",
         arch,
@@ -37,29 +45,33 @@ def tiny_spec(arch: str) -> ModelSpec:
     )
 
 
-QMAX = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15}  # the largest |q| of a type: weights of size 0.1 for every type
+QMAX = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15, "Q5_0": 16}  # the largest |q| of a type: weights of size 0.1 for every type
 
 
 def tiny_state_dict(spec: ModelSpec, qtype: str) -> dict:
+    """Random blocks of `qtype` ("Q5_0+Q8_0": V of the second type, the rest of the first), norms near 1."""
     g = torch.Generator().manual_seed(1)
     seed = iter(range(1000))
+    qtype, _, v_type = qtype.partition("+")
 
-    def q(N: int, K: int) -> QuantWeight:
-        return QuantWeight(random_blocks(qtype, N, K, next(seed), scale=0.1 / QMAX[qtype]), qtype, N, K)
+    def q(N: int, K: int, t: str = qtype) -> QuantWeight:
+        return QuantWeight(random_blocks(t, N, K, next(seed), scale=0.1 / QMAX[t]), t, N, K)
 
-    def norm() -> torch.Tensor:
-        return 1 + 0.1 * torch.randn(spec.d_model, generator=g)
+    def norm(n: int = spec.d_model) -> torch.Tensor:  # Gemma's loader adds 1 to its norms: near 1 either way
+        return (0.0 if spec.family.norm_plus_one else 1.0) + 0.1 * torch.randn(n, generator=g)
 
     D, F, kv = spec.d_model, spec.d_ff, spec.H_kv * spec.d_head
     sd = {"model.embed_tokens.weight": q(spec.vocab_size, D), "model.norm.weight": norm()}
     for i in range(spec.L):
         p = f"model.layers.{i}."
-        sd |= {p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm()}
+        sd |= {p + hf + ".weight": norm() for hf in spec.family.hf_norms.values()}
+        if spec.qk_norm:
+            sd |= {p + f"self_attn.{n}_norm.weight": norm(spec.d_head) for n in "qk"}
         sd |= {
-            p + "self_attn.q_proj.weight": q(D, D),
+            p + "self_attn.q_proj.weight": q(spec.H_q * spec.d_head, D),
             p + "self_attn.k_proj.weight": q(kv, D),
-            p + "self_attn.v_proj.weight": q(kv, D),
-            p + "self_attn.o_proj.weight": q(D, D),
+            p + "self_attn.v_proj.weight": q(kv, D, v_type or qtype),
+            p + "self_attn.o_proj.weight": q(D, spec.H_q * spec.d_head),
             p + "mlp.gate_proj.weight": q(F, D),
             p + "mlp.up_proj.weight": q(F, D),
             p + "mlp.down_proj.weight": q(D, F),
@@ -75,7 +87,9 @@ def dense(sd: dict) -> dict:
 
 
 @pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
-@pytest.mark.parametrize("arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("llama", "Q4_0")])
+@pytest.mark.parametrize(
+    "arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("llama", "Q4_0"), ("gemma3", "Q5_0+Q8_0")]
+)
 def test_tiny_model_on_blocks_equals_dense_fused_or_not(arch, qtype):
     spec = tiny_spec(arch)
     sd = tiny_state_dict(spec, qtype)
@@ -92,6 +106,29 @@ def test_tiny_model_on_blocks_equals_dense_fused_or_not(arch, qtype):
         assert float((logits["unfused"] - logits["dense"]).abs().max()) <= tol
     for check in proofs.parallel_vs_sequential(fused, ids) + proofs.chunked_vs_single(fused, ids, 4):
         assert check.ok, check
+
+
+def test_tiny_gemma_blocks_on_every_isa_within_rounding_of_dense(isa):
+    """Gemma's block in the fused operators on each instruction set (its GELU-tanh gate has a scalar and an AVX2
+    row kernel; the Q5_0 and Q8_0 products theirs): prefill and decode logits within the rounding tolerance of
+    the same model on the dense decoded weights, Q/K/V kept as blocks of two types, and the decode operator ran."""
+    spec = tiny_spec("gemma3")
+    sd = tiny_state_dict(spec, "Q5_0+Q8_0")
+    fused, ref = Engine.from_state_dict(spec, dict(sd)), Engine.from_state_dict(spec, dense(sd))
+    w = fused.model.layers[0].wqkv.weight
+    assert isinstance(w, QuantRows) and [(p.qtype, p.N) for p in w.parts] == [("Q5_0", 96), ("Q8_0", 32)]
+    ran = []
+    one = fused.model.kernels.decode_block
+    fused.model.kernels.decode_block = lambda *a: ran.append(y := one(*a)) or y
+    ids = [5, 17, 42, 99, 3, 150, 7, 64, 8]  # longer than layer 0's window of 6
+    logits = {}
+    for name, e in (("fused", fused), ("dense", ref)):
+        first, cache = e.prefill(ids, e.new_cache(len(ids) + 4))
+        steps = [e.decode_step(torch.tensor([t]), cache) for t in (4, 9, 11)]
+        logits[name] = torch.cat([first, *steps])  # [4, vocab]
+    assert sum(y is not None for y in ran) == 3 * spec.L
+    tol = proofs.rounding_tolerance(float(logits["dense"].abs().max()), spec, torch.float32)
+    assert float((logits["fused"] - logits["dense"]).abs().max()) <= tol
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +187,7 @@ def test_native_needs_a_quantized_file(tmp_path):
 
 
 @pytest.mark.skipif(not ops.available(), reason="the quantized kernels are not built")
-@pytest.mark.parametrize("arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0")])
+@pytest.mark.parametrize("arch, qtype", [("llama", "Q4_1"), ("qwen2", "Q8_0"), ("gemma3", "Q5_0+Q8_0")])
 @pytest.mark.parametrize(
     "path, kv", [("f32", "float32"), ("q8", "float32"), ("f32", "bfloat16"), ("f32", "float16"), ("f32", "q8_0")]
 )

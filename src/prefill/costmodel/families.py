@@ -93,12 +93,6 @@ class Family:
     supported: bool = True
 
     @property
-    def llama_block(self) -> bool:
-        """A block of two norms, SiLU gate and no q/k norm: the layout the engine's fused block operators cover
-        (prefill.model.quant.fused), which the time model counts as one launch each."""
-        return not self.post_norms and not self.qk_norm and self.activation == "silu"
-
-    @property
     def gguf_layer_names(self) -> dict[str, str]:
         """GGUF tensor names inside a block -> Hugging Face names inside a layer."""
         return {**_GGUF_PROJECTIONS, **self.gguf_norms}

@@ -144,7 +144,7 @@ def layer_ops(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> list[Op]:
     if spec.qk_norm:
         ops.append(_stream("norm", M * (H_q + H_kv) * dh, lay, L))
     ops += attention_ops(spec, rows, lay, H_q, H_kv)
-    if fuses(spec, rows, lay):
+    if fuses(rows, lay):
         ops = fused_launches(ops, decode=all(r.new == 1 for r in rows))
     if T > 1:  # two all-reduces of the [M, d_model] activations per layer (after attention, after the MLP)
         ring = 2 * (T - 1) / T * M * d * lay.act_bytes
@@ -157,9 +157,11 @@ def gpu_heads(spec: ModelSpec, T: int) -> tuple[int, int]:
     return spec.H_q // T, math.ceil(spec.H_kv / T)
 
 
-def fuses(spec: ModelSpec, rows: Sequence[Row], lay: Layout) -> bool:
-    """Whether a forward of `rows` runs each block as the fused operators (fused_launches)."""
-    return 0 < sum(r.new for r in rows) < lay.fused_below and spec.family.llama_block
+def fuses(rows: Sequence[Row], lay: Layout) -> bool:
+    """Whether a forward of `rows` runs each block as the fused operators (fused_launches): below the layout's
+    fused_below tokens, in every family (the operators take the q/k norms, the norms after attention and the
+    MLP, and the GELU gate as arguments)."""
+    return 0 < sum(r.new for r in rows) < lay.fused_below
 
 
 # The layer's operations inside the fused operators (prefill.model.quant.fused): pre_attention holds the norm,

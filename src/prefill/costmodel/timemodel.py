@@ -249,7 +249,7 @@ class StepModel:
         is one batched operation a layer (a GPU engine's layout) every other operation depends on the step's
         tokens, unembedded positions and whether it decodes only: those are timed once per such step and
         remembered, and only attention is built and timed at each step."""
-        if not self.layout.batched_attention or fuses(self.spec, rows, self.layout):
+        if not self.layout.batched_attention or fuses(rows, self.layout):
             return self.predict(rows).seconds
         key = (sum(r.new for r in rows), sum(r.logits for r in rows), all(r.new == 1 for r in rows))
         if key not in self._steps:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from prefill.costmodel import costs, storage, timemodel
+from prefill.costmodel import costs, timemodel
 from prefill.costmodel.gguf_file import reading_once
 from prefill.costmodel.kv_store import DEFAULT_STORE_MB as DEFAULT_KV_STORE_MB
 from prefill.costmodel.ops import Layout, Row
@@ -26,7 +26,7 @@ from prefill.engine.prompt import check_prompt, check_text
 from prefill.engine.request import Failed, Generation, Request, TokenEvent
 from prefill.engine.runner import ModelRunner, torch_dtype
 from prefill.engine.sampling import SamplingParams
-from prefill.engine.weights import storage_of, weights_path
+from prefill.engine.weights import main_type, storage_of, stored_bytes_per_weight, weights_path
 from prefill.errors import BadInput
 from prefill.loading import load_model_files
 from prefill.loading.resolve import model_path
@@ -290,7 +290,7 @@ class Engine:
 
         b = self.model.layers[0]
         weights = (b.wqkv.weight, b.wo.weight, b.w_gate_up.weight, b.w_down.weight, self.model.unembed_weight())
-        return {shape_key(w.K, w.N): kernel_name(w.qtype, w.activations) for w in weights if hasattr(w, "qtype")}
+        return {shape_key(w.K, w.N): kernel_name(main_type(w), w.activations) for w in weights if main_type(w)}
 
     @property
     def activations(self) -> str:
@@ -318,11 +318,11 @@ class Engine:
 
     def layout(self) -> Layout:
         """How this engine stores and runs the model, for the time model: the weights' bytes as stored (GGUF
-        blocks kept native: their bits / 8), attention reading each row's K/V in place in the pool, and where its
-        blocks run as fused operators (below the prompt length that makes float32 copies of the blocks)."""
+        blocks kept native: the mean over the matrices a step reads), attention reading each row's K/V in place
+        in the pool, and where its blocks run as fused operators (below the prompt length that makes float32
+        copies of the blocks)."""
         w = self.model.layers[0].wqkv.weight
-        qtype = getattr(w, "qtype", None)  # a QuantWeight's GGUF type
-        weights = storage.bytes_per_weight(qtype) if qtype else None
+        weights = stored_bytes_per_weight(self.model)  # None: dense, the engine's dtype
         fused = (w.dense_min_m or 2**62) if self.model.kernels.decode_block is not None else 0  # 0: never dense
         kv = self.kv_dtype_name
         return timemodel.layout_for(self.dtype_name, weights, gathers_kv=False, fused_below=fused, kv=kv)

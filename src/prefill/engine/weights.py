@@ -215,13 +215,39 @@ def resolve_path(
 
 def storage_of(model) -> str:
     """What a loaded model's matrices are stored as: "Q4_1 + Q8_0" (their GGUF types), or the dense dtype."""
-    from prefill.model.quant import QuantWeight
+    from prefill.model.quant import QuantRows, QuantWeight
 
     types: dict[str, None] = {}
     for module in model.modules():
         w = getattr(module, "weight", None)
-        if isinstance(w, QuantWeight):
-            types[w.qtype] = None
+        for part in w.parts if isinstance(w, QuantRows) else (w,):
+            if isinstance(part, QuantWeight):
+                types[part.qtype] = None
     if types:
         return " + ".join(types)
     return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def stored_bytes_per_weight(model) -> float | None:
+    """Bytes a decode step reads per weight of the matrices it multiplies (every block's projections and the
+    unembedding), as stored: a Q4_K_M file mixes Q4_K, Q5_0, Q6_K and a Q8_0 unembedding, so the mean over
+    their bytes, not one type's. None when no matrix is quantized (the weights are the engine's dtype)."""
+    from prefill.model.quant import QuantRows, QuantWeight
+
+    mats = [m.weight for blk in model.layers for m in (blk.wqkv, blk.wo, blk.w_gate_up, blk.w_down)]
+    mats.append(model.unembed_weight())
+    if not any(isinstance(w, QuantWeight | QuantRows) for w in mats):
+        return None
+    nbytes = sum(w.nbytes if isinstance(w, QuantWeight | QuantRows) else w.numel() * w.element_size() for w in mats)
+    return nbytes / sum(w.shape[0] * w.shape[1] for w in mats)
+
+
+def main_type(w) -> str | None:
+    """The GGUF type whose kernel times a weight's product in the profile: a QuantWeight's own; QuantRows' type
+    of the most rows (a Q4_K_M file's Q/K/V: Q5_0 for Q and K, 1,280 of 1,536 rows, beside a Q8_0 V); None for a
+    dense weight."""
+    rows: dict[str, int] = {}
+    for part in getattr(w, "parts", (w,)):
+        if (qtype := getattr(part, "qtype", None)) is not None:
+            rows[qtype] = rows.get(qtype, 0) + part.N
+    return max(rows, key=rows.__getitem__) if rows else None

@@ -150,7 +150,6 @@ class Block(nn.Module):
         self.H_q, self.H_kv, self.eps, self.kernels = spec.H_q, spec.H_kv, spec.norm_eps, kernels
         self.window, self.scale = spec.windows[layer], spec.attention_scale
         self.gelu = family.activation == "gelu_tanh"
-        self.llama_block = family.llama_block  # the fused operators cover it (prefill.model.quant.fused)
         qkv_out = (spec.H_q + 2 * spec.H_kv) * spec.d_head
         self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.wqkv = nn.Linear(spec.d_model, qkv_out, bias=spec.qkv_bias)  # Q, K and V in one GEMM

@@ -3,9 +3,10 @@ for blocks whose projections are GGUF blocks: a decode step then pays 2 dispatch
 small torch ops, which on a CPU cost as much as the layer's GEMMs. A forward of decode rows only goes further:
 `decode_block` runs the whole block, attention over the pool included, as one operator (bitwise the same).
 
-Same signatures, same arithmetic (csrc/fused.cpp); `install(model)` puts them in the model's Kernels. Blocks
-the operators do not cover (dense weights, Qwen3's q/k norm, Gemma's extra norms and GELU gate) and prompts
-long enough for the float32 copy (QuantWeight.uses_dense) run the model's own functions unchanged.
+Same signatures, same arithmetic (csrc/fused.cpp), every family's block: Qwen3's and Gemma's q/k norms, Gemma's
+norms after attention and the MLP and its GELU-tanh gate are arguments. `install(model)` puts them in the model's
+Kernels. Dense weights and prompts long enough for the float32 copy (QuantWeight.uses_dense) run the model's own
+functions unchanged.
 """
 
 from __future__ import annotations
@@ -15,18 +16,24 @@ from typing import NamedTuple
 import torch
 
 from prefill.model.quant import ops
-from prefill.model.quant.weight import QuantWeight, linear
+from prefill.model.quant.weight import QuantRows, QuantWeight, linear
 
 
 def _native(w, rows: int) -> bool:
-    return isinstance(w, QuantWeight) and not w.uses_dense(rows)
+    return isinstance(w, QuantWeight | QuantRows) and not w.uses_dense(rows)
+
+
+def _qkv(w) -> tuple[list[torch.Tensor], list[int]]:
+    """The Q/K/V weight as the operators take it: its blocks and type ids, one matrix or part by part."""
+    parts = w.parts if isinstance(w, QuantRows) else (w,)
+    return [p.blocks for p in parts], [p.type_id for p in parts]
 
 
 class BlockArgs(NamedTuple):
     """A block's arguments of decode_block that no step changes."""
 
-    head: tuple  # attention norm, eps, Q/K/V blocks, type, bias
-    tail: tuple  # W_o blocks, type, MLP norm, gate/up blocks, type, down blocks, type
+    head: tuple  # attention norm, eps, Q/K/V blocks, types, bias
+    tail: tuple  # W_o blocks, type, MLP norm, gate/up blocks, type, down blocks, type, q/k norms, post norms, gelu
     H_q: int
     H_kv: int
     scale: float
@@ -37,11 +44,12 @@ class BlockArgs(NamedTuple):
 def _block_arguments(blk) -> BlockArgs | None:
     """The block's fixed arguments, or None when the operator does not cover it."""
     weights = (blk.wqkv.weight, blk.wo.weight, blk.w_gate_up.weight, blk.w_down.weight)
-    if not (blk.llama_block and all(isinstance(w, QuantWeight) for w in weights)):
+    if not all(isinstance(w, QuantWeight | QuantRows) for w in weights):
         return None
     w_qkv, w_o, w_gu, w_down = weights
-    head = (blk.attn_norm.weight, blk.eps, w_qkv.blocks, w_qkv.type_id, blk.wqkv.bias)
+    head = (blk.attn_norm.weight, blk.eps, *_qkv(w_qkv), blk.wqkv.bias)
     tail = (w_o.blocks, w_o.type_id, blk.mlp_norm.weight, w_gu.blocks, w_gu.type_id, w_down.blocks, w_down.type_id)
+    tail += (*(_weight(n) for n in (blk.q_norm, blk.k_norm, blk.attn_post_norm, blk.mlp_post_norm)), blk.gelu)
     dense_from = min(w.dense_min_m if w.dense_min_m > 0 else 2**62 for w in weights)
     return BlockArgs(head, tail, blk.H_q, blk.H_kv, blk.scale, weights, dense_from)
 
@@ -50,7 +58,7 @@ def install(model) -> bool:
     """Swap the fused functions into `model.kernels` when its blocks hold GGUF blocks and the kernels are built;
     returns whether it did."""
     blk = model.layers[0]
-    if not (isinstance(blk.wqkv.weight, QuantWeight) and ops.available()):
+    if not (isinstance(blk.wqkv.weight, QuantWeight | QuantRows) and ops.available()):
         return False
     from prefill.model import transformer
 
@@ -65,11 +73,11 @@ def _fused_qkv_rotary(eager_qkv):
 
     def qkv_rotary(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv, lin=None):
         B, P, _ = x.shape
-        if q_norm_w is not None or x.dtype != torch.float32 or not _native(w_qkv, B * P):
+        if x.dtype != torch.float32 or not _native(w_qkv, B * P):
             return eager_qkv(x, norm_w, eps, w_qkv, b_qkv, q_norm_w, k_norm_w, cos, sin, H_q, H_kv, lin or linear)
         # q [B, H_q, P, d_head], k, v [B, H_kv, P, d_head]
         return torch.ops.prefill_quant.pre_attention(
-            x, norm_w, eps, w_qkv.blocks, w_qkv.type_id, b_qkv, cos, sin, H_q, H_kv
+            x, norm_w, eps, *_qkv(w_qkv), b_qkv, cos, sin, H_q, H_kv, q_norm_w, k_norm_w
         )
 
     return qkv_rotary
@@ -80,8 +88,7 @@ def _fused_out_and_mlp(eager_out):
 
     def out_and_mlp(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w=None, post_mlp_w=None, gelu=False, lin=None):
         B, H_q, P, d = o.shape
-        simple = post_attn_w is None and post_mlp_w is None and not gelu
-        if not (simple and all(_native(w, B * P) for w in (w_o, w_gate_up, w_down))):
+        if not all(_native(w, B * P) for w in (w_o, w_gate_up, w_down)):
             return eager_out(x, o, w_o, norm_w, eps, w_gate_up, w_down, post_attn_w, post_mlp_w, gelu, lin or linear)
         D = x.shape[-1]
         return torch.ops.prefill_quant.post_attention(
@@ -95,6 +102,9 @@ def _fused_out_and_mlp(eager_out):
             w_gate_up.type_id,
             w_down.blocks,
             w_down.type_id,
+            post_attn_w,
+            post_mlp_w,
+            gelu,
         ).view(B, P, D)
 
     return out_and_mlp
@@ -143,3 +153,7 @@ def _fused_decode_block():
         return out.view(1, N, -1)  # [1, N, d_model]
 
     return decode_block
+
+
+def _weight(norm) -> torch.Tensor | None:
+    return None if norm is None else norm.weight

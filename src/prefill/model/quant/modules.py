@@ -15,16 +15,18 @@ from torch import nn
 
 from prefill.errors import ModelFileError
 from prefill.model.quant.activations import check
-from prefill.model.quant.weight import QuantWeight
+from prefill.model.quant.weight import QuantRows, QuantWeight
 
 
 class QuantLinear(nn.Module):
-    """y = x W^T + b with W a QuantWeight [N, K] (b dense, optional)."""
+    """y = x W^T + b with W a QuantWeight or QuantRows [N, K] (b dense, optional)."""
 
-    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
+    def __init__(self, weight: QuantWeight | QuantRows, bias: torch.Tensor | None = None):
         super().__init__()
         self.weight = weight
-        self.register_buffer("blocks", weight.blocks, persistent=False)  # so .to() / memory reports see it
+        parts = weight.parts if isinstance(weight, QuantRows) else (weight,)
+        for i, part in enumerate(parts):  # so .to() / memory reports see them
+            self.register_buffer("blocks" if i == 0 else f"blocks{i}", part.blocks, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,9 +48,10 @@ class QuantEmbedding(nn.Module):
 
 def place_weight(owner: nn.Module, name: str, value, put: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
     """Load `value` as the weight of `owner.<name>` (an nn.Linear or nn.Embedding): a dense tensor through
-    `put` into the existing parameter, a QuantWeight by replacing the module (a linear's bias is kept)."""
+    `put` into the existing parameter, a QuantWeight or QuantRows by replacing the module (a linear's bias is
+    kept)."""
     module = getattr(owner, name)
-    if not isinstance(value, QuantWeight):
+    if not isinstance(value, QuantWeight | QuantRows):
         put(module.weight, value)
         return
     if tuple(module.weight.shape) != value.shape:

@@ -67,7 +67,7 @@ def _register_fakes() -> None:
         return torch.empty_like(w)
 
     @torch.library.register_fake("prefill_quant::pre_attention")
-    def _(x, norm_w, eps, w, qtype, bias, cos, sin, H_q, H_kv):
+    def _(x, norm_w, eps, w, qtypes, bias, cos, sin, H_q, H_kv, q_norm, k_norm):
         B, P, _ = x.shape
         d = cos.shape[-1]
         return x.new_empty(B, H_q, P, d), x.new_empty(B, H_kv, P, d), x.new_empty(B, H_kv, P, d)
@@ -77,7 +77,7 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape)
 
     @torch.library.register_fake("prefill_quant::post_attention")
-    def _(x, o, w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type):
+    def _(x, o, w_o, o_type, norm_w, eps, w_gate_up, gu_type, w_down, down_type, post_attn, post_mlp, gelu):
         return x.new_empty(x.shape)
 
 

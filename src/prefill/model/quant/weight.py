@@ -154,17 +154,81 @@ class QuantWeight:
         return replace(parts[0], blocks=torch.cat([p.blocks for p in parts]), N=sum(p.N for p in parts), dense=None)
 
 
+@dataclass(eq=False)
+class QuantRows:
+    """Weights of different GGUF types stacked by rows into one [N, K] (a Q4_K_M file's Q/K/V: Q5_0, Q5_0 and
+    Q8_0, since rows of blocks fuse only within one type), each part kept as its blocks: a product runs part by
+    part into its columns, and the fused operators take the parts as a list (csrc/fused.cpp)."""
+
+    parts: tuple[QuantWeight, ...]
+    N: int = field(init=False)  # the parts' rows together
+    K: int = field(init=False)
+    dtype = torch.float32  # what its products come out in
+
+    def __post_init__(self) -> None:
+        if len({p.K for p in self.parts}) != 1:
+            raise ValueError("QuantRows needs parts of one width K")
+        self.N, self.K = sum(p.N for p in self.parts), self.parts[0].K
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.N, self.K)
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def activations(self) -> str:
+        return self.parts[0].activations
+
+    @activations.setter
+    def activations(self, path: str) -> None:
+        for p in self.parts:
+            p.activations = path
+
+    @property
+    def dense_min_m(self) -> int:
+        return self.parts[0].dense_min_m
+
+    def uses_dense(self, M: int) -> bool:
+        """True when a product of M rows runs any part over its float32 copy (QuantWeight.uses_dense)."""
+        return any([p.uses_dense(M) for p in self.parts])  # each part asked: each makes its copy alike
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])  # [N, K]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] float32 -> [..., N] float32: each part's product in its columns."""
+        return torch.cat([p.matmul(x) for p in self.parts], dim=-1)
+
+    def pack(self) -> QuantRows:
+        return QuantRows(tuple(p.pack() for p in self.parts))
+
+
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for a dense weight [N, K] or a QuantWeight: x [..., K] -> [..., N]."""
+    """F.linear for a dense weight [N, K], a QuantWeight or QuantRows: x [..., K] -> [..., N]."""
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, b)
     y = w.matmul(x)
     return y if b is None else y + b
 
 
-def cat_rows(parts: list) -> torch.Tensor | QuantWeight:
-    """Fuse projections by rows: quantized parts of one type stay blocks; anything else (mixed types, as in
-    Q4_K_M files whose V is Q6_K, or dense parts) is decoded to one float32 matrix."""
-    if all(isinstance(p, QuantWeight) for p in parts) and len({(p.qtype, p.K) for p in parts}) == 1:
-        return QuantWeight.cat(parts)
+def cat_rows(parts: list) -> torch.Tensor | QuantWeight | QuantRows:
+    """Fuse projections by rows: quantized parts of one type stay one matrix of blocks; quantized parts of
+    several types (Q4_K_M files: Q/K Q5_0, V Q8_0) stay blocks, neighbours of one type fused (QuantRows: Q and K
+    one matrix, V another); dense parts, or dense and quantized together, are one float32 matrix."""
+    if all(isinstance(p, QuantWeight) for p in parts):
+        runs: list[list[QuantWeight]] = []  # neighbours of one type fused: Q and K of Q5_0, then V of Q8_0
+        for p in parts:
+            if runs and (runs[-1][0].qtype, runs[-1][0].K) == (p.qtype, p.K):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        fused = [QuantWeight.cat(run) for run in runs]
+        return fused[0] if len(fused) == 1 else QuantRows(tuple(fused))
     return torch.cat([p.dequantize() if isinstance(p, QuantWeight) else p for p in parts])

@@ -1,4 +1,4 @@
-// Row-wise work of a decoder block around its GEMMs, in float32: RMSNorm, rotary, SiLU-gated product.
+// Row-wise work of a decoder block around its GEMMs, in float32: RMSNorm, rotary, SiLU- and GELU-gated products.
 // Each comes in a portable form and, where it pays, an AVX2 form; both round as the torch ops they replace do
 // (no fused multiply-adds: the library is built with -ffp-contract=off), up to the exp() inside SiLU.
 #pragma once
@@ -41,6 +41,18 @@ inline void silu_mul_row_scalar(const float* gate, const float* up, int64_t F, f
   for (int64_t i = 0; i < F; i++) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// GELU's tanh form (Gemma): 0.5 g (1 + tanh(u)), u = sqrt(2 / pi) (g + 0.044715 g^3), written as g / (1 + exp(-2u))
+// (the same function: 1 + tanh(u) = 2 / (1 + exp(-2u))), which keeps a few ulps where 1 + tanh(u) cancels (g
+// very negative) and shares SiLU's exp.
+constexpr float GELU_C = 0.7978845608028654f, GELU_A = 0.044715f;
+
+inline void gelu_mul_row_scalar(const float* gate, const float* up, int64_t F, float* out) {
+  for (int64_t i = 0; i < F; i++) {
+    const float g = gate[i], u = GELU_C * (g + GELU_A * (g * g * g));
+    out[i] = g / (1.0f + std::exp(-2.0f * u)) * up[i];
+  }
+}
+
 #if defined(__x86_64__) || defined(_M_X64)
 // exp(x) for 8 lanes, Cephes' single-precision polynomial (about 1 ulp on the range SiLU uses).
 PQ_AVX2_EW inline __m256 exp8(__m256 x) {
@@ -70,6 +82,21 @@ PQ_AVX2_EW inline void silu_mul_row_avx2(const float* gate, const float* up, int
     _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
   }
   silu_mul_row_scalar(gate + i, up + i, F - i, out + i);
+}
+
+// out = gelu_tanh(gate) * up, as gelu_mul_row_scalar (exp8 for exp: the two differ by an ulp or two).
+PQ_AVX2_EW inline void gelu_mul_row_avx2(const float* gate, const float* up, int64_t F, float* out) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), c = _mm256_set1_ps(GELU_C), a = _mm256_set1_ps(GELU_A);
+  const __m256 minus2 = _mm256_set1_ps(-2.0f);
+  for (; i + 8 <= F; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 u = _mm256_mul_ps(c, _mm256_add_ps(g, _mm256_mul_ps(a, cube)));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_mul_ps(minus2, u))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+  gelu_mul_row_scalar(gate + i, up + i, F - i, out + i);
 }
 #endif
 

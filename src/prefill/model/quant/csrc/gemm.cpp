@@ -374,14 +374,16 @@ std::string set_isa(const std::string& name) {
 
 TORCH_LIBRARY(prefill_quant, m) {
   m.def("gemm(Tensor x, Tensor w, int qtype, int n, int k) -> Tensor");
-  m.def("pre_attention(Tensor x, Tensor norm_w, float eps, Tensor w, int qtype, Tensor? bias, Tensor cos, "
-        "Tensor sin, int H_q, int H_kv) -> (Tensor, Tensor, Tensor)");
+  m.def("pre_attention(Tensor x, Tensor norm_w, float eps, Tensor[] w, int[] qtypes, Tensor? bias, Tensor cos, "
+        "Tensor sin, int H_q, int H_kv, Tensor? q_norm, Tensor? k_norm) -> (Tensor, Tensor, Tensor)");
   m.def("post_attention(Tensor x, Tensor o, Tensor w_o, int o_type, Tensor norm_w, float eps, Tensor w_gate_up, "
-        "int gate_up_type, Tensor w_down, int down_type) -> Tensor");
-  m.def("decode_block(Tensor x, Tensor norm1, float eps, Tensor w_qkv, int qkv_type, Tensor? bias, Tensor cos, "
+        "int gate_up_type, Tensor w_down, int down_type, Tensor? post_attn_norm, Tensor? post_mlp_norm, "
+        "bool gelu) -> Tensor");
+  m.def("decode_block(Tensor x, Tensor norm1, float eps, Tensor[] w_qkv, int[] qkv_types, Tensor? bias, Tensor cos, "
         "Tensor sin, int H_q, int H_kv, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor slots, Tensor table, "
         "Tensor first_block, Tensor first, Tensor end, int block_size, float scale, Tensor w_o, int o_type, "
-        "Tensor norm2, Tensor w_gate_up, int gate_up_type, Tensor w_down, int down_type) -> Tensor");
+        "Tensor norm2, Tensor w_gate_up, int gate_up_type, Tensor w_down, int down_type, Tensor? q_norm, "
+        "Tensor? k_norm, Tensor? post_attn_norm, Tensor? post_mlp_norm, bool gelu) -> Tensor");
   m.def("dequant(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("pack(Tensor w, int qtype, int n, int k) -> Tensor");
   m.def("set_isa(str isa) -> str", &prefill_quant::set_isa);  // no tensors: one kernel for every backend

@@ -304,7 +304,7 @@ PQ_K512 inline void q6k_block_avx512(const uint8_t* blk, const SplitX* sx, int64
 }
 
 // A Q5 block's 32 weights as the 32 int16 of a register: the nibbles in weight order, 16 added where the
-// block's word has the weight's bit (the word is the lane mask), less 16 for Q5_0.
+// block's word has the weight's bit (the word is the lane mask), less 16 for Q5_0 (16 taken where it has not).
 template <int64_t T, int R>
 PQ_K512 inline void q5_block_avx512(const uint8_t* blk, const SplitX* sx, int64_t b, __m512 acc[R], float offs[R]) {
   constexpr int OFF = T == Q5_1 ? 4 : 2;
@@ -314,9 +314,10 @@ PQ_K512 inline void q5_block_avx512(const uint8_t* blk, const SplitX* sx, int64_
   const __m128i m4 = _mm_set1_epi8(0x0f);
   const __m256i nib = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, m4)),
                                               _mm_and_si128(_mm_srli_epi16(qs, 4), m4), 1);
-  const __m512i k16 = _mm512_set1_epi16(16);
-  __m512i q = _mm512_mask_add_epi16(_mm512_cvtepu8_epi16(nib), (__mmask32)qh, _mm512_cvtepu8_epi16(nib), k16);
-  if constexpr (T == Q5_0) q = _mm512_sub_epi16(q, k16);
+  const __m512i k16 = _mm512_set1_epi16(16), n = _mm512_cvtepu8_epi16(nib);
+  // Q5_1: q = n + 16 where the bit is set; Q5_0: q - 16 = n - 16 where it is clear (one masked op either way)
+  const __m512i q = T == Q5_0 ? _mm512_mask_sub_epi16(n, (__mmask32)~qh, n, k16)
+                              : _mm512_mask_add_epi16(n, (__mmask32)qh, n, k16);
   const float d = avx2::half_at(blk);
   for (int r = 0; r < R; r++) {
     const __m512 p = limb_dot512(q, sx[r].h + 32 * b, sx[r].l + 32 * b);
