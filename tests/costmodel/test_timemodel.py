@@ -105,6 +105,26 @@ def test_fused_blocks_launch_once_a_layer_for_decode_and_twice_plus_attention_fo
     assert p_fused.parts()["overhead"] == pytest.approx((L + outside) * 1e-4)
 
 
+@pytest.mark.parametrize("spec", [SMOLLM2, GEMMA3], ids=["smollm2", "gemma3"])  # gemma: two windows a step
+def test_a_cpu_step_models_seconds_are_predict_steps_exactly(spec):
+    """StepModel.seconds on a CPU layout (attention one operation a row, blocks fused below fused_below tokens)
+    remembers every operation but attention by the step's shape and gives predict's seconds to the last bit:
+    fused decode steps, fused and unfused prefills, mixed steps, a scoring row."""
+    import random
+
+    from prefill.costmodel.timemodel import StepModel
+
+    lay = layout_for("float32", 0.625, gathers_kv=False, fused_below=1024)
+    model = StepModel(spec, flat(overhead=2e-6), lay)
+    rng = random.Random(0)
+    shapes = [[Row(1, c) for c in (10, 5000)], [Row(512, 0)], [Row(2000, 100)], [Row(64, 100, logits=64), Row(1, 50)]]
+    shapes += [[Row(1, rng.randint(1, 4000)) for _ in range(rng.randint(1, 16))] for _ in range(30)]
+    shapes += [[Row(1, 900), Row(rng.randint(2, 1500), rng.randint(0, 900))] for _ in range(20)]
+    for rows in shapes:
+        assert model.seconds(rows) == model.predict(rows).seconds, rows
+    assert len(model._steps) < len(shapes)  # shapes of one (tokens, unembedded, decode only) share their timing
+
+
 def test_flops_agree_with_the_cost_models_exact_count():
     # The GEMMs and attention of the time model are costs.prefill_flops_exact, less the norms' weights (which
     # N_non_embedding counts as multiply-adds).

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefill.costmodel.costs import canonical_dtype, dtype_bytes, kv_bytes_per_element
-from prefill.costmodel.ops import Layout, Op, Row, attention_ops, forward_ops, fuses, gpu_heads
+from prefill.costmodel.ops import Layout, Op, Row, attention_ops, forward_ops, fused_launches, fuses, gpu_heads
 from prefill.costmodel.profile import MachineProfile
 from prefill.costmodel.specs import ModelSpec
 
@@ -245,13 +245,12 @@ class StepModel:
         return Prediction(times, profile.step_overhead_s, 1, profile.name, wait, profile.overlap_launches)
 
     def seconds(self, rows: Sequence[Row]) -> float:
-        """Predicted seconds of one forward of `rows`: predict's, the same sum in the same order. Where attention
-        is one batched operation a layer (a GPU engine's layout) every other operation depends on the step's
-        tokens, unembedded positions and whether it decodes only: those are timed once per such step and
-        remembered, and only attention is built and timed at each step."""
-        if not self.layout.batched_attention or fuses(rows, self.layout):
-            return self.predict(rows).seconds
-        key = (sum(r.new for r in rows), sum(r.logits for r in rows), all(r.new == 1 for r in rows))
+        """Predicted seconds of one forward of `rows`: predict's, the same sum in the same order. Every operation
+        but attention depends on the step's tokens, unembedded positions and whether it decodes only (fusion
+        too: fuses() reads the tokens): those are timed once per such step and remembered, and only attention
+        (one batched operation a layer on a GPU engine, one a row on the CPU) is built and timed at each step."""
+        decode = all(r.new == 1 for r in rows)
+        key = (sum(r.new for r in rows), sum(r.logits for r in rows), decode)
         if key not in self._steps:
             ops = forward_ops(self.spec, rows, self.layout)
             resident, graphed = self._how(ops, rows)
@@ -261,6 +260,8 @@ class StepModel:
             self._steps[key] = (times[:at], times[at + n :], resident, graphed)
         before, after, resident, graphed = self._steps[key]
         attention = attention_ops(self.spec, rows, self.layout, *gpu_heads(self.spec, self.layout.tp))
+        if fuses(rows, self.layout):  # as layer_ops: a fused decode block launches its attention inside it
+            attention = fused_launches(attention, decode)
         times = (*before, *(op_time(o, self.profile, resident, graphed) for o in attention), *after)
         return self._prediction(times, graphed).seconds
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Query, Request
 
-from prefill.costmodel.ops import Row
 from prefill.costmodel.profile import MachineProfile
 from prefill.errors import BadInput
 from prefill.lesson.api import finite
@@ -28,7 +27,7 @@ from prefill.lesson.words import human
 from prefill.loadtest.client import PromptLengths
 from prefill.loadtest.report import summarize
 from prefill.plan.capacity import Workload
-from prefill.plan.simulate import SimRequest, simulate
+from prefill.plan.simulate import SimRequest, simulate, time_model_steps
 
 if TYPE_CHECKING:
     from prefill.lesson.state import LessonState
@@ -91,10 +90,7 @@ class SimulatedServer:
     def simulate(self, trace: list[SimRequest], profile: MachineProfile) -> Run:
         """The trace through the step loop with the server's sizes; each step's seconds from the time model."""
         lesson, engine, t = self.lesson, self.lesson.engine, time.perf_counter()
-
-        def step_seconds(rows: list[Row]) -> float:
-            return engine.predict_step(rows, profile).seconds
-
+        step_seconds = time_model_steps(engine.spec, profile, engine.layout())  # engine.predict_step's, remembered
         result = simulate(engine.spec, trace, step_seconds, lesson.pool_tokens, lesson.chunk_size, lesson.max_running)
         waits = tuple((r.start, r.first_content - r.start) for r in result.records if r.ok)
         return Run(summarize(result.records, result.wall_s), result.preemptions, time.perf_counter() - t, waits)
