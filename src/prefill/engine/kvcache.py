@@ -298,8 +298,7 @@ class SeqKV:
         """Bytes of K and V of the filled positions the sequence still holds, all layers (sizes read off the
         pool's tensors): every position in a full-attention layer; in a windowed layer, those of the blocks not
         yet trimmed (prefill.costmodel.costs.kv_cache_bytes_held is the formula)."""
-        n, bs = self.length, self.pool.block_size  # held_in_group(g), written out: each token's accept asks
-        return sum(b * (n - min(n, self.first[g] * bs)) for g, b in enumerate(self.pool.group_position_bytes))
+        return sum(b * self.held_in_group(g) for g, b in enumerate(self.pool.group_position_bytes))
 
     def reserved_bytes(self) -> int:
         """Bytes of the blocks this sequence holds (filled or not)."""

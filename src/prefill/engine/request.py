@@ -175,8 +175,7 @@ class Request:
 
     @property
     def prefilling(self) -> bool:
-        seq = self.seq  # cached_target, written out: the scheduler asks each row several times a step
-        return seq is not None and seq.length < len(self.prompt_ids) + max(0, len(self.gen.token_ids) - 1)
+        return self.seq is not None and self.seq.length < self.cached_target
 
     def all_ids(self) -> list[int]:
         """Prompt and generated tokens: position p holds all_ids()[p]."""
