@@ -87,12 +87,13 @@ class ServingPath:
 
 # The registry: every path the engine can serve on, in the order a tie goes (fewest bytes first).
 # A path auto takes must give one text alone, batched and after a prefix-cache hit (issue 51): two are run only
-# where asked, whatever their quality record says.
+# where asked, whatever their quality record says. 8-bit activations: the seed lesson's 612-token prompt changed
+# on its hit (tests/engine/test_cache_hit_greedy.py's, Zen 4); dense bfloat16: issue 42's prompts.
+CHANGES_ON_A_HIT = "its greedy text changes on a prefix-cache hit"
 PATHS = (
     ServingPath(NATIVE, "float32"),
-    # 8-bit activations: the seed lesson's 612-token prompt (tests/engine/test_cache_hit_greedy.py), Zen 4
-    ServingPath(NATIVE, "float32", "q8", only_asked="its greedy text changes on a prefix-cache hit"),
-    ServingPath("bfloat16", "bfloat16", only_asked="its greedy text changes on a prefix-cache hit"),  # issue 42
+    ServingPath(NATIVE, "float32", "q8", only_asked=CHANGES_ON_A_HIT),
+    ServingPath("bfloat16", "bfloat16", only_asked=CHANGES_ON_A_HIT),
     ServingPath("float32", "float32"),
 )
 # A reduced-precision path (or K/V dtype) is taken only where predicted to save this fraction of the exact one's

@@ -170,8 +170,8 @@ class Block(nn.Module):
             self.eps,
             self.wqkv.weight,
             self.wqkv.bias,
-            _weight(self.q_norm),
-            _weight(self.k_norm),
+            norm_weight(self.q_norm),
+            norm_weight(self.k_norm),
             cos,
             sin,
             self.H_q,
@@ -189,8 +189,8 @@ class Block(nn.Module):
             self.eps,
             self.w_gate_up.weight,
             self.w_down.weight,
-            _weight(self.attn_post_norm),
-            _weight(self.mlp_post_norm),
+            norm_weight(self.attn_post_norm),
+            norm_weight(self.mlp_post_norm),
             self.gelu,
             self.kernels.linear,
         )
@@ -203,7 +203,8 @@ class Block(nn.Module):
         return self.finish(x, attend(q, k, v, batch, layer, self.window, self.scale))
 
 
-def _weight(norm: RMSNorm | None) -> torch.Tensor | None:
+def norm_weight(norm: RMSNorm | None) -> torch.Tensor | None:
+    """A norm's weight, None where the block has no such norm (the operators' optional arguments)."""
     return None if norm is None else norm.weight
 
 

@@ -43,13 +43,16 @@ class BlockArgs(NamedTuple):
 
 def _block_arguments(blk) -> BlockArgs | None:
     """The block's fixed arguments, or None when the operator does not cover it."""
+    from prefill.model.transformer import norm_weight  # the model's own (it imports this package)
+
     weights = (blk.wqkv.weight, blk.wo.weight, blk.w_gate_up.weight, blk.w_down.weight)
     if not all(isinstance(w, QuantWeight | QuantRows) for w in weights):
         return None
     w_qkv, w_o, w_gu, w_down = weights
     head = (blk.attn_norm.weight, blk.eps, *_qkv(w_qkv), blk.wqkv.bias)
     tail = (w_o.blocks, w_o.type_id, blk.mlp_norm.weight, w_gu.blocks, w_gu.type_id, w_down.blocks, w_down.type_id)
-    tail += (*(_weight(n) for n in (blk.q_norm, blk.k_norm, blk.attn_post_norm, blk.mlp_post_norm)), blk.gelu)
+    norms = (blk.q_norm, blk.k_norm, blk.attn_post_norm, blk.mlp_post_norm)
+    tail += (*(norm_weight(n) for n in norms), blk.gelu)
     dense_from = min(w.dense_min_m if w.dense_min_m > 0 else 2**62 for w in weights)
     return BlockArgs(head, tail, blk.H_q, blk.H_kv, blk.scale, weights, dense_from)
 
@@ -153,7 +156,3 @@ def _fused_decode_block():
         return out.view(1, N, -1)  # [1, N, d_model]
 
     return decode_block
-
-
-def _weight(norm) -> torch.Tensor | None:
-    return None if norm is None else norm.weight
