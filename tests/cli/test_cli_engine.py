@@ -64,8 +64,16 @@ def test_verify_passes_without_reference():
         assert f"KV-cache bytes held vs formula ({kv} K/V)" in r.stdout
 
 
-def test_calibrate_probes_again_and_shows_the_profile():
+def test_calibrate_probes_again_and_shows_the_profile(monkeypatch):
+    """The probe, run by the command; `--json` prints the profile it saved (read back here in-process instead of
+    probing a second time: the printing is what that half checks)."""
     import json
+
+    from typer.testing import CliRunner
+
+    from prefill.cli.main import app
+    from prefill.device.cache import cache_dir
+    from prefill.machine import profiles
 
     r = cli("calibrate", "--model", "smollm2-135m", "--dtype", "float32", "--threads", "1")
     assert r.returncode == 0, r.stderr
@@ -73,8 +81,20 @@ def test_calibrate_probes_again_and_shows_the_profile():
     out = " ".join(r.stdout.split())  # the lines below the table wrap at its width
     for part in ("GEMM GFLOP/s by rows M", "K=576, N=3072", "K=1536, N=576", "one decode query", "saved in"):
         assert part in out, part
-    profile = json.loads(cli("calibrate", "--model", "smollm2-135m", "--dtype", "float32", "--json").stdout)
+    probe, asked = profiles.probe_profile, []
+
+    def saved(*args, refresh: bool = False, **kw):  # the profile the command above saved, from the cache
+        asked.append(refresh)
+        return probe(*args, **{**kw, "refresh": False, "max_age_s": None})
+
+    monkeypatch.setattr(profiles, "probe_profile", saved)
+    args = ("calibrate", "--model", "smollm2-135m", "--dtype", "float32", "--threads", "1", "--json")
+    printed = CliRunner().invoke(app, args)
+    assert printed.exit_code == 0 and asked[0] is True, printed.output  # the command asked for a fresh probe
+    profile = json.loads(printed.stdout)
     assert profile["dtype"] == "float32" and len(profile["gemm"]) == 5 and profile["bandwidth_bytes_per_s"] > 0
+    on_disk = json.loads((cache_dir() / profiles.PROFILE_FILE).read_text()).values()
+    assert profile["bandwidth_bytes_per_s"] in {e["bandwidth_bytes_per_s"] for e in on_disk}  # the one saved above
 
 
 def test_calibrate_refuses_bad_input_in_one_line():

@@ -1,7 +1,7 @@
 """Answers that do not depend on the batch or the cache: on every path `auto` can pick (prefill.machine.paths.PATHS
 with each K/V dtype --kv-dtype auto may store), under every instruction set the kernels run here, a request at
 temperature 0 gets the same greedy text alone, batched beside another, and again as a prefix-cache hit.
-The prompts: 612-token stretches of the seed lessons, the interactive lesson's among them (issue 51: on an
+The prompts: 356-token stretches of the seed lessons, the interactive lesson's among them (issue 51: on an
 AVX-512 Xeon its prefix hit changed the text at token 9 with 8-bit activations and float16 K/V): a cold run
 prefills them in three chunks, the last one partial, and a hit in one. Each path treats each row alone and sums
 in one order whatever the rows beside it, and every query reads K/V as the pool stores them, so a row's logits
@@ -22,7 +22,7 @@ from prefill.machine.paths import KV_AUTO, NATIVE, PATHS, path_blocker
 from prefill.model.quant import ops, set_activations
 
 SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"  # shared/ beside the checkout, as CI lays it
-CHUNK, NEW_TOKENS = 256, 24  # the server's default chunk: the hit's suffix is one chunk
+CHUNK, NEW_TOKENS = 128, 24  # half the server's default chunk (the same kernels, half the suite's time)
 PROMPT_TOKENS = 2 * CHUNK + 100  # two whole chunks and a partial one, so chunk and block boundaries differ
 # The kernels' vector instruction sets (ops.set_isa), best first. The scalar kernels take minutes a case on
 # these prompts; tests/model/test_quant.py checks them against both of these on every block type.

@@ -38,7 +38,8 @@ def browser():
 @pytest.fixture(scope="module", params=sorted(HEIGHTS, reverse=True), ids=lambda w: f"{w}px")
 def page(request, browser, url):
     """The page at 1280 px, then at 390 px, each fresh and kept for the module's tests in file order, with what
-    went wrong in the browser on `page.problems` (a refused input's own 400 line excepted: tests type some)."""
+    went wrong in the browser on `page.problems` (a refused input's own 400 line excepted: tests type some). A
+    test parametrized with `page` at [1280] alone (indirect: test_lesson_story.AT_1280) runs at that width only."""
     pg = browser.new_page(viewport={"width": request.param, "height": HEIGHTS[request.param]})
     pg.set_default_timeout(PAGE_TIMEOUT_MS)
     pg.problems = []

@@ -1,9 +1,9 @@
-"""The page's last details (issue #53), in Chromium at 1280 px and at 390 px: a step-through that never shows another
-prompt, the KV-store section's errors in the lesson's words, table-of-contents links that land, quizzes that do
-not hand out the answer, short "why" texts, displays that agree with each other, a phone without hover or sideways
-scrolling, and the next token's probabilities and prefill's GEMM on the real model's numbers. One server (the
-embedded model) and one browser for the module; each width gets its own fresh page, and its tests run in file
-order on it, as a student would use it; the last one checks that nothing failed in the browser."""
+"""The page's last details (issue #53), in Chromium at 1280 px and (what a phone changes) at 390 px: a step-through that
+never shows another prompt, the KV-store section's errors in the lesson's words, table-of-contents links that land,
+quizzes that do not hand out the answer, short "why" texts, displays that agree with each other, a phone without hover
+or sideways scrolling, and the next token's probabilities and prefill's GEMM on the real model's numbers. One server
+(the embedded model) and one browser for the module; each width gets its own fresh page, and its tests run in file order
+on it, as a student would use it; the last one checks that nothing failed in the browser."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_lesson_browser import full, wait_text
 from test_lesson_browser import text as shown
+from test_lesson_story import AT_1280
 from test_lesson_story import run_prompt as run_story_prompt
 
 from prefill.costmodel import costs
@@ -101,6 +102,7 @@ def test_the_kv_store_section_says_its_errors_in_the_lessons_words(page):
         page.wait_for_function("s => document.querySelector(s).textContent === ''", arg=status)
 
 
+@AT_1280
 def test_the_quizzes_give_a_hint_not_the_answer_and_agree_with_the_simulation(page):
     """Item 4: a wrong choice gets a hint, never the answer; the queueing answer quotes the page's simulation."""
     givers = {"kv": ("A", "268,435,456"), "intensity": ("B", "2 · N · P"), "load": ("A", "1 / (1 − ρ)")}
@@ -122,6 +124,7 @@ def test_the_quizzes_give_a_hint_not_the_answer_and_agree_with_the_simulation(pa
         assert f"{round(point['ttft_p50_s'] * 1e3):,} ms at {round(point['utilisation'] * 100)} %" in said, said
 
 
+@AT_1280
 def test_a_long_prompt_leaves_no_step_through_of_the_last_one(page):
     """Item 1: after a short prompt's steps, a 100-token prompt shows no controls, labels, rows or KV strip."""
     run_prompt(page, "AI is fast", 2)
@@ -168,6 +171,7 @@ KV_SHAPES_JS = """() => {
 }"""
 
 
+@AT_1280
 def test_a_chunked_prefill_and_its_cached_rerun_are_drawn_as_they_ran(page):
     """Item 6: the KV tile counts only the positions written so far; the chunks' grid is below; a cached rerun is
     not drawn as chunks. Each width its own prompt (one server): the first run is a fresh, chunked prefill."""
@@ -189,6 +193,7 @@ def test_a_chunked_prefill_and_its_cached_rerun_are_drawn_as_they_ran(page):
     shot(page, "#tokens-box", "cached-rerun")
 
 
+@AT_1280
 def test_the_chat_template_and_a_one_token_answer_say_what_they_are(page):
     """Item 6: the template's own system prompt is said; an answer of only its end token is explained."""
     run_prompt(page, "AI is fast", 2, chat=True)
@@ -203,6 +208,7 @@ def test_the_chat_template_and_a_one_token_answer_say_what_they_are(page):
     assert note.startswith("No text: the model's first answer token was '<|im_end|>'") and "finish: stop" in note
 
 
+@AT_1280
 def test_the_next_tokens_probabilities_from_the_real_model(page, url):
     """Item 8: where ' Paris' ranked and with what probability, beside the token chosen, from the model's logits."""
     run_prompt(page, "The capital of France is", 2)
@@ -237,6 +243,7 @@ def test_prefill_is_one_gemm_against_decodes_thin_one(page, smollm):
     shot(page, "#gemm-box", "gemm")
 
 
+@AT_1280
 def test_a_prompt_too_long_for_the_next_token_view_still_runs_and_says_why(page):
     """A prompt longer than /api/next-token reads (a 1,000-token prompt is ~5,000 characters): the live section
     still finishes, and the next-token box says why it is empty in the lesson's words, not a validator's."""

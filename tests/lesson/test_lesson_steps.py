@@ -1,6 +1,7 @@
-"""Prefill shown as it runs (issue #45), in Chromium at 1280 px and at 390 px: a long prefill's chunks as the server
-reports them, the prefill/decode stepper over the real model's attention, and the KV-store section's own prefix
-and storage-speed controls. The server, browser and pages are test_lesson_story's (one per module and width)."""
+"""Prefill shown as it runs (issue #45), in Chromium at 1280 px and (what a phone changes) at 390 px: a long prefill's
+chunks as the server reports them, the prefill/decode stepper over the real model's attention, and the KV-store
+section's own prefix and storage-speed controls. The server, browser and pages are test_lesson_story's (one per module
+and width)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from prefill.costmodel import costs
 
 pytestmark = pytest.mark.slow
 url = story.url  # the story module's server for this module too; the browser and the pages are conftest's
-LONG, TIMEOUT_MS, run_prompt = story.LONG, story.TIMEOUT_MS, story.run_prompt
+LONG, TIMEOUT_MS, run_prompt, AT_1280 = story.LONG, story.TIMEOUT_MS, story.run_prompt, story.AT_1280
 
 # Every line the status shows and every value of the grid's computed rows, as they change (not sampled).
 RECORD = """() => {
@@ -27,6 +28,7 @@ RECORD = """() => {
 }"""
 
 
+@AT_1280
 def test_a_long_prefill_shows_each_chunk_as_the_server_reports_it(page):
     page.evaluate(RECORD)
     run_prompt(page, LONG, 2, cache=False)

@@ -1,8 +1,8 @@
-"""The lesson page tells one consistent story (issue #45), in Chromium at 1280 px and at 390 px: one verdict and one
-roofline for every prefill, the calculator tied to the live run, errors in the lesson's words with stale results
-greyed, a long prefill's chunks shown, predict-then-reveal, and the smaller defects. One server (the embedded model
-on its GGUF blocks, as `prefill lab` runs it) and one browser for the module; each width gets its own page, and
-its tests run in file order on it, as a student would use it."""
+"""The lesson page tells one consistent story (issue #45), in Chromium at 1280 px and (what a phone changes) at 390 px:
+one verdict and one roofline for every prefill, the calculator tied to the live run, errors in the lesson's words with
+stale results greyed, a long prefill's chunks shown, predict-then-reveal, and the smaller defects. One server (the
+embedded model on its GGUF blocks, as `prefill lab` runs it) and one browser for the module; each width gets its own
+page, and its tests run in file order on it, as a student would use it."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ if CHROMIUM is None:
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
 
 TIMEOUT_MS = 120_000
+# conftest's `page` runs each test at 1280 px, then at 390 px. A flow whose checks are what the server said, in
+# the lesson's words (its drawing the same at either width), runs once, at 1280 px; what a phone changes (the
+# layout, scrolling, the stepper, where the charts' dots and the errors sit) runs at both.
+AT_1280 = pytest.mark.parametrize("page", [1280], indirect=True, ids=["1280px"])
 LONG = " ".join(["the river flows past the old mill"] * 40)  # 280 tokens: 2 chunks of at most 256
 DOT_PX = 10  # the roofline's dots' size (charts.js drawRoofline: points size 10)
 BOUND = re.compile(r"(compute|memory|overhead)-bound")
@@ -60,6 +64,7 @@ def verdicts(page) -> dict[str, set[str]]:
     }
 
 
+@AT_1280
 def test_every_verdict_agrees_for_a_short_a_long_and_a_cached_prompt(page):
     page.locator("#sweep").scroll_into_view_if_needed()
     page.wait_for_selector("#sweep[data-curve='1']", state="attached")
@@ -105,6 +110,7 @@ def test_the_calculator_follows_the_live_run(page, smollm_native):
     assert page.locator("#n-num").is_enabled()
 
 
+@AT_1280
 def test_errors_are_said_in_the_lessons_words_and_grey_what_is_stale(page):
     page.locator("#max-tokens").fill("")
     page.click("#prefill-btn")
@@ -131,6 +137,7 @@ def test_errors_are_said_in_the_lessons_words_and_grey_what_is_stale(page):
     assert "Paris" in text(page, "#tokens-caption") and page.locator("#timeline-box").is_visible()
 
 
+@AT_1280
 def test_a_long_prefill_shows_its_chunks_as_it_runs(page):
     page.locator("#prompt").fill(LONG)
     page.locator("#max-tokens").fill("2")
@@ -146,6 +153,7 @@ def test_a_long_prefill_shows_its_chunks_as_it_runs(page):
     assert page.locator("#prefill-progress").is_hidden()
 
 
+@AT_1280
 def test_predict_then_reveal(page):
     order = page.evaluate(
         "() => document.getElementById('predict').compareDocumentPosition(document.getElementById('mask'))"
@@ -181,6 +189,7 @@ def measured_as(page, seconds: float):
     return lambda: page.unroute("**/api/predict?*", slow)
 
 
+@AT_1280
 def test_a_warm_prefill_far_slower_than_predicted_says_why(page):
     run_prompt(page, "AI is fast", 3, cache=False)
     run_prompt(page, "AI is fast", 3, cache=False)  # again, the same length: warm, whatever the salt
