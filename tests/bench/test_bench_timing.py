@@ -1,5 +1,7 @@
 """Timing helpers: percentiles, the call pattern of time_call, peak memory of a call, argument parsing."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -58,3 +60,34 @@ def test_time_interleaved_alternates_engines():
     # cold a, cold b, warm-up a, warm-up b, then a b a b a b
     assert "".join(order) == "abab" + "ab" * 3
     assert len(t["a"].samples_s) == len(t["b"].samples_s) == 3
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="settle reads Linux's /proc")
+def test_settle_waits_while_a_process_computes_and_not_once_it_sleeps():
+    """What `prefill bench --llama-bench` does between two engines (llama.cpp's threads spin ~5 ms after an eval):
+    a child that computes for 0.6 s is waited for; a sleeping one is let go at once, long before the timeout.
+    Windows of 50 ms: a busy child descheduled for a whole one (the suite's other worker beside it) is unlikely."""
+    import subprocess
+    import sys
+    import time
+
+    from prefill.bench.timing import cpu_ns, settle
+
+    busy = (
+        "import time; print('go', flush=True); end = time.time() + 0.6\nwhile time.time() < end: pass\ntime.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "go\n"
+        t = time.perf_counter()
+        settle(child.pid, window_s=0.05, timeout_s=5.0)
+        assert time.perf_counter() - t >= 0.3  # it computed until 0.6 s after "go"
+        cpu = cpu_ns(child.pid)
+        t = time.perf_counter()
+        settle(child.pid, window_s=0.05, timeout_s=5.0)
+        assert time.perf_counter() - t < 2.5 and cpu_ns(child.pid) - cpu < 0.05e9  # quiet: let go, not timed out
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu_ns(child.pid) is None  # gone: nothing to read, nothing to wait for
+    settle(child.pid)

@@ -60,6 +60,10 @@ class PeerProcess:
         child_conn.close()
         self.version = str(self._receive(LOAD_TIMEOUT_S))  # the child says "ready" with its peer's version
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
     def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         """`method(*args)` on the peer in the child: its result; PeerCrashed if the child died, PeerFailed if the
         method raised there."""

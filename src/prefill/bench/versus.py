@@ -10,15 +10,15 @@ of that step, and the fraction of it the step reached.
 from __future__ import annotations
 
 import gc
+import os
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefill.bench import published
 from prefill.bench.peer_process import PeerCrashed, PeerProcess
-from prefill.bench.timing import SelfTimed
+from prefill.bench.timing import SelfTimed, call_seconds, measure_read_bandwidth, settle
 from prefill.costmodel.storage import decode_step_bytes, gguf_file_storage
 from prefill.errors import BadInput
 
@@ -67,29 +67,6 @@ class VersusResult:
     notes: list[str] = field(default_factory=list)
 
 
-def measure_read_bandwidth(threads: int, n_bytes: int = 256 * 2**20, repeats: int = 5, clock: str = "wall") -> float:
-    """Bytes/s of reading an `n_bytes` float32 array once (a sum) with `threads` threads: the stream a decode
-    step's weights take, more than any cache holds (the best of `repeats`, on `clock`)."""
-    import torch
-
-    a = torch.ones(n_bytes // 4)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a.sum()
-        best = min(_seconds(a.sum, clock) for _ in range(repeats))
-    finally:
-        torch.set_num_threads(old)
-    return n_bytes / best
-
-
-def _seconds(fn: Callable[[], object], clock: str = "wall") -> float:
-    now = time.thread_time if clock == "cpu" else time.perf_counter
-    t = now()
-    out = fn()
-    return float(out) if isinstance(out, SelfTimed) else now() - t  # a peer's child timed itself
-
-
 @dataclass(eq=False)
 class Contender:
     """One engine of the comparison: how it prefills, how it steps, and what a step reads."""
@@ -100,6 +77,7 @@ class Contender:
     storage: tuple[str, str]  # (projections, embedding), as prefill.costmodel.storage names them
     kv_bytes: float  # bytes per K/V element (costs.kv_bytes_per_element)
     predict: Callable[[str, int], float] | None = None  # ours: ("pp", P) or ("tg", S) -> predicted seconds
+    pid: int = 0  # the process whose threads run it: each call's last thread quiet (timing.settle) before the next
 
 
 def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = None) -> VersusResult:
@@ -245,7 +223,8 @@ def _ours(engine, file_types: tuple[str, str], predicts: bool = True) -> Contend
 
     acts = ", 8-bit activations" if engine.activations == "q8" else ""
     name = f"prefill ({_label(storage)}{acts})"
-    return Contender(name, engine.prefill, fill_then_step, storage, engine.kv_bytes, predict if predicts else None)
+    predicted = predict if predicts else None
+    return Contender(name, engine.prefill, fill_then_step, storage, engine.kv_bytes, predicted, pid=os.getpid())
 
 
 def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str) -> Contender:
@@ -258,17 +237,19 @@ def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str
     def prefill(ids: list[int]) -> SelfTimed:
         return peer.prefill(ids, clock)
 
-    return Contender(name, prefill, fill_then_step, file_types, LLAMA_KV_BYTES)
+    return Contender(name, prefill, fill_then_step, file_types, LLAMA_KV_BYTES, pid=peer.pid or 0)
 
 
 def _pp(contenders: list[Contender], ids: list[int], config: VersusConfig) -> dict[Contender, float]:
     """Median seconds of one whole prefill, repeats interleaved after one warm-up each."""
     for c in contenders:
         c.prefill(ids)
+        settle(c.pid)
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
     for _ in range(config.repeats):
         for c in contenders:
-            samples[c.name].append(_seconds(lambda c=c: c.prefill(ids), config.clock))
+            samples[c.name].append(call_seconds(lambda c=c: c.prefill(ids), config.clock))
+            settle(c.pid)  # its threads quiet before the next engine is timed (llama.cpp's spin after an eval)
     return {c: statistics.median(samples[c.name]) for c in contenders}
 
 
@@ -276,12 +257,14 @@ def _tg(contenders: list[Contender], ids: list[int], config: VersusConfig) -> di
     """Median seconds of one decode step at len(ids) tokens of context: each engine fills the context once,
     then steps (each step rewrites the same position, so the context stays S), in interleaved rounds."""
     steps = {c.name: c.fill_then_step(ids) for c in contenders}
-    for step in steps.values():
-        step()
+    for c in contenders:
+        steps[c.name]()
+        settle(c.pid)
     samples: dict[str, list[float]] = {c.name: [] for c in contenders}
     for _ in range(config.repeats):
         for c in contenders:
-            samples[c.name].extend(_seconds(steps[c.name], config.clock) for _ in range(config.tg_steps))
+            samples[c.name].extend(call_seconds(steps[c.name], config.clock) for _ in range(config.tg_steps))
+            settle(c.pid)  # steps back to back, as decoding runs them; quiet before the next engine's
     return {c: statistics.median(samples[c.name]) for c in contenders}
 
 
