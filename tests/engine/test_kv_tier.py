@@ -128,10 +128,10 @@ def test_the_decision_imports_no_torch():
 # ---- on the real model -------------------------------------------------------------------------------------
 
 
-def restarted(smollm, directory, force: str | None = "load") -> Engine:
+def restarted(smollm_native, directory, force: str | None = "load") -> Engine:
     """A fresh engine over the session's weights with its own store object on `directory`: what a restarted
     process has (nothing of the store in memory, everything from the files)."""
-    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    engine = Engine(smollm_native.runner, smollm_native.tokenizer, smollm_native.source)
     engine.attach_kv_store(directory, 256, force=force)
     return engine
 
@@ -144,16 +144,16 @@ def greedy(engine: Engine):
 
 
 @pytest.fixture(scope="module")
-def cold(smollm):
-    return greedy(smollm)
+def cold(smollm_native):
+    return greedy(smollm_native)
 
 
 @pytest.mark.slow
-def test_a_restart_loads_the_stored_prefix_and_answers_the_same(smollm, cold, tmp_path):
-    first = greedy(restarted(smollm, tmp_path))
+def test_a_restart_loads_the_stored_prefix_and_answers_the_same(smollm_native, cold, tmp_path):
+    first = greedy(restarted(smollm_native, tmp_path))
     assert first.cached_tokens == 0 and first.token_ids == cold.token_ids
     assert first.kv_store.loaded_tokens == 0
-    second = greedy(restarted(smollm, tmp_path))
+    second = greedy(restarted(smollm_native, tmp_path))
     P, bs = second.P, 16
     assert second.cached_tokens == (P - 1) // bs * bs > 0  # every whole block but the last token's
     assert second.token_ids == cold.token_ids
@@ -164,23 +164,23 @@ def test_a_restart_loads_the_stored_prefix_and_answers_the_same(smollm, cold, tm
 
 
 @pytest.mark.slow
-def test_a_prompt_of_whole_stored_blocks_computes_only_its_last_token(smollm, tmp_path):
-    ids = smollm.encode_prompt(PROMPT, chat=False)
+def test_a_prompt_of_whole_stored_blocks_computes_only_its_last_token(smollm_native, tmp_path):
+    ids = smollm_native.encode_prompt(PROMPT, chat=False)
     ids = ids[: len(ids) // 16 * 16]
-    cold_ids = smollm.complete(ids, max_new_tokens=N_NEW).token_ids
-    first = restarted(smollm, tmp_path)
+    cold_ids = smollm_native.complete(ids, max_new_tokens=N_NEW).token_ids
+    first = restarted(smollm_native, tmp_path)
     first.complete(ids, max_new_tokens=N_NEW)
     first.kv_store.flush()
-    gen = restarted(smollm, tmp_path).complete(ids, max_new_tokens=N_NEW)
+    gen = restarted(smollm_native, tmp_path).complete(ids, max_new_tokens=N_NEW)
     assert gen.kv_store.loaded_tokens == gen.cached_tokens == len(ids) - 1  # the last block loaded whole
     assert gen.kv_store.loaded_bytes == gen.kv_store.decision.load_bytes  # every stored block was read
     assert gen.token_ids == cold_ids
 
 
 @pytest.mark.slow
-def test_loaded_kv_gives_logits_within_the_rounding_tolerance(smollm, tmp_path):
-    greedy(restarted(smollm, tmp_path))
-    engine = restarted(smollm, tmp_path)
+def test_loaded_kv_gives_logits_within_the_rounding_tolerance(smollm_native, tmp_path):
+    greedy(restarted(smollm_native, tmp_path))
+    engine = restarted(smollm_native, tmp_path)
     ids = engine.encode_prompt(PROMPT, chat=False)
     ids = ids[: len(ids) // 16 * 16]  # whole blocks, every one stored: the last is loaded, its last token computed
     with torch.inference_mode():
@@ -199,17 +199,17 @@ def test_loaded_kv_gives_logits_within_the_rounding_tolerance(smollm, tmp_path):
 
 
 @pytest.mark.slow
-def test_both_ends_give_the_same_answer_and_the_stored_bytes(smollm, cold, tmp_path):
+def test_both_ends_give_the_same_answer_and_the_stored_bytes(smollm_native, cold, tmp_path):
     """Forced both: the head is computed while the tail loads on the loader thread; greedy tokens as cold, the
     tail's K/V bitwise the stored (computed) bytes, the first token's logits within the rounding tolerance."""
-    greedy(restarted(smollm, tmp_path))
-    gen = greedy(restarted(smollm, tmp_path, force="both"))
+    greedy(restarted(smollm_native, tmp_path))
+    gen = greedy(restarted(smollm_native, tmp_path, force="both"))
     use = gen.kv_store
     assert use.decision.choice == "both" and 0 < use.decision.split < use.decision.n_tokens
     assert use.loaded_tokens == use.decision.n_tokens - use.decision.split == gen.cached_tokens
     assert use.pending is None and use.load_s > 0 and use.bad_blocks == 0
     assert gen.token_ids == cold.token_ids
-    engine = restarted(smollm, tmp_path, force="both")
+    engine = restarted(smollm_native, tmp_path, force="both")
     ids = engine.encode_prompt(PROMPT, chat=False)
     with torch.inference_mode():
         cold_logits, cold_cache = engine.prefill(ids)
@@ -230,11 +230,11 @@ def test_both_ends_give_the_same_answer_and_the_stored_bytes(smollm, cold, tmp_p
 
 
 @pytest.mark.slow
-def test_a_request_cancelled_while_its_tail_loads_gives_every_block_back(smollm, tmp_path):
+def test_a_request_cancelled_while_its_tail_loads_gives_every_block_back(smollm_native, tmp_path):
     from prefill.engine.loop import StepLoop
 
-    greedy(restarted(smollm, tmp_path))
-    engine = restarted(smollm, tmp_path, force="both")
+    greedy(restarted(smollm_native, tmp_path))
+    engine = restarted(smollm_native, tmp_path, force="both")
     ids = engine.encode_prompt(PROMPT, chat=False)
     pool = engine.new_pool(2 * len(ids))
     loop = StepLoop(engine.runner, pool, kv_tier=engine.kv_store)
@@ -249,19 +249,19 @@ def test_a_request_cancelled_while_its_tail_loads_gives_every_block_back(smollm,
 
 
 @pytest.mark.slow
-def test_the_cost_model_decides_and_the_record_says_so(smollm, tmp_path):
-    greedy(restarted(smollm, tmp_path))
-    gen = greedy(restarted(smollm, tmp_path, force=None))
+def test_the_cost_model_decides_and_the_record_says_so(smollm_native, tmp_path):
+    greedy(restarted(smollm_native, tmp_path))
+    gen = greedy(restarted(smollm_native, tmp_path, force=None))
     d = gen.kv_store.decision
     assert d.n_tokens == (gen.P - 1) // 16 * 16 and d.load_s > 0 and d.compute_s > 0
     assert d.choice == ("load" if d.load_s < d.compute_s else "compute")
     assert gen.cached_tokens == (d.n_tokens if d.choice == "load" else 0)
-    assert gen.token_ids == greedy(smollm).token_ids
+    assert gen.token_ids == greedy(smollm_native).token_ids
 
 
 @pytest.mark.slow
-def test_a_corrupt_block_is_a_miss_with_a_warning_and_the_same_answer(smollm, cold, tmp_path, caplog):
-    engine = restarted(smollm, tmp_path)
+def test_a_corrupt_block_is_a_miss_with_a_warning_and_the_same_answer(smollm_native, cold, tmp_path, caplog):
+    engine = restarted(smollm_native, tmp_path)
     greedy(engine)
     keys = engine.kv_store.store.keys(engine.encode_prompt(PROMPT, chat=False))
     path = BlockFiles(tmp_path).path(keys[3].digest)
@@ -269,19 +269,19 @@ def test_a_corrupt_block_is_a_miss_with_a_warning_and_the_same_answer(smollm, co
     data[-100] ^= 0x01  # one bit of the fourth block's payload
     Path(path).write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="prefill.kv_store"):
-        gen = greedy(restarted(smollm, tmp_path))
+        gen = greedy(restarted(smollm_native, tmp_path))
     assert gen.cached_tokens == 3 * 16 and gen.kv_store.bad_blocks == 1  # the blocks before it still load
     assert gen.token_ids == cold.token_ids
     assert any("payload checksum mismatch" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.slow
-def test_a_directory_that_cannot_be_written_is_no_store(smollm, cold, tmp_path, monkeypatch, caplog):
+def test_a_directory_that_cannot_be_written_is_no_store(smollm_native, cold, tmp_path, monkeypatch, caplog):
     def read_only(self):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(BlockFiles, "check_writable", read_only)
-    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    engine = Engine(smollm_native.runner, smollm_native.tokenizer, smollm_native.source)
     with caplog.at_level(logging.WARNING, logger="prefill.kv_store"):
         assert engine.attach_kv_store(tmp_path, 256) is None
     assert any("running without a KV store" in r.getMessage() for r in caplog.records)
@@ -290,37 +290,39 @@ def test_a_directory_that_cannot_be_written_is_no_store(smollm, cold, tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_size_of_zero_is_refused(smollm, tmp_path):
+def test_a_size_of_zero_is_refused(smollm_native, tmp_path):
     with pytest.raises(BadInput, match="> 0 MiB"):
-        Engine(smollm.runner, smollm.tokenizer).attach_kv_store(tmp_path, 0)
+        Engine(smollm_native.runner, smollm_native.tokenizer).attach_kv_store(tmp_path, 0)
 
 
 @pytest.mark.slow
-def test_scoring_windows_load_their_unscored_context_and_score_the_same(smollm, tmp_path):
+def test_scoring_windows_load_their_unscored_context_and_score_the_same(smollm_native, tmp_path):
     from prefill.engine.scoring import perplexity
 
-    ids = smollm.encode_prompt(PROMPT * 2, chat=False)  # ~260 tokens: windows of 128 every 64
-    plain = perplexity(smollm.runner, ids, window=128, stride=64)
-    first = restarted(smollm, tmp_path)
+    ids = smollm_native.encode_prompt(PROMPT * 2, chat=False)  # ~260 tokens: windows of 128 every 64
+    plain = perplexity(smollm_native.runner, ids, window=128, stride=64)
+    first = restarted(smollm_native, tmp_path)
     perplexity(first.runner, ids, window=128, stride=64, kv_tier=first.kv_store)
     first.kv_store.flush()
-    again = restarted(smollm, tmp_path)
+    again = restarted(smollm_native, tmp_path)
     warm = perplexity(again.runner, ids, window=128, stride=64, kv_tier=again.kv_store)
     # every window after the first scores its last 64 tokens: its first 63 are context, in 4 blocks (the 4th
     # loaded whole, its last position computed again: its hidden state gives the first score)
     assert again.kv_store.store.stats().hit_blocks == 4 * (len(warm.windows) - 1)
-    tol = rounding_tolerance(30.0, smollm.spec, smollm.dtype)  # log-probabilities of this model stay below 30
+    tol = rounding_tolerance(
+        30.0, smollm_native.spec, smollm_native.dtype
+    )  # log-probabilities of this model stay below 30
     diffs = [abs(a - b) for a, b in zip(plain.logprobs, warm.logprobs, strict=True) if a is not None]
     assert max(diffs) <= tol and warm.ppl == pytest.approx(plain.ppl, rel=1e-4)
 
 
 @pytest.mark.slow
-def test_the_store_continues_where_the_ram_prefix_cache_match_ends(smollm, cold, tmp_path):
+def test_the_store_continues_where_the_ram_prefix_cache_match_ends(smollm_native, cold, tmp_path):
     from prefill.engine.loop import StepLoop
     from prefill.engine.prefix_cache import RadixPrefixCache
 
-    greedy(restarted(smollm, tmp_path))  # every whole block of the prompt is stored
-    engine = restarted(smollm, tmp_path)
+    greedy(restarted(smollm_native, tmp_path))  # every whole block of the prompt is stored
+    engine = restarted(smollm_native, tmp_path)
     ids = engine.encode_prompt(PROMPT, chat=False)
     pool = engine.new_pool(4 * len(ids))
     prefix = RadixPrefixCache(pool, 64 << 20)
@@ -364,25 +366,25 @@ def test_copy_into_a_fragmented_sequence_puts_each_block_where_its_positions_are
 
 
 @pytest.mark.slow
-def test_a_store_keeps_the_pools_kv_dtype_and_another_dtypes_blocks_are_a_miss(smollm, tmp_path):
+def test_a_store_keeps_the_pools_kv_dtype_and_another_dtypes_blocks_are_a_miss(smollm_native, tmp_path):
     """--kv-dtype bfloat16: blocks are stored as the pool holds them (2 bytes a value) and load back into a
     bfloat16 pool with the cold run's answer; a float32 pool over the same directory finds none of them (the
     dtype is in the fingerprint every key is rooted in); q8_0 K/V cannot keep a store, said in one line."""
     from prefill.errors import BadInput
 
     try:
-        smollm.runner.set_kv_dtype("bfloat16")
-        cold_bf16 = greedy(smollm)
-        greedy(restarted(smollm, tmp_path))
-        second = greedy(restarted(smollm, tmp_path))
+        smollm_native.runner.set_kv_dtype("bfloat16")
+        cold_bf16 = greedy(smollm_native)
+        greedy(restarted(smollm_native, tmp_path))
+        second = greedy(restarted(smollm_native, tmp_path))
         use = second.kv_store
         assert use.loaded_tokens == second.cached_tokens > 0 and second.token_ids == cold_bf16.token_ids
         per_token = 2 * 30 * 3 * 64  # K and V values of one position, all layers
         assert use.loaded_tokens * per_token * 2 < use.loaded_bytes < use.loaded_tokens * per_token * 4  # 2 B a value
-        smollm.runner.set_kv_dtype("float32")
-        assert greedy(restarted(smollm, tmp_path)).kv_store.loaded_tokens == 0
-        smollm.runner.set_kv_dtype("q8_0")
+        smollm_native.runner.set_kv_dtype("float32")
+        assert greedy(restarted(smollm_native, tmp_path)).kv_store.loaded_tokens == 0
+        smollm_native.runner.set_kv_dtype("q8_0")
         with pytest.raises(BadInput, match="not q8_0: drop --kv-store"):
-            restarted(smollm, tmp_path)
+            restarted(smollm_native, tmp_path)
     finally:
-        smollm.runner.set_kv_dtype(None)
+        smollm_native.runner.set_kv_dtype(None)

@@ -19,9 +19,9 @@ SAY_OK = [{"role": "user", "content": "Say OK."}]
 
 
 @pytest.fixture(scope="module")
-def served(smollm):
-    cfg = ServeConfig(model_id_of(smollm), max_tokens_limit=MAX_TOKENS_LIMIT, chunk_size=64, kv_cache_mb=128)
-    with TestClient(create_app(smollm, cfg)) as http:
+def served(smollm_native):
+    cfg = ServeConfig(model_id_of(smollm_native), max_tokens_limit=MAX_TOKENS_LIMIT, chunk_size=64, kv_cache_mb=128)
+    with TestClient(create_app(smollm_native, cfg)) as http:
         yield http, cfg.model_id
 
 
@@ -156,27 +156,27 @@ def test_a_number_that_is_not_finite_is_refused_as_such(served, field, value):
 
 
 # ---- 4: token counts that agree (vLLM: the EOS the model generated counts, and has a logprobs entry) ----
-def test_chat_usage_counts_every_logprobs_entry_eos_included(served, smollm):
+def test_chat_usage_counts_every_logprobs_entry_eos_included(served, smollm_native):
     http, model = served
     body = {"model": model, "messages": SAY_OK, "max_tokens": MAX_TOKENS_LIMIT, "temperature": 0, "logprobs": True}
     out = post(http, "/v1/chat/completions", body).json()
     entries = out["choices"][0]["logprobs"]["content"]
     assert out["choices"][0]["finish_reason"] == "stop"
     assert out["usage"]["completion_tokens"] == len(entries)
-    eos_texts = {smollm.tokenizer.decode([i], skip_special=False) for i in smollm.tokenizer.eos_ids}
+    eos_texts = {smollm_native.tokenizer.decode([i], skip_special=False) for i in smollm_native.tokenizer.eos_ids}
     assert entries[-1]["token"] in eos_texts and entries[-1]["token"] not in out["choices"][0]["message"]["content"]
     assert "".join(e["token"] for e in entries[:-1]) == out["choices"][0]["message"]["content"]
 
 
-def test_completions_tokens_join_to_the_text_and_the_eos(served, smollm):
+def test_completions_tokens_join_to_the_text_and_the_eos(served, smollm_native):
     http, model = served
-    prompt = smollm.tokenizer.render_chat(SAY_OK, add_generation_prompt=True)
+    prompt = smollm_native.tokenizer.render_chat(SAY_OK, add_generation_prompt=True)
     body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS_LIMIT, "temperature": 0, "logprobs": 1}
     out = post(http, "/v1/completions", body).json()
     choice, usage = out["choices"][0], out["usage"]
     tokens = choice["logprobs"]["tokens"]
     assert choice["finish_reason"] == "stop" and usage["completion_tokens"] == len(tokens)
-    eos_texts = {smollm.tokenizer.decode([i], skip_special=False) for i in smollm.tokenizer.eos_ids}
+    eos_texts = {smollm_native.tokenizer.decode([i], skip_special=False) for i in smollm_native.tokenizer.eos_ids}
     assert tokens[-1] in eos_texts and "".join(tokens) == choice["text"] + tokens[-1]
     streamed = post(http, "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
     usages = [json.loads(x[6:])["usage"] for x in streamed.text.splitlines() if x.startswith("data: {")]
@@ -228,9 +228,9 @@ def test_generation_routes_balance_after_a_mixed_load(served):
 
 
 # ---- 8: JSON integers within int64 ----
-def test_a_runaway_json_integer_stops_at_int64(served, smollm):
+def test_a_runaway_json_integer_stops_at_int64(served, smollm_native):
     http, model = served
-    one = smollm.tokenizer.encode("1")
+    one = smollm_native.tokenizer.encode("1")
     assert len(one) == 1
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     schema["additionalProperties"] = False  # so the object must close once n is written
@@ -266,14 +266,14 @@ HERMES_TEMPLATE = (
 
 
 @pytest.fixture(scope="module")
-def hermes(smollm):
+def hermes(smollm_native):
     """The same weights behind a tokenizer whose chat template has a tool format."""
     import dataclasses
 
     from prefill.engine.llm import Engine
 
-    tok = dataclasses.replace(smollm.tokenizer, chat_template=HERMES_TEMPLATE, _template=None)
-    engine = Engine(smollm.runner, tok, smollm.source)
+    tok = dataclasses.replace(smollm_native.tokenizer, chat_template=HERMES_TEMPLATE, _template=None)
+    engine = Engine(smollm_native.runner, tok, smollm_native.source)
     cfg = ServeConfig(model_id_of(engine), max_tokens_limit=MAX_TOKENS_LIMIT, chunk_size=64, kv_cache_mb=64)
     with TestClient(create_app(engine, cfg)) as http:
         yield http, cfg.model_id, tok

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.slow
 PROMPT = "A short history of Paris for a school essay, in plain sentences. " * 8
 
 
-def served(smollm, directory, salt: str | None = None) -> tuple[dict, str]:
+def served(smollm_native, directory, salt: str | None = None) -> tuple[dict, str]:
     """One server's life on `directory`: start, one greedy completion (with `salt` as its cache_salt, if given),
     /metrics, shut down (the store flushed)."""
-    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    engine = Engine(smollm_native.runner, smollm_native.tokenizer, smollm_native.source)
     engine.attach_kv_store(directory, 256, force="load")  # the decision itself: tests/engine/test_kv_tier.py
     cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=64)
     with TestClient(create_app(engine, cfg)) as client:
@@ -39,9 +39,9 @@ def sample(text: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_a_restarted_server_serves_the_prefix_from_the_store(smollm, tmp_path):
-    cold, cold_metrics = served(smollm, tmp_path)
-    warm, warm_metrics = served(smollm, tmp_path)
+def test_a_restarted_server_serves_the_prefix_from_the_store(smollm_native, tmp_path):
+    cold, cold_metrics = served(smollm_native, tmp_path)
+    warm, warm_metrics = served(smollm_native, tmp_path)
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     P = warm["usage"]["prompt_tokens"]
     cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -59,11 +59,13 @@ def test_a_restarted_server_serves_the_prefix_from_the_store(smollm, tmp_path):
     assert sample(warm_metrics, "prefill_kv_store_bad_blocks_total") == 0
 
 
-def test_a_salted_request_neither_saves_to_the_store_nor_loads_from_it(smollm, tmp_path):
+def test_a_salted_request_neither_saves_to_the_store_nor_loads_from_it(smollm_native, tmp_path):
     """The store's keys have no salt: a salted request stays out of it, both ways."""
-    salted, _ = served(smollm, tmp_path, salt="one")
-    plain, _ = served(smollm, tmp_path)  # nothing was stored by the salted request
-    again, _ = served(smollm, tmp_path, salt="one")  # the plain one stored its blocks; a salted one does not read them
+    salted, _ = served(smollm_native, tmp_path, salt="one")
+    plain, _ = served(smollm_native, tmp_path)  # nothing was stored by the salted request
+    again, _ = served(
+        smollm_native, tmp_path, salt="one"
+    )  # the plain one stored its blocks; a salted one does not read them
     for reply in (salted, plain, again):
         assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert reply["choices"][0]["text"] == plain["choices"][0]["text"]
@@ -71,7 +73,7 @@ def test_a_salted_request_neither_saves_to_the_store_nor_loads_from_it(smollm, t
     assert again["timings"].get("kv_store") is None
 
 
-def test_a_restart_on_a_50_mb_tmpfs_hits(smollm, tmp_path):
+def test_a_restart_on_a_50_mb_tmpfs_hits(smollm_native, tmp_path):
     """Issue 44's repro at half its size: the default --kv-store-mb (4096) on a 50 MB disk, 4 prompts of about 500
     tokens (31 blocks of 737 KB each: 91 MB, more than the disk), a restart, the same prompts again, newest first
     (in the order sent, LRU over a working set twice its size evicts each prompt just before it comes back). The
@@ -79,8 +81,8 @@ def test_a_restart_on_a_50_mb_tmpfs_hits(smollm, tmp_path):
     mount_tmpfs(tmp_path / "fs", 50)
     try:
         prompts = [f"Chapter {i}. " + f"The river {i} runs past the mill and the bridge. " * 45 for i in range(4)]
-        cold = served_all(smollm, tmp_path / "fs" / "store", prompts)
-        warm = served_all(smollm, tmp_path / "fs" / "store", prompts[::-1])[::-1]
+        cold = served_all(smollm_native, tmp_path / "fs" / "store", prompts)
+        warm = served_all(smollm_native, tmp_path / "fs" / "store", prompts[::-1])[::-1]
     finally:
         unmount(tmp_path / "fs")
     assert all(r["usage"]["prompt_tokens"] > 450 for r in cold)
@@ -92,9 +94,9 @@ def test_a_restart_on_a_50_mb_tmpfs_hits(smollm, tmp_path):
             assert a["choices"][0]["text"] == b["choices"][0]["text"]
 
 
-def served_all(smollm, directory, prompts: list[str]) -> list[dict]:
+def served_all(smollm_native, directory, prompts: list[str]) -> list[dict]:
     """One server's life on `directory` (the default store size), one greedy completion of each prompt."""
-    engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+    engine = Engine(smollm_native.runner, smollm_native.tokenizer, smollm_native.source)
     assert engine.attach_kv_store(directory, DEFAULT_KV_STORE_MB, force="load") is not None
     cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=256, prefix_cache_mb=0)
     with TestClient(create_app(engine, cfg)) as client:
@@ -107,14 +109,14 @@ def served_all(smollm, directory, prompts: list[str]) -> list[dict]:
         return out
 
 
-def test_a_store_smaller_than_one_prompt_keeps_a_usable_prefix_across_restarts(smollm, tmp_path):
+def test_a_store_smaller_than_one_prompt_keeps_a_usable_prefix_across_restarts(smollm_native, tmp_path):
     """Issue 53: a 5 MiB store (6 blocks of 737 KB) under a prompt of 16 blocks. Every life leaves on disk exactly
     the first blocks of the prompt's chain (never a block without those before it), and every restart loads the
     same prefix from it (not 64 tokens, then 0)."""
     prompt = "The river runs past the mill and the bridge, and on to the sea. " * 16
     cached, stored = [], []
     for _ in range(3):
-        engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+        engine = Engine(smollm_native.runner, smollm_native.tokenizer, smollm_native.source)
         engine.attach_kv_store(tmp_path, 5, force="load")
         cfg = ServeConfig(model_id_of(engine), kv_cache_mb=256, chunk_size=64, prefix_cache_mb=0)
         with TestClient(create_app(engine, cfg)) as client:
@@ -123,7 +125,7 @@ def test_a_store_smaller_than_one_prompt_keeps_a_usable_prefix_across_restarts(s
             assert reply.status_code == 200, reply.text
             cached.append(reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
         store = engine.kv_store.store
-        keys = store.keys(smollm.tokenizer.encode(prompt, add_special_tokens=True))
+        keys = store.keys(smollm_native.tokenizer.encode(prompt, add_special_tokens=True))
         assert len(keys) >= 16
         held = [os.path.exists(store.files.path(k.digest)) for k in keys]
         n = held.index(False)
@@ -135,7 +137,7 @@ def test_a_store_smaller_than_one_prompt_keeps_a_usable_prefix_across_restarts(s
     assert stored == [stored[0]] * 3
 
 
-def test_a_full_disk_leaves_no_probe_file(smollm, tmp_path):
+def test_a_full_disk_leaves_no_probe_file(smollm_native, tmp_path):
     """Issue 53: on a full disk the store's writability probe creates its file and cannot write its byte; the file
     is removed all the same, not left until the next start."""
     mount_tmpfs(tmp_path / "fs", 4)
@@ -145,7 +147,7 @@ def test_a_full_disk_leaves_no_probe_file(smollm, tmp_path):
             while True:  # until the disk is full
                 f.write(b"\0" * 65536)
                 f.flush()
-        engine = Engine(smollm.runner, smollm.tokenizer, smollm.source)
+        engine = Engine(smollm_native.runner, smollm_native.tokenizer, smollm_native.source)
         engine.attach_kv_store(tmp_path / "fs" / "store", 64, force="load")
         cfg = ServeConfig(model_id_of(engine), kv_cache_mb=64, chunk_size=64)
         with TestClient(create_app(engine, cfg)) as client:
