@@ -38,10 +38,10 @@ TIMEOUT_MS = 120_000
 
 
 @pytest.fixture(scope="module")
-def url(smollm):
-    cfg = ServeConfig(model_id_of(smollm), max_tokens_limit=512, kv_cache_mb=64)
-    smollm.warmup()  # as `prefill lab` does: the page's timeline shows the steady state, not first-call set-up
-    with BackgroundServer(add_lesson(create_app(smollm, cfg))) as root:
+def url(smollm_native):
+    cfg = ServeConfig(model_id_of(smollm_native), max_tokens_limit=512, kv_cache_mb=64)
+    smollm_native.warmup()  # as `prefill lab` does: the page's timeline shows the steady state, not first-call set-up
+    with BackgroundServer(add_lesson(create_app(smollm_native, cfg))) as root:
         yield root
 
 
@@ -244,7 +244,7 @@ def test_keyboard_only_sliders_and_answer_boxes(page):
     assert page.evaluate("document.activeElement.textContent") == "Check"
 
 
-def test_live_prefill_of_ai_is_fast(page, smollm):
+def test_live_prefill_of_ai_is_fast(page, smollm_native):
     page.locator("#prompt").fill("AI is fast")
     page.locator("#max-tokens").fill("12")
 
@@ -304,10 +304,10 @@ def test_an_empty_prompt_is_said_in_plain_words_and_greys_out_the_last_results(p
     )
 
 
-def test_streamed_kv_bytes_equal_the_formula(page, smollm):
+def test_streamed_kv_bytes_equal_the_formula(page, smollm_native):
     import re
 
-    s = smollm.spec
+    s = smollm_native.spec
     n = int(text(page, "#live-status").split(",")[1].split()[0])  # "done: 3 prompt tokens, 12 answer tokens."
     held = int(re.search(r"= \[1, 3, (\d+), 64\]", text(page, "#kv-shape")).group(1))
     assert "S = the " in text(page, "#kv-shape") and "[B, H_kv, S, d_head]" in text(page, "#kv-shape")
@@ -351,7 +351,7 @@ def test_screenshots_for_the_readme(page):
         assert (DOCS / name).stat().st_size > 10_000
 
 
-def test_a_second_tab_works_while_api_clients_stream(browser, url, smollm, problems):
+def test_a_second_tab_works_while_api_clients_stream(browser, url, smollm_native, problems):
     import threading
 
     import httpx
@@ -359,7 +359,7 @@ def test_a_second_tab_works_while_api_clients_stream(browser, url, smollm, probl
     answers = []
 
     def api_client():
-        body = {"model": model_id_of(smollm), "prompt": "Count: one, two,", "max_tokens": 8, "stream": True}
+        body = {"model": model_id_of(smollm_native), "prompt": "Count: one, two,", "max_tokens": 8, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
             answers.append((r.status_code, "".join(r.iter_text())))
 

@@ -19,6 +19,7 @@ from test_lesson_story import run_prompt as run_story_prompt
 
 from prefill.costmodel import costs
 from prefill.costmodel.specs import PRESETS
+from prefill.engine.weights import stored_bytes_per_weight
 from prefill.lesson.routes import add_lesson
 from prefill.server.app import ServeConfig, create_app, model_id_of
 from prefill.server.server import BackgroundServer
@@ -36,11 +37,11 @@ FOLDED_WORDS = 70  # the words a "why" text shows before its "more" (its first s
 
 
 @pytest.fixture(scope="module")
-def url(smollm):
-    """The server for this module's pages (conftest's `page`, one per width): the embedded model in float32, so the
-    GEMM's weight bytes are float32's."""
-    cfg = ServeConfig(model_id_of(smollm), max_tokens_limit=512, kv_cache_mb=64)
-    with BackgroundServer(add_lesson(create_app(smollm, cfg))) as root:
+def url(smollm_native):
+    """The server for this module's pages (conftest's `page`, one per width): the embedded model on its GGUF blocks
+    with float32 activations, as `prefill lab` runs it."""
+    cfg = ServeConfig(model_id_of(smollm_native), max_tokens_limit=512, kv_cache_mb=64)
+    with BackgroundServer(add_lesson(create_app(smollm_native, cfg))) as root:
         yield root
 
 
@@ -228,16 +229,18 @@ def test_the_next_tokens_probabilities_from_the_real_model(page, url):
     shot(page, "#next-box", "next-token")
 
 
-def test_prefill_is_one_gemm_against_decodes_thin_one(page, smollm):
+def test_prefill_is_one_gemm_against_decodes_thin_one(page, smollm_native):
     """Item 8: the [P, d] · [d, n] product of prefill beside decode's [1, d] · [d, n], on the model's shapes."""
-    s = smollm.spec
+    s = smollm_native.spec
     P = int(full(page, "#tokens-caption").split()[0])
     n = (s.H_q + 2 * s.H_kv) * s.d_head  # the fused Q, K, V weight's columns
     wait_text(page, "#gemm-prefill", f"x [{P}, {s.d_model}] · W_QKV [{s.d_model}, {n}]")
     assert f"x [1, {s.d_model}] · W_QKV [{s.d_model}, {n}]" in full(page, "#gemm-decode")
     g = page.evaluate(f"async () => (await (await fetch('/api/gemm?P={P}')).json())")
     assert g["prefill"]["flops"] == pytest.approx(2 * P * s.d_model * n) and g["decode"]["flops"] == 2 * s.d_model * n
-    assert g["prefill"]["weight_bytes"] == g["decode"]["weight_bytes"] == s.d_model * n * 4  # float32, read once
+    per_weight = stored_bytes_per_weight(smollm_native.model)  # GGUF blocks as stored: their mean bytes a weight
+    assert g["prefill"]["weight_bytes"] == g["decode"]["weight_bytes"]  # read once, whatever the rows
+    assert g["decode"]["weight_bytes"] == pytest.approx(s.d_model * n * per_weight)
     assert f"{g['flops_ratio']:.0f} times the FLOPs" in full(page, "#gemm-text")
     assert page.locator("#gemm-prefill-mats .mat").count() == 3  # x · W = out
     shot(page, "#gemm-box", "gemm")
