@@ -307,7 +307,8 @@ def versus_cells(data: dict) -> list[list[str]]:
 def caption(data: dict) -> str:
     bw = ", ".join(f"{t} threads {b / 1e9:.1f} GB/s" for t, b in data["bandwidth"].items())
     clock = "thread CPU time" if data["config"]["clock"] == "cpu" else "wall clock"
-    return f"{clock}, medians; read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
+    quiet = "each engine's threads quiet before the next engine is timed (timing.settle)"
+    return f"{clock}, medians; {quiet}; read bandwidth measured in this run: {bw}; floor = bytes/step / bandwidth"
 
 
 def versus_table(result: VersusResult):
