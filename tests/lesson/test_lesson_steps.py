@@ -89,6 +89,9 @@ def test_the_stepper_computes_all_prompt_rows_at_once_then_one_row_a_step(page, 
     )
     kv = costs.kv_cache_bytes_for(smollm_native.spec, 7, 4)
     wait_text(page, "#steps-kv-text", f"= {kv:,} B")
+    page.click("#steps-next")
+    page.click("#steps-next")  # step 4: play has one step left to take (PLAY_MS a step), then stops on the last
+    page.wait_for_function("document.getElementById('steps-grid').dataset.step === '4'")
     page.click("#steps-play")
     page.wait_for_function("document.getElementById('steps-grid').dataset.step === '5'", timeout=TIMEOUT_MS)
     assert steps_state(page) == {"label": "step 5 of 5: decode 5", "now": 10, "later": 0, "held": 10}
