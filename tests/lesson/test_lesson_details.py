@@ -239,6 +239,7 @@ def test_prefill_is_one_gemm_against_decodes_thin_one(page, smollm_native):
     g = page.evaluate(f"async () => (await (await fetch('/api/gemm?P={P}')).json())")
     assert g["prefill"]["flops"] == pytest.approx(2 * P * s.d_model * n) and g["decode"]["flops"] == 2 * s.d_model * n
     per_weight = stored_bytes_per_weight(smollm_native.model)  # GGUF blocks as stored: their mean bytes a weight
+    assert 20 / 32 <= per_weight <= 34 / 32  # the embedded file's Q4_1 and Q8_0 blocks, not float32's 4 bytes
     assert g["prefill"]["weight_bytes"] == g["decode"]["weight_bytes"]  # read once, whatever the rows
     assert g["decode"]["weight_bytes"] == pytest.approx(s.d_model * n * per_weight)
     assert f"{g['flops_ratio']:.0f} times the FLOPs" in full(page, "#gemm-text")

@@ -99,9 +99,13 @@ def test_a_measured_run_of_prefill_serve_refits_the_cpu_profile_closer(tmp_path,
     from prefill.plan.simulate import ServerModel
 
     probe, probed = ServerModel.probe, []
-    monkeypatch.setattr(
-        ServerModel, "probe", lambda self: probed[0] if probed else probed.append(probe(self)) or probed[0]
-    )
+
+    def probe_once(self):
+        if not probed:
+            probed.append(probe(self))
+        return probed[0]
+
+    monkeypatch.setattr(ServerModel, "probe", probe_once)
     out = tmp_path / "loadtest.json"
     r = load_test(ours, "/health", out)
     assert len(probed) == 1

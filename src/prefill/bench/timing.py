@@ -167,22 +167,23 @@ def _release_free_heap() -> None:
 
 def cpu_ns(pid: int) -> int | None:
     """CPU nanoseconds every thread of process `pid` has run (Linux /proc/PID/task/*/schedstat), None elsewhere."""
-    import glob
+    from pathlib import Path
 
     total = 0
-    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(open(path).read().split()[0])  # noqa: SIM115 - a one-line /proc read
+            total += int(path.read_text().split()[0])
     return total or None
 
 
-def settle(pid: int, window_s: float = 0.005, timeout_s: float = 1.0) -> None:
-    """Wait (at most `timeout_s`) until the threads of process `pid` stop running: after its call an engine's
-    thread pool spins a while for more work (ggml's threadpool polls, OpenMP's workers spin), and the next engine
-    timed must not share the cores with it. Measured on a Zen 4 (2 threads): our 1-token prefill ran in 14.5 ms
-    right after llama.cpp's, 7.1 ms alone. Quiet: less than a tenth of one core over `window_s`."""
+def settle(pid: int | None, window_s: float = 0.005, timeout_s: float = 1.0) -> None:
+    """Wait (at most `timeout_s`) until the threads of process `pid` stop running (None: nothing to wait for):
+    after its call an engine's thread pool spins a while for more work (ggml's threadpool polls, OpenMP's workers
+    spin), and the next engine timed must not share the cores with it. Measured on a Zen 4 (2 threads, one
+    process): our 1-token prefill timed right after llama.cpp's ran in 15.4 ms, once its threads had stopped in
+    10.8 ms. Quiet: less than a tenth of one core over `window_s`."""
     deadline = time.monotonic() + timeout_s
-    last = cpu_ns(pid)
+    last = None if pid is None else cpu_ns(pid)
     while last is not None and time.monotonic() < deadline:
         time.sleep(window_s)
         now = cpu_ns(pid)

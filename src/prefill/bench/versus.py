@@ -77,7 +77,7 @@ class Contender:
     storage: tuple[str, str]  # (projections, embedding), as prefill.costmodel.storage names them
     kv_bytes: float  # bytes per K/V element (costs.kv_bytes_per_element)
     predict: Callable[[str, int], float] | None = None  # ours: ("pp", P) or ("tg", S) -> predicted seconds
-    pid: int = 0  # the process whose threads run it: each call's last thread quiet (timing.settle) before the next
+    pid: int | None = None  # the process whose threads run it: quiet (timing.settle) before the next is timed
 
 
 def run_versus(config: VersusConfig, on_step: Callable[[str], None] | None = None) -> VersusResult:
@@ -237,7 +237,7 @@ def _llama(peer: PeerProcess, file_types: tuple[str, str], clock: str, name: str
     def prefill(ids: list[int]) -> SelfTimed:
         return peer.prefill(ids, clock)
 
-    return Contender(name, prefill, fill_then_step, file_types, LLAMA_KV_BYTES, pid=peer.pid or 0)
+    return Contender(name, prefill, fill_then_step, file_types, LLAMA_KV_BYTES, pid=peer.pid)
 
 
 def _pp(contenders: list[Contender], ids: list[int], config: VersusConfig) -> dict[Contender, float]:

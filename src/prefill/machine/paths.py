@@ -87,8 +87,8 @@ class ServingPath:
 
 # The registry: every path the engine can serve on, in the order a tie goes (fewest bytes first).
 # A path auto takes must give one text alone, batched and after a prefix-cache hit (issue 51): two are run only
-# where asked, whatever their quality record says. 8-bit activations: the seed lesson's 612-token prompt changed
-# on its hit (tests/engine/test_cache_hit_greedy.py's, Zen 4); dense bfloat16: issue 42's prompts.
+# where asked, whatever their quality record says. 8-bit activations: a 612-token stretch of the seed lesson
+# changed its text on its own hit (Zen 4, native Q4_1 blocks, float32 K/V); dense bfloat16: issue 42's prompts.
 CHANGES_ON_A_HIT = "its greedy text changes on a prefix-cache hit"
 PATHS = (
     ServingPath(NATIVE, "float32"),
